@@ -1,0 +1,19 @@
+"""rewardlens: mechanistic interpretability of reward models, read along the reward head."""
+
+from .attribution import Attribution as Attribution
+from .attribution import attribute as attribute
+from .data import Pair as Pair
+from .data import load_pairs as load_pairs
+from .errors import RewardLensError as RewardLensError
+from .lens import Lens as Lens
+from .lens import lens as lens
+from .loading import load as load
+from .model.arch import ArchitectureMap as ArchitectureMap
+from .model.arch import register_architecture as register_architecture
+from .model.core import RewardModel as RewardModel
+
+__all__ = [
+    "ArchitectureMap", "Attribution", "Lens", "Pair", "RewardLensError", "RewardModel",
+    "attribute", "lens", "load", "load_pairs", "register_architecture",
+]
+__version__ = "0.1.0"

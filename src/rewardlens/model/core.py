@@ -1,0 +1,204 @@
+"""`RewardModel`: a Hugging Face reward model, its tokenizer, its map and an fp32 head."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Iterator
+from functools import cached_property
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from ..errors import ArchitectureError, TokenizationError, warn
+from .arch import ArchitectureMap, find_map, get_module
+from .hooks import Point, capture, eval_mode
+from .norms import NormParams
+from .readout import Head
+from .tokens import Batch, Tokenized, collate, fit_length, flatten_inputs, tokenize, warn_pad_is_eos
+
+_UNSET = object()
+
+
+class RewardModel:
+    """A sequence-classification reward model prepared for exact read-outs.
+
+    Holds the user's model untouched (only hooks, always removed), an fp32 copy of the head, the
+    architecture map and the tokenization rules. Build it with `rewardlens.load` or `from_model`.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        tokenizer,
+        arch: ArchitectureMap,
+        *,
+        readout: int | str | list | None = None,
+        pad_token_id: int | None | object = _UNSET,
+        max_length: int | None = None,
+        truncation: str = "error",
+    ) -> None:
+        if truncation not in ("error", "left"):
+            raise ValueError(f"truncation must be 'error' or 'left', got {truncation!r}")
+        self.model, self.tokenizer, self.arch = model, tokenizer, arch
+        self.truncation = truncation
+        self.encoder = arch.pooling == "first"
+        self.device = get_module(model, arch.head).weight.device
+        self.head = Head.from_model(model, arch, readout, self.device)
+        config_pad = getattr(model.config, "pad_token_id", None)
+        # The model's own pooling uses config.pad_token_id; reading by the same rule keeps scores equal.
+        self.pad_token_id = config_pad if pad_token_id is _UNSET else pad_token_id
+        if self.pad_token_id is None and not self.encoder:
+            warn(
+                "the model has no pad token, so its own forward cannot score batches; rewardlens pads "
+                "under the attention mask and reads the last real token, as the model does on one "
+                "unpadded input. Pass pad_token_id= to rewardlens.load to read by a pad id instead."
+            )
+        limit = getattr(model.config, "max_position_embeddings", None)
+        self.max_length = max_length if max_length is not None else limit
+        self._forward_args = set(inspect.signature(self.backbone.forward).parameters)
+
+    @classmethod
+    def from_model(cls, model: nn.Module, tokenizer, *, arch: ArchitectureMap | None = None, **kw) -> "RewardModel":
+        """Wrap an already loaded model (never modified); `arch` defaults to the registry/discovery."""
+        return cls(model, tokenizer, arch or find_map(model), **kw)
+
+    # ---- structure ----------------------------------------------------------------------------
+    @cached_property
+    def backbone(self) -> nn.Module:
+        return self.model.base_model
+
+    @cached_property
+    def layers(self) -> nn.ModuleList:
+        return get_module(self.model, self.arch.layers)
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def n_heads(self) -> int:
+        return int(self.model.config.num_attention_heads)
+
+    @property
+    def d_model(self) -> int:
+        return int(self.head.weight.shape[1] if self.head.pooler_weight is None else self.head.pooler_weight.shape[1])
+
+    def layer_module(self, layer: int, path: str) -> nn.Module:
+        return get_module(self.layers[layer], path)
+
+    @cached_property
+    def _norms(self) -> dict[str, NormParams]:
+        return {}
+
+    def norm(self, path: str, layer: int | None = None) -> NormParams:
+        """fp32 parameters of the norm at `path` (relative to layer `layer` if given), cached."""
+        key = path if layer is None else f"{layer}:{path}"
+        if key not in self._norms:
+            module = get_module(self.model, path) if layer is None else self.layer_module(layer, path)
+            self._norms[key] = NormParams.from_module(module, self.arch.norm).to(self.device)
+        return self._norms[key]
+
+    # ---- tokens and batches -------------------------------------------------------------------
+    def encode(self, inputs: object) -> tuple[list[Tokenized], bool]:
+        """Token ids of every sequence (pairs interleaved chosen, rejected) and whether inputs were pairs."""
+        items, is_pairs = flatten_inputs(inputs)
+        seqs = [
+            fit_length(tokenize(self.tokenizer, item, encoder=self.encoder), i, self.max_length, self.truncation, self.encoder)
+            for i, item in enumerate(items)
+        ]
+        if not self.encoder:
+            warn_pad_is_eos(self.tokenizer, seqs, self.pad_token_id)
+        if any(len(s.ids) == 0 for s in seqs):
+            raise TokenizationError("an input tokenized to zero tokens; there is nothing to read")
+        return seqs, is_pairs
+
+    def batches(
+        self, seqs: list[Tokenized], batch_size: int, padding_side: str = "right"
+    ) -> Iterator[tuple[np.ndarray, Batch]]:
+        """Length-sorted batches (less padding); yields original row indices with each batch."""
+        order = np.argsort([len(s.ids) for s in seqs], kind="stable")
+        for start in range(0, len(order), batch_size):
+            rows = order[start : start + batch_size]
+            yield rows, collate(
+                [seqs[i] for i in rows], pad_id=self.pad_token_id, side=padding_side,
+                first=self.encoder, device=self.device,
+            )
+
+    def gate_index(self, batch: Batch) -> Tensor:
+        """Gated heads: per row, the position whose hidden state the gate reads (ArmoRM's pattern rule)."""
+        pattern = list(self.model.config.gating_token_pattern)
+        cols = []
+        for row, ids in enumerate(batch.input_ids.tolist()):
+            hits = [j for j in range(len(ids) - len(pattern), -1, -1) if ids[j : j + len(pattern)] == pattern]
+            if not hits or batch.attention_mask[row, hits[0]] == 0:
+                raise TokenizationError(
+                    f"row {row}: the gate's token pattern {pattern} (end of the last user turn) was not found; "
+                    "ArmoRM reads its gate there — format inputs with the model's chat template"
+                )
+            cols.append(hits[0])
+        return torch.tensor(cols, device=self.device)
+
+    def run(self, batch: Batch, points: dict[str, Point]) -> dict[str, Tensor]:
+        """One no-grad forward of the backbone on `batch`, returning the captured points in fp32."""
+        kwargs = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask}
+        optional = {"position_ids": batch.position_ids, "token_type_ids": batch.token_type_ids, "use_cache": False}
+        kwargs.update({k: v for k, v in optional.items() if v is not None and k in self._forward_args})
+        with torch.no_grad(), eval_mode(self.model), capture(points, self.device) as store:
+            self.backbone(**kwargs)
+        return store
+
+    # ---- the reward ---------------------------------------------------------------------------
+    def final_points(self, batch: Batch, *, gate: bool = True) -> dict[str, Point]:
+        """Capture points the head needs: the final norm's input (or last layer's output) and the gate."""
+        if self.arch.final_norm is None:
+            points = {"final": Point(self.layers[-1], "out", batch.read_index)}
+        else:
+            points = {"final": Point(get_module(self.model, self.arch.final_norm), "in", batch.read_index)}
+        if self.arch.head_kind == "gated" and gate:
+            points["gate"] = Point(get_module(self.model, self.arch.final_norm), "in", self.gate_index(batch))
+        return points
+
+    def final_hidden(self, x: Tensor) -> Tensor:
+        """The head's input [n, d] from the captured final residual `x` [n, d], in fp32."""
+        return x if self.arch.final_norm is None else self.norm(self.arch.final_norm)(x)
+
+    def head_readout(self, store: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+        """(objective values [n, k], readout coefficients [n, k]) from captured final points."""
+        h = self.final_hidden(store["final"])
+        gate_h = self.final_hidden(store["gate"]) if "gate" in store else None
+        return self.head(h), self.head.coefficients(h.shape[0], gate_h)
+
+    def objectives(self, inputs: object, *, batch_size: int = 16, padding_side: str = "right") -> np.ndarray:
+        """Per-objective head outputs [n_sequences, k] in fp32 (pairs interleaved chosen, rejected)."""
+        return self._score(inputs, batch_size, padding_side)[0]
+
+    def score(self, inputs: object, *, batch_size: int = 16, padding_side: str = "right") -> np.ndarray:
+        """The scalar reward [n_sequences] (pairs interleaved chosen, rejected), fp32 head and readout."""
+        return self._score(inputs, batch_size, padding_side)[1]
+
+    def _score(self, inputs: object, batch_size: int, padding_side: str) -> tuple[np.ndarray, np.ndarray]:
+        seqs, _ = self.encode(inputs)
+        objectives = np.zeros((len(seqs), self.head.n_objectives), dtype=np.float32)
+        scalar = np.zeros(len(seqs), dtype=np.float32)
+        for rows, batch in self.batches(seqs, batch_size, padding_side):
+            values, coef = self.head_readout(self.run(batch, self.final_points(batch)))
+            objectives[rows] = values.cpu().numpy()
+            scalar[rows] = (values * coef).sum(-1).cpu().numpy()
+        return objectives, scalar
+
+    def __repr__(self) -> str:
+        return (
+            f"RewardModel({type(self.model).__name__}, arch={self.arch.name!r}, layers={self.n_layers}, "
+            f"objectives={self.head.n_objectives}, dtype={next(self.model.parameters()).dtype})"
+        )
+
+
+def check_width(model: RewardModel) -> None:
+    """Refuse maps whose head does not read the residual width (a wrong head path, say)."""
+    width = getattr(model.model.config, "hidden_size", None)
+    if width is not None and model.d_model != width:
+        raise ArchitectureError(
+            f"the head reads vectors of width {model.d_model} but hidden_size is {width}; "
+            f"the map's head path {model.arch.head!r} points at the wrong module"
+        )

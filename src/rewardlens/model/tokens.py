@@ -1,0 +1,164 @@
+"""Inputs to token ids and padded batches, with the read position made explicit.
+
+Rules (docs/scoring.md explains them for users):
+- a chat conversation is tokenized once with `apply_chat_template(tokenize=True)`; templating to
+  text and re-tokenizing would duplicate BOS on Llama-3;
+- without a chat template, a decoder reads `prompt + "\\n\\n" + response` and an encoder reads the
+  text pair `(prompt, response)` ([CLS] p [SEP] r [SEP]);
+- the read position of a decoder is Hugging Face's: the rightmost token whose id is not the pad id
+  (the last attended token when there is no pad id); an encoder reads its first token;
+- sequences longer than the limit are refused, or cut from the left so the read token survives.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ..data import Pair
+from ..errors import TokenizationError, warn
+
+Conversation = list  # list of {"role", "content"} dicts
+
+
+def _is_conversation(x: object) -> bool:
+    return isinstance(x, list) and bool(x) and all(isinstance(m, Mapping) and "role" in m for m in x)
+
+
+def flatten_inputs(inputs: object) -> tuple[list, bool]:
+    """Normalise user inputs to a list of texts/conversations; pairs become [chosen, rejected, ...].
+
+    Returns `(items, is_pairs)`. Accepts a string, a conversation, a Pair, or a list of any one kind.
+    """
+    if isinstance(inputs, (str, Pair)) or _is_conversation(inputs):
+        inputs = [inputs]
+    if not isinstance(inputs, Sequence) or isinstance(inputs, str) or len(inputs) == 0:
+        raise TypeError(
+            "inputs must be a non-empty list of strings, chat conversations (lists of {'role','content'}) "
+            f"or rewardlens.Pair, got {type(inputs).__name__}"
+        )
+    kinds = {isinstance(x, Pair) for x in inputs}
+    if kinds == {True}:
+        items = [conv for p in inputs for conv in (p.conversation("chosen"), p.conversation("rejected"))]
+        return items, True
+    if kinds != {False}:
+        raise TypeError("inputs mix rewardlens.Pair with plain texts/conversations; pass one kind per call")
+    for i, x in enumerate(inputs):
+        if not (isinstance(x, str) or _is_conversation(x)):
+            raise TypeError(f"input {i} is a {type(x).__name__}; expected a string or a list of chat messages")
+    return list(inputs), False
+
+
+@dataclass(frozen=True)
+class Tokenized:
+    """One sequence: token ids and, for encoders, token type ids."""
+
+    ids: list[int]
+    type_ids: list[int] | None = None
+
+
+def _as_ids(out: object) -> list[int]:
+    if isinstance(out, Mapping):
+        out = out["input_ids"]
+    if hasattr(out, "tolist"):
+        out = out.tolist()
+    if out and isinstance(out[0], list):
+        out = out[0]
+    return list(out)
+
+
+def _split_response(conv: Conversation) -> tuple[str, str | None]:
+    if conv[-1]["role"] == "assistant":
+        return "\n".join(m["content"] for m in conv[:-1]), conv[-1]["content"]
+    return "\n".join(m["content"] for m in conv), None
+
+
+def tokenize(tokenizer, item: str | Conversation, *, encoder: bool) -> Tokenized:
+    """Token ids of one text or conversation under the rules in this module's docstring."""
+    if isinstance(item, str):
+        enc = tokenizer(item, add_special_tokens=True)
+    elif getattr(tokenizer, "chat_template", None):
+        return Tokenized(_as_ids(tokenizer.apply_chat_template(item, tokenize=True)))
+    else:
+        prompt, response = _split_response(item)
+        if response is None:
+            enc = tokenizer(prompt, add_special_tokens=True)
+        elif encoder:
+            enc = tokenizer(prompt, response, add_special_tokens=True)
+        else:
+            enc = tokenizer(prompt + "\n\n" + response, add_special_tokens=True)
+    types = enc.get("token_type_ids") if encoder else None
+    return Tokenized(list(enc["input_ids"]), list(types) if types is not None else None)
+
+
+def fit_length(tok: Tokenized, index: int, max_length: int | None, truncation: str, first: bool) -> Tokenized:
+    """Refuse or left-truncate a sequence over `max_length`, never dropping the read token."""
+    if max_length is None or len(tok.ids) <= max_length:
+        return tok
+    if truncation != "left":
+        raise TokenizationError(
+            f"input {index} has {len(tok.ids)} tokens, over the limit of {max_length}; cutting it from "
+            "the right would drop the read token. Raise max_length=, shorten the input, or pass "
+            "truncation='left' to drop tokens from the start (the response end and read token stay)."
+        )
+    keep = max_length - 1 if first else max_length
+    cut = lambda xs: (xs[:1] if first else []) + xs[len(xs) - keep:]  # noqa: E731
+    return Tokenized(cut(tok.ids), None if tok.type_ids is None else cut(tok.type_ids))
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Padded tensors for one forward pass, plus the read position of every row."""
+
+    input_ids: Tensor
+    attention_mask: Tensor
+    position_ids: Tensor
+    token_type_ids: Tensor | None
+    read_index: Tensor
+
+
+def collate(
+    seqs: list[Tokenized], *, pad_id: int | None, side: str, first: bool, device: torch.device
+) -> Batch:
+    """Pad `seqs` on `side` with `pad_id` (0 under the mask when there is none) and find read positions."""
+    if side not in ("left", "right"):
+        raise ValueError(f"padding side must be 'left' or 'right', got {side!r}")
+    width = max(len(s.ids) for s in seqs)
+    fill = 0 if pad_id is None else pad_id
+    ids = torch.full((len(seqs), width), fill, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    types = torch.zeros((len(seqs), width), dtype=torch.long) if seqs[0].type_ids is not None else None
+    for row, s in enumerate(seqs):
+        span = slice(width - len(s.ids), width) if side == "left" else slice(0, len(s.ids))
+        ids[row, span] = torch.tensor(s.ids)
+        mask[row, span] = 1
+        if types is not None:
+            types[row, span] = torch.tensor(s.type_ids)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    cols = torch.arange(width)
+    if first:
+        read = mask.argmax(-1)  # first attended position
+    elif pad_id is None:
+        read = (cols * mask).amax(-1)
+    else:  # Hugging Face's rule: the rightmost token whose id is not pad
+        read = (cols * (ids != pad_id).long()).amax(-1)
+    move = lambda t: None if t is None else t.to(device)  # noqa: E731
+    return Batch(move(ids), move(mask), move(positions), move(types), read.to(device))
+
+
+def warn_pad_is_eos(tokenizer, seqs: list[Tokenized], pad_id: int | None) -> None:
+    """Say so when a sequence ends in the pad id: the model's own pooling reads an earlier token."""
+    if pad_id is None:
+        return
+    ends = [i for i, s in enumerate(seqs) if s.ids and s.ids[-1] == pad_id]
+    if ends:
+        name = tokenizer.convert_ids_to_tokens(pad_id)
+        warn(
+            f"{len(ends)} input(s) (first: {ends[0]}) end in token {pad_id} ({name!r}), which is also the pad "
+            "token (pad = eos): like the model's own forward, rewardlens reads the last token that is not "
+            "pad, one or more tokens early. To read the true last token pass pad_token_id=<a non-eos id> "
+            "to rewardlens.load (scores then differ from the model's own logits by design)."
+        )
