@@ -43,7 +43,7 @@ class RewardModel:
         self.model, self.tokenizer, self.arch = model, tokenizer, arch
         self.truncation = truncation
         self.encoder = arch.pooling == "first"
-        self.device = get_module(model, arch.head).weight.device
+        self.device = next(get_module(model, arch.head).parameters(), next(model.parameters())).device
         self.head = Head.from_model(model, arch, readout, self.device)
         config_pad = getattr(model.config, "pad_token_id", None)
         # The model's own pooling uses config.pad_token_id; reading by the same rule keeps scores equal.
