@@ -2,8 +2,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from transformers.utils import logging as hf_logging
 
 sys.path.insert(0, str(Path(__file__).parent))
+hf_logging.disable_progress_bar()  # save/load bars would bury pytest's own output
+hf_logging.set_verbosity_error()
 
 import tiny  # noqa: E402
 
