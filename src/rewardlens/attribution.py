@@ -75,12 +75,10 @@ class Attribution:
 
     def top(self, n: int = 10, *, by: str = "mean_abs") -> list[tuple[str, float]]:
         """The `n` parts with the largest mean |contribution| ('mean_abs') or mean margin ('margin')."""
-        score = np.abs(self.margin).mean(0) if by == "margin" else np.abs(self.values).mean(0)
-        if by == "margin":
-            score = self.margin.mean(0)
-            order = np.argsort(-np.abs(score))[:n]
-        else:
-            order = np.argsort(-score)[:n]
+        if by not in ("mean_abs", "margin"):
+            raise ValueError(f"by must be 'mean_abs' or 'margin', got {by!r}")
+        score = self.margin.mean(0) if by == "margin" else np.abs(self.values).mean(0)
+        order = np.argsort(-np.abs(score))[:n]
         return [(self.names[i], float(score[i])) for i in order]
 
     def to_frame(self):

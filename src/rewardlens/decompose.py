@@ -18,7 +18,7 @@ from torch import Tensor
 
 from .errors import ClosureError
 from .model.core import RewardModel
-from .trace import Trace, bookkeeping_error, out_projection, sublayer_part, trace
+from .trace import Trace, bookkeeping_error, out_projection, projection_inputs, sublayer_part, trace
 
 LEVELS = ("sublayer", "head", "neuron")
 # fp32 closure is ~1e-6; a map that misses a part is off by O(1). Half-precision models sit between.
@@ -35,7 +35,7 @@ def part_names(model: RewardModel, level: str, layers: Iterable[int]) -> list[st
         else:
             names.append(f"attn_L{layer}")
         if level == "neuron" and layer in layers:
-            names += [f"mlp_L{layer}_N{n}" for n in range(out_projection(model, "mlp", layer)[0].shape[1])]
+            names += [f"mlp_L{layer}_N{n}" for n in range(projection_inputs(model, "mlp", layer)[0])]
             names += [f"mlp_L{layer}_bias"] if has_bias_part(model, "mlp", layer) else []
         else:
             names.append(f"mlp_L{layer}")
@@ -70,7 +70,7 @@ def has_bias_part(model: RewardModel, kind: str, layer: int) -> bool:
     """Whether a fine-grained split of this sublayer carries a separate bias part."""
     post = model.arch.attn_post_norm if kind == "attn" else model.arch.mlp_post_norm
     post_beta = post is not None and model.norm(post, layer).beta is not None
-    return out_projection(model, kind, layer)[1] is not None or post_beta
+    return projection_inputs(model, kind, layer)[1] or post_beta
 
 
 def readout_vectors(model: RewardModel, tr: Trace) -> tuple[Tensor, list[Tensor], list[Tensor], dict[int, Tensor]]:

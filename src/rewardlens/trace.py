@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+import torch
 from torch import Tensor
 
 from .model.core import RewardModel
@@ -71,15 +72,26 @@ def sublayer_part(model: RewardModel, tr: Trace, kind: str, layer: int) -> Tenso
     return raw if post is None else model.norm(post, layer)(raw)
 
 
+def _projection_module(model: RewardModel, kind: str, layer: int):
+    return model.layer_module(layer, model.arch.attn_out if kind == "attn" else model.arch.mlp_out)
+
+
 def out_projection(model: RewardModel, kind: str, layer: int) -> tuple[Tensor, Tensor | None]:
     """fp32 weight [d, in] and bias [d] of a sublayer's output projection (Linear or GPT-2 Conv1D)."""
-    path = model.arch.attn_out if kind == "attn" else model.arch.mlp_out
-    module = model.layer_module(layer, path)
-    weight = module.weight.detach().float().to(model.device)
+    module = _projection_module(model, kind, layer)
+    weight = module.weight.detach().to(device=model.device, dtype=torch.float32)
     if type(module).__name__ == "Conv1D":  # stores [in, out]
         weight = weight.T
     bias = getattr(module, "bias", None)
-    return weight, None if bias is None else bias.detach().float().to(model.device)
+    return weight, None if bias is None else bias.detach().to(device=model.device, dtype=torch.float32)
+
+
+def projection_inputs(model: RewardModel, kind: str, layer: int) -> tuple[int, bool]:
+    """(input width, has bias) of a sublayer's output projection, without copying its weight."""
+    module = _projection_module(model, kind, layer)
+    weight = module.weight
+    width = weight.shape[0] if type(module).__name__ == "Conv1D" else weight.shape[1]
+    return int(width), getattr(module, "bias", None) is not None
 
 
 def bookkeeping_error(model: RewardModel, tr: Trace) -> float:
