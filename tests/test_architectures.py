@@ -4,22 +4,9 @@ import numpy as np
 import pytest
 import torch
 from conftest import ARCHS
+from tiny import own_scores
 
 import rewardlens as rl
-
-
-def own_scores(model: rl.RewardModel, inputs) -> np.ndarray:
-    """The Hugging Face model's own reward for each sequence, one unpadded forward each."""
-    seqs, _ = model.encode(inputs)
-    out = []
-    for s in seqs:
-        kwargs = {"input_ids": torch.tensor([s.ids])}
-        if s.type_ids is not None:
-            kwargs["token_type_ids"] = torch.tensor([s.type_ids])
-        with torch.no_grad():
-            res = model.model(**kwargs)
-        out.append(float(res.score[0]) if hasattr(res, "score") and res.score is not None else float(res.logits[0, 0]))
-    return np.array(out)
 
 
 @pytest.fixture(scope="module", params=ARCHS)

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import realmodels
+from tiny import own_scores
 import rewardlens as rl
 from rewardlens.errors import RewardLensWarning
 
@@ -19,20 +20,8 @@ def real(request):
     return rl.load(str(path))
 
 
-def _own(model, inputs):
-    seqs, _ = model.encode(inputs)
-    out = []
-    for s in seqs:
-        kw = {"input_ids": torch.tensor([s.ids])}
-        if s.type_ids is not None:
-            kw["token_type_ids"] = torch.tensor([s.type_ids])
-        with torch.no_grad():
-            out.append(float(model.model(**kw).logits[0, 0]))
-    return np.array(out)
-
-
 def test_real_scores_match_the_model_for_any_batch_and_padding(real, pairs):
-    theirs = _own(real, pairs)
+    theirs = own_scores(real, pairs)
     for side in ("right", "left"):
         np.testing.assert_allclose(real.score(pairs, batch_size=4, padding_side=side), theirs,
                                    rtol=1e-5, atol=1e-5 * np.abs(theirs).max())
@@ -43,7 +32,7 @@ def test_real_closure(real, pairs, level):
     att = rl.attribute(real, pairs, level=level, batch_size=3)
     scale = np.abs(att.values).sum(1) + np.abs(att.constant)
     assert (np.abs(att.residual_error) <= 1e-4 * scale).all()
-    np.testing.assert_allclose(att.reward, _own(real, pairs), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(att.reward, own_scores(real, pairs), rtol=1e-4, atol=1e-4)
 
 
 def test_real_lenses_end_at_the_reward(real, pairs):

@@ -80,3 +80,20 @@ def build(name: str, tok, root: Path, seed: int = 0) -> Path:
     model.save_pretrained(path)
     tok.save_pretrained(path)
     return path
+
+
+def own_scores(model, inputs) -> "np.ndarray":
+    """The Hugging Face model's own reward for each sequence, one unpadded forward each."""
+    import numpy as np
+
+    seqs, _ = model.encode(inputs)
+    out = []
+    for s in seqs:
+        kwargs = {"input_ids": torch.tensor([s.ids])}
+        if s.type_ids is not None:
+            kwargs["token_type_ids"] = torch.tensor([s.type_ids])
+        with torch.no_grad():
+            res = model.model(**kwargs)
+        score = getattr(res, "score", None)  # ArmoRM returns its gated total as `score`
+        out.append(float(score[0]) if score is not None else float(res.logits[0, 0]))
+    return np.array(out)
