@@ -122,5 +122,5 @@ def test_armorm_gated_total_and_objectives(tiny_root, pairs):
     np.testing.assert_allclose(model.objectives(pairs), np.concatenate([o.rewards.numpy() for o in out]), rtol=1e-5, atol=1e-6)
     att = rl.attribute(model, pairs)
     gate = np.concatenate([o.gating_output.numpy() for o in out])
-    T = model.model.reward_transform_matrix.numpy()
+    T = model.model.reward_transform_matrix.detach().numpy()
     np.testing.assert_allclose(att.values, np.einsum("nkp,nk->np", att.per_objective, gate @ T.T), rtol=1e-4, atol=1e-6)

@@ -7,6 +7,11 @@ MLP (`gating.layers`: n hidden Linear+ReLU layers, then Linear→k, softmax(·/t
 learned `logit_scale`) that reads the final hidden state at the start of the last
 `<|eot_id|><|start_header_id|>assistant<|end_header_id|>\\n\\n` pattern.
 score = Σ_k g_k (r T)_k.
+
+One deliberate difference: the published forward reads the token before the *first* pad id,
+which breaks under left padding; this one reads the rightmost non-pad token, as transformers 5
+pools. The two agree on right-padded or unpadded inputs. `gating_token_pattern` in the config
+overrides the Llama-3 pattern (for checkpoints with another tokenizer, and for tests).
 """
 
 from __future__ import annotations
@@ -71,7 +76,8 @@ class LlamaForRewardModelWithGating(LlamaPreTrainedModel):
             config.gating_token_pattern = LLAMA3_GATE_PATTERN
         self.model = LlamaModel(config)
         self.regression_layer = nn.Linear(config.hidden_size, k, bias=False)
-        self.register_buffer("reward_transform_matrix", torch.eye(k))
+        # A frozen Parameter, as in the published code, so checkpoints map key for key.
+        self.reward_transform_matrix = nn.Parameter(torch.eye(k), requires_grad=False)
         self.gating = GatingNetwork(
             config.hidden_size, k,
             temperature=getattr(config, "gating_temperature", 10.0),
