@@ -53,3 +53,23 @@ def test_bad_pairs_file_exits_with_a_named_error(capsys, tiny_root, tmp_path):
     assert main(["score", str(tiny_root["llama"]), "--pairs", str(bad)]) == 2
     err = capsys.readouterr().err
     assert "bad.jsonl" in err and "rejected" in err
+
+
+@pytest.mark.parametrize("argv", [["--limit", "0"], ["--batch-size", "0"], ["--fraction", "0"]])
+def test_bad_options_are_refused_by_the_parser(capsys, argv):
+    with pytest.raises(SystemExit) as exc:
+        main(["audit", *argv])
+    assert exc.value.code == 2 and "must be" in capsys.readouterr().err
+
+
+def test_missing_model_and_bad_dtype_exit_cleanly(capsys, tiny_root, pairs_file, tmp_path):
+    assert main(["score", str(tmp_path / "nowhere"), "--pairs", pairs_file]) == 2
+    assert "rewardlens: error:" in capsys.readouterr().err
+    assert main(["score", str(tiny_root["llama"]), "--pairs", pairs_file, "--dtype", "float8"]) == 2
+    assert "float8" in capsys.readouterr().err
+
+
+def test_readout_option_for_a_multi_objective_head(capsys, tiny_root, pairs_file, pairs):
+    out = _json(capsys, ["score", str(tiny_root["armorm"]), "--pairs", pairs_file, "--json", "--readout", "2"])
+    rewards = rl.load(str(tiny_root["armorm"])).objectives(pairs)[:, 2]
+    np.testing.assert_allclose([p["chosen"] for p in out["pairs"]], rewards[0::2], rtol=1e-5)

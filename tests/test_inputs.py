@@ -124,3 +124,50 @@ def test_armorm_gated_total_and_objectives(tiny_root, pairs):
     gate = np.concatenate([o.gating_output.numpy() for o in out])
     T = model.model.reward_transform_matrix.detach().numpy()
     np.testing.assert_allclose(att.values, np.einsum("nkp,nk->np", att.per_objective, gate @ T.T), rtol=1e-4, atol=1e-6)
+
+
+def test_tracing_restores_every_modules_training_flag(llama, pairs):
+    llama.model.train()
+    llama.model.model.layers[0].eval()  # the user's mixed state must survive
+    try:
+        llama.score(pairs[:1])
+        rl.attribute(llama, pairs[:1], level="neuron")
+        assert llama.model.training and llama.model.model.layers[1].training
+        assert not llama.model.model.layers[0].training and not llama.model.model.layers[0].mlp.training
+    finally:
+        llama.model.eval()
+
+
+def test_a_sequence_of_only_pad_ids_reads_the_same_under_both_paddings(tiny_root, tokenizer):
+    model = rl.load(str(tiny_root["llama"]), pad_token_id=tokenizer.eos_token_id)
+    texts = [tokenizer.eos_token, "a longer input that pads the other one"]
+    with pytest.warns(RewardLensWarning):
+        left = model.score(texts, batch_size=2, padding_side="left")
+        right = model.score(texts, batch_size=2, padding_side="right")
+        alone = model.score(texts[:1])
+    np.testing.assert_allclose(left, right, rtol=1e-5)
+    np.testing.assert_allclose(left[:1], alone, rtol=1e-5)
+
+
+def test_readout_types_are_checked(tiny_root):
+    with pytest.raises(HeadError, match="bool"):
+        rl.load(str(tiny_root["armorm"]), readout=True)
+    by_numpy_int = rl.load(str(tiny_root["armorm"]), readout=np.int64(1))
+    assert by_numpy_int.head.labels == ["objective_0", "objective_1", "objective_2"]
+    # A fixed readout on a gated head needs no gate, so plain text works.
+    np.testing.assert_allclose(by_numpy_int.score("plain text"), by_numpy_int.objectives("plain text")[:, 1])
+
+
+def test_gate_error_names_the_input(tiny_root):
+    model = rl.load(str(tiny_root["armorm"]))
+    conv = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]
+    with pytest.raises(TokenizationError, match="input 2: the gate"):
+        model.score([conv, conv, "no template"])
+
+
+def test_offloaded_weights_are_refused_with_the_fix():
+    from rewardlens.errors import ArchitectureError
+    from rewardlens.model.norms import resident_fp32
+
+    with pytest.raises(ArchitectureError, match="offloaded.*device_map"):
+        resident_fp32(torch.empty(4, device="meta"), torch.device("cpu"), "a test weight")

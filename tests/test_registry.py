@@ -9,7 +9,6 @@ from transformers.modeling_outputs import SequenceClassifierOutput
 
 import rewardlens as rl
 from rewardlens.errors import ArchitectureError, ClosureError
-from rewardlens.loading import verify
 from rewardlens.model import arch as arch_mod
 
 import tiny
@@ -93,9 +92,8 @@ def test_user_registered_map(tokenizer, pairs, monkeypatch):
                            mlp_out="mlp.down_proj", final_norm="model.norm", head="v_head"),
         architectures=("ValueHeadRewardModel",),
     )
-    rm = rl.RewardModel.from_model(model, tokenizer)
-    assert rm.arch.name == "vhead-llama"
-    verify(rm)
+    rm = rl.wrap(model, tokenizer)
+    assert rm.arch.name == "vhead-llama" and rm.verified
     seqs, _ = rm.encode(pairs)
     with torch.no_grad():
         own = [float(model(torch.tensor([s.ids])).logits[0, 0]) for s in seqs]
@@ -109,3 +107,15 @@ def test_map_validation_names_the_conflict():
         rl.ArchitectureMap(name="x", layers="l", attn_out="a", mlp_out="m", final_norm=None, layout="post_norm")
     with pytest.raises(ValueError, match="norm must be one of"):
         rl.ArchitectureMap(name="x", layers="l", attn_out="a", mlp_out="m", final_norm="n", norm="batch")
+
+
+def test_a_wrong_map_is_caught_before_any_number(tiny_root, pairs):
+    # GPT-2 uses LayerNorm; a map that says RMSNorm gives plausible-looking but wrong rewards, and
+    # its own residual_error would be ~0 (it compares against the same wrong head): refuse it.
+    hf = rl.load(str(tiny_root["gpt2"])).model
+    wrong = arch_mod._REGISTRY["gpt2"].__class__(**{**arch_mod._REGISTRY["gpt2"].__dict__, "norm": "rms"})
+    with pytest.raises(ArchitectureError, match="wrong final norm"):
+        rl.wrap(hf, rl.load(str(tiny_root["gpt2"])).tokenizer, arch=wrong)
+    unchecked = rl.RewardModel.from_model(hf, rl.load(str(tiny_root["gpt2"])).tokenizer, arch=wrong)
+    with pytest.raises(ArchitectureError, match="wrong final norm"):
+        rl.attribute(unchecked, pairs)

@@ -8,12 +8,13 @@ from .errors import RewardLensError as RewardLensError
 from .lens import Lens as Lens
 from .lens import lens as lens
 from .loading import load as load
+from .loading import wrap as wrap
 from .model.arch import ArchitectureMap as ArchitectureMap
 from .model.arch import register_architecture as register_architecture
 from .model.core import RewardModel as RewardModel
 
 __all__ = [
     "ArchitectureMap", "Attribution", "Lens", "Pair", "RewardLensError", "RewardModel",
-    "attribute", "lens", "load", "load_pairs", "register_architecture",
+    "attribute", "lens", "load", "load_pairs", "register_architecture", "wrap",
 ]
 __version__ = "0.1.0"

@@ -49,12 +49,13 @@ def _lens(model: RewardModel, pairs: list[Pair], args) -> dict:
         out[f"median_crystallization_{kind}"] = float(np.nanmedian(depth)) if np.isfinite(depth).any() else None
     lin, nrm = ln.margin("linear"), ln.margin("normed")
     dl, dn = ln.crystallization("linear", args.fraction), ln.crystallization("normed", args.fraction)
+    near_zero = ln.near_zero_margin()
     for i, p in enumerate(pairs):
         out["pairs"].append({
             "id": _pair_id(p, i), "linear_margin": lin[i].tolist(), "normed_margin": nrm[i].tolist(),
             "crystallization_linear": None if np.isnan(dl[i]) else float(dl[i]),
             "crystallization_normed": None if np.isnan(dn[i]) else float(dn[i]),
-            "near_zero_final_margin": bool(ln.near_zero_margin()[i]),
+            "near_zero_final_margin": bool(near_zero[i]),
         })
     return out
 
@@ -98,6 +99,29 @@ def _audit(model: RewardModel, pairs: list[Pair], args) -> dict:
             "attribute": _attribute(model, pairs, args)}
 
 
+def _positive(kind: type):
+    def parse(text: str):
+        value = kind(text)
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+        return value
+    return parse
+
+
+def _readout(text: str) -> int | str | list[float]:
+    """'2' → index 2, 'helpfulness' → a label, '1,-1' → one weight per head output."""
+    if "," in text:
+        return [float(x) for x in text.split(",")]
+    return int(text) if text.lstrip("-").isdigit() else text
+
+
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rewardlens", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -107,14 +131,20 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("model", nargs="?" if name == "audit" else None,
                        help="model folder or hub id" + (" (default: the built-in demo model)" if name == "audit" else ""))
         p.add_argument("--pairs", required=name != "audit", help="preference pairs (JSONL, JSON, CSV, Parquet, HF dataset folder)")
-        p.add_argument("--limit", type=int, default=None, help="use only the first N pairs")
+        p.add_argument("--limit", type=_positive(int), default=None, help="use only the first N pairs")
         p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-        p.add_argument("--batch-size", type=int, default=8)
+        p.add_argument("--batch-size", type=_positive(int), default=8)
         p.add_argument("--dtype", default=None, help="e.g. bfloat16; head and reductions stay fp32")
         p.add_argument("--device", default=None)
+        p.add_argument("--readout", type=_readout, default=None,
+                       help="multi-output heads: an objective index, a label, or comma-separated weights")
+        p.add_argument("--pad-token-id", type=int, default=None, help="read by this pad id instead of the model's")
+        p.add_argument("--max-length", type=_positive(int), default=None)
+        p.add_argument("--truncation", choices=["error", "left"], default="error")
+        p.add_argument("--trust-remote-code", action="store_true")
         p.add_argument("--level", default="sublayer", choices=["sublayer", "head", "neuron"])
         p.add_argument("--top", type=int, default=10, help="how many parts to list")
-        p.add_argument("--fraction", type=float, default=0.5, help="crystallization threshold (share of final margin)")
+        p.add_argument("--fraction", type=_fraction, default=0.5, help="crystallization threshold (share of final margin)")
         p.add_argument("--all-parts", action="store_true", help="JSON: include every part's margin per pair")
     return parser
 
@@ -133,10 +163,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             pairs = load_pairs(args.pairs, limit=args.limit) if args.pairs else None
             if pairs is None:
                 raise RewardLensError("--pairs FILE is required when a model is given")
-        model = load(args.model, dtype=args.dtype, device=args.device)
+        extra = {"pad_token_id": args.pad_token_id} if args.pad_token_id is not None else {}
+        if args.trust_remote_code:
+            extra["trust_remote_code"] = True
+        model = load(args.model, dtype=args.dtype, device=args.device, readout=args.readout,
+                     max_length=args.max_length, truncation=args.truncation, **extra)
         run = {"score": _score, "lens": _lens, "attribute": _attribute, "audit": _audit}[args.command]
         result = run(model, pairs, args)
-    except RewardLensError as exc:
+    except (RewardLensError, OSError, ValueError) as exc:
+        # Bad input (a model path, a pairs file, an option): one line that names it, no traceback.
         print(f"rewardlens: error: {exc}", file=sys.stderr)
         return 2
     if args.json:

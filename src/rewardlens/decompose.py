@@ -16,8 +16,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .errors import ClosureError
+from .errors import ArchitectureError, ClosureError
 from .model.core import RewardModel
+from .model.tokens import Tokenized, tokenize
 from .trace import Trace, bookkeeping_error, out_projection, projection_inputs, sublayer_part, trace
 
 LEVELS = ("sublayer", "head", "neuron")
@@ -131,6 +132,54 @@ def check_bookkeeping(model: RewardModel, tr: Trace) -> None:
         )
 
 
+_PROBE = "The quick brown fox jumps over the lazy dog. Is that a good answer?"
+
+
+def _probe(model: RewardModel) -> Tokenized:
+    tok = model.tokenizer
+    if model.arch.head_kind == "gated" and getattr(tok, "chat_template", None):
+        conv = [{"role": "user", "content": "Is that a good answer?"}, {"role": "assistant", "content": _PROBE}]
+        return tokenize(tok, conv, encoder=model.encoder)
+    enc = tok(_PROBE, add_special_tokens=True)
+    types = enc.get("token_type_ids") if model.encoder else None
+    return Tokenized(list(enc["input_ids"]), list(types) if types is not None else None)
+
+
+def verify(model: RewardModel) -> None:
+    """Prove on a probe input that the map's parts add up and the fp32 head equals the model's own.
+
+    Raises `ClosureError` or `ArchitectureError` naming what does not fit; marks the model verified.
+    Gated heads are compared objective by objective when the model's forward returns `rewards`.
+    """
+    _, batch = next(model.batches([_probe(model)], 1))
+    tr = trace(model, batch, gate=False)
+    check_bookkeeping(model, tr)
+    ours = model.head(model.final_hidden(tr["final"])).cpu().numpy()
+    kwargs = {"input_ids": batch.input_ids}
+    if batch.token_type_ids is not None:
+        kwargs["token_type_ids"] = batch.token_type_ids
+    try:
+        with torch.no_grad():
+            out = model.model(**kwargs)
+    except ValueError:
+        if model.arch.head_kind != "gated":
+            raise
+        out = None  # the gate found no chat pattern in the probe; closure above still holds
+    if out is not None:
+        theirs = getattr(out, "rewards", None) if model.arch.head_kind == "gated" else out.logits
+        theirs = theirs.float().cpu().numpy()
+        scale = max(float(np.abs(theirs).max()), 1e-3)
+        dtype = next(model.model.parameters()).dtype
+        tol = 1e-3 if dtype == torch.float32 else 5e-2
+        if theirs.shape != ours.shape or np.abs(theirs - ours).max() > tol * scale:
+            raise ArchitectureError(
+                f"rewardlens' fp32 head gives {ours.ravel()[:4]} but the model's own forward gives "
+                f"{theirs.ravel()[:4]} on a probe input; map {model.arch.name!r} reads the wrong final norm "
+                f"({model.arch.final_norm!r}, kind {model.arch.norm!r}), head or read position"
+            )
+    model.verified = True
+
+
 @dataclass(frozen=True)
 class Decomposition:
     """Batched decomposition of many sequences (pairs interleaved chosen, rejected), numpy fp32.
@@ -178,6 +227,8 @@ def decompose(
     bad = sorted(x for x in layers if not 0 <= x < model.n_layers)
     if bad:
         raise ValueError(f"layers {bad} out of range for a model with {model.n_layers} layers")
+    if not model.verified:
+        verify(model)
     seqs, is_pairs = model.encode(inputs)
     names = part_names(model, level, layers)
     n, k, n_parts, depth_count = len(seqs), model.head.n_objectives, len(names), model.n_layers + 1
@@ -190,7 +241,7 @@ def decompose(
     depth: list[int] = []
     fine = dict(heads=layers if level == "head" else (), neurons=layers if level == "neuron" else ())
     checked = False
-    for rows, batch in model.batches(seqs, batch_size, padding_side):
+    for rows, batch in model.batches(seqs, batch_size, padding_side, is_pairs):
         tr = trace(model, batch, **fine)
         if not checked:
             check_bookkeeping(model, tr)

@@ -47,8 +47,8 @@ class Lens:
 
     def crystallization(self, kind: str = "linear", fraction: float = 0.5, min_margin: float = 1e-4) -> np.ndarray:
         """Crystallization depth per pair as l / L: the first depth after which the margin stays on
-        the final margin's side and beyond `fraction` of it. NaN where the final margin's size is
-        under `min_margin` (its side is undefined: see `near_zero_margin`)."""
+        the final margin's side and beyond `fraction` of it. NaN where the final margin is too
+        small to have a side (see `near_zero_margin`)."""
         if not 0 < fraction <= 1:
             raise ValueError(f"fraction must be in (0, 1], got {fraction}")
         margin = self.margin(kind)
@@ -61,8 +61,14 @@ class Lens:
         return np.where(self.near_zero_margin(min_margin), np.nan, depth)
 
     def near_zero_margin(self, min_margin: float = 1e-4) -> np.ndarray:
-        """Pairs whose final margin is too small to define a side [n_pairs] (bool)."""
-        return np.abs(self.margin("linear")[:, -1]) < min_margin
+        """Pairs whose final margin is too small to define a side [n_pairs] (bool).
+
+        Too small means under `min_margin`, or under ten times the decomposition's own float
+        error on the pair (large only for half-precision backbones), whichever is larger.
+        """
+        err = np.abs(self.linear[:, -1] - self.reward)
+        floor = np.maximum(min_margin, 10 * (err[0::2] + err[1::2]))
+        return np.abs(self.reward[0::2] - self.reward[1::2]) < floor
 
     def to_frame(self):
         """Long table: input, depth, linear and normed lens values."""

@@ -2,48 +2,13 @@
 
 from __future__ import annotations
 
-import numpy as np
 import torch
+from torch import nn
 
-from .decompose import check_bookkeeping
-from .errors import ArchitectureError
-from .model.core import _UNSET, RewardModel
+from .decompose import verify
+from .model.core import _UNSET, RewardModel, check_structure
 from .model.load import load_model
-from .model.tokens import Tokenized
-from .trace import trace
-
-_PROBE = "The quick brown fox jumps over the lazy dog. Is that a good answer?"
-
-
-def verify(model: RewardModel) -> None:
-    """Prove on a probe input that the map's parts add up and the fp32 head equals the model's own.
-
-    Raises `ClosureError` or `ArchitectureError` naming what does not fit. Gated heads skip the
-    head comparison (their gate needs a chat-formatted input); their closure is still checked.
-    """
-    enc = model.tokenizer(_PROBE, add_special_tokens=True)
-    types = enc.get("token_type_ids") if model.encoder else None
-    seq = Tokenized(list(enc["input_ids"]), list(types) if types is not None else None)
-    _, batch = next(model.batches([seq], 1))
-    tr = trace(model, batch, gate=False)
-    check_bookkeeping(model, tr)
-    if model.arch.head_kind == "gated":
-        return
-    ours = model.head(model.final_hidden(tr["final"])).cpu().numpy()
-    kwargs = {"input_ids": batch.input_ids}
-    if batch.token_type_ids is not None:
-        kwargs["token_type_ids"] = batch.token_type_ids
-    with torch.no_grad():
-        theirs = model.model(**kwargs).logits.float().cpu().numpy()
-    scale = max(float(np.abs(theirs).max()), 1e-3)
-    dtype = next(model.model.parameters()).dtype
-    tol = 1e-3 if dtype == torch.float32 else 5e-2
-    if theirs.shape != ours.shape or np.abs(theirs - ours).max() > tol * scale:
-        raise ArchitectureError(
-            f"rewardlens' fp32 head gives {ours.ravel()[:4]} but the model's own forward gives "
-            f"{theirs.ravel()[:4]} on a probe input; map {model.arch.name!r} reads the wrong final norm "
-            f"({model.arch.final_norm!r}, kind {model.arch.norm!r}), head or read position"
-        )
+from .errors import warn
 
 
 def load(
@@ -77,3 +42,18 @@ def load(
     if check:
         verify(model)
     return model
+
+
+def wrap(model: nn.Module, tokenizer, **kwargs) -> RewardModel:
+    """Wrap an already loaded Hugging Face reward model (never modified) and prove its map fits.
+
+    Takes the keyword options of `RewardModel` (`arch=`, `readout=`, `pad_token_id=`,
+    `max_length=`, `truncation=`). Gemma-2 should have been loaded with
+    `attn_implementation="eager"`.
+    """
+    if getattr(model.config, "model_type", None) == "gemma2" and model.config._attn_implementation != "eager":
+        warn("Gemma-2 is only exact with attn_implementation='eager'; reload the model with it")
+    rm = RewardModel.from_model(model, tokenizer, **kwargs)
+    check_structure(rm)
+    verify(rm)
+    return rm

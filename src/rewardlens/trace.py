@@ -15,6 +15,7 @@ from torch import Tensor
 
 from .model.core import RewardModel
 from .model.hooks import Point
+from .model.norms import resident_fp32
 from .model.tokens import Batch
 
 
@@ -79,11 +80,12 @@ def _projection_module(model: RewardModel, kind: str, layer: int):
 def out_projection(model: RewardModel, kind: str, layer: int) -> tuple[Tensor, Tensor | None]:
     """fp32 weight [d, in] and bias [d] of a sublayer's output projection (Linear or GPT-2 Conv1D)."""
     module = _projection_module(model, kind, layer)
-    weight = module.weight.detach().to(device=model.device, dtype=torch.float32)
+    what = f"layer {layer}'s {kind} output projection"
+    weight = resident_fp32(module.weight, model.device, what)
     if type(module).__name__ == "Conv1D":  # stores [in, out]
         weight = weight.T
     bias = getattr(module, "bias", None)
-    return weight, None if bias is None else bias.detach().to(device=model.device, dtype=torch.float32)
+    return weight, None if bias is None else resident_fp32(bias, model.device, what)
 
 
 def projection_inputs(model: RewardModel, kind: str, layer: int) -> tuple[int, bool]:

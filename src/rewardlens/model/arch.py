@@ -174,7 +174,8 @@ def _is_projection(module: nn.Module, width: int) -> bool:
 def discover(model: nn.Module) -> ArchitectureMap:
     """Find layers, projections, final norm and head by structure, for an unregistered decoder.
 
-    The result is only a proposal: `RewardModel` proves closure on the loaded model before use.
+    The result is only a proposal: `rewardlens.load`/`wrap` (and the first decomposition) prove
+    closure on the loaded model before any number is reported.
     """
     config = model.config
     n_layers = getattr(config, "num_hidden_layers", None)

@@ -15,7 +15,9 @@ from .arch import ArchitectureMap, find_map, get_module
 from .hooks import Point, capture, eval_mode
 from .norms import NormParams
 from .readout import Head
-from .tokens import Batch, Tokenized, collate, fit_length, flatten_inputs, tokenize, warn_pad_is_eos
+from .tokens import (
+    Batch, Tokenized, collate, fit_length, flatten_inputs, sequence_label, tokenize, warn_double_bos, warn_pad_is_eos,
+)
 
 _UNSET = object()
 
@@ -56,11 +58,21 @@ class RewardModel:
             )
         limit = getattr(model.config, "max_position_embeddings", None)
         self.max_length = max_length if max_length is not None else limit
-        self._forward_args = set(inspect.signature(self.backbone.forward).parameters)
+        params = inspect.signature(self.backbone.forward).parameters.values()
+        self._forward_args = {p.name for p in params}
+        # A forward that takes **kwargs still needs real position ids under left padding.
+        if any(p.kind is p.VAR_KEYWORD for p in params):
+            self._forward_args |= {"position_ids", "use_cache"}
+        self.verified = False
+        """Set once `rewardlens.loading.verify` has proven the map on this model."""
 
     @classmethod
     def from_model(cls, model: nn.Module, tokenizer, *, arch: ArchitectureMap | None = None, **kw) -> "RewardModel":
-        """Wrap an already loaded model (never modified); `arch` defaults to the registry/discovery."""
+        """Wrap an already loaded model (never modified); `arch` defaults to the registry/discovery.
+
+        This does not yet prove the map fits: `rewardlens.wrap` does, and so does the first
+        decomposition. Prefer `rewardlens.wrap` (or `rewardlens.load`).
+        """
         return cls(model, tokenizer, arch or find_map(model), **kw)
 
     # ---- structure ----------------------------------------------------------------------------
@@ -104,25 +116,30 @@ class RewardModel:
         """Token ids of every sequence (pairs interleaved chosen, rejected) and whether inputs were pairs."""
         items, is_pairs = flatten_inputs(inputs)
         seqs = [
-            fit_length(tokenize(self.tokenizer, item, encoder=self.encoder), i, self.max_length, self.truncation, self.encoder)
+            fit_length(tokenize(self.tokenizer, item, encoder=self.encoder), sequence_label(i, is_pairs),
+                       self.max_length, self.truncation, self.encoder)
             for i, item in enumerate(items)
         ]
+        empty = [sequence_label(i, is_pairs) for i, s in enumerate(seqs) if not s.ids]
+        if empty:
+            raise TokenizationError(f"{empty[0]} tokenized to zero tokens; there is nothing to read")
         if not self.encoder:
             warn_pad_is_eos(self.tokenizer, seqs, self.pad_token_id)
-        if any(len(s.ids) == 0 for s in seqs):
-            raise TokenizationError("an input tokenized to zero tokens; there is nothing to read")
+        warn_double_bos(self.tokenizer, seqs)
         return seqs, is_pairs
 
     def batches(
-        self, seqs: list[Tokenized], batch_size: int, padding_side: str = "right"
+        self, seqs: list[Tokenized], batch_size: int, padding_side: str = "right", is_pairs: bool = False
     ) -> Iterator[tuple[np.ndarray, Batch]]:
         """Length-sorted batches (less padding); yields original row indices with each batch."""
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
         order = np.argsort([len(s.ids) for s in seqs], kind="stable")
         for start in range(0, len(order), batch_size):
             rows = order[start : start + batch_size]
             yield rows, collate(
                 [seqs[i] for i in rows], pad_id=self.pad_token_id, side=padding_side,
-                first=self.encoder, device=self.device,
+                first=self.encoder, device=self.device, labels=[sequence_label(int(i), is_pairs) for i in rows],
             )
 
     def gate_index(self, batch: Batch) -> Tensor:
@@ -132,8 +149,9 @@ class RewardModel:
         for row, ids in enumerate(batch.input_ids.tolist()):
             hits = [j for j in range(len(ids) - len(pattern), -1, -1) if ids[j : j + len(pattern)] == pattern]
             if not hits or batch.attention_mask[row, hits[0]] == 0:
+                label = batch.labels[row] if batch.labels else f"row {row}"
                 raise TokenizationError(
-                    f"row {row}: the gate's token pattern {pattern} (end of the last user turn) was not found; "
+                    f"{label}: the gate's token pattern {pattern} (end of the last user turn) was not found; "
                     "ArmoRM reads its gate there — format inputs with the model's chat template"
                 )
             cols.append(hits[0])
@@ -155,7 +173,7 @@ class RewardModel:
             points = {"final": Point(self.layers[-1], "out", batch.read_index)}
         else:
             points = {"final": Point(get_module(self.model, self.arch.final_norm), "in", batch.read_index)}
-        if self.arch.head_kind == "gated" and gate:
+        if self.arch.head_kind == "gated" and gate and self.head.readout is None:
             points["gate"] = Point(get_module(self.model, self.arch.final_norm), "in", self.gate_index(batch))
         return points
 
@@ -178,10 +196,10 @@ class RewardModel:
         return self._score(inputs, batch_size, padding_side)[1]
 
     def _score(self, inputs: object, batch_size: int, padding_side: str) -> tuple[np.ndarray, np.ndarray]:
-        seqs, _ = self.encode(inputs)
+        seqs, is_pairs = self.encode(inputs)
         objectives = np.zeros((len(seqs), self.head.n_objectives), dtype=np.float32)
         scalar = np.zeros(len(seqs), dtype=np.float32)
-        for rows, batch in self.batches(seqs, batch_size, padding_side):
+        for rows, batch in self.batches(seqs, batch_size, padding_side, is_pairs):
             values, coef = self.head_readout(self.run(batch, self.final_points(batch)))
             objectives[rows] = values.cpu().numpy()
             scalar[rows] = (values * coef).sum(-1).cpu().numpy()
@@ -194,11 +212,17 @@ class RewardModel:
         )
 
 
-def check_width(model: RewardModel) -> None:
-    """Refuse maps whose head does not read the residual width (a wrong head path, say)."""
-    width = getattr(model.model.config, "hidden_size", None)
+def check_structure(model: RewardModel) -> None:
+    """Refuse what no map describes: a head of the wrong width, DeBERTa-v2's convolution layer."""
+    config = model.model.config
+    width = getattr(config, "hidden_size", None)
     if width is not None and model.d_model != width:
         raise ArchitectureError(
             f"the head reads vectors of width {model.d_model} but hidden_size is {width}; "
             f"the map's head path {model.arch.head!r} points at the wrong module"
+        )
+    if getattr(config, "conv_kernel_size", 0):
+        raise ArchitectureError(
+            f"this DeBERTa-v2 has a convolution layer (conv_kernel_size={config.conv_kernel_size}) that adds "
+            "a part to the first layer's output; no architecture map can describe it yet"
         )

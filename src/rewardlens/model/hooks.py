@@ -55,10 +55,12 @@ def capture(points: dict[str, Point], device: torch.device) -> Iterator[dict[str
 
 @contextlib.contextmanager
 def eval_mode(model: nn.Module) -> Iterator[None]:
-    """Run with dropout off, restoring the user's training flag afterwards."""
-    was_training = model.training
-    model.eval()
+    """Run with dropout off, restoring every module's own training flag afterwards."""
+    training = [m for m in model.modules() if m.training]
+    for module in training:
+        module.training = False
     try:
         yield
     finally:
-        model.train(was_training)
+        for module in training:
+            module.training = True

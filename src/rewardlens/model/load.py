@@ -7,7 +7,7 @@ from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTok
 
 from .armorm import LlamaForRewardModelWithGating
 from .arch import find_map
-from .core import _UNSET, RewardModel, check_width
+from .core import _UNSET, RewardModel, check_structure
 
 # Architectures whose published code does not import under transformers 5.x; we ship our own class.
 _OWN_CLASSES = {"LlamaForRewardModelWithGating": LlamaForRewardModelWithGating}
@@ -15,9 +15,15 @@ _OWN_CLASSES = {"LlamaForRewardModelWithGating": LlamaForRewardModelWithGating}
 _EAGER = {"gemma2"}
 
 
+_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+           "float16": torch.float16, "fp16": torch.float16, "half": torch.float16}
+
+
 def _dtype(dtype: str | torch.dtype | None) -> torch.dtype | str | None:
     if isinstance(dtype, str) and dtype != "auto":
-        return getattr(torch, dtype)
+        if dtype not in _DTYPES:
+            raise ValueError(f"dtype {dtype!r} is not one of {sorted(_DTYPES)} or 'auto'")
+        return _DTYPES[dtype]
     return dtype
 
 
@@ -35,6 +41,8 @@ def load_model(
     **from_pretrained_kwargs,
 ) -> RewardModel:
     """Load model and tokenizer with `from_pretrained` and wrap them (see `rewardlens.load`)."""
+    if device is not None and device_map is not None:
+        raise ValueError(f"pass device= or device_map=, not both (got device={device!r}, device_map={device_map!r})")
     config = AutoConfig.from_pretrained(path_or_id, **from_pretrained_kwargs)
     kwargs = dict(from_pretrained_kwargs)
     if dtype is not None:
@@ -54,5 +62,5 @@ def load_model(
         model, tokenizer, find_map(model), readout=readout, pad_token_id=pad_token_id,
         max_length=max_length, truncation=truncation,
     )
-    check_width(rm)
+    check_structure(rm)
     return rm

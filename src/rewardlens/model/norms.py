@@ -17,6 +17,17 @@ from ..errors import ArchitectureError
 NORM_KINDS = ("rms", "rms_offset", "layer")
 
 
+def resident_fp32(tensor: Tensor, device: torch.device, what: str) -> Tensor:
+    """An fp32 copy of a weight on `device`; offloaded (meta) weights are refused with the fix."""
+    if tensor.is_meta:
+        raise ArchitectureError(
+            f"the weights of {what} are offloaded (on the meta device), so rewardlens cannot read them "
+            "outside the forward pass; load with a device_map that keeps every layer on a GPU or the CPU "
+            "(no 'disk' offload), or use level='sublayer' on a pre-norm model"
+        )
+    return tensor.detach().to(device=device, dtype=torch.float32).clone()
+
+
 @dataclass(frozen=True)
 class NormParams:
     """fp32 parameters of one norm module: `kind`, effective `gamma` [d], `beta` [d] or None, `eps`."""
@@ -44,11 +55,11 @@ class NormParams:
             dim = _norm_dim(module)
             gamma = torch.ones(dim, dtype=torch.float32)
         else:
-            gamma = weight.detach().float().cpu().clone()
+            gamma = resident_fp32(weight, torch.device("cpu"), f"norm {type(module).__name__}")
         if kind == "rms_offset":  # Gemma stores γ - 1
             gamma = gamma + 1.0
         bias = getattr(module, "bias", None)
-        beta = bias.detach().float().cpu().clone() if isinstance(bias, Tensor) else None
+        beta = resident_fp32(bias, torch.device("cpu"), "a norm bias") if isinstance(bias, Tensor) else None
         return cls(kind, gamma, beta, eps)
 
     def to(self, device: torch.device) -> "NormParams":

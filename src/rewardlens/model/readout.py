@@ -13,14 +13,30 @@ A readout turns the k objective values into the scalar being explained.
 from __future__ import annotations
 
 import copy
+import numbers
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 from transformers.activations import ACT2FN
 
 from ..errors import HeadError
 from .arch import ArchitectureMap, get_module
+from .norms import resident_fp32
+
+
+def _labels(config, k: int) -> list[str]:
+    """Objective names: config.objective_names, else id2label when it names all k outputs."""
+    if k == 1:
+        return ["reward"]
+    names = getattr(config, "objective_names", None)
+    if names and len(names) == k:
+        return [str(n) for n in names]
+    id2label = getattr(config, "id2label", None) or {}
+    if len(id2label) == k:
+        return [str(id2label[i]) for i in range(k)]
+    return [f"objective_{i}" for i in range(k)]
 
 
 def _linear(model: nn.Module, path: str, what: str) -> nn.Linear:
@@ -53,17 +69,14 @@ class Head:
         cls, model: nn.Module, arch: ArchitectureMap, readout: int | str | list | None, device: torch.device
     ) -> "Head":
         lin = _linear(model, arch.head, "reward head")
-        f32 = lambda t: t.detach().to(device=device, dtype=torch.float32).clone()  # noqa: E731
+        f32 = lambda t: resident_fp32(t, device, "the reward head")  # noqa: E731
         k = lin.out_features
         bias = f32(lin.bias) if lin.bias is not None else torch.zeros(k, device=device)
-        config = model.config
-        id2label = getattr(config, "id2label", None) or {}
-        labels = getattr(config, "objective_names", None) or [str(id2label.get(i, f"objective_{i}")) for i in range(k)]
-        head = cls(f32(lin.weight), bias, list(labels)[:k] if k > 1 else ["reward"])
+        head = cls(f32(lin.weight), bias, _labels(model.config, k))
         if arch.head_kind == "pooler":
             pooler = _linear(model, arch.pooler, "pooler dense layer")
             head.pooler_weight, head.pooler_bias = f32(pooler.weight), f32(pooler.bias)
-            head.pooler_act = ACT2FN[getattr(config, "pooler_hidden_act", None) or arch.pooler_act]
+            head.pooler_act = ACT2FN[getattr(model.config, "pooler_hidden_act", None) or arch.pooler_act]
         if arch.head_kind == "gated":
             head.gating = copy.deepcopy(get_module(model, arch.gate)).to(device=device, dtype=torch.float32).eval()
             head.transform = f32(getattr(model, "reward_transform_matrix"))
@@ -76,6 +89,10 @@ class Head:
 
     def _readout_vector(self, readout: int | str | list | None, arch: ArchitectureMap) -> Tensor | None:
         k = self.n_objectives
+        if isinstance(readout, (bool, np.bool_)):
+            raise HeadError(f"readout={readout!r} is a bool; pass an objective index, a label or {k} weights")
+        if isinstance(readout, numbers.Integral):
+            readout = int(readout)
         if readout is None:
             if k == 1 or arch.head_kind == "gated":
                 return None if arch.head_kind == "gated" else torch.ones(1, device=self.weight.device)

@@ -94,13 +94,13 @@ def tokenize(tokenizer, item: str | Conversation, *, encoder: bool) -> Tokenized
     return Tokenized(list(enc["input_ids"]), list(types) if types is not None else None)
 
 
-def fit_length(tok: Tokenized, index: int, max_length: int | None, truncation: str, first: bool) -> Tokenized:
+def fit_length(tok: Tokenized, label: str, max_length: int | None, truncation: str, first: bool) -> Tokenized:
     """Refuse or left-truncate a sequence over `max_length`, never dropping the read token."""
     if max_length is None or len(tok.ids) <= max_length:
         return tok
     if truncation != "left":
         raise TokenizationError(
-            f"input {index} has {len(tok.ids)} tokens, over the limit of {max_length}; cutting it from "
+            f"{label} has {len(tok.ids)} tokens, over the limit of {max_length}; cutting it from "
             "the right would drop the read token. Raise max_length=, shorten the input, or pass "
             "truncation='left' to drop tokens from the start (the response end and read token stay)."
         )
@@ -118,10 +118,17 @@ class Batch:
     position_ids: Tensor
     token_type_ids: Tensor | None
     read_index: Tensor
+    labels: list[str] | None = None
+    """What each row is, for error messages ("input 3", "pair 1 (rejected)")."""
+
+
+def sequence_label(index: int, is_pairs: bool) -> str:
+    return f"pair {index // 2} ({'chosen' if index % 2 == 0 else 'rejected'})" if is_pairs else f"input {index}"
 
 
 def collate(
-    seqs: list[Tokenized], *, pad_id: int | None, side: str, first: bool, device: torch.device
+    seqs: list[Tokenized], *, pad_id: int | None, side: str, first: bool, device: torch.device,
+    labels: list[str] | None = None,
 ) -> Batch:
     """Pad `seqs` on `side` with `pad_id` (0 under the mask when there is none) and find read positions."""
     if side not in ("left", "right"):
@@ -130,12 +137,12 @@ def collate(
     fill = 0 if pad_id is None else pad_id
     ids = torch.full((len(seqs), width), fill, dtype=torch.long)
     mask = torch.zeros((len(seqs), width), dtype=torch.long)
-    types = torch.zeros((len(seqs), width), dtype=torch.long) if seqs[0].type_ids is not None else None
+    types = torch.zeros((len(seqs), width), dtype=torch.long) if any(s.type_ids for s in seqs) else None
     for row, s in enumerate(seqs):
         span = slice(width - len(s.ids), width) if side == "left" else slice(0, len(s.ids))
         ids[row, span] = torch.tensor(s.ids)
         mask[row, span] = 1
-        if types is not None:
+        if types is not None and s.type_ids:
             types[row, span] = torch.tensor(s.type_ids)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     cols = torch.arange(width)
@@ -143,10 +150,12 @@ def collate(
         read = mask.argmax(-1)  # first attended position
     elif pad_id is None:
         read = (cols * mask).amax(-1)
-    else:  # Hugging Face's rule: the rightmost token whose id is not pad
-        read = (cols * (ids != pad_id).long()).amax(-1)
+    else:  # Hugging Face's rule: the rightmost token whose id is not pad ...
+        real = (ids != pad_id) & mask.bool()
+        # ... and, for a sequence made only of pad ids, its first token, as on the unpadded input.
+        read = torch.where(real.any(-1), (cols * real.long()).amax(-1), mask.argmax(-1))
     move = lambda t: None if t is None else t.to(device)  # noqa: E731
-    return Batch(move(ids), move(mask), move(positions), move(types), read.to(device))
+    return Batch(move(ids), move(mask), move(positions), move(types), read.to(device), labels)
 
 
 def warn_pad_is_eos(tokenizer, seqs: list[Tokenized], pad_id: int | None) -> None:
@@ -156,9 +165,22 @@ def warn_pad_is_eos(tokenizer, seqs: list[Tokenized], pad_id: int | None) -> Non
     ends = [i for i, s in enumerate(seqs) if s.ids and s.ids[-1] == pad_id]
     if ends:
         name = tokenizer.convert_ids_to_tokens(pad_id)
+        same = " (pad = eos)" if pad_id == tokenizer.eos_token_id else ""
         warn(
-            f"{len(ends)} input(s) (first: {ends[0]}) end in token {pad_id} ({name!r}), which is also the pad "
-            "token (pad = eos): like the model's own forward, rewardlens reads the last token that is not "
-            "pad, one or more tokens early. To read the true last token pass pad_token_id=<a non-eos id> "
+            f"{len(ends)} sequence(s) (first: {ends[0]}) end in token {pad_id} ({name!r}), which is also the pad "
+            f"token{same}: like the model's own forward, rewardlens reads the last token that is not "
+            "pad, one or more tokens early. To read the true last token pass pad_token_id=<another id> "
             "to rewardlens.load (scores then differ from the model's own logits by design)."
+        )
+
+
+def warn_double_bos(tokenizer, seqs: list[Tokenized]) -> None:
+    """Say so when a text already carried BOS and the tokenizer added another (pre-templated text)."""
+    bos = tokenizer.bos_token_id
+    doubled = [i for i, s in enumerate(seqs) if bos is not None and s.ids[:2] == [bos, bos]]
+    if doubled:
+        warn(
+            f"{len(doubled)} sequence(s) (first: {doubled[0]}) start with BOS twice: the text was already "
+            "templated and the tokenizer added its own BOS. Pass the conversation (a list of messages) "
+            "instead, or strip the leading BOS from the text."
         )
