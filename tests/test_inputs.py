@@ -171,3 +171,13 @@ def test_offloaded_weights_are_refused_with_the_fix():
 
     with pytest.raises(ArchitectureError, match="offloaded.*device_map"):
         resident_fp32(torch.empty(4, device="meta"), torch.device("cpu"), "a test weight")
+
+
+def test_neuron_level_contracts_objectives_early_and_exactly(tiny_root, pairs):
+    model = rl.load(str(tiny_root["armorm"]))
+    lean = rl.attribute(model, pairs, level="neuron")
+    full = rl.attribute(model, pairs, level="neuron", per_objective=True)
+    assert lean.per_objective.shape[1] == 1 and full.per_objective.shape[1] == 3
+    np.testing.assert_allclose(lean.values, full.values, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(lean.reward, full.reward, rtol=1e-6)
+    assert np.abs(lean.residual_error).max() < 1e-5

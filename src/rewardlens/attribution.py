@@ -25,7 +25,8 @@ class Attribution:
     `values` [n, P] for the readout scalar, `constant` [n] (head bias and norm biases), `reward`
     [n] (the model's reward from its fp32 head); `values.sum(1) + constant == reward` up to float
     error, reported as `residual_error`. `per_objective` [n, k, P] and `objective_constant`
-    [n, k] hold the same per head output. For pairs, rows alternate chosen, rejected.
+    [n, k] hold the same per head output (k = 1, the readout itself, when not kept). For pairs,
+    rows alternate chosen, rejected.
     """
 
     names: list[str]
@@ -111,13 +112,16 @@ def attribute(
     layers: Iterable[int] | None = None,
     batch_size: int = 8,
     padding_side: str = "right",
+    per_objective: bool | None = None,
 ) -> Attribution:
     """Exact direct contribution of each part to each input's reward.
 
     `level`: 'sublayer' (embed, attn_L{l}, mlp_L{l}), 'head' (attention split into heads plus a
     bias part where o_proj has one) or 'neuron' (MLPs split into neurons). `layers` limits the
     fine split to some layers (others stay whole). `inputs`: strings, chat conversations or Pairs.
+    `per_objective` keeps each head output's decomposition too (default: yes, but not at neuron
+    level, where it would multiply memory by the number of objectives).
     """
-    return Attribution.from_decomposition(
-        decompose(model, inputs, level=level, layers=layers, batch_size=batch_size, padding_side=padding_side), level
-    )
+    dec = decompose(model, inputs, level=level, layers=layers, batch_size=batch_size, padding_side=padding_side,
+                    per_objective=per_objective)
+    return Attribution.from_decomposition(dec, level)

@@ -151,6 +151,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # weight-loading bars would interleave with the table
     try:
         if args.model is None:
             from .demo import DEMO_PAIRS, demo_model_dir

@@ -74,16 +74,21 @@ def has_bias_part(model: RewardModel, kind: str, layer: int) -> bool:
     return projection_inputs(model, kind, layer)[1] or post_beta
 
 
-def readout_vectors(model: RewardModel, tr: Trace) -> tuple[Tensor, list[Tensor], list[Tensor], dict[int, Tensor]]:
+def readout_vectors(
+    model: RewardModel, tr: Trace, coef: Tensor | None = None
+) -> tuple[Tensor, list[Tensor], list[Tensor], dict[int, Tensor]]:
     """Effective read-out vectors where each part writes: `(u_embed, u_attn[l], u_mlp[l], constants)`.
 
     Each `u` is [n, k, d]: the head's rows pulled back through the frozen norms between that
     part and the head. `constants` maps a depth (0 = embeddings, l+1 = layer l) to the [n, k]
     constant added there by post-norm residual norms; key -1 holds the constant of the head and
-    the final norm, which applies at every depth.
+    the final norm, which applies at every depth. With readout coefficients `coef` [n, k], the
+    rows are contracted first (k becomes 1): exact, since every later step is linear in `u`.
     """
     arch, n_layers = model.arch, model.n_layers
     u, head_const = model.head.rows(model.final_hidden(tr["final"]))
+    if coef is not None:
+        u, head_const = (coef[..., None] * u).sum(1, keepdim=True), (coef * head_const).sum(-1, keepdim=True)
     consts = {-1: head_const.clone()}
     if arch.final_norm is not None:
         u, c = model.norm(arch.final_norm).pullback(u, tr["final"])
@@ -101,11 +106,12 @@ def readout_vectors(model: RewardModel, tr: Trace) -> tuple[Tensor, list[Tensor]
 
 
 def decompose_trace(
-    model: RewardModel, tr: Trace, level: str, layers: set[int]
+    model: RewardModel, tr: Trace, level: str, layers: set[int], coef: Tensor | None = None
 ) -> tuple[Tensor, list[int], dict[int, Tensor]]:
-    """Decompose one traced batch: values [n, k, P] in `part_names` order, each part's depth
-    (0 = embeddings, l+1 = layer l) and the constants by depth."""
-    u_embed, u_attn, u_mlp, consts = readout_vectors(model, tr)
+    """Decompose one traced batch: values [n, k, P] in `part_names` order (k = 1 when the
+    readout `coef` is given), each part's depth (0 = embeddings, l+1 = layer l) and the
+    constants by depth."""
+    u_embed, u_attn, u_mlp, consts = readout_vectors(model, tr, coef)
     blocks = [torch.einsum("nkd,nd->nk", u_embed, tr["embed"])[..., None]]
     depth = [0]
     for layer in range(model.n_layers):
@@ -219,8 +225,14 @@ def decompose(
     layers: Iterable[int] | None = None,
     batch_size: int = 8,
     padding_side: str = "right",
+    per_objective: bool | None = None,
 ) -> Decomposition:
-    """Exact decomposition of every input's reward (see module docstring); one forward per batch."""
+    """Exact decomposition of every input's reward (see module docstring); one forward per batch.
+
+    `per_objective` keeps every head output's decomposition ([N, k, P]); otherwise only the
+    readout scalar is kept ([N, 1, P]), which costs 1/k of the memory and of the read-out work.
+    Default: kept, except at neuron level, where k × L × d_mlp values per input add up fast.
+    """
     if level not in LEVELS:
         raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
     layers = set(range(model.n_layers) if layers is None else layers)
@@ -231,7 +243,9 @@ def decompose(
         verify(model)
     seqs, is_pairs = model.encode(inputs)
     names = part_names(model, level, layers)
-    n, k, n_parts, depth_count = len(seqs), model.head.n_objectives, len(names), model.n_layers + 1
+    keep = per_objective if per_objective is not None else level != "neuron"
+    keep = keep and model.head.n_objectives > 1
+    n, k, n_parts, depth_count = len(seqs), model.head.n_objectives if keep else 1, len(names), model.n_layers + 1
     values = np.zeros((n, k, n_parts), dtype=np.float32)
     constants = np.zeros((n, k, depth_count), dtype=np.float32)
     head_constant = np.zeros((n, k), dtype=np.float32)
@@ -246,21 +260,26 @@ def decompose(
         if not checked:
             check_bookkeeping(model, tr)
             checked = True
-        vals, depth, consts = decompose_trace(model, tr, level, layers)
+        h = model.final_hidden(tr["final"])
+        gate_h = model.final_hidden(tr["gate"]) if "gate" in tr.store else None
+        coef = model.head.coefficients(len(rows), gate_h)
+        vals, depth, consts = decompose_trace(model, tr, level, layers, None if keep else coef)
         values[rows] = vals.cpu().numpy()
         for d, c in consts.items():
             if d == -1:
                 head_constant[rows] = c.cpu().numpy()
             else:
                 constants[rows, :, d] = c.cpu().numpy()
-        h = model.final_hidden(tr["final"])
-        objectives[rows] = model.head(h).cpu().numpy()
-        gate_h = model.final_hidden(tr["gate"]) if "gate" in tr.store else None
-        coefficients[rows] = model.head.coefficients(len(rows), gate_h).cpu().numpy()
-        resid = [tr["embed"]] + [tr[f"resid_{l}"] for l in range(model.n_layers)]
-        normed[rows] = torch.stack([model.head(model.final_hidden(x)) for x in resid], dim=-1).cpu().numpy()
+        resid = torch.stack([tr["embed"]] + [tr[f"resid_{l}"] for l in range(model.n_layers)], dim=1)
+        lens_obj = model.head(model.final_hidden(resid.flatten(0, 1))).view(len(rows), depth_count, -1)
+        out, lens_obj = model.head(h), lens_obj.transpose(1, 2)  # [n, k], [n, k, depth]
+        if not keep:  # contract objectives with the readout; the coefficients become 1
+            out, lens_obj = (out * coef).sum(-1, keepdim=True), (lens_obj * coef[..., None]).sum(1, keepdim=True)
+            coef = torch.ones_like(out)
+        objectives[rows], coefficients[rows] = out.cpu().numpy(), coef.cpu().numpy()
+        normed[rows] = lens_obj.cpu().numpy()
     return Decomposition(
         names=names, depth=np.asarray(depth), values=values, head_constant=head_constant, constants=constants, objectives=objectives,
         coefficients=coefficients, normed=normed, n_tokens=np.array([len(s.ids) for s in seqs]),
-        is_pairs=is_pairs, labels=list(model.head.labels),
+        is_pairs=is_pairs, labels=list(model.head.labels) if keep or model.head.n_objectives == 1 else ["readout"],
     )
