@@ -3,7 +3,6 @@
 import numpy as np
 import pytest
 import torch
-import transformers as tf
 
 import rewardlens as rl
 from rewardlens.errors import HeadError, RewardLensWarning, TokenizationError

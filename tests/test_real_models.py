@@ -6,7 +6,6 @@ all-MiniLM-L6-v2 (a real BERT encoder with its trained pooler). Their score head
 
 import numpy as np
 import pytest
-import torch
 
 import realmodels
 from tiny import own_scores

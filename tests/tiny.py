@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import torch
 import transformers as tf
 
@@ -82,10 +83,8 @@ def build(name: str, tok, root: Path, seed: int = 0) -> Path:
     return path
 
 
-def own_scores(model, inputs) -> "np.ndarray":
+def own_scores(model, inputs) -> np.ndarray:
     """The Hugging Face model's own reward for each sequence, one unpadded forward each."""
-    import numpy as np
-
     seqs, _ = model.encode(inputs)
     out = []
     for s in seqs:

@@ -79,7 +79,7 @@ class Head:
             head.pooler_act = ACT2FN[getattr(model.config, "pooler_hidden_act", None) or arch.pooler_act]
         if arch.head_kind == "gated":
             head.gating = copy.deepcopy(get_module(model, arch.gate)).to(device=device, dtype=torch.float32).eval()
-            head.transform = f32(getattr(model, "reward_transform_matrix"))
+            head.transform = f32(model.reward_transform_matrix)
         head.readout = head._readout_vector(readout, arch)
         return head
 
