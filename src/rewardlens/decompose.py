@@ -193,7 +193,8 @@ class Decomposition:
     `values` [N, k, P] per objective; `coefficients` [N, k] the readout (frozen gate for ArmoRM);
     `objectives` [N, k] the head's own outputs; `head_constant` [N, k] the head's and final norm's
     constant; `constants` [N, k, L+1] the constant entering at each depth (post-norm encoders); `normed` [N, k, L+1] the head applied to the re-normalised residual at each depth;
-    `depth` [P] where each part enters; `residual_error` [N] reward − (Σ parts + constant).
+    `depth` [P] where each part enters; `n_tokens` [N] each sequence's length (for per-token
+    rates).
     """
 
     names: list[str]

@@ -6,9 +6,9 @@ import torch
 from torch import nn
 
 from .decompose import verify
+from .errors import warn
 from .model.core import _UNSET, RewardModel, check_structure
 from .model.load import load_model
-from .errors import warn
 
 
 def load(
