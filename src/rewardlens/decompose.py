@@ -261,9 +261,7 @@ def decompose(
         if not checked:
             check_bookkeeping(model, tr)
             checked = True
-        h = model.final_hidden(tr["final"])
-        gate_h = model.final_hidden(tr["gate"]) if "gate" in tr.store else None
-        coef = model.head.coefficients(len(rows), gate_h)
+        out, coef = model.head_readout(tr.store)
         vals, depth, consts = decompose_trace(model, tr, level, layers, None if keep else coef)
         values[rows] = vals.cpu().numpy()
         for d, c in consts.items():
@@ -273,7 +271,7 @@ def decompose(
                 constants[rows, :, d] = c.cpu().numpy()
         resid = torch.stack([tr["embed"]] + [tr[f"resid_{l}"] for l in range(model.n_layers)], dim=1)
         lens_obj = model.head(model.final_hidden(resid.flatten(0, 1))).view(len(rows), depth_count, -1)
-        out, lens_obj = model.head(h), lens_obj.transpose(1, 2)  # [n, k], [n, k, depth]
+        lens_obj = lens_obj.transpose(1, 2)  # [n, k, depth]
         if not keep:  # contract objectives with the readout; the coefficients become 1
             out, lens_obj = (out * coef).sum(-1, keepdim=True), (lens_obj * coef[..., None]).sum(1, keepdim=True)
             coef = torch.ones_like(out)

@@ -63,6 +63,7 @@ class RewardModel:
         # A forward that takes **kwargs still needs real position ids under left padding.
         if any(p.kind is p.VAR_KEYWORD for p in params):
             self._forward_args |= {"position_ids", "use_cache"}
+        self._norms: dict[str, NormParams] = {}
         self.verified = False
         """Set once `rewardlens.loading.verify` has proven the map on this model."""
 
@@ -98,10 +99,6 @@ class RewardModel:
 
     def layer_module(self, layer: int, path: str) -> nn.Module:
         return get_module(self.layers[layer], path)
-
-    @cached_property
-    def _norms(self) -> dict[str, NormParams]:
-        return {}
 
     def norm(self, path: str, layer: int | None = None) -> NormParams:
         """fp32 parameters of the norm at `path` (relative to layer `layer` if given), cached."""
@@ -181,11 +178,14 @@ class RewardModel:
         """The head's input [n, d] from the captured final residual `x` [n, d], in fp32."""
         return x if self.arch.final_norm is None else self.norm(self.arch.final_norm)(x)
 
+    def coefficients(self, store: dict[str, Tensor]) -> Tensor:
+        """Readout coefficients [n, k] for captured final points (the frozen gate, for ArmoRM)."""
+        gate_h = self.final_hidden(store["gate"]) if "gate" in store else None
+        return self.head.coefficients(store["final"].shape[0], gate_h)
+
     def head_readout(self, store: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
         """(objective values [n, k], readout coefficients [n, k]) from captured final points."""
-        h = self.final_hidden(store["final"])
-        gate_h = self.final_hidden(store["gate"]) if "gate" in store else None
-        return self.head(h), self.head.coefficients(h.shape[0], gate_h)
+        return self.head(self.final_hidden(store["final"])), self.coefficients(store)
 
     def objectives(self, inputs: object, *, batch_size: int = 16, padding_side: str = "right") -> np.ndarray:
         """Per-objective head outputs [n_sequences, k] in fp32 (pairs interleaved chosen, rejected)."""
