@@ -1,0 +1,52 @@
+"""Command line: `rewardlens COMMAND [MODEL] [--pairs FILE] [--json]`; `rewardlens -h` lists commands."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+from ..errors import RewardLensError
+from . import base
+from ._common import Command
+
+# Each module owns its commands; the order here is the order of `rewardlens -h`.
+_MODULES = (base,)
+
+
+def _commands() -> dict[str, Command]:
+    return {c.name: c for module in _MODULES for c in module.COMMANDS}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rewardlens", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    for command in _commands().values():
+        p = sub.add_parser(command.name, help=command.help)
+        p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+        command.add_arguments(p)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # weight-loading bars would interleave with the table
+    command = _commands()[args.command]
+    try:
+        result = command.run(args)
+    except (RewardLensError, OSError, ValueError) as exc:
+        # Bad input (a model path, a pairs file, an option): one line that names it, no traceback.
+        print(f"rewardlens: error: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        command.show(result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,133 @@
+"""`score`, `lens`, `attribute` and `audit`: the foundation's read-outs."""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+
+from ..attribution import attribute
+from ..data import Pair, load_pairs
+from ..lens import lens
+from ..model.core import RewardModel
+from ._common import Command, add_model_options, add_pairs_options, fraction, load_model, pair_id, read_pairs, table
+
+
+def _score(model: RewardModel, pairs: list[Pair], args) -> dict:
+    rewards = model.score(pairs, batch_size=args.batch_size)
+    chosen, rejected = rewards[0::2], rewards[1::2]
+    return {
+        "pairs": [
+            {"id": pair_id(p, i), "chosen": float(c), "rejected": float(r), "margin": float(c - r)}
+            for i, (p, c, r) in enumerate(zip(pairs, chosen, rejected))
+        ],
+        "accuracy": float(np.mean(chosen > rejected)),
+    }
+
+
+def _lens(model: RewardModel, pairs: list[Pair], args) -> dict:
+    ln = lens(model, pairs, batch_size=args.batch_size)
+    out = {"n_layers": ln.n_layers, "fraction": args.fraction, "pairs": []}
+    for kind in ("linear", "normed"):
+        depth = ln.crystallization(kind, args.fraction)
+        out[f"median_crystallization_{kind}"] = float(np.nanmedian(depth)) if np.isfinite(depth).any() else None
+    lin, nrm = ln.margin("linear"), ln.margin("normed")
+    dl, dn = ln.crystallization("linear", args.fraction), ln.crystallization("normed", args.fraction)
+    near_zero = ln.near_zero_margin()
+    for i, p in enumerate(pairs):
+        out["pairs"].append({
+            "id": pair_id(p, i), "linear_margin": lin[i].tolist(), "normed_margin": nrm[i].tolist(),
+            "crystallization_linear": None if np.isnan(dl[i]) else float(dl[i]),
+            "crystallization_normed": None if np.isnan(dn[i]) else float(dn[i]),
+            "near_zero_final_margin": bool(near_zero[i]),
+        })
+    return out
+
+
+def _attribute(model: RewardModel, pairs: list[Pair], args) -> dict:
+    att = attribute(model, pairs, level=args.level, batch_size=args.batch_size)
+    margin = att.margin
+    return {
+        "level": att.level,
+        "max_abs_residual_error": float(np.abs(att.residual_error).max()),
+        "top_parts": [{"part": n, "mean_margin": v} for n, v in att.top(args.top, by="margin")],
+        "pairs": [
+            {"id": pair_id(p, i), "margin": float(att.reward[2 * i] - att.reward[2 * i + 1]),
+             "parts": dict(zip(att.names, map(float, margin[i])))}
+            for i, p in enumerate(pairs)
+        ] if args.all_parts else [],
+    }
+
+
+def _show_score(result: dict) -> None:
+    rows = [(p["id"], p["chosen"], p["rejected"], p["margin"]) for p in result["pairs"]]
+    print(table(["pair", "chosen", "rejected", "margin"], rows))
+    print(f"\npair accuracy: {result['accuracy']:.3f} over {len(rows)} pairs")
+
+
+def _show_lens(result: dict) -> None:
+    headers = ["pair"] + [f"d{i}" for i in range(result["n_layers"] + 1)] + ["crystal."]
+    rows = [[p["id"], *map(float, p["linear_margin"]), "-" if p["crystallization_linear"] is None
+             else f"{p['crystallization_linear']:.2f}"] for p in result["pairs"]]
+    print("linear-lens chosen − rejected margin by depth (d0 = embeddings; exact, final norm scale frozen)")
+    print(table(headers, rows))
+    print(f"\nmedian crystallization depth (l/L, fraction {result['fraction']}): "
+          f"linear {result['median_crystallization_linear']}, normed {result['median_crystallization_normed']}")
+
+
+def _show_attribute(result: dict) -> None:
+    print(f"top parts by mean chosen − rejected contribution ({result['level']} level, exact):")
+    print(table(["part", "mean margin"], [(t["part"], t["mean_margin"]) for t in result["top_parts"]]))
+    print(f"\nlargest |reward − (Σ parts + constant)|: {result['max_abs_residual_error']:.2e}")
+
+
+def _show_audit(result: dict) -> None:
+    print(result["model"] + "\n")
+    for part, show in (("score", _show_score), ("lens", _show_lens), ("attribute", _show_attribute)):
+        show(result[part])
+        print()
+
+
+def _audit_inputs(args) -> tuple[RewardModel, list[Pair]]:
+    if args.model is None:
+        from ..demo import DEMO_PAIRS, demo_model_dir
+
+        args.model = str(demo_model_dir())
+        pairs = load_pairs(args.pairs, limit=args.limit) if args.pairs else DEMO_PAIRS[: args.limit]
+        if not args.json:
+            print("auditing the built-in demo model (a tiny random-init Llama reward model) on built-in pairs\n")
+        return load_model(args), pairs
+    return load_model(args), read_pairs(args)
+
+
+def _audit(args) -> dict:
+    model, pairs = _audit_inputs(args)
+    return {"model": repr(model), "score": _score(model, pairs, args), "lens": _lens(model, pairs, args),
+            "attribute": _attribute(model, pairs, args)}
+
+
+def _options(*, audit: bool = False, level: bool = False, lens_: bool = False):
+    def add(p: argparse.ArgumentParser) -> None:
+        add_model_options(p, optional_model=audit)
+        add_pairs_options(p, required=not audit)
+        if level or audit:
+            p.add_argument("--level", default="sublayer", choices=["sublayer", "head", "neuron"])
+            p.add_argument("--top", type=int, default=10, help="how many parts to list")
+            p.add_argument("--all-parts", action="store_true", help="JSON: include every part's margin per pair")
+        if lens_ or audit:
+            p.add_argument("--fraction", type=fraction, default=0.5,
+                           help="crystallization threshold (share of final margin)")
+    return add
+
+
+def _with_model(fn):
+    return lambda args: fn(load_model(args), read_pairs(args), args)
+
+
+COMMANDS = [
+    Command("score", "score preference pairs", _options(), _with_model(_score), _show_score),
+    Command("lens", "reward lens and crystallization depth", _options(lens_=True), _with_model(_lens), _show_lens),
+    Command("attribute", "exact component attribution", _options(level=True), _with_model(_attribute),
+            _show_attribute),
+    Command("audit", "score + lens + attribution", _options(audit=True), _audit, _show_audit),
+]
