@@ -12,7 +12,8 @@ from torch import Tensor, nn
 
 @dataclass(frozen=True)
 class Point:
-    """Where to read: a module's input ('in') or output ('out'), at positions `cols` [n] of each row."""
+    """Where to read: a module's input ('in') or output ('out'), at positions `cols` of each row:
+    [n] (one position per row → [n, width]) or [n, m] (m positions per row → [n, m, width])."""
 
     module: nn.Module
     where: str
@@ -27,15 +28,15 @@ def _first(x: object) -> Tensor:
 def capture(points: dict[str, Point], device: torch.device) -> Iterator[dict[str, Tensor]]:
     """Record `[rows, cols]` of every point in fp32 on `device` during the forward passes inside.
 
-    Only one position per row is kept, so memory is [n, width] per point whatever the sequence
-    length. Hooks are removed on exit, also when the forward raises.
+    Only the named positions are kept, so memory is [n, width] per point (or [n, m, width]) whatever
+    the sequence length. Hooks are removed on exit, also when the forward raises.
     """
     store: dict[str, Tensor] = {}
     handles = []
 
     def grab(name: str, point: Point, value: Tensor) -> None:
-        rows = torch.arange(value.shape[0], device=value.device)
-        store[name] = value[rows, point.cols.to(value.device)].detach().to(device=device, dtype=torch.float32)
+        rows, cols = torch.arange(value.shape[0], device=value.device), point.cols.to(value.device)
+        store[name] = value[rows if cols.ndim == 1 else rows[:, None], cols].detach().to(device=device, dtype=torch.float32)
 
     try:
         for name, point in points.items():

@@ -1,0 +1,70 @@
+"""Statistics that do not lie (DESIGN.md §4): rank correlations that are NaN when undefined,
+bootstrap intervals over the units that were actually sampled, top-k overlap."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+from scipy.stats import rankdata
+
+
+def spearman(a: np.ndarray, b: np.ndarray) -> float:
+    """Spearman ρ of two vectors (average ranks for ties); NaN when either is constant or has < 3 values."""
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    keep = np.isfinite(a) & np.isfinite(b)
+    a, b = a[keep], b[keep]
+    if len(a) < 3 or np.ptp(a) == 0 or np.ptp(b) == 0:
+        return float("nan")
+    ra, rb = rankdata(a), rankdata(b)
+    return float(np.corrcoef(ra, rb)[0, 1])
+
+
+def rowwise_spearman(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Spearman ρ of each row of `a` [n, P] with the same row of `b` [n] (NaN where undefined)."""
+    return np.array([spearman(x, y) for x, y in zip(a, b)])
+
+
+def bootstrap_ci(
+    values: np.ndarray, *, stat: Callable[[np.ndarray], float] = np.mean, n_boot: int = 2000,
+    level: float = 0.95, seed: int = 0,
+) -> tuple[float, float]:
+    """Percentile bootstrap interval of `stat` over the finite entries of `values` [n] (resampling units).
+
+    NaN interval with fewer than two finite values: one unit says nothing about spread.
+    """
+    x = np.asarray(values, dtype=np.float64)
+    x = x[np.isfinite(x)]
+    if len(x) < 2:
+        return float("nan"), float("nan")
+    rng = np.random.default_rng(seed)
+    draws = np.array([stat(x[rng.integers(0, len(x), len(x))]) for _ in range(n_boot)])
+    tail = (1 - level) / 2
+    return float(np.quantile(draws, tail)), float(np.quantile(draws, 1 - tail))
+
+
+def topk_overlap(a: np.ndarray, b: np.ndarray, k: int) -> float:
+    """Share of the `k` largest entries of `a` that are also among the `k` largest of `b`."""
+    if k < 1:
+        raise ValueError(f"k must be at least 1, got {k}")
+    top_a, top_b = set(np.argsort(-a)[:k].tolist()), set(np.argsort(-b)[:k].tolist())
+    return len(top_a & top_b) / k
+
+
+def rank_agreement(exact: np.ndarray, approx: np.ndarray, k: int = 10) -> dict[str, float]:
+    """How well `approx` [n, P] ranks parts like `exact` [n, P].
+
+    `spearman_per_pair`: mean over rows of Spearman ρ across parts; `spearman_mean`: ρ between the
+    column means; `topk_overlap`: share of the top-`k` parts by mean |value| that both put there;
+    `max_abs_error`: largest |approx − exact|.
+    """
+    per_row = rowwise_spearman(exact, approx)
+    a, b = exact.mean(0), approx.mean(0)
+    k = min(k, len(a))
+    return {
+        "spearman_per_pair": float(np.nanmean(per_row)) if np.isfinite(per_row).any() else float("nan"),
+        "spearman_mean": spearman(a, b),
+        "topk_overlap": topk_overlap(np.abs(a), np.abs(b), k),
+        "k": float(k),
+        "max_abs_error": float(np.abs(exact - approx).max()),
+    }

@@ -1,0 +1,193 @@
+"""The patching engine against the naive yardstick (one full HF forward per part), on every architecture."""
+
+import numpy as np
+import pytest
+from conftest import ARCHS
+from naive import naive_patch
+
+import rewardlens as rl
+from rewardlens import Pair
+from rewardlens.errors import DataError, TokenizationError
+from rewardlens.model.tokens import tokenize
+from rewardlens.patching import patch
+
+DECODERS = [a for a in ARCHS if a not in ("bert", "deberta-v2")]
+
+# (mode, ablation, positions, level, estimand)
+READ_CASES = [
+    ("noising", "zero", "read", "sublayer", "total"),
+    ("denoising", "zero", "read", "sublayer", "total"),
+    ("ablation", "zero", "read", "sublayer", "total"),
+    ("ablation", "mean", "read", "sublayer", "total"),
+    ("noising", "zero", "read", "sublayer", "direct"),
+    ("ablation", "mean", "read", "sublayer", "direct"),
+    ("noising", "zero", "read", "head", "total"),
+    ("denoising", "zero", "read", "head", "direct"),
+    ("ablation", "zero", "read", "head", "total"),
+]
+WHOLE_CASES = [
+    ("noising", "zero", "all", "sublayer", "total"),
+    ("denoising", "zero", "all", "head", "total"),
+    ("ablation", "mean", "all", "sublayer", "total"),
+    ("noising", "zero", "all", "sublayer", "direct"),
+    ("noising", "zero", ((-3, None),), "sublayer", "total"),
+]
+
+
+@pytest.fixture(scope="module")
+def aligned(tokenizer):
+    """Pairs whose two sides tokenize to the same length (checked, so 'all' positions apply)."""
+    candidates = [
+        ("Say a number.", "The number is 7.", "The number is 9."),
+        ("Is it hot?", "It is hot.", "It is not."),
+        ("Answer.", "Yes", "No!"),
+        ("Where did the cat sit?", "The cat sat on the mat today.", "The dog sat on the rug today."),
+    ]
+    out = []
+    for prompt, a, b in candidates:
+        pair = Pair(prompt, a, b)
+        sides = [tokenize(tokenizer, pair.conversation(side), encoder=False).ids for side in ("chosen", "rejected")]
+        if len(sides[0]) == len(sides[1]):
+            out.append(pair)
+    assert len(out) >= 2, "the test needs at least two token-aligned pairs"
+    return out
+
+
+def _check(model, pairs, case):
+    mode, ablation, positions, level, estimand = case
+    got = patch(model, pairs, mode=mode, ablation=ablation, positions=positions, level=level, estimand=estimand,
+                batch_size=2)
+    want_c, want_r = naive_patch(model, pairs, mode=mode, ablation=ablation, positions=positions, level=level,
+                                 estimand=estimand)
+    np.testing.assert_allclose(got.patched_chosen, want_c, atol=2e-5, rtol=1e-5)
+    np.testing.assert_allclose(got.patched_rejected, want_r, atol=2e-5, rtol=1e-5)
+    return got
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_read_position_patching_equals_the_naive_loop(tiny_root, pairs, arch):
+    model = rl.load(str(tiny_root[arch]))
+    for case in READ_CASES:
+        got = _check(model, pairs, case)
+        assert np.abs(got.effect).max() > 1e-5, f"{case}: every effect is zero, the check would be empty"
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_whole_sequence_and_span_patching_equal_the_naive_loop(tiny_root, aligned, arch):
+    model = rl.load(str(tiny_root[arch]))
+    for case in WHOLE_CASES:
+        _check(model, aligned, case)
+
+
+def test_read_engine_is_the_copy_path_on_decoders_and_batched_on_encoders(tiny_root, pairs, monkeypatch):
+    from rewardlens import patching
+
+    calls = []
+    real = patching.read_sweep
+    monkeypatch.setattr(patching, "read_sweep", lambda *a, **k: calls.append(1) or real(*a, **k))
+    patch(rl.load(str(tiny_root["llama"])), pairs)
+    assert calls
+    calls.clear()
+    patch(rl.load(str(tiny_root["bert"])), pairs)
+    assert not calls
+
+
+def test_chunking_and_batch_size_do_not_change_results(tiny_root, pairs):
+    model = rl.load(str(tiny_root["qwen2"]))
+    a = patch(model, pairs, level="head", batch_size=1, chunk=3)
+    b = patch(model, pairs, level="head", batch_size=8, chunk=256)
+    np.testing.assert_allclose(a.patched_chosen, b.patched_chosen, atol=1e-5)
+
+
+def test_sign_convention_and_normalisation(tiny_root, pairs):
+    model = rl.load(str(tiny_root["llama"]))
+    res = patch(model, pairs, mode="denoising")
+    rewards = model.score(pairs)
+    np.testing.assert_allclose(res.chosen, rewards[0::2], rtol=1e-5)
+    np.testing.assert_allclose(res.patched_chosen, np.repeat(res.chosen[:, None], len(res.names), 1))
+    # denoising moves only the rejected reward; effect = how far it moved toward chosen's
+    np.testing.assert_allclose(res.effect, res.patched_rejected - res.rejected[:, None], atol=1e-6)
+    np.testing.assert_allclose(res.normalized, res.effect / res.margin[:, None], rtol=1e-6)
+
+
+def test_near_zero_margins_are_flagged_not_divided(tiny_root):
+    model = rl.load(str(tiny_root["llama"]))
+    same = [Pair("Hi", "Hello there.", "Hello there."), Pair("Hi", "Hello there.", "Go away.")]
+    res = patch(model, same)
+    assert res.near_zero.tolist() == [True, False]
+    assert np.isnan(res.normalized[0]).all() and np.isfinite(res.normalized[1]).all()
+
+
+def test_bad_inputs_are_refused_with_a_fix(tiny_root, pairs):
+    model = rl.load(str(tiny_root["llama"]))
+    with pytest.raises(TokenizationError, match="token-aligned"):
+        patch(model, pairs, positions="all")
+    with pytest.raises(DataError, match="Pair"):
+        patch(model, ["just a string", "another"])
+    with pytest.raises(ValueError, match="mode"):
+        patch(model, pairs, mode="swap")
+    with pytest.raises(ValueError, match="estimand='total'"):
+        patch(model, pairs, estimand="direct", divergence=True)
+
+
+def test_direct_patching_is_attribution_with_the_final_scale_recomputed(tiny_root, pairs):
+    """Pre-norm RMSNorm: r(x + Δ) − b = (s'/s)·(r − b + u·Δ), so with the scale ratio undone the
+    path-frozen effect is exactly the attribution difference u·(c_src − c_tgt)."""
+    import torch
+
+    from rewardlens.patching import Clean
+
+    model = rl.load(str(tiny_root["llama"]))
+    res = patch(model, pairs, mode="noising", estimand="direct")
+    att = rl.attribute(model, pairs)
+    seqs, _ = model.encode(pairs)
+    clean = Clean.run(model, seqs, heads=False, batch_size=8)
+    x = clean.store["final"]
+    norm = model.norm(model.arch.final_norm)
+    bias = float(model.head.bias[0])
+    for p, name in enumerate(res.names):
+        if name == "embed":
+            continue
+        kind, layer = name.split("_L")[0], int(name.split("_L")[1])
+        delta = clean.store[f"{kind}_{layer}"][1::2] - clean.store[f"{kind}_{layer}"][0::2]
+        s, s_new = norm.scale(x[0::2]), norm.scale(x[0::2] + delta)
+        unscaled = (torch.tensor(res.patched_chosen[:, p]) - bias) * (s / s_new) + bias
+        # attribution of the part on chosen, with chosen's frozen scale, for the rejected activation:
+        u = (model.head.weight[0] * norm.gamma) * s[:, None]
+        expected = res.chosen + (u * delta).sum(-1).numpy()
+        np.testing.assert_allclose(unscaled.numpy(), expected, atol=1e-5)
+        np.testing.assert_allclose((u * clean.store[f"{kind}_{layer}"][0::2]).sum(-1).numpy(),
+                                   att.chosen[:, att.names.index(name)], atol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2", "gemma2", "bert", "armorm"])
+def test_attribution_patching_is_the_first_order_term_of_exact_patching(tiny_root, pairs, arch):
+    """Inserting a_tgt + ε(a_src − a_tgt) changes the reward by ε·AtP + O(ε²): AtP must equal the
+    finite-difference slope of exact patching at small ε, part by part."""
+    import torch
+
+    from rewardlens.attribution_patching import agreement, attribution_patch
+    from rewardlens.patch_engine import sites
+
+    model = rl.load(str(tiny_root[arch]))
+    atp = attribution_patch(model, pairs, level="head" if arch != "bert" else "sublayer")
+    exact = patch(model, pairs, level=atp.level)
+    assert atp.approximate and not exact.approximate
+    np.testing.assert_allclose(atp.chosen, exact.chosen)
+    ag = agreement(exact, atp)
+    assert -1 <= ag["spearman_mean"] <= 1 and 0 <= ag["topk_overlap"] <= 1
+    # the first-order term itself: a finite difference with a tiny source-minus-target step
+    eps = 1e-3
+    seqs, _ = model.encode(pairs)
+    from rewardlens.patch_engine import batched_sweep
+    from rewardlens.patching import Clean
+
+    clean = Clean.run(model, seqs, heads=atp.level == "head", batch_size=8)
+    sweep = sites(model, atp.level)
+    tgt, src = list(range(0, len(seqs), 2)), list(range(1, len(seqs), 2))
+    values = {s.key: (clean.store[s.key][tgt] + eps * (clean.store[s.key][src] - clean.store[s.key][tgt]))[:, None]
+              for s in sweep}
+    cols = torch.tensor([[clean.read[i]] for i in tgt])
+    stepped, _ = batched_sweep(model, [seqs[i] for i in tgt], sweep, cols, values, batch_size=8)
+    slope = ((stepped - clean.reward[tgt][:, None]) / eps).numpy()
+    np.testing.assert_allclose(atp.patched_chosen - atp.chosen[:, None], slope, atol=2e-3 * max(1, np.abs(slope).max()))
