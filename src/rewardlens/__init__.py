@@ -2,9 +2,12 @@
 
 from .attribution import Attribution as Attribution
 from .attribution import attribute as attribute
+from .attribution_patching import attribution_patch as attribution_patch
 from .data import Pair as Pair
 from .data import load_pairs as load_pairs
 from .errors import RewardLensError as RewardLensError
+from .faithfulness import Faithfulness as Faithfulness
+from .faithfulness import faithfulness as faithfulness
 from .lens import Lens as Lens
 from .lens import lens as lens
 from .loading import load as load
@@ -12,9 +15,12 @@ from .loading import wrap as wrap
 from .model.arch import ArchitectureMap as ArchitectureMap
 from .model.arch import register_architecture as register_architecture
 from .model.core import RewardModel as RewardModel
+from .patching import Patching as Patching
+from .patching import patch as patch
 
 __all__ = [
-    "ArchitectureMap", "Attribution", "Lens", "Pair", "RewardLensError", "RewardModel",
-    "attribute", "lens", "load", "load_pairs", "register_architecture", "wrap",
+    "ArchitectureMap", "Attribution", "Faithfulness", "Lens", "Pair", "Patching", "RewardLensError", "RewardModel",
+    "attribute", "attribution_patch", "faithfulness", "lens", "load", "load_pairs", "patch", "register_architecture",
+    "wrap",
 ]
 __version__ = "0.1.0"

@@ -191,7 +191,7 @@ def read_sweep(
     coef: Tensor,
     *,
     batch_size: int = 8,
-    chunk: int = 256,
+    chunk: int = 512,
     resid: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """Patched rewards [n, S] of every sequence with each site of `sweep` overwritten at its read

@@ -331,7 +331,7 @@ def patch(
     reference: object | None = None,
     divergence: bool = False,
     batch_size: int = 8,
-    chunk: int = 256,
+    chunk: int = 512,
     min_margin: float = 1e-4,
 ) -> Patching:
     """Patch every part (`level` 'sublayer' or 'head') of every pair and return the patched rewards.

@@ -8,11 +8,11 @@ import sys
 from collections.abc import Sequence
 
 from ..errors import RewardLensError
-from . import base
+from . import base, causal
 from ._common import Command
 
 # Each module owns its commands; the order here is the order of `rewardlens -h`.
-_MODULES = (base,)
+_MODULES = (base, causal)
 
 
 def _commands() -> dict[str, Command]:
