@@ -142,7 +142,7 @@ def patched(model: RewardModel, edits: list[Edit]) -> Iterator[None]:
         for key, group in groups.items():
             module, where = modules[key], key[1]
             if where == "in":
-                hook = lambda m, a, k, g=group: pre(m, a, k, g)  # noqa: E731
+                hook = lambda m, a, k, g=group: pre(m, a, k, g)
                 handles.append(module.register_forward_pre_hook(hook, with_kwargs=True))
             else:
                 handles.append(module.register_forward_hook(lambda m, a, o, g=group: post(m, a, o, g)))
@@ -193,15 +193,17 @@ def read_sweep(
     batch_size: int = 8,
     chunk: int = 512,
     resid: bool = False,
+    clean_copy: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """Patched rewards [n, S] of every sequence with each site of `sweep` overwritten at its read
     position `read[i]` by `values[site.key][i]` ([n, width]); readout coefficients `coef` [n, k]
     are the clean run's (the gate reads an earlier position, which the patch cannot change).
 
+    With `clean_copy`, column 0 is an unpatched copy (the clean reward) and sites follow [n, 1 + S].
     With `resid`, also the residual after every layer at the patched read token [n, S, L, d].
     """
-    n, n_sites = len(seqs), len(sweep)
-    rewards = torch.zeros(n, n_sites, device=model.device)
+    n, n_sites, extra = len(seqs), len(sweep), int(clean_copy)
+    rewards = torch.zeros(n, extra + n_sites, device=model.device)
     streams = torch.zeros(n, n_sites, model.n_layers, model.d_model, device=model.device) if resid else None
     order = sorted(range(n), key=lambda i: read[i])
     dtype = next(model.model.parameters()).dtype
@@ -209,16 +211,22 @@ def read_sweep(
         rows = torch.tensor(order[start : start + batch_size])
         for lo in range(0, n_sites, chunk):
             part = sweep[lo : lo + chunk]
-            kwargs, cols = _copies_batch(model, [seqs[i] for i in rows], [read[i] for i in rows], len(part), dtype)
+            skip = extra if lo == 0 else 0  # the unpatched copy rides along with the first chunk
+            kwargs, cols = _copies_batch(model, [seqs[i] for i in rows], [read[i] for i in rows], skip + len(part),
+                                         dtype)
             edits = [
-                Edit(site, torch.arange(len(rows)), cols[:, j : j + 1],
+                Edit(site, torch.arange(len(rows)), cols[:, skip + j : skip + j + 1],
                      _take(values[site.key], rows, head_slice(model, site), read=True))
                 for j, site in enumerate(part)
             ]
-            points = {"final": _final_point(model, cols), **(_resid_points(model, cols) if resid else {})}
+            points = {"final": _final_point(model, cols[:, skip:]), **(_resid_points(model, cols[:, skip:]) if resid else {})}
+            if skip:
+                points["clean"] = _final_point(model, cols[:, 0])
             store = _forward(model, kwargs, points, edits)
             objectives = model.head(model.final_hidden(store["final"].flatten(0, 1))).view(len(rows), len(part), -1)
-            rewards[rows, lo : lo + len(part)] = (objectives * coef[rows][:, None]).sum(-1)
+            rewards[rows, extra + lo : extra + lo + len(part)] = (objectives * coef[rows][:, None]).sum(-1)
+            if skip:
+                rewards[rows, 0] = (model.head(model.final_hidden(store["clean"])) * coef[rows]).sum(-1)
             if resid:
                 stacked = torch.stack([store[f"resid_{layer}"] for layer in range(model.n_layers)], dim=2)
                 streams[rows, lo : lo + len(part)] = stacked

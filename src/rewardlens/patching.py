@@ -22,8 +22,15 @@ from .errors import DataError, TokenizationError
 from .model.core import RewardModel
 from .model.hooks import Point
 from .model.tokens import Tokenized, collate, sequence_label
-from .patch_engine import Site, batched_sweep, copies_supported, read_sweep, site_point, sites
 from .patch_direct import direct_rewards
+from .patch_engine import (
+    Site,
+    batched_sweep,
+    copies_supported,
+    read_sweep,
+    site_point,
+    sites,
+)
 from .trace import trace
 
 MODES = ("noising", "denoising", "ablation")
@@ -144,22 +151,37 @@ class Clean:
     reward: Tensor
 
     @classmethod
-    def run(cls, model: RewardModel, seqs: list[Tokenized], *, heads: bool, batch_size: int) -> Clean:
+    def run(
+        cls, model: RewardModel, seqs: list[Tokenized], *, heads: bool, batch_size: int, only: list[int] | None = None
+    ) -> Clean:
+        """Trace every sequence, or only those in `only`: the others get their read position and
+        readout coefficients (no forward needed) but zero activations and a NaN reward, for the
+        caller to fill in (the read-position engine reads them off an unpatched copy)."""
+        index = list(range(len(seqs))) if only is None else list(only)
         layers = range(model.n_layers) if heads else ()
         parts: dict[str, list] = {}
         read = [0] * len(seqs)
         order = []
-        for rows, batch in model.batches(seqs, batch_size, "right", is_pairs=False):
+        for rows, batch in model.batches([seqs[i] for i in index], batch_size, "right", is_pairs=False):
             tr = trace(model, batch, heads=layers)
             for key, value in tr.store.items():
                 parts.setdefault(key, []).append(value)
             for row, at in zip(rows.tolist(), batch.read_index.tolist()):
-                read[row] = at
+                read[index[row]] = at
             order.append(torch.as_tensor(rows))
+        rest = [i for i in range(len(seqs)) if i not in set(index)]
+        for rows, batch in model.batches([seqs[i] for i in rest], batch_size, "right", is_pairs=False):
+            for row, at in zip(rows.tolist(), batch.read_index.tolist()):
+                read[rest[row]] = at
         inverse = torch.argsort(torch.cat(order))
-        store = {k: torch.cat(v)[inverse.to(v[0].device)] for k, v in parts.items()}
-        values, coef = model.head_readout(store)
-        return cls(seqs, store, read, coef, (values * coef).sum(-1))
+        run = {k: torch.cat(v)[inverse.to(v[0].device)] for k, v in parts.items()}
+        values, coef = model.head_readout(run)
+        if only is None:
+            return cls(seqs, run, read, coef, (values * coef).sum(-1))
+        at = torch.tensor(index, device=model.device)
+        store = {k: v.new_zeros((len(seqs), *v.shape[1:])).index_copy(0, at, v) for k, v in run.items()}
+        reward = torch.full((len(seqs),), float("nan"), device=model.device).index_copy(0, at, (values * coef).sum(-1))
+        return cls(seqs, store, read, model.head.coefficients(len(seqs)), reward)
 
 
 def _check(mode: str, ablation: str, estimand: str) -> None:
@@ -213,7 +235,7 @@ def resolve_positions(
         cols_t.append(ct)
         cols_s.append(cs)
     m = max(len(c) for c in cols_t)
-    pad = lambda cs: [c + [c[-1]] * (m - len(c)) for c in cs]  # noqa: E731
+    pad = lambda cs: [c + [c[-1]] * (m - len(c)) for c in cs]
     valid = torch.tensor([[i < len(c) for i in range(m)] for c in cols_t])
     return torch.tensor(pad(cols_t)), torch.tensor(pad(cols_s)), valid
 
@@ -349,7 +371,13 @@ def patch(
                          "frozen, so there is nothing to score: use estimand='total'")
     seqs = encode_pairs(model, pairs)
     sweep = sites(model, level)
-    clean = Clean.run(model, seqs, heads=level == "head", batch_size=batch_size)
+    # The read-position engine can read each target's clean reward off an unpatched copy, so the
+    # clean trace need only cover the sequences whose activations are inserted.
+    copies = estimand == "total" and positions == "read" and copies_supported(model, seqs) is None
+    only = None
+    if copies and not divergence and model.arch.head_kind != "gated" and mode != "ablation":
+        only = list(range(1 if mode == "noising" else 0, len(seqs), 2))
+    clean = Clean.run(model, seqs, heads=level == "head", batch_size=batch_size, only=only)
     ref_seqs = None if reference is None else model.encode(reference)[0]
     plan = Plan.make(model, clean, sweep, mode, ablation, positions, ref_seqs, batch_size)
     targets, cols_t, values = plan.targets, plan.cols, plan.values
@@ -358,9 +386,12 @@ def patch(
     streams = None
     if estimand == "direct":
         rewards = direct_rewards(model, clean, targets, sweep, values, cols_t)
-    elif positions == "read" and copies_supported(model, tgt) is None:
+    elif copies:
         rewards, streams = read_sweep(model, tgt, [clean.read[i] for i in targets], sweep, values,
-                                      clean.coef[targets], batch_size=batch_size, chunk=chunk, resid=divergence)
+                                      clean.coef[targets], batch_size=batch_size, chunk=chunk, resid=divergence,
+                                      clean_copy=True)
+        clean.reward[targets] = rewards[:, 0]
+        rewards = rewards[:, 1:]
     else:
         cols_t, _, values = plan.at_columns(clean)
         rewards, streams = batched_sweep(model, tgt, sweep, cols_t, values, batch_size=batch_size,
