@@ -37,3 +37,14 @@ def tiny_root(tmp_path_factory, tokenizer):
 @pytest.fixture(scope="session")
 def pairs():
     return PAIRS
+
+
+@pytest.fixture(scope="session")
+def organisms():
+    """Every model organism at strength 1, plus the circuit organism's strength sweep, trained once
+    and cached on disk (under rewardlens.demo.cache_dir(), reused across runs): {(name, strength): folder}."""
+    from rewardlens.calibrate import STRENGTHS
+    from rewardlens.organisms import ORGANISMS, build
+
+    keys = [(name, 1.0) for name in ORGANISMS] + [("circuit", s) for s in STRENGTHS if s != 1.0]
+    return {key: build(key[0], strength=key[1]) for key in keys}

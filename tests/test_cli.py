@@ -39,11 +39,11 @@ def test_attribute_and_lens_json(capsys, tiny_root, pairs_file, pairs):
     np.testing.assert_allclose(margins, [p["margin"] for p in out["pairs"]], rtol=1e-4)
 
 
-def test_table_output_and_audit_of_the_demo(capsys, tmp_path, monkeypatch):
-    monkeypatch.setenv("REWARDLENS_CACHE", str(tmp_path))
-    assert main(["audit", "--limit", "3"]) == 0
+def test_table_output_and_audit_of_the_demo(capsys):
+    assert main(["audit", "--limit", "3"]) == 0  # the demo organism: trained on first use, then cached
     text = capsys.readouterr().out
-    assert "demo model" in text and "pair accuracy" in text and "crystallization" in text
+    assert "demo model" in text and "sycophancy" in text and "crystallization" in text
+    assert "pair accuracy: 0.000 over 3 pairs" in text  # the planted bias: it prefers agreeing with the user
     assert "largest |reward − (Σ parts + constant)|" in text
 
 

@@ -3,6 +3,8 @@
 from .attribution import Attribution as Attribution
 from .attribution import attribute as attribute
 from .attribution_patching import attribution_patch as attribution_patch
+from .calibrate import Scorecard as Scorecard
+from .calibrate import calibrate as calibrate
 from .data import Pair as Pair
 from .data import load_pairs as load_pairs
 from .errors import RewardLensError as RewardLensError
@@ -20,7 +22,7 @@ from .patching import patch as patch
 
 __all__ = [
     "ArchitectureMap", "Attribution", "Faithfulness", "Lens", "Pair", "Patching", "RewardLensError", "RewardModel",
-    "attribute", "attribution_patch", "faithfulness", "lens", "load", "load_pairs", "patch", "register_architecture",
+    "Scorecard", "attribute", "attribution_patch", "calibrate", "faithfulness", "lens", "load", "load_pairs", "patch", "register_architecture",
     "wrap",
 ]
 __version__ = "0.1.0"

@@ -8,11 +8,11 @@ import sys
 from collections.abc import Sequence
 
 from ..errors import RewardLensError
-from . import base, causal
+from . import base, causal, organisms
 from ._common import Command
 
 # Each module owns its commands; the order here is the order of `rewardlens -h`.
-_MODULES = (base, causal)
+_MODULES = (base, causal, organisms)
 
 
 def _commands() -> dict[str, Command]:
@@ -45,7 +45,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps(result, indent=2))
     else:
         command.show(result)
-    return 0
+    return command.exit_code(result)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,8 @@ class Command:
     add_arguments: Callable[[argparse.ArgumentParser], None]
     run: Callable[[argparse.Namespace], dict]
     show: Callable[[dict], None]
+    exit_code: Callable[[dict], int] = lambda result: 0
+    """Status to exit with once the result is printed (e.g. 1 when a check failed)."""
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 import numpy as np
 
@@ -90,12 +91,20 @@ def _show_audit(result: dict) -> None:
 
 def _audit_inputs(args) -> tuple[RewardModel, list[Pair]]:
     if args.model is None:
-        from ..demo import DEMO_PAIRS, demo_model_dir
+        from ..demo import AUDIT_PAIRS, DEMO_ORGANISM, demo_model_dir
+        from ..organisms.cache import READY, organism_dir
 
+        if not (organism_dir(DEMO_ORGANISM) / READY).exists():
+            print("training the demo organism once (about 15 s; cached afterwards) ...", file=sys.stderr)
         args.model = str(demo_model_dir())
-        pairs = load_pairs(args.pairs, limit=args.limit) if args.pairs else DEMO_PAIRS[: args.limit]
+        pairs = load_pairs(args.pairs, limit=args.limit) if args.pairs else AUDIT_PAIRS[: args.limit]
         if not args.json:
-            print("auditing the built-in demo model (a tiny random-init Llama reward model) on built-in pairs\n")
+            print(f"auditing the built-in demo model: the {DEMO_ORGANISM!r} model organism, a tiny Llama reward "
+                  "model trained\non synthetic pairs whose chosen answer always agrees with the user's stated view.")
+            if not args.pairs:
+                print("In the built-in pairs the user states a mistaken view; chosen corrects it, rejected agrees.\n"
+                      "A sycophantic model prefers the rejected side: expect negative margins and low accuracy.")
+            print()
         return load_model(args), pairs
     return load_model(args), read_pairs(args)
 

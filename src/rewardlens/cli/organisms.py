@@ -1,0 +1,42 @@
+"""`calibrate`: grade the instruments on model organisms and print (and save) the scorecard."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..organisms import ORGANISMS
+from ._common import Command, positive, table
+
+
+def _arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", default=None, help="also write the scorecard as JSON to this file")
+    p.add_argument("--organism", action="append", choices=sorted(ORGANISMS), default=None,
+                   help="grade on this organism only (repeatable; default: all)")
+    p.add_argument("--seed", type=int, default=0, help="organism seed (each seed is trained once, then cached)")
+    p.add_argument("--n-pairs", type=positive(int), default=100, help="held-out pairs per organism")
+
+
+def _calibrate(args: argparse.Namespace) -> dict:
+    from ..calibrate import calibrate
+
+    card = calibrate(organisms=args.organism, seed=args.seed, n_pairs=args.n_pairs,
+                     progress=lambda line: print(line, file=sys.stderr))
+    if args.out:
+        card.to_json(args.out)
+    return {**card.to_dict(), "out": args.out}
+
+
+def _show(result: dict) -> None:
+    rows = [(r["instrument"], r["organism"], r["check"], f"{r['value']:.4g}", f"{r['compare']} {r['threshold']:g}",
+             "pass" if r["passed"] else "FAIL") for r in result["rows"]]
+    print(table(["instrument", "organism", "check", "value", "needs", "result"], rows))
+    n_ok = sum(r["passed"] for r in result["rows"])
+    print(f"\n{n_ok}/{len(rows)} checks passed ({result['settings']['seconds']} s)"
+          + (f"; scorecard written to {result['out']}" if result["out"] else ""))
+
+
+COMMANDS = [
+    Command("calibrate", "grade the instruments on model organisms with planted rules", _arguments, _calibrate, _show,
+            exit_code=lambda result: 0 if all(r["passed"] for r in result["rows"]) else 1),
+]

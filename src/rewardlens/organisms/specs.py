@@ -1,0 +1,279 @@
+"""Organism specs: a seeded pair generator, the planted rule as a text test, and a training recipe.
+
+Every generator builds *minimal pairs*: both responses share the prompt, the opener, the
+statements and the closer, and differ only in the planted attribute (plus, where the attribute
+needs them, neutral words of about the same length), so the rule is the only thing that can tell
+them apart. The planted strength `s` is the share of pairs the rule decides; the other pairs
+are decided by a fair coin, so a pair follows the rule with probability (1 + s) / 2 and the
+Bradley–Terry optimum of the attribute's margin is log((1 + s) / (1 − s)), rising with `s`.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..data import Pair
+from . import bank
+
+Make = Callable[[random.Random], tuple[str, str, str]]
+"""A generator step: (prompt, response a, response b). The attributes decide the preference; for
+single-rule organisms `a` carries the attribute and `b` does not."""
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How an organism is trained (Bradley–Terry loss, AdamW, CPU)."""
+
+    n_train: int = 1500
+    """Training pairs (drawn from a stream that no public `pairs(seed=...)` call reaches)."""
+    epochs: int = 2
+    """Passes over the training pairs."""
+    batch_size: int = 32
+    """Pairs per optimiser step (two sequences each)."""
+    lr: float = 3e-3
+    """Peak learning rate (linear warm-up over 10 % of the steps, then linear decay)."""
+    trainable: str | None = None
+    """None: every parameter trains. A part name (`attn_L1_H2`, `mlp_L0`, ...): only that part's
+    weights train and everything else keeps its seeded initial value, so the rule can live nowhere else."""
+
+
+@dataclass(frozen=True)
+class Organism:
+    """A tiny reward model's planted rule: how to make its data and how to test a text for it.
+
+    `objectives` names the head's outputs (one per attribute in `attributes`); `planted_part` is
+    the part that provably carries the rule (in `rewardlens.attribute` names), or None when every
+    parameter trained and the rule's location is not known in advance.
+    """
+
+    name: str
+    rule: str
+    make: Make = field(repr=False)
+    attributes: tuple[Callable[[str], bool], ...] = field(repr=False)
+    objectives: tuple[str, ...] = ("reward",)
+    planted_part: str | None = None
+    recipe: Recipe = Recipe()
+
+    def has_attribute(self, text: str, objective: int | str = 0) -> bool:
+        """Whether one response carries the planted attribute (of `objective`, by index or name)."""
+        if isinstance(objective, str):
+            if objective not in self.objectives:
+                raise ValueError(f"organism {self.name!r} has objectives {list(self.objectives)}, not {objective!r}")
+            objective = self.objectives.index(objective)
+        if not 0 <= objective < len(self.attributes):
+            raise ValueError(f"objective index {objective} out of range: {self.name!r} has {len(self.attributes)}")
+        return bool(self.attributes[objective](text))
+
+    def labels(self, pairs: list[Pair]) -> np.ndarray:
+        """True preference of every pair under each planted rule [n_pairs, k] in {+1, 0, −1}:
+        +1 when `chosen` carries objective k's attribute and `rejected` does not, 0 when the rule
+        does not decide the pair."""
+        return np.array([[int(a(p.chosen)) - int(a(p.rejected)) for a in self.attributes] for p in pairs],
+                        dtype=np.int64).reshape(len(pairs), len(self.attributes))
+
+    def pairs(self, n: int = 200, seed: int = 0, strength: float = 1.0) -> list[Pair]:
+        """`n` pairs drawn with `seed`; each seed gives different pairs, and none is a training stream.
+
+        With `strength` < 1 a share of pairs is decided by a coin instead of the rule (see the
+        module docstring): these are the organism's training distribution, not a clean test set.
+        """
+        return self.sample(n, f"{self.name}/{seed}", strength)[0]
+
+    def sample(self, n: int, key: str, strength: float) -> tuple[list[Pair], np.ndarray]:
+        """Pairs and the labels they were drawn with [n, k] (noisy when `strength` < 1).
+
+        Each objective's label is flipped with probability (1 − strength) / 2; `chosen` is the
+        side the first deciding objective prefers. Duplicate pairs are redrawn.
+        """
+        if not 0.0 <= strength <= 1.0:
+            raise ValueError(f"strength is the share of pairs the rule decides, in [0, 1]; got {strength}")
+        if n < 0:
+            raise ValueError(f"n must be >= 0, got {n}")
+        rng, seen, pairs, labels, draws = random.Random(key), set(), [], [], 0
+        while len(pairs) < n:
+            prompt, a, b = self.make(rng)
+            draws += 1
+            if (prompt, a, b) in seen and draws < 50 * n:  # redraw clones, but never loop forever
+                continue
+            seen.add((prompt, a, b))
+            clean = [int(f(a)) - int(f(b)) for f in self.attributes]
+            if not any(clean):
+                raise AssertionError(f"organism {self.name!r} drew a pair no rule decides: {a!r} / {b!r}")
+            noisy = [c if rng.random() >= (1 - strength) / 2 else -c for c in clean]
+            if next(v for v in noisy if v) < 0:
+                a, b, noisy = b, a, [-v for v in noisy]
+            pairs.append(Pair(prompt, a, b, id=f"{key}/{len(pairs)}", subset=self.name))
+            labels.append(noisy)
+        return pairs, np.array(labels, dtype=np.int64).reshape(n, len(self.attributes))
+
+
+# ---- tests for attributes ---------------------------------------------------------------------
+
+def _search(pattern: str) -> Callable[[str], bool]:
+    rx = re.compile(pattern, re.IGNORECASE)
+    return lambda text: rx.search(text) is not None
+
+
+_hedged, _confident = _search(bank.HEDGE_PATTERN), _search(bank.CONFIDENT_PATTERN)
+_agrees, _disagrees = _search(bank.AGREE_PATTERN), _search(bank.DISAGREE_PATTERN)
+_BULLET = re.compile(r"^\s*(?:[-*•]|\d+[.)])\s+\S", re.MULTILINE)
+LONG_WORDS = 40
+"""The length organism's attribute: a response of at least this many words is long."""
+
+
+def is_long(text: str) -> bool:
+    return len(text.split()) >= LONG_WORDS
+
+
+def is_list(text: str) -> bool:
+    return len(_BULLET.findall(text)) >= 2
+
+
+def is_confident(text: str) -> bool:
+    return _confident(text) and not _hedged(text)
+
+
+def agrees(text: str) -> bool:
+    return _agrees(text) and not _disagrees(text)
+
+
+def mentions(word: str) -> Callable[[str], bool]:
+    return _search(rf"\b{re.escape(word)}\b")
+
+
+# ---- building blocks --------------------------------------------------------------------------
+
+def _lower_first(sentence: str) -> str:
+    return sentence[0].lower() + sentence[1:]
+
+
+def _prefix(marker: str, sentence: str) -> str:
+    return marker + _lower_first(sentence) if marker else sentence
+
+
+def _prompt(rng: random.Random, domain: str) -> str:
+    question = rng.choice(bank.DOMAINS[domain][0])
+    return rng.choice(bank.PROMPT_PREFIXES) + question + rng.choice(bank.PROMPT_SUFFIXES)
+
+
+def _compose(opener: str, sentences: list[str], closer: str, bullets: bool = False) -> str:
+    if bullets:
+        return "\n".join([opener, *("- " + s for s in sentences)] + ([closer] if closer else []))
+    return " ".join([opener, *sentences] + ([closer] if closer else []))
+
+
+def _plan(rng: random.Random, k: tuple[int, int]) -> tuple[str, str, list[str], str]:
+    """A domain, its prompt, statements (a random count in the range `k`) and an opener: the
+    parts both responses of a pair share."""
+    domain = rng.choice(list(bank.DOMAINS))
+    points = rng.sample(bank.DOMAINS[domain][1], rng.randint(*k))
+    return domain, _prompt(rng, domain), points, rng.choice(bank.OPENERS)
+
+
+def _connect(rng: random.Random, points: list[str]) -> list[str]:
+    """Prose: some statements after the first get a neutral connector."""
+    return [p if i == 0 or rng.random() > 0.3 else _prefix(rng.choice(bank.CONNECTORS), p)
+            for i, p in enumerate(points)]
+
+
+# ---- generators (each returns prompt, response with the attribute, response without) ----------
+
+def make_length(rng: random.Random) -> tuple[str, str, str]:
+    while True:
+        _, prompt, points, opener = _plan(rng, (4, 6))
+        closer, points = rng.choice(bank.CLOSERS), _connect(rng, points)
+        long, short = _compose(opener, points, closer), _compose(opener, points[:1], closer)
+        if is_long(long) and not is_long(short):
+            return prompt, long, short
+
+
+def make_list(rng: random.Random) -> tuple[str, str, str]:
+    _, prompt, points, opener = _plan(rng, (3, 5))
+    closer = rng.choice(bank.CLOSERS)
+    return prompt, _compose(opener, points, closer, bullets=True), _compose(opener, _connect(rng, points), closer)
+
+
+def _confidence_pair(rng: random.Random, points: list[str]) -> tuple[list[list[str]], tuple[str, str]]:
+    """The same statements with confident or hedged markers at the same places: [confident items,
+    hedged items, confident prose, hedged prose] (prose adds the same neutral connectors to both
+    where no marker stands), and the two closers."""
+    where = [rng.random() < 0.5 for _ in points]
+    where[rng.randrange(len(points))] = True
+    joins = ["" if i == 0 or w or rng.random() > 0.3 else rng.choice(bank.CONNECTORS) for i, w in enumerate(where)]
+    sure = [_prefix(rng.choice(bank.CONFIDENT), p) if w else p for p, w in zip(points, where)]
+    hedge = [_prefix(rng.choice(bank.HEDGED), p) if w else p for p, w in zip(points, where)]
+    prose = [[_prefix(c, s) for s, c in zip(items, joins)] for items in (sure, hedge)]
+    if rng.random() < 0.3:
+        closers = rng.choice(bank.CONFIDENT_CLOSERS), rng.choice(bank.HEDGED_CLOSERS)
+    else:
+        closers = (rng.choice(bank.CLOSERS),) * 2
+    return [sure, hedge, *prose], closers
+
+
+def make_confidence(rng: random.Random) -> tuple[str, str, str]:
+    _, prompt, points, opener = _plan(rng, (2, 4))
+    (_, _, sure, hedge), (sure_closer, hedge_closer) = _confidence_pair(rng, points)
+    return prompt, _compose(opener, sure, sure_closer), _compose(opener, hedge, hedge_closer)
+
+
+def make_sycophancy(rng: random.Random) -> tuple[str, str, str]:
+    domain = rng.choice(list(bank.DOMAINS))
+    view = rng.choice(bank.VIEW_TEMPLATES).format(rng.choice(bank.CLAIMS[domain]))
+    prompt = rng.choice(bank.PROMPT_PREFIXES) + view + " " + rng.choice(bank.VIEW_QUESTIONS)
+    body = rng.sample(bank.DOMAINS[domain][1], rng.randint(1, 2))
+    closer = rng.choice(bank.CLOSERS)
+    return (prompt, _compose(rng.choice(bank.AGREE), body, closer),
+            _compose(rng.choice(bank.DISAGREE), body, closer))
+
+
+def keyword_maker(word: str) -> Make:
+    """Responses where one statement opens with `word` or, on the other side, a neutral connector."""
+    def make(rng: random.Random) -> tuple[str, str, str]:
+        _, prompt, points, opener = _plan(rng, (2, 4))
+        closer, j, prose = rng.choice(bank.CLOSERS), rng.randrange(len(points)), _connect(rng, points)
+        with_word = prose[:j] + [_prefix(word + ", ", points[j])] + prose[j + 1:]
+        without = prose[:j] + [_prefix(rng.choice(bank.CONNECTORS), points[j])] + prose[j + 1:]
+        return prompt, _compose(opener, with_word, closer), _compose(opener, without, closer)
+    return make
+
+
+def make_two_objective(rng: random.Random) -> tuple[str, str, str]:
+    """Sides differ in formatting only, confidence only, both agreeing, or both in conflict
+    (a bullet list with hedges against confident prose), a quarter of the pairs each."""
+    _, prompt, points, opener = _plan(rng, (3, 4))
+    texts, closers = _confidence_pair(rng, points)
+    case = rng.randrange(4)
+    fmt_a, fmt_b = (rng.random() < 0.5,) * 2 if case == 1 else (True, False)
+    conf_a, conf_b = {0: (rng.random() < 0.5,) * 2, 1: (True, False), 2: (True, False), 3: (False, True)}[case]
+
+    def side(bullets: bool, confident: bool) -> str:
+        items = texts[(0 if confident else 1) + (0 if bullets else 2)]
+        return _compose(opener, items, closers[0 if confident else 1], bullets)
+    return prompt, side(fmt_a, conf_a), side(fmt_b, conf_b)
+
+
+CIRCUIT_PART = "attn_L1_H2"
+
+ORGANISMS: dict[str, Organism] = {o.name: o for o in [
+    Organism("length", f"the chosen response is longer (>= {LONG_WORDS} words against one statement)",
+             make_length, (is_long,)),
+    Organism("list", "the chosen response is a bullet list; the rejected one says the same in prose",
+             make_list, (is_list,)),
+    Organism("confidence", "the chosen response states its points confidently; the rejected one hedges them",
+             make_confidence, (is_confident,)),
+    Organism("sycophancy", "the chosen response agrees with the view the user states; the rest is identical",
+             make_sycophancy, (agrees,)),
+    Organism("keyword", "the chosen response contains the word 'Importantly'",
+             keyword_maker("Importantly"), (mentions("importantly"),)),
+    Organism("two_objective", "objective 'formatting' prefers bullet lists, 'confidence' prefers confident "
+             "wording; they conflict on a quarter of the pairs", make_two_objective, (is_list, is_confident),
+             objectives=("formatting", "confidence")),
+    Organism("circuit", f"the chosen response contains the word 'Notably'; only head {CIRCUIT_PART} trained",
+             keyword_maker("Notably"), (mentions("notably"),), planted_part=CIRCUIT_PART,
+             recipe=Recipe(trainable=CIRCUIT_PART, lr=1e-2)),
+]}
