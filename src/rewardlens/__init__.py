@@ -19,10 +19,15 @@ from .model.arch import register_architecture as register_architecture
 from .model.core import RewardModel as RewardModel
 from .patching import Patching as Patching
 from .patching import patch as patch
+from .sae import SAEConfig as SAEConfig
+from .sae import TopKSAE as TopKSAE
+from .sae import load_sae as load_sae
+from .sae_attribution import attribute_features as attribute_features
+from .sae_train import train_sae as train_sae
 
 __all__ = [
     "ArchitectureMap", "Attribution", "Faithfulness", "Lens", "Pair", "Patching", "RewardLensError", "RewardModel",
-    "Scorecard", "attribute", "attribution_patch", "calibrate", "faithfulness", "lens", "load", "load_pairs", "patch", "register_architecture",
-    "wrap",
+    "SAEConfig", "Scorecard", "TopKSAE", "attribute", "attribute_features", "attribution_patch", "calibrate",
+    "faithfulness", "lens", "load", "load_pairs", "load_sae", "patch", "register_architecture", "train_sae", "wrap",
 ]
 __version__ = "0.1.0"

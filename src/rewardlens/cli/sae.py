@@ -1,0 +1,157 @@
+"""`sae train` and `sae attribute`: TopK SAEs on a layer's residual stream, and the reward split over them."""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+
+from ..sae import SAEConfig
+from ..sae_attribution import attribute_features
+from ..sae_data import ActivationSource, cache_activations, hookpoint, load_sae_for
+from ..sae_report import feature_report
+from ..sae_train import TrainConfig, evaluate, train_sae
+from ._common import (
+    Command,
+    add_model_options,
+    add_pairs_options,
+    load_model,
+    positive,
+    read_pairs,
+    table,
+)
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    add_model_options(p)
+    add_pairs_options(p)
+    # The parent `sae` parser has --json too, but options after the subcommand are parsed here;
+    # SUPPRESS keeps `rewardlens sae --json train ...` working as well.
+    p.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON instead of a table")
+
+
+def _add_arguments(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="sae_command", required=True)
+    t = sub.add_parser("train", help="train a TopK SAE on a layer's residual stream over the pairs' tokens")
+    _common(t)
+    t.add_argument("--layer", type=int, required=True, help="train on the residual stream after this layer")
+    t.add_argument("--out", required=True, help="parent folder; the SAE goes to OUT/<hook point> (sparsify layout)")
+    t.add_argument("--positions", choices=["all", "read"], default="all",
+                   help="every non-pad token (default) or only the read position")
+    t.add_argument("--skip-first", type=int, default=None,
+                   help="with --positions all, leave out each sequence's first N tokens (default: 1 for decoders, "
+                        "whose first token is an attention sink with a huge norm; 0 for encoders)")
+    t.add_argument("--k", type=positive(int), default=32, help="active latents per activation")
+    t.add_argument("--expansion-factor", type=positive(int), default=16, help="latents per residual dimension")
+    t.add_argument("--latents", type=int, default=0, help="number of latents (overrides --expansion-factor)")
+    t.add_argument("--epochs", type=positive(int), default=1)
+    t.add_argument("--sae-batch-size", type=positive(int), default=4096, help="activations per optimizer step")
+    t.add_argument("--lr", type=positive(float), default=None, help="default: 2e-4 / sqrt(latents / 2^14)")
+    t.add_argument("--auxk-alpha", type=float, default=1 / 32, help="weight of the dead-latent AuxK loss")
+    t.add_argument("--max-norm-ratio", type=float, default=10.0,
+                   help="leave out activations over this multiple of the median norm (massive activations); "
+                        "0 keeps all")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--cache", default=None, help="activation cache folder (safetensors shards), reused if present")
+    a = sub.add_parser("attribute", help="split each pair's reward margin over an SAE's features")
+    _common(a)
+    a.add_argument("--sae", required=True, help="SAE folder (cfg.json + sae.safetensors) or a parent of several")
+    a.add_argument("--layer", type=int, default=None, help="default: read from the SAE folder's name")
+    a.add_argument("--top", type=positive(int), default=10, help="how many features to list")
+    a.add_argument("--contexts", type=int, default=3, help="top-activating token windows per feature (0: none)")
+
+
+def _train(args) -> dict:
+    model, pairs = load_model(args), read_pairs(args)
+    point = f"resid_{args.layer}"
+    source = ActivationSource(model, pairs, point, positions=args.positions, batch_size=args.batch_size,
+                              skip_first=args.skip_first)
+    data = cache_activations(source, args.cache) if args.cache else source
+    cfg = TrainConfig(
+        sae=SAEConfig(k=args.k, expansion_factor=args.expansion_factor, num_latents=args.latents),
+        batch_size=args.sae_batch_size, epochs=args.epochs, lr=args.lr, auxk_alpha=args.auxk_alpha, seed=args.seed,
+        buffer_rows=max(1 << 16, args.sae_batch_size), max_norm_ratio=args.max_norm_ratio or None,
+    )
+    result = train_sae(data, cfg)
+    folder = result.sae.save(f"{args.out}/{hookpoint(model, point)}")
+    stats = evaluate(result.sae, data, max_norm=result.max_norm)
+    return {
+        "command": "train", "folder": str(folder), "point": point, "positions": args.positions,
+        "d_in": result.sae.d_in, "latents": result.sae.n_latents, "k": result.sae.k,
+        "activations": source.n_rows, "steps": len(result.fvu), "seconds": result.seconds,
+        "activations_per_second": result.activations_per_second,
+        "fvu": stats.fvu, "explained_variance": stats.explained_variance, "l0": stats.l0,
+        "dead_fraction": stats.dead_fraction, "max_norm": result.max_norm, "dropped": stats.n_dropped,
+    }
+
+
+def _attribute(args) -> dict:
+    model, pairs = load_model(args), read_pairs(args)
+    sae, layer = load_sae_for(model, args.sae, args.layer)
+    att = attribute_features(model, sae, pairs, layer=layer, batch_size=args.batch_size)
+    freq = {}
+    contexts: dict[int, list] = {}
+    report = None
+    if args.contexts > 0:
+        report = feature_report(model, sae, att, pairs, top=args.top, n_contexts=args.contexts,
+                                batch_size=args.batch_size)
+        freq = {int(f): float(q) for f, q in zip(report.features, report.frequency)}
+        contexts = {int(f): [{"text": c.text, "activation": c.activation, "input": c.input} for c in ctx]
+                    for f, ctx in zip(report.features, report.contexts)}
+    col = {int(f): i for i, f in enumerate(att.features)}
+    totals = att.totals()
+    margin = {k: float(np.mean(v[0::2] - v[1::2])) for k, v in totals.items()}
+    return {
+        "command": "attribute", "sae": str(sae.folder), "layer": layer, "pairs": len(pairs),
+        "max_abs_residual_error": float(np.abs(att.residual_error).max()),
+        "max_abs_reward": float(np.abs(att.reward).max()),
+        "fvu_at_read_position": att.fvu, "relative_error_at_read_position": att.relative_error,
+        "corpus": None if report is None else {
+            "explained_variance": report.explained_variance, "l0": report.l0, "dead_fraction": report.dead_fraction,
+            "activations": report.n_activations},
+        "mean_margin": margin,
+        "top_features": [
+            {"feature": f, "mean_margin": s, "alignment": float(att.alignment[col[f]]),
+             "pairs_positive": float(np.mean(att.margin[:, col[f]] > 0)), "frequency": freq.get(f),
+             "contexts": contexts.get(f, [])}
+            for f, s in att.top(args.top, by="margin")
+        ],
+    }
+
+
+def _run(args) -> dict:
+    return _train(args) if args.sae_command == "train" else _attribute(args)
+
+
+def _show(result: dict) -> None:
+    if result["command"] == "train":
+        print(f"trained a TopK SAE on {result['point']} ({result['positions']} positions): {result['latents']} latents, "
+              f"k={result['k']}, {result['activations']} activations, {result['steps']} steps")
+        rows = [("explained variance", result["explained_variance"]), ("FVU", result["fvu"]), ("L0", result["l0"]),
+                ("dead fraction", result["dead_fraction"]),
+                ("activations / s", f"{result['activations_per_second']:.0f}")]
+        print(table(["", "value"], rows))
+        if result["dropped"]:
+            print(f"\n{result['dropped']} activations with a norm over {result['max_norm']:.1f} were left out "
+                  "(massive activations; --max-norm-ratio 0 keeps them)")
+        print(f"\nsaved to {result['folder']}")
+        return
+    print(f"SAE {result['sae']} at the residual after layer {result['layer']}, {result['pairs']} pairs")
+    rows = [(t["feature"], t["mean_margin"], t["alignment"], f"{t['pairs_positive']:.2f}",
+             t["contexts"][0]["text"] if t["contexts"] else "") for t in result["top_features"]]
+    print("top features by mean chosen − rejected contribution (exact, reward units):")
+    print(table(["feature", "mean margin", "cos(d, u)", "share > 0", "strongest context"], rows))
+    m = result["mean_margin"]
+    print(f"\nmean margin {m['total']:+.4f} = features {m['features']:+.4f} + decoder bias {m['decoder_bias']:+.4f} "
+          f"+ SAE error {m['error']:+.4f} + later layers {m['rest']:+.4f} + constant {m['constant']:+.4f}")
+    if result["corpus"]:
+        c = result["corpus"]
+        print(f"SAE on the pairs' tokens: explained variance {c['explained_variance']:.3f}, L0 {c['l0']:.1f}, "
+              f"dead fraction {c['dead_fraction']:.3f}")
+    print(f"at the read position: FVU {result['fvu_at_read_position']:.3f}, Σ‖ε‖² / Σ‖x‖² "
+          f"{result['relative_error_at_read_position']:.3f}")
+    print(f"largest |reward − Σ parts|: {result['max_abs_residual_error']:.2e} "
+          f"(largest |reward| {result['max_abs_reward']:.3f})")
+
+
+COMMANDS = [Command("sae", "TopK sparse autoencoders: `sae train`, `sae attribute`", _add_arguments, _run, _show)]
