@@ -2,11 +2,15 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from transformers.utils import logging as hf_logging
 
 sys.path.insert(0, str(Path(__file__).parent))
 hf_logging.disable_progress_bar()  # save/load bars would bury pytest's own output
 hf_logging.set_verbosity_error()
+# The suite's models are tiny: one thread is as fast, and two threads spinning on a shared
+# 2-core machine ran organism training and SAE tests 20-40x slower.
+torch.set_num_threads(1)
 
 import tiny  # noqa: E402
 

@@ -4,7 +4,6 @@ import json
 
 import numpy as np
 import pytest
-import torch
 
 from rewardlens.calibrate import (
     GRADERS,
@@ -17,13 +16,6 @@ from rewardlens.calibrate import (
 from rewardlens.stats import spearman
 from rewardlens.cli import main
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

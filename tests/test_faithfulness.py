@@ -90,7 +90,7 @@ def test_far_points_exceed_the_natural_threshold_and_natural_ones_do_not():
         thresholds(natural[:4])
 
 
-def test_divergence_scores_patched_runs_against_natural_activations(tiny_root):
+def test_divergence_scores_patched_runs_against_natural_activations(tiny_root, monkeypatch):
     model = rl.load(str(tiny_root["llama"]))
     res = patch(model, DEMO_PAIRS, mode="ablation", divergence=True)
     assert res.divergence.shape == res.effect.shape and np.isfinite(res.divergence).all()
@@ -98,14 +98,10 @@ def test_divergence_scores_patched_runs_against_natural_activations(tiny_root):
     assert 0 <= rel["flagged_share"] <= 1 and 0 <= rel["effect_share_flagged"] <= 1
     assert res.to_frame()["flagged"].dtype == bool
     # the read-position engine and the batched engine see the same downstream activations
-    import rewardlens.patching as patching
+    from rewardlens import patching
 
-    original = patching.copies_supported
-    patching.copies_supported = lambda *a: "forced"
-    try:
-        batched = patch(model, DEMO_PAIRS, mode="ablation", divergence=True)
-    finally:
-        patching.copies_supported = original
+    monkeypatch.setattr(patching, "copies_supported", lambda *a: "forced")
+    batched = patch(model, DEMO_PAIRS, mode="ablation", divergence=True)
     np.testing.assert_allclose(res.divergence, batched.divergence, rtol=1e-4, atol=1e-6)
     # zeroing a whole sublayer of a random model is not natural: something must get flagged
     assert res.flagged.any()

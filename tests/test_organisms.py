@@ -17,14 +17,6 @@ from rewardlens.organisms.train import accuracy, initial_model, part_parameters,
 NAMES = list(ORGANISMS)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # Tiny models run as fast on one thread; two spinning threads crawl on a shared 2-core machine.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 
 def _load(path, name):
     return rl.load(str(path), readout=0 if len(ORGANISMS[name].objectives) > 1 else None)

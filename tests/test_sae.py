@@ -33,14 +33,6 @@ CORPUS = [t for p in DEMO_PAIRS for t in (str(p.prompt), p.chosen, p.rejected)] 
 SMALL = SAEConfig(expansion_factor=4, k=8)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Small matrices: one thread is faster than two contending for shared cores."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 
 @pytest.fixture(scope="module")
 def llama(tiny_root):
