@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import fcntl
 import json
 import os
 import shutil
@@ -50,6 +49,8 @@ import time
 import zipfile
 from pathlib import Path
 from typing import Callable, Iterator
+
+from rewardlens.organisms.cache import locked
 
 READY = "READY"
 
@@ -108,7 +109,7 @@ def _ensure(dirname: str, build: Callable[[Path, Path], None]) -> Path:
     final = root / dirname
     if (final / READY).is_file():  # fast path, no lock
         return final
-    with _locked(root / f"{dirname}.lock"):
+    with locked(root / f"{dirname}.lock"):
         if (final / READY).is_file():  # another process built it while we waited
             return final
         if final.exists():  # left over from an interrupted or older build
@@ -132,16 +133,6 @@ def _ensure(dirname: str, build: Callable[[Path, Path], None]) -> Path:
         finally:
             shutil.rmtree(work, ignore_errors=True)
     return final
-
-
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    with open(path, "a+") as fh:
-        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
 
 
 @contextlib.contextmanager

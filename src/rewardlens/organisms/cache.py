@@ -48,7 +48,7 @@ def build(name: str, strength: float = 1.0, seed: int = 0) -> Path:
     if (final / READY).is_file():  # fast path, no lock
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
-    with _locked(final.parent / f"{final.name}.lock"):
+    with locked(final.parent / f"{final.name}.lock"):
         if (final / READY).is_file():  # another process built it while we waited
             return final
         if final.exists():  # left over from an interrupted build
@@ -98,7 +98,8 @@ def _train_into(folder: Path, name: str, strength: float, seed: int) -> None:
 
 
 @contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
+def locked(path: Path) -> Iterator[None]:
+    """Hold an exclusive file lock on `path` (POSIX) while building something other processes wait for."""
     try:
         import fcntl
     except ImportError:  # not POSIX: no lock; the rename still keeps half-built folders out of sight
