@@ -23,6 +23,7 @@ from rewardlens.sae_data import (
 )
 from rewardlens.sae_report import feature_report
 from rewardlens.sae_train import TrainConfig, evaluate, train_sae
+from rewardlens.stats import auroc
 
 CORPUS = [t for p in DEMO_PAIRS for t in (str(p.prompt), p.chosen, p.rejected)] + [
     "The quick brown fox jumps over the lazy dog.",
@@ -395,12 +396,6 @@ def test_sparse_backward_equals_plain_autograd():
         torch.testing.assert_close(mine[name], p.grad, rtol=1e-4, atol=1e-6, msg=name)
 
 
-def _auroc(score: np.ndarray, label: np.ndarray) -> float:
-    """P(score of a positive > score of a negative), ties counted half."""
-    pos, neg = score[label], score[~label]
-    return float(((pos[:, None] > neg[None]).sum() + 0.5 * (pos[:, None] == neg[None]).sum()) / (len(pos) * len(neg)))
-
-
 def test_on_a_planted_organism_the_top_reward_writing_features_separate_the_attribute():
     """The 'list' organism prefers bullet lists. Features are ranked on clean pairs; on other pairs,
     where a coin puts the list on either side half the time, they must track the list, not the side."""
@@ -424,5 +419,5 @@ def test_on_a_planted_organism_the_top_reward_writing_features_separate_the_attr
     for feature, _ in top:
         column = list(mixed.features).index(feature) if feature in mixed.features else None
         acts = mixed.activations[:, column] if column is not None else np.zeros(len(has_list))
-        assert _auroc(acts, has_list) > 0.95, feature
-        assert abs(_auroc(acts, is_chosen) - 0.5) < 0.25
+        assert auroc(acts, has_list) > 0.95, feature
+        assert abs(auroc(acts, is_chosen) - 0.5) < 0.25

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from .attribution import attribute
 from .attribution_patching import attribution_patch
@@ -27,7 +28,7 @@ from .organisms import ORGANISMS, VERSION, build
 from .organisms.cache import READY, organism_dir
 from .organisms.train import ablated, margins
 from .patching import patch
-from .stats import spearman
+from .stats import auroc, spearman
 
 ACCURACY = 0.97
 """Held-out pair accuracy every organism must reach (share of rule-decided pairs ordered right)."""
@@ -242,7 +243,40 @@ def grade_patching(bench: Bench) -> list[Grade]:
     return rows
 
 
-GRADERS: list[Grader] = [grade_organisms, grade_attribution, grade_lens, grade_patching]
+def grade_sae(bench: Bench) -> list[Grade]:
+    """TopK SAE on the 'list' organism's last layer: the features that write the most reward on
+    held-out pairs detect the bullet list on pairs where a coin put it on either side (AUROC), and
+    do not detect which side was chosen (AUROC near 0.5)."""
+    from .sae import SAEConfig
+    from .sae_attribution import attribute_features
+    from .sae_data import ActivationSource
+    from .sae_train import TrainConfig, train_sae
+
+    if "list" not in bench.organisms:
+        return []
+    spec, model = ORGANISMS["list"], bench.model("list")
+    layer = model.n_layers - 1
+    torch.manual_seed(bench.seed)
+    source = ActivationSource(model, spec.pairs(n=200, seed=bench.seed + 2, strength=1.0), f"resid_{layer}",
+                              positions="all")
+    sae = train_sae(source, TrainConfig(sae=SAEConfig(expansion_factor=4, k=8), batch_size=256, epochs=3)).sae
+    top = [f for f, _ in attribute_features(model, sae, bench.pairs("list")[:60], layer=layer).top(3, by="margin")]
+    mixed_pairs = spec.pairs(n=100, seed=bench.seed + 3, strength=0.0)
+    mixed = attribute_features(model, sae, mixed_pairs, layer=layer)
+    has_list = np.array([spec.has_attribute(t) for p in mixed_pairs for t in (p.chosen, p.rejected)])
+    is_chosen = np.arange(len(has_list)) % 2 == 0
+    rows = []
+    for rank, feature in enumerate(top, 1):
+        column = list(mixed.features).index(feature) if feature in mixed.features else None
+        acts = mixed.activations[:, column] if column is not None else np.zeros(len(has_list))
+        rows.append(Grade.of("sae", "list", f"AUROC of reward feature #{rank} for the planted attribute",
+                             auroc(acts, has_list), 0.95))
+        rows.append(Grade.of("sae", "list", f"|AUROC − 0.5| of reward feature #{rank} for the chosen side",
+                             abs(auroc(acts, is_chosen) - 0.5), 0.25, "<="))
+    return rows
+
+
+GRADERS: list[Grader] = [grade_organisms, grade_attribution, grade_lens, grade_patching, grade_sae]
 """The suite, in order. A new instrument appends its grader."""
 
 

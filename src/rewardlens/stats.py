@@ -71,3 +71,13 @@ def rank_agreement(exact: np.ndarray, approx: np.ndarray, k: int = 10) -> dict[s
         "k": float(k),
         "max_abs_error": float(np.abs(exact - approx).max()),
     }
+
+
+def auroc(score: np.ndarray, label: np.ndarray) -> float:
+    """P(score of a positive > score of a negative), ties counted half; NaN without both classes."""
+    score, label = np.asarray(score, dtype=np.float64), np.asarray(label, dtype=bool)
+    pos, neg = score[label], score[~label]
+    if not len(pos) or not len(neg):
+        return float("nan")
+    ranks = rankdata(np.concatenate([pos, neg]))
+    return float((ranks[: len(pos)].sum() - len(pos) * (len(pos) + 1) / 2) / (len(pos) * len(neg)))
