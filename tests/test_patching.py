@@ -137,7 +137,7 @@ def test_direct_patching_is_attribution_with_the_final_scale_recomputed(tiny_roo
     difference u·(c_src − c_tgt)."""
     import torch
 
-    from rewardlens.patching import Clean
+    from rewardlens.patch_plan import Clean
 
     model = rl.load(str(tiny_root[arch]))
     res = patch(model, pairs, mode="noising", estimand="direct")
@@ -160,3 +160,33 @@ def test_direct_patching_is_attribution_with_the_final_scale_recomputed(tiny_roo
         unscaled = (torch.tensor(res.patched_chosen[:, p]) - const) * (s / norm.scale(x + src - tgt)) + const
         np.testing.assert_allclose(unscaled.numpy(), res.chosen + (u * (src - tgt)).sum(-1).numpy(), atol=1e-5)
         np.testing.assert_allclose((u * tgt).sum(-1).numpy(), att.chosen[:, att.names.index(name)], atol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2", "gemma2", "bert", "armorm"])
+def test_attribution_patching_is_the_first_order_term_of_exact_patching(tiny_root, pairs, arch):
+    """Inserting a_tgt + ε(a_src − a_tgt) changes the reward by ε·AtP + O(ε²): AtP must equal the
+    finite-difference slope of exact patching at small ε, part by part."""
+    import torch
+
+    from rewardlens.attribution_patching import agreement, attribution_patch
+    from rewardlens.patch_engine import batched_sweep, sites
+    from rewardlens.patch_plan import Clean
+
+    model = rl.load(str(tiny_root[arch]))
+    atp = attribution_patch(model, pairs, level="head" if arch != "bert" else "sublayer")
+    exact = patch(model, pairs, level=atp.level)
+    assert atp.approximate and not exact.approximate
+    np.testing.assert_allclose(atp.chosen, exact.chosen, rtol=1e-5)
+    ag = agreement(exact, atp)
+    assert -1 <= ag["spearman_mean"] <= 1 and 0 <= ag["topk_overlap"] <= 1
+    eps = 1e-3
+    seqs, _ = model.encode(pairs)
+    clean = Clean.run(model, seqs, heads=atp.level == "head", batch_size=8)
+    sweep = sites(model, atp.level)
+    tgt, src = list(range(0, len(seqs), 2)), list(range(1, len(seqs), 2))
+    values = {s.key: (clean.store[s.key][tgt] + eps * (clean.store[s.key][src] - clean.store[s.key][tgt]))[:, None]
+              for s in sweep}
+    cols = torch.tensor([[clean.read[i]] for i in tgt])
+    stepped, _ = batched_sweep(model, [seqs[i] for i in tgt], sweep, cols, values, batch_size=8)
+    slope = ((stepped - clean.reward[tgt][:, None]) / eps).numpy()
+    np.testing.assert_allclose(atp.patched_chosen - atp.chosen[:, None], slope, atol=2e-3 * max(1, np.abs(slope).max()))

@@ -19,7 +19,8 @@ from .model.core import RewardModel
 from .model.hooks import Point, eval_mode
 from .model.tokens import collate
 from .patch_engine import Site, head_slice, site_point, sites
-from .patching import Clean, Patching, Plan, Spans, _check, assemble, encode_pairs
+from .patch_plan import Clean, Plan, Spans, encode_pairs
+from .patching import Patching, _check, assemble
 from .stats import rank_agreement
 
 

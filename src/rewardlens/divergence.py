@@ -23,7 +23,7 @@ from .model.tokens import Tokenized
 from .patch_engine import Site
 
 if TYPE_CHECKING:
-    from .patching import Clean
+    from .patch_plan import Clean
 
 MIN_REFERENCE = 8
 
@@ -93,7 +93,7 @@ def score_patched(
     when both are patched (ablation). `streams` [n_targets, S, L, d] are the patched runs'
     residuals at the read position; natural ones come from `reference` (default: every clean
     sequence)."""
-    from .patching import Clean
+    from .patch_plan import Clean
 
     natural = clean if reference is None else Clean.run(model, reference, heads=False, batch_size=batch_size)
     ratios = torch.zeros(streams.shape[:3], dtype=torch.float64, device=streams.device)

@@ -20,7 +20,7 @@ from .patch_engine import Site, head_slice
 from .trace import Trace, out_projection
 
 if TYPE_CHECKING:
-    from .patching import Clean
+    from .patch_plan import Clean
 
 
 def direct_rewards(
