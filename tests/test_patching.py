@@ -190,3 +190,24 @@ def test_attribution_patching_is_the_first_order_term_of_exact_patching(tiny_roo
     stepped, _ = batched_sweep(model, [seqs[i] for i in tgt], sweep, cols, values, batch_size=8)
     slope = ((stepped - clean.reward[tgt][:, None]) / eps).numpy()
     np.testing.assert_allclose(atp.patched_chosen - atp.chosen[:, None], slope, atol=2e-3 * max(1, np.abs(slope).max()))
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma2", "gpt2", "gpt_neox", "bert", "deberta-v2", "armorm"])
+def test_whole_sequence_runs_start_at_their_own_layer_and_match_full_forwards(tiny_root, aligned, arch, monkeypatch):
+    """The stepped engine (each run from its patched layer, the model's own layer modules) is the
+    one used, and equals the full-forward batched engine it falls back to."""
+    from rewardlens import patch_stepped, patching
+
+    model = rl.load(str(tiny_root[arch]))
+    seqs, _ = model.encode(aligned)
+    batch = patch_stepped.collate(seqs, pad_id=model.pad_token_id, side="right", first=model.encoder,
+                                  device=model.device)
+    assert patch_stepped.stepping_works(model, patch_stepped.Recording(model, batch))
+    used = []
+    real = patching.stepped_sweep
+    monkeypatch.setattr(patching, "stepped_sweep", lambda *a, **k: used.append(1) or real(*a, **k))
+    stepped = patch(model, aligned, positions="all", level="head", batch_size=3)
+    assert used
+    monkeypatch.setattr(patching, "stepped_sweep", lambda *a, **k: None)
+    full = patch(model, aligned, positions="all", level="head", batch_size=3)
+    np.testing.assert_allclose(stepped.patched_chosen, full.patched_chosen, atol=2e-5, rtol=1e-5)

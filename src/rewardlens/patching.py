@@ -21,6 +21,7 @@ from .model.tokens import sequence_label
 from .patch_direct import direct_rewards
 from .patch_engine import Site, batched_sweep, copies_supported, read_sweep, sites
 from .patch_plan import Clean, Plan, Spans, encode_pairs
+from .patch_stepped import stepped_sweep
 
 MODES = ("noising", "denoising", "ablation")
 
@@ -190,8 +191,11 @@ def patch(
         rewards = rewards[:, 1:]
     else:
         cols_t, _, values = plan.at_columns(clean)
-        rewards, streams = batched_sweep(model, tgt, sweep, cols_t, values, batch_size=batch_size,
-                                         resid=divergence, labels=labels)
+        rewards = None if divergence else stepped_sweep(model, tgt, sweep, cols_t, values, batch_size=batch_size,
+                                                        labels=labels)
+        if rewards is None:  # divergence needs every layer's residual, or this model cannot be stepped
+            rewards, streams = batched_sweep(model, tgt, sweep, cols_t, values, batch_size=batch_size,
+                                             resid=divergence, labels=labels)
     scores = None
     if divergence:
         from .divergence import score_patched
