@@ -11,7 +11,17 @@ from ..attribution import attribute
 from ..data import Pair, load_pairs
 from ..lens import lens
 from ..model.core import RewardModel
-from ._common import Command, add_model_options, add_pairs_options, fraction, load_model, pair_id, read_pairs, table
+from ._common import (
+    Command,
+    add_model_options,
+    add_pairs_options,
+    fraction,
+    load_model,
+    pair_id,
+    read_pairs,
+    table,
+)
+from .causal import patch_summary, show_patch
 
 
 def _score(model: RewardModel, pairs: list[Pair], args) -> dict:
@@ -84,7 +94,8 @@ def _show_attribute(result: dict) -> None:
 
 def _show_audit(result: dict) -> None:
     print(result["model"] + "\n")
-    for part, show in (("score", _show_score), ("lens", _show_lens), ("attribute", _show_attribute)):
+    for part, show in (("score", _show_score), ("lens", _show_lens), ("attribute", _show_attribute),
+                       ("patch", show_patch)):
         show(result[part])
         print()
 
@@ -111,8 +122,10 @@ def _audit_inputs(args) -> tuple[RewardModel, list[Pair]]:
 
 def _audit(args) -> dict:
     model, pairs = _audit_inputs(args)
+    level = "sublayer" if args.level == "neuron" else args.level  # patching goes down to heads
     return {"model": repr(model), "score": _score(model, pairs, args), "lens": _lens(model, pairs, args),
-            "attribute": _attribute(model, pairs, args)}
+            "attribute": _attribute(model, pairs, args),
+            "patch": patch_summary(model, pairs, level=level, top=args.top, batch_size=args.batch_size)}
 
 
 def _options(*, audit: bool = False, level: bool = False, lens_: bool = False):
@@ -138,5 +151,5 @@ COMMANDS = [
     Command("lens", "reward lens and crystallization depth", _options(lens_=True), _with_model(_lens), _show_lens),
     Command("attribute", "exact component attribution", _options(level=True), _with_model(_attribute),
             _show_attribute),
-    Command("audit", "score + lens + attribution", _options(audit=True), _audit, _show_audit),
+    Command("audit", "score + lens + attribution + read-position patching", _options(audit=True), _audit, _show_audit),
 ]

@@ -9,7 +9,15 @@ import numpy as np
 from ..attribution_patching import agreement, attribution_patch
 from ..faithfulness import faithfulness
 from ..patching import patch
-from ._common import Command, add_model_options, add_pairs_options, load_model, positive, read_pairs, table
+from ._common import (
+    Command,
+    add_model_options,
+    add_pairs_options,
+    load_model,
+    positive,
+    read_pairs,
+    table,
+)
 
 
 def positions(text: str) -> str | list[tuple[int | None, int | None]]:
@@ -32,37 +40,49 @@ def _finite(x: float) -> float | None:
     return None if not np.isfinite(x) else float(x)
 
 
-def _patch(args) -> dict:
-    model, pairs = load_model(args), read_pairs(args)
-    kw = {"mode": args.mode, "ablation": args.ablation, "positions": args.positions, "level": args.level}
-    res = patch(model, pairs, estimand=args.estimand, divergence=args.divergence, batch_size=args.batch_size, **kw)
+def patch_summary(model, pairs, *, mode: str = "noising", ablation: str = "zero", positions="read",
+                  level: str = "sublayer", estimand: str = "total", divergence: bool = False, atp: bool = False,
+                  top: int = 10, all_parts: bool = False, batch_size: int = 8) -> dict:
+    """The JSON-ready result of `rewardlens patch` (also a section of `rewardlens audit`)."""
+    kw = {"mode": mode, "ablation": ablation, "positions": positions, "level": level}
+    res = patch(model, pairs, estimand=estimand, divergence=divergence, batch_size=batch_size, **kw)
+
+    def normalized(name: str) -> float | None:
+        column = res.normalized[:, res.names.index(name)]
+        return float(np.nanmean(column)) if np.isfinite(column).any() else None
+
     out = {
-        "mode": res.mode, "ablation": args.ablation if res.mode == "ablation" else None, "positions": res.positions,
+        "mode": res.mode, "ablation": ablation if res.mode == "ablation" else None, "positions": res.positions,
         "level": res.level, "estimand": res.estimand,
         "near_zero_margin_pairs": [pid for pid, z in zip(res.pair_ids, res.near_zero) if z],
         "top_parts": [
-            {"part": name, "mean_effect": effect,
-             "mean_normalized": _finite(float(np.nanmean(res.normalized[:, res.names.index(name)])))
-             if np.isfinite(res.normalized[:, res.names.index(name)]).any() else None,
-             "flagged_share": float(res.flagged[:, res.names.index(name)].mean()) if args.divergence else None}
-            for name, effect in res.top(args.top)
+            {"part": name, "mean_effect": effect, "mean_normalized": normalized(name),
+             "flagged_share": float(res.flagged[:, res.names.index(name)].mean()) if divergence else None}
+            for name, effect in res.top(top)
         ],
-        "reliability": {k: _finite(v) for k, v in res.reliability().items()} if args.divergence else None,
+        "reliability": {k: _finite(v) for k, v in res.reliability().items()} if divergence else None,
         "attribution_patching_agreement": None,
         "pairs": [
             {"id": pid, "margin": float(m), "effects": dict(zip(res.names, map(float, e)))}
             for pid, m, e in zip(res.pair_ids, res.margin, res.effect)
-        ] if args.all_parts else [],
+        ] if all_parts else [],
     }
-    if args.atp:
-        if args.estimand != "total":
+    if atp:
+        if estimand != "total":
             raise ValueError("--atp estimates total effects; drop --estimand direct")
-        approx = attribution_patch(model, pairs, batch_size=args.batch_size, **kw)
-        out["attribution_patching_agreement"] = {k: _finite(v) for k, v in agreement(res, approx, args.top).items()}
+        approx = attribution_patch(model, pairs, batch_size=batch_size, **kw)
+        out["attribution_patching_agreement"] = {k: _finite(v) for k, v in agreement(res, approx, top).items()}
     return out
 
 
-def _show_patch(result: dict) -> None:
+def _patch(args) -> dict:
+    return patch_summary(load_model(args), read_pairs(args), mode=args.mode, ablation=args.ablation,
+                         positions=args.positions, level=args.level, estimand=args.estimand,
+                         divergence=args.divergence, atp=args.atp, top=args.top, all_parts=args.all_parts,
+                         batch_size=args.batch_size)
+
+
+def show_patch(result: dict) -> None:
     what = f"{result['estimand']} effect, {result['mode']}, {result['positions']} positions, {result['level']} level"
     print(f"top parts by mean |effect| on the chosen − rejected margin ({what}; exact):")
     rows = [(t["part"], t["mean_effect"], "-" if t["mean_normalized"] is None else f"{t['mean_normalized']:+.3f}",
@@ -98,7 +118,7 @@ def _faithfulness(args) -> dict:
 def _show_faithfulness(result: dict) -> None:
     print(f"Spearman ρ between attribution and each estimand, per pair then pooled (95% bootstrap CI over pairs; "
           f"{result['mode']}, {result['level']} level):")
-    fmt = lambda v: "nan" if v is None else f"{v:+.3f}"  # noqa: E731
+    fmt = lambda v: "nan" if v is None else f"{v:+.3f}"
     print(table(["comparison", "mean ρ", "CI low", "CI high", "pairs"],
                 [(r["comparison"], fmt(r["rho"]), fmt(r["lo"]), fmt(r["hi"]), r["pairs"]) for r in result["summary"]]))
     print("\nseed paper, same statistic: ρ = −0.256 (Skywork-Reward-Llama-3.1-8B), −0.027 (ArmoRM)")
@@ -125,7 +145,7 @@ def _options(kind: str):
 
 
 COMMANDS = [
-    Command("patch", "activation patching between chosen and rejected", _options("patch"), _patch, _show_patch),
+    Command("patch", "activation patching between chosen and rejected", _options("patch"), _patch, show_patch),
     Command("faithfulness", "attribution vs direct, total and indirect effects", _options("faith"), _faithfulness,
             _show_faithfulness),
 ]
