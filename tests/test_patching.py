@@ -211,3 +211,59 @@ def test_whole_sequence_runs_start_at_their_own_layer_and_match_full_forwards(ti
     monkeypatch.setattr(patching, "stepped_sweep", lambda *a, **k: None)
     full = patch(model, aligned, positions="all", level="head", batch_size=3)
     np.testing.assert_allclose(stepped.patched_chosen, full.patched_chosen, atol=2e-5, rtol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def alibi_root(tmp_path_factory, tokenizer):
+    """Two ALiBi decoders found by structural discovery: MPT (ignores position_ids) and Bloom (builds
+    its biases from a 2-D mask). The read-token copies cannot share one position in either."""
+    import torch
+    import transformers as tf
+
+    common = {"pad_token_id": tokenizer.pad_token_id, "eos_token_id": tokenizer.eos_token_id, "bos_token_id": None,
+              "num_labels": 1}
+    configs = {
+        "mpt": tf.MptConfig(vocab_size=len(tokenizer), d_model=64, n_layers=2, n_heads=4, max_seq_len=256, **common),
+        "bloom": tf.BloomConfig(vocab_size=len(tokenizer), hidden_size=64, n_layer=2, n_head=4, **common),
+    }
+    root = tmp_path_factory.mktemp("alibi")
+    for name, config in configs.items():
+        torch.manual_seed(0)
+        model = tf.AutoModelForSequenceClassification.from_config(config).eval()
+        with torch.no_grad():
+            for key, p in model.named_parameters():
+                if p.ndim == 1:
+                    p.add_(0.2 * torch.randn(p.shape))
+                if key.endswith("score.weight"):
+                    p.copy_(torch.randn(p.shape) / 8)
+        model.save_pretrained(root / name)
+        tokenizer.save_pretrained(root / name)
+    return root
+
+
+@pytest.mark.parametrize("arch", ["mpt", "bloom"])
+def test_models_whose_copies_differ_by_column_fall_back_and_stay_exact(alibi_root, pairs, arch):
+    model = rl.load(str(alibi_root / arch))
+    for level in ("sublayer", "head"):
+        got = patch(model, pairs, level=level, batch_size=2)
+        want_c, _ = naive_patch(model, pairs, level=level)
+        np.testing.assert_allclose(got.patched_chosen, want_c, atol=2e-5, rtol=1e-5)
+        np.testing.assert_allclose(got.chosen, model.score(pairs)[0::2], rtol=1e-5)
+
+
+def test_a_single_pair_is_accepted(tiny_root, pairs):
+    model = rl.load(str(tiny_root["llama"]))
+    one = patch(model, pairs[0])
+    np.testing.assert_allclose(one.effect, patch(model, pairs[:1]).effect, atol=1e-6)
+
+
+def test_a_missing_gate_pattern_names_the_pair(tiny_root, pairs):
+    """ArmoRM reads its gate at the end of the user turn; without the chat template the error names
+    a pair and its side, as the user numbered them (not an internal row)."""
+    model = rl.load(str(tiny_root["armorm"]))
+    model.tokenizer.chat_template, saved = None, model.tokenizer.chat_template
+    try:
+        with pytest.raises(rl.RewardLensError, match=r"^pair [0-2] \((chosen|rejected)\): the gate's token pattern"):
+            patch(model, pairs)
+    finally:
+        model.tokenizer.chat_template = saved

@@ -2,7 +2,9 @@
 
 `Δr ≈ Σ_positions (a_src − a_tgt) · ∂r/∂a` for every site at once (Nanda's attribution patching).
 The gradient is taken through a zero tensor added to each site's activation, so no graph is cut
-and the user's parameters collect no `.grad`. A gate, if any, is held at its clean value. The
+and the user's parameters collect no `.grad`. A gate, if any, is held at its clean value: exact
+for read-position patching (the gate reads an earlier position), an approximation more for
+whole-sequence patching of a gated head, whose exact runs recompute the gate. The
 result is a `Patching` with `approximate=True`; `agreement` says how well it ranks parts against
 exact patching wherever both were computed.
 """
@@ -20,7 +22,7 @@ from .model.hooks import Point, eval_mode
 from .model.tokens import collate
 from .patch_engine import Site, head_slice, site_point, sites
 from .patch_plan import Clean, Plan, Spans, encode_pairs
-from .patching import Patching, _check, assemble
+from .patching import Patching, check_options, assemble
 from .stats import rank_agreement
 
 
@@ -77,7 +79,7 @@ def attribution_patch(
     min_margin: float = 1e-4,
 ) -> Patching:
     """Attribution-patching estimate of `patch(model, pairs, ..., estimand='total')` (same arguments)."""
-    _check(mode, ablation, "total")
+    check_options(mode, ablation, "total")
     seqs = encode_pairs(model, pairs)
     sweep = sites(model, level)
     clean = Clean.run(model, seqs, heads=level == "head", batch_size=batch_size)
@@ -98,7 +100,8 @@ def attribution_patch(
         kwargs = {k: v for k, v in kwargs.items() if v is not None and k in model._forward_args}
         with torch.enable_grad(), eval_mode(model.model), _probes(points, final) as (deltas, acts, out):
             model.backbone(**kwargs)
-            objectives = model.head(model.final_hidden(out["final"].float()))
+            # Layers may sit on several devices (device_map); the head and its norm live on model.device.
+            objectives = model.head(model.final_hidden(out["final"].float().to(model.device)))
             reward = (objectives * clean.coef[index]).sum()
             names = list(deltas)
             grads = dict(zip(names, torch.autograd.grad(reward, [deltas[k] for k in names])))
@@ -107,8 +110,9 @@ def attribution_patch(
         mask = valid[rows].to(model.device, torch.float32)[..., None]
         for j, site in enumerate(sweep):
             sl = head_slice(model, site)
-            act = acts[site.key][r, c][..., sl].float()
-            grad = grads[site.key][r, c][..., sl].float()
+            a, g = acts[site.key], grads[site.key]
+            act = a[r.to(a.device), c.to(a.device)][..., sl].float().to(model.device)
+            grad = g[r.to(g.device), c.to(g.device)][..., sl].float().to(model.device)
             src = values[site.key]
             src = src[sl] if src.ndim == 1 else src[rows.to(src.device)][..., sl]
             estimate[rows, j] = ((src.float() - act) * grad * mask).sum((1, 2))
@@ -119,8 +123,12 @@ def attribution_patch(
 
 def agreement(exact: Patching, approx: Patching, k: int = 10) -> dict[str, float]:
     """How well `approx` ranks parts like `exact` (same pairs and parts): see `stats.rank_agreement`."""
-    if exact.names != approx.names or exact.effect.shape != approx.effect.shape:
-        raise ValueError("agreement needs two results over the same pairs and parts")
+    same = (exact.names == approx.names and exact.pair_ids == approx.pair_ids and exact.mode == approx.mode
+            and exact.positions == approx.positions and exact.effect.shape == approx.effect.shape)
+    if not same:
+        raise ValueError(
+            f"agreement compares two results of the same sweep; got {exact.mode}/{exact.positions} over "
+            f"{exact.effect.shape} and {approx.mode}/{approx.positions} over {approx.effect.shape}")
     return rank_agreement(exact.effect, approx.effect, k)
 
 

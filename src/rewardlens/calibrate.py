@@ -145,13 +145,16 @@ def localisation(instrument: str, organism: str, names: Sequence[str], scores: n
                  level: str, by: str = "mean margin") -> list[Grade]:
     """Rows for "does `instrument` find `planted`": its rank among `names` by `scores` [n_parts]
     (a mean per part, signed so that larger carries more of the preference; `by` names it) and
-    its share of the total. Reusable by any instrument that scores parts."""
+    its signed share of the total magnitude Σ|scores| (at most 1, and near 1 only when the planted
+    part carries nearly all of it: a signed total can cancel to near zero). Reusable by any
+    instrument that scores parts."""
     scores = np.asarray(scores, dtype=np.float64)
     order = [names[i] for i in np.argsort(-scores, kind="stable")]
-    share = float(scores[list(names).index(planted)] / scores.sum()) if scores.sum() else float("nan")
+    total = np.abs(scores).sum()
+    share = float(scores[list(names).index(planted)] / total) if total > 0 else float("nan")
     return [Grade.of(instrument, organism, f"rank of {planted} by {by} ({level} level)",
                      order.index(planted) + 1, 1, "<="),
-            Grade.of(instrument, organism, f"share of the {by} on {planted} ({level} level)", share, 0.9)]
+            Grade.of(instrument, organism, f"share of the |{by}| on {planted} ({level} level)", share, 0.9)]
 
 
 # ---- graders ------------------------------------------------------------------------------------
@@ -256,10 +259,11 @@ def grade_sae(bench: Bench) -> list[Grade]:
         return []
     spec, model = ORGANISMS["list"], bench.model("list")
     layer = model.n_layers - 1
-    torch.manual_seed(bench.seed)
     source = ActivationSource(model, spec.pairs(n=200, seed=bench.seed + 2, strength=1.0), f"resid_{layer}",
                               positions="all")
-    sae = train_sae(source, TrainConfig(sae=SAEConfig(expansion_factor=4, k=8), batch_size=256, epochs=3)).sae
+    with torch.random.fork_rng():  # seeded training without resetting the caller's random state
+        torch.manual_seed(bench.seed)
+        sae = train_sae(source, TrainConfig(sae=SAEConfig(expansion_factor=4, k=8), batch_size=256, epochs=3)).sae
     top = [f for f, _ in attribute_features(model, sae, bench.pairs("list")[:60], layer=layer).top(3, by="margin")]
     mixed_pairs = spec.pairs(n=100, seed=bench.seed + 3, strength=0.0)
     mixed = attribute_features(model, sae, mixed_pairs, layer=layer)

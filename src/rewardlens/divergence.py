@@ -84,28 +84,40 @@ def thresholds(acts: Tensor, quantile: float = 0.99, folds: int = 5) -> float:
     return float(np.quantile(torch.cat(held).cpu().numpy(), quantile))
 
 
-def score_patched(
-    model: RewardModel, clean: Clean, reference: list[Tokenized] | None, sweep: list[Site], targets: list[int],
-    streams: Tensor, batch_size: int, quantile: float = 0.99,
-) -> np.ndarray:
-    """Divergence [n_pairs, S]: per patched run, the largest ratio of downstream whitened distance
-    to the natural threshold over layers from the patched one on; the larger of the two sides
-    when both are patched (ablation). `streams` [n_targets, S, L, d] are the patched runs'
-    residuals at the read position; natural ones come from `reference` (default: every clean
-    sequence)."""
+class Scorer:
+    """Per-layer whitening of natural activations at the read position; called on residuals
+    [..., L, d] it returns their whitened distance over the natural threshold [..., L]."""
+
+    def __init__(self, model: RewardModel, natural: Clean, quantile: float = 0.99) -> None:
+        self.fits, self.limits = [], []
+        for layer in range(model.n_layers):
+            acts = natural.store[f"resid_{layer}"]
+            self.fits.append(Natural.fit(acts))
+            self.limits.append(max(thresholds(acts, quantile), 1e-30))
+
+    def __call__(self, x: Tensor) -> Tensor:
+        out = torch.stack([fit.distance(x[..., layer, :]) / limit
+                           for layer, (fit, limit) in enumerate(zip(self.fits, self.limits))], dim=-1)
+        return out.float()
+
+
+def scorer(model: RewardModel, clean: Clean, reference: list[Tokenized] | None, batch_size: int) -> Scorer:
+    """A `Scorer` fitted on `reference` (default: every clean sequence of the sweep)."""
     from .patch_plan import Clean
 
-    natural = clean if reference is None else Clean.run(model, reference, heads=False, batch_size=batch_size)
-    ratios = torch.zeros(streams.shape[:3], dtype=torch.float64, device=streams.device)
-    for layer in range(model.n_layers):
-        acts = natural.store[f"resid_{layer}"]
-        fit, limit = Natural.fit(acts), thresholds(acts, quantile)
-        ratios[:, :, layer] = fit.distance(streams[:, :, layer]) / max(limit, 1e-30)
-    first = torch.tensor([0 if s.kind == "embed" else s.layer for s in sweep], device=streams.device)
-    downstream = torch.arange(model.n_layers, device=streams.device)[None, :] >= first[:, None]  # [S, L]
+    natural = clean if reference is None else Clean.run(model, reference, heads=False, batch_size=batch_size,
+                                                                is_pairs=False)
+    return Scorer(model, natural)
+
+
+def score_patched(sweep: list[Site], targets: list[int], ratios: Tensor, n_pairs: int) -> np.ndarray:
+    """Divergence [n_pairs, S]: per patched run, the largest ratio of downstream whitened distance
+    to the natural threshold (`ratios` [n_targets, S, L] from a `Scorer`) over the patched layer
+    and every later one; the larger of the two sides when both are patched (ablation)."""
+    first = torch.tensor([0 if s.kind == "embed" else s.layer for s in sweep], device=ratios.device)
+    downstream = torch.arange(ratios.shape[-1], device=ratios.device)[None, :] >= first[:, None]  # [S, L]
     per_run = ratios.masked_fill(~downstream[None], 0.0).amax(-1)  # [n_targets, S]
-    n_pairs = len(clean.seqs) // 2
-    out = torch.zeros(n_pairs, len(sweep), dtype=torch.float64, device=streams.device)
+    out = torch.zeros(n_pairs, len(sweep), dtype=per_run.dtype, device=ratios.device)
     for row, seq in enumerate(targets):
         out[seq // 2] = torch.maximum(out[seq // 2], per_run[row])
     return out.cpu().numpy()

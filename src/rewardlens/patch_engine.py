@@ -23,8 +23,9 @@ every layer there (for divergence scores).
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -99,7 +100,7 @@ class Edit:
     values: Tensor
 
 
-def _take(values: Tensor, rows: Tensor, sl: slice, *, read: bool = False) -> Tensor:
+def take_values(values: Tensor, rows: Tensor, sl: slice, *, read: bool = False) -> Tensor:
     """Edit values for `rows`: `values` is per sequence ([n, w] at the read position, [n, m, w]
     over positions) or one vector [w] for every row and position (ablation)."""
     if values.ndim == 1:
@@ -170,12 +171,15 @@ def _forward(model: RewardModel, kwargs: dict, points: dict[str, Point], edits: 
 
 
 def copies_supported(model: RewardModel, seqs: list[Tokenized]) -> str | None:
-    """Why the read-position copy trick cannot run here (None when it can)."""
+    """Why the read-position copy trick cannot run here (None when it may: `read_sweep` still
+    proves it on every batch)."""
     if model.encoder:
         return "the model attends both ways, so patching the read token changes every position"
     impl = getattr(model.model.config, "_attn_implementation", None) or ""
     if "flash" in impl:
         return f"attn_implementation={impl!r} takes no custom attention mask"
+    if "position_ids" not in inspect.signature(model.backbone.forward).parameters:
+        return "the backbone takes no position_ids, so copies of the read token cannot share its position"
     window = getattr(model.model.config, "sliding_window", None)
     if window and max(len(s.ids) for s in seqs) > window:
         return f"a sequence is longer than the sliding window ({window} tokens)"
@@ -192,45 +196,55 @@ def read_sweep(
     *,
     batch_size: int = 8,
     chunk: int = 512,
-    resid: bool = False,
-    clean_copy: bool = False,
-) -> tuple[Tensor, Tensor | None]:
-    """Patched rewards [n, S] of every sequence with each site of `sweep` overwritten at its read
-    position `read[i]` by `values[site.key][i]` ([n, width]); readout coefficients `coef` [n, k]
-    are the clean run's (the gate reads an earlier position, which the patch cannot change).
+    resid: Callable[[Tensor], Tensor] | None = None,
+) -> tuple[Tensor, Tensor, Tensor | None] | None:
+    """Clean rewards [n] and patched rewards [n, S] of every sequence, each site of `sweep`
+    overwritten at the read position `read[i]` by `values[site.key][i]` ([n, width]); readout
+    coefficients `coef` [n, k] are the clean run's (the gate reads an earlier position, which the
+    patch cannot change). With `resid`, also `resid(x)` of the residual after every layer at each
+    patched copy (`x` [..., L, d] → [..., L], e.g. divergence ratios), as [n, S, L].
 
-    With `clean_copy`, column 0 is an unpatched copy (the clean reward) and sites follow [n, 1 + S].
-    With `resid`, also the residual after every layer at the patched read token [n, S, L, d].
+    Every row also carries two unpatched copies, first and last; they must agree, which proves
+    that a copy's output does not depend on its column (a model that ignores `position_ids`,
+    ALiBi, a mask it rewrites). None when that proof fails or the model refuses the 4-D mask:
+    the caller then runs full forwards.
     """
-    n, n_sites, extra = len(seqs), len(sweep), int(clean_copy)
-    rewards = torch.zeros(n, extra + n_sites, device=model.device)
-    streams = torch.zeros(n, n_sites, model.n_layers, model.d_model, device=model.device) if resid else None
+    n, n_sites = len(seqs), len(sweep)
+    clean = torch.zeros(n, device=model.device)
+    rewards = torch.zeros(n, n_sites, device=model.device)
+    streams = torch.zeros(n, n_sites, model.n_layers, device=model.device) if resid else None
     order = sorted(range(n), key=lambda i: read[i])
     dtype = next(model.model.parameters()).dtype
     for start in range(0, n, batch_size):
         rows = torch.tensor(order[start : start + batch_size])
         for lo in range(0, n_sites, chunk):
             part = sweep[lo : lo + chunk]
-            skip = extra if lo == 0 else 0  # the unpatched copy rides along with the first chunk
-            kwargs, cols = _copies_batch(model, [seqs[i] for i in rows], [read[i] for i in rows], skip + len(part),
+            kwargs, cols = _copies_batch(model, [seqs[i] for i in rows], [read[i] for i in rows], len(part) + 2,
                                          dtype)
             edits = [
-                Edit(site, torch.arange(len(rows)), cols[:, skip + j : skip + j + 1],
-                     _take(values[site.key], rows, head_slice(model, site), read=True))
+                Edit(site, torch.arange(len(rows)), cols[:, 1 + j : 2 + j],
+                     take_values(values[site.key], rows, head_slice(model, site), read=True))
                 for j, site in enumerate(part)
             ]
-            points = {"final": _final_point(model, cols[:, skip:]), **(_resid_points(model, cols[:, skip:]) if resid else {})}
-            if skip:
-                points["clean"] = _final_point(model, cols[:, 0])
-            store = _forward(model, kwargs, points, edits)
+            points = {"final": _final_point(model, cols[:, 1:-1]), "first": _final_point(model, cols[:, 0]),
+                      "last": _final_point(model, cols[:, -1]),
+                      **(_resid_points(model, cols[:, 1:-1]) if resid else {})}
+            try:
+                store = _forward(model, kwargs, points, edits)
+            except (RuntimeError, ValueError, TypeError):
+                if start == 0 and lo == 0:  # the model will not take the copies' mask
+                    return None
+                raise
+            gap = (store["first"] - store["last"]).norm(dim=-1) / store["first"].norm(dim=-1).clamp_min(1e-12)
+            if gap.max() > 1e-3:
+                return None
             objectives = model.head(model.final_hidden(store["final"].flatten(0, 1))).view(len(rows), len(part), -1)
-            rewards[rows, extra + lo : extra + lo + len(part)] = (objectives * coef[rows][:, None]).sum(-1)
-            if skip:
-                rewards[rows, 0] = (model.head(model.final_hidden(store["clean"])) * coef[rows]).sum(-1)
+            rewards[rows, lo : lo + len(part)] = (objectives * coef[rows][:, None]).sum(-1)
+            clean[rows] = (model.head(model.final_hidden(store["first"])) * coef[rows]).sum(-1)
             if resid:
                 stacked = torch.stack([store[f"resid_{layer}"] for layer in range(model.n_layers)], dim=2)
-                streams[rows, lo : lo + len(part)] = stacked
-    return rewards, streams
+                streams[rows, lo : lo + len(part)] = resid(stacked)
+    return clean, rewards, streams
 
 
 def _copies_batch(
@@ -263,7 +277,7 @@ def batched_sweep(
     values: dict[str, Tensor],
     *,
     batch_size: int = 8,
-    resid: bool = False,
+    resid: Callable[[Tensor], Tensor] | None = None,
     labels: list[str] | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Patched rewards [n, S]: sequence i run whole with site s overwritten at positions `cols[i]`
@@ -272,7 +286,7 @@ def batched_sweep(
     """
     n, n_sites = len(seqs), len(sweep)
     rewards = torch.zeros(n, n_sites, device=model.device)
-    streams = torch.zeros(n, n_sites, model.n_layers, model.d_model, device=model.device) if resid else None
+    streams = torch.zeros(n, n_sites, model.n_layers, device=model.device) if resid else None
     jobs = [(i, s) for i in sorted(range(n), key=lambda i: len(seqs[i].ids)) for s in range(n_sites)]
     for start in range(0, len(jobs), batch_size):
         job = jobs[start : start + batch_size]
@@ -283,22 +297,22 @@ def batched_sweep(
         for row, (_, s) in enumerate(job):
             by_site[s].append(row)
         edits = [
-            Edit(sweep[s], torch.tensor(rows), cols[seq_idx[rows]], _take(values[sweep[s].key], seq_idx[rows],
+            Edit(sweep[s], torch.tensor(rows), cols[seq_idx[rows]], take_values(values[sweep[s].key], seq_idx[rows],
                                                                           head_slice(model, sweep[s])))
             for s, rows in by_site.items()
         ]
         points = dict(model.final_points(batch))
         if resid:
             points.update(_resid_points(model, batch.read_index))
-        store = _forward(model, _batch_kwargs(batch), points, edits)
+        store = _forward(model, batch_kwargs(batch), points, edits)
         values_, coef = model.head_readout(store)
         rewards[seq_idx, [s for _, s in job]] = (values_ * coef).sum(-1)
         if resid:
             stacked = torch.stack([store[f"resid_{layer}"] for layer in range(model.n_layers)], dim=1)
-            streams[seq_idx, [s for _, s in job]] = stacked
+            streams[seq_idx, [s for _, s in job]] = resid(stacked)
     return rewards, streams
 
 
-def _batch_kwargs(batch: Batch) -> dict:
+def batch_kwargs(batch: Batch) -> dict:
     return {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask, "position_ids": batch.position_ids,
             "token_type_ids": batch.token_type_ids, "use_cache": False}

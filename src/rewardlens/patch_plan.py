@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from .data import Pair
 from .errors import DataError, TokenizationError
 from .model.core import RewardModel
 from .model.hooks import Point
@@ -35,7 +36,8 @@ class Clean:
 
     @classmethod
     def run(
-        cls, model: RewardModel, seqs: list[Tokenized], *, heads: bool, batch_size: int, only: list[int] | None = None
+        cls, model: RewardModel, seqs: list[Tokenized], *, heads: bool, batch_size: int, only: list[int] | None = None,
+        is_pairs: bool = True,
     ) -> Clean:
         """Trace every sequence, or only those in `only`: the others get their read position and
         readout coefficients (no forward needed) but zero activations and a NaN reward, for the
@@ -45,7 +47,7 @@ class Clean:
         parts: dict[str, list] = {}
         read = [0] * len(seqs)
         order = []
-        for rows, batch in model.batches([seqs[i] for i in index], batch_size, "right", is_pairs=False):
+        for rows, batch in model.batches([seqs[i] for i in index], batch_size, "right", is_pairs, index=index):
             tr = trace(model, batch, heads=layers)
             for key, value in tr.store.items():
                 parts.setdefault(key, []).append(value)
@@ -53,7 +55,7 @@ class Clean:
                 read[index[row]] = at
             order.append(torch.as_tensor(rows))
         rest = [i for i in range(len(seqs)) if i not in set(index)]
-        for rows, batch in model.batches([seqs[i] for i in rest], batch_size, "right", is_pairs=False):
+        for rows, batch in model.batches([seqs[i] for i in rest], batch_size, "right", is_pairs, index=rest):
             for row, at in zip(rows.tolist(), batch.read_index.tolist()):
                 read[rest[row]] = at
         inverse = torch.argsort(torch.cat(order))
@@ -65,6 +67,11 @@ class Clean:
         store = {k: v.new_zeros((len(seqs), *v.shape[1:])).index_copy(0, at, v) for k, v in run.items()}
         reward = torch.full((len(seqs),), float("nan"), device=model.device).index_copy(0, at, (values * coef).sum(-1))
         return cls(seqs, store, read, model.head.coefficients(len(seqs)), reward)
+
+
+def flatten_pairs(pairs: object) -> list:
+    """`pairs` as a list (one `Pair` on its own becomes a list of one)."""
+    return [pairs] if isinstance(pairs, Pair) else list(pairs)
 
 
 def encode_pairs(model: RewardModel, pairs: object) -> list[Tokenized]:
@@ -164,7 +171,8 @@ def _ablation_values(
     if positions == "read":
         if reference is None:
             return {k: clean.store[k].mean(0) for k in keys}
-        ref = Clean.run(model, reference, heads=any(s.head is not None for s in sweep), batch_size=batch_size)
+        ref = Clean.run(model, reference, heads=any(s.head is not None for s in sweep), batch_size=batch_size,
+                        is_pairs=False)
         return {k: ref.store[k].mean(0) for k in keys}
     ref_seqs = reference if reference is not None else clean.seqs
     index = list(range(len(ref_seqs)))

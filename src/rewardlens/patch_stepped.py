@@ -24,7 +24,7 @@ from .model.arch import get_module
 from .model.core import RewardModel
 from .model.hooks import eval_mode
 from .model.tokens import Batch, Tokenized, collate
-from .patch_engine import Edit, Site, _batch_kwargs, _take, head_slice, patched
+from .patch_engine import Edit, Site, batch_kwargs, head_slice, patched, take_values
 
 
 class Recording:
@@ -41,7 +41,7 @@ class Recording:
 
         try:
             handles = [layer.register_forward_pre_hook(keep, with_kwargs=True) for layer in model.layers]
-            kwargs = {k: v for k, v in _batch_kwargs(batch).items() if v is not None and k in model._forward_args}
+            kwargs = {k: v for k, v in batch_kwargs(batch).items() if v is not None and k in model._forward_args}
             with torch.no_grad(), eval_mode(model.model):
                 out = model.backbone(**kwargs)
         finally:
@@ -141,7 +141,7 @@ def stepped_sweep(
                 for r, (_, s) in enumerate(job):
                     by_site[s].append(r)
                 edits = [Edit(sweep[s], torch.tensor(rs), cols[seq[rs]],
-                              _take(values[sweep[s].key], seq[rs], head_slice(model, sweep[s])))
+                              take_values(values[sweep[s].key], seq[rs], head_slice(model, sweep[s])))
                          for s, rs in by_site.items()]
                 with patched(model, edits):
                     hidden = rec.run(model, start, rows)
@@ -155,7 +155,7 @@ def _batches(seqs: list[Tokenized], size: int) -> Iterator[list[int]]:
     order = sorted(range(len(seqs)), key=lambda i: len(seqs[i].ids))
     while order:
         index = order[:size]
-        if len(index) > 1 and len(index) == max(len(seqs[i].ids) for i in index):
+        while len(index) > 1 and len(index) == max(len(seqs[i].ids) for i in index):
             index = index[:-1]
         order = order[len(index):]
         yield index

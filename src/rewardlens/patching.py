@@ -16,11 +16,12 @@ from dataclasses import dataclass
 import numpy as np
 from torch import Tensor
 
+from .divergence import score_patched, scorer
 from .model.core import RewardModel
 from .model.tokens import sequence_label
 from .patch_direct import direct_rewards
 from .patch_engine import Site, batched_sweep, copies_supported, read_sweep, sites
-from .patch_plan import Clean, Plan, Spans, encode_pairs
+from .patch_plan import Clean, Plan, Spans, encode_pairs, flatten_pairs
 from .patch_stepped import stepped_sweep
 
 MODES = ("noising", "denoising", "ablation")
@@ -98,7 +99,7 @@ class Patching:
         top = [self.names.index(name) for name, _ in self.top(10)]
         return {
             "flagged_share": float(self.flagged.mean()),
-            "effect_share_flagged": float(size[self.flagged].sum() / max(size.sum(), 1e-30)),
+            "effect_share_flagged": float(size[self.flagged].sum() / size.sum()) if size.sum() > 0 else float("nan"),
             "top_flagged_share": float(self.flagged[:, top].mean()),
         }
 
@@ -129,7 +130,7 @@ class Patching:
         return fig
 
 
-def _check(mode: str, ablation: str, estimand: str) -> None:
+def check_options(mode: str, ablation: str, estimand: str) -> None:
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if ablation not in ("zero", "mean"):
@@ -162,7 +163,7 @@ def patch(
     the natural distribution (`Patching.divergence`, `Patching.reliability`). `chunk`: patched
     copies of the read token per row in the read-position engine (memory grows with it).
     """
-    _check(mode, ablation, estimand)
+    check_options(mode, ablation, estimand)
     if divergence and estimand == "direct":
         raise ValueError("divergence scores patched runs' later activations; estimand='direct' holds them "
                          "frozen, so there is nothing to score: use estimand='total'")
@@ -180,27 +181,26 @@ def patch(
     targets, cols_t, values = plan.targets, plan.cols, plan.values
     tgt = [seqs[i] for i in targets]
     labels = [sequence_label(i, True) for i in targets]
-    streams = None
+    score = scorer(model, clean, ref_seqs, batch_size) if divergence else None
+    rewards = streams = None
     if estimand == "direct":
         rewards = direct_rewards(model, clean, targets, sweep, values, cols_t)
     elif copies:
-        rewards, streams = read_sweep(model, tgt, [clean.read[i] for i in targets], sweep, values,
-                                      clean.coef[targets], batch_size=batch_size, chunk=chunk, resid=divergence,
-                                      clean_copy=True)
-        clean.reward[targets] = rewards[:, 0]
-        rewards = rewards[:, 1:]
-    else:
+        out = read_sweep(model, tgt, [clean.read[i] for i in targets], sweep, values, clean.coef[targets],
+                         batch_size=batch_size, chunk=chunk, resid=score)
+        if out is not None:
+            clean_reward, rewards, streams = out
+            clean.reward[targets] = clean_reward.to(clean.reward.dtype)
+        elif only is not None:  # full forwards after all: they need the targets' clean runs too
+            clean = Clean.run(model, seqs, heads=level == "head", batch_size=batch_size)
+    if rewards is None:
         cols_t, _, values = plan.at_columns(clean)
-        rewards = None if divergence else stepped_sweep(model, tgt, sweep, cols_t, values, batch_size=batch_size,
-                                                        labels=labels)
-        if rewards is None:  # divergence needs every layer's residual, or this model cannot be stepped
+        if not divergence:  # stepping skips layers, whose residuals divergence scores
+            rewards = stepped_sweep(model, tgt, sweep, cols_t, values, batch_size=batch_size, labels=labels)
+        if rewards is None:
             rewards, streams = batched_sweep(model, tgt, sweep, cols_t, values, batch_size=batch_size,
-                                             resid=divergence, labels=labels)
-    scores = None
-    if divergence:
-        from .divergence import score_patched
-
-        scores = score_patched(model, clean, ref_seqs, sweep, targets, streams, batch_size)
+                                             resid=score, labels=labels)
+    scores = score_patched(sweep, targets, streams, len(seqs) // 2) if divergence else None
     return assemble(pairs, clean, targets, rewards, sweep, mode=mode, positions=positions, level=level,
                     estimand=estimand, divergence=scores, min_margin=min_margin)
 
@@ -215,7 +215,7 @@ def assemble(
     patched[targets] = rewards.to(patched.dtype)
     patched = patched.cpu().numpy()
     reward = clean.reward.cpu().numpy()
-    ids = [getattr(p, "id", None) for p in pairs]
+    ids = [getattr(p, "id", None) for p in flatten_pairs(pairs)]
     return Patching(
         names=[s.name for s in sweep], chosen=reward[0::2], rejected=reward[1::2],
         patched_chosen=patched[0::2], patched_rejected=patched[1::2], mode=mode,

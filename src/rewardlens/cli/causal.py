@@ -44,6 +44,8 @@ def patch_summary(model, pairs, *, mode: str = "noising", ablation: str = "zero"
                   level: str = "sublayer", estimand: str = "total", divergence: bool = False, atp: bool = False,
                   top: int = 10, all_parts: bool = False, batch_size: int = 8) -> dict:
     """The JSON-ready result of `rewardlens patch` (also a section of `rewardlens audit`)."""
+    if atp and estimand != "total":
+        raise ValueError("--atp estimates total effects; drop --estimand direct")
     kw = {"mode": mode, "ablation": ablation, "positions": positions, "level": level}
     res = patch(model, pairs, estimand=estimand, divergence=divergence, batch_size=batch_size, **kw)
 
@@ -68,8 +70,6 @@ def patch_summary(model, pairs, *, mode: str = "noising", ablation: str = "zero"
         ] if all_parts else [],
     }
     if atp:
-        if estimand != "total":
-            raise ValueError("--atp estimates total effects; drop --estimand direct")
         approx = attribution_patch(model, pairs, batch_size=batch_size, **kw)
         out["attribution_patching_agreement"] = {k: _finite(v) for k, v in agreement(res, approx, top).items()}
     return out

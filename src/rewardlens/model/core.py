@@ -126,9 +126,13 @@ class RewardModel:
         return seqs, is_pairs
 
     def batches(
-        self, seqs: list[Tokenized], batch_size: int, padding_side: str = "right", is_pairs: bool = False
+        self, seqs: list[Tokenized], batch_size: int, padding_side: str = "right", is_pairs: bool = False,
+        index: list[int] | None = None,
     ) -> Iterator[tuple[np.ndarray, Batch]]:
-        """Length-sorted batches (less padding); yields original row indices with each batch."""
+        """Length-sorted batches (less padding); yields original row indices with each batch.
+
+        `index`: each sequence's number in the caller's full input (for error messages), when
+        `seqs` is a subset of it."""
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")
         order = np.argsort([len(s.ids) for s in seqs], kind="stable")
@@ -136,7 +140,8 @@ class RewardModel:
             rows = order[start : start + batch_size]
             yield rows, collate(
                 [seqs[i] for i in rows], pad_id=self.pad_token_id, side=padding_side,
-                first=self.encoder, device=self.device, labels=[sequence_label(int(i), is_pairs) for i in rows],
+                first=self.encoder, device=self.device,
+                labels=[sequence_label(int(i) if index is None else index[int(i)], is_pairs) for i in rows],
             )
 
     def gate_index(self, batch: Batch) -> Tensor:
