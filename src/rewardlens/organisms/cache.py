@@ -16,6 +16,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from ..builtin import cache_dir
 from .specs import ORGANISMS
 
 VERSION = "v1"
@@ -26,8 +27,6 @@ RECORD = "organism.json"
 
 def organism_dir(name: str, strength: float = 1.0, seed: int = 0) -> Path:
     """Where `build(name, strength, seed)` keeps its folder (whether or not it exists yet)."""
-    from ..demo import cache_dir
-
     return cache_dir() / "organisms" / f"{name}-s{strength:g}-seed{seed}-{VERSION}"
 
 

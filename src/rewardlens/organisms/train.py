@@ -14,6 +14,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from ..builtin import build_tokenizer
 from ..data import Pair
 from . import bank
 from .specs import ORGANISMS, Organism
@@ -32,8 +33,6 @@ the training pairs (`{name}/train/{seed}`) never come from."""
 def organism_tokenizer():
     """The byte-level BPE tokenizer (ChatML template, pad ≠ eos) every organism shares, trained on
     the organisms' own words so most words are one token. Deterministic."""
-    from ..demo import build_tokenizer
-
     corpus = ["user", "assistant"] * 50
     for domain, (questions, points) in bank.DOMAINS.items():
         corpus += questions + points + bank.CLAIMS[domain]
