@@ -42,7 +42,7 @@ class Attribution:
     level: str
 
     @classmethod
-    def from_decomposition(cls, dec: Decomposition, level: str) -> "Attribution":
+    def from_decomposition(cls, dec: Decomposition, level: str) -> Attribution:
         obj_const = dec.constants.sum(-1) + dec.head_constant
         return cls(
             names=dec.names, values=dec.scalar(dec.values), constant=dec.scalar(obj_const), reward=dec.reward,

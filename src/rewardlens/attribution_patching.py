@@ -18,11 +18,11 @@ import torch
 from torch import Tensor
 
 from .model.core import RewardModel
-from .model.hooks import Point, eval_mode
+from .model.hooks import Point, eval_mode, rewriting
 from .model.tokens import collate
 from .patch_engine import Site, head_slice, site_point, sites
 from .patch_plan import Clean, Plan, Spans, encode_pairs
-from .patching import Patching, check_options, assemble
+from .patching import Patching, assemble, check_options
 from .stats import rank_agreement
 
 
@@ -31,39 +31,18 @@ def _probes(points: dict[str, Point], final: Point) -> Iterator[tuple[dict, dict
     """Add a zero leaf to each point's activation (→ its gradient is ∂r/∂a) and keep the activation
     and the final residual (with its graph)."""
     deltas, acts, out = {}, {}, {}
-    handles = []
 
     def touch(name: str, x: Tensor) -> Tensor:
         delta = torch.zeros_like(x, requires_grad=True)
         deltas[name], acts[name] = delta, x.detach()
         return x + delta
 
-    try:
-        for name, point in points.items():
-            if point.where == "in":
-                def pre(m, args, kwargs, name=name):
-                    if args:
-                        return (touch(name, args[0]), *args[1:]), kwargs
-                    return args, {**kwargs, "hidden_states": touch(name, kwargs["hidden_states"])}
-                handles.append(point.module.register_forward_pre_hook(pre, with_kwargs=True))
-            else:
-                def post(m, args, o, name=name):
-                    return (touch(name, o[0]), *o[1:]) if isinstance(o, tuple) else touch(name, o)
-                handles.append(point.module.register_forward_hook(post))
+    def keep(x: Tensor) -> None:
+        out["final"] = x[torch.arange(x.shape[0], device=x.device), final.cols.to(x.device)]
 
-        def keep(x: Tensor) -> None:
-            out["final"] = x[torch.arange(x.shape[0], device=x.device), final.cols.to(x.device)]
-
-        if final.where == "in":
-            handles.append(final.module.register_forward_pre_hook(
-                lambda m, a, k: keep(a[0] if a else k["hidden_states"]), with_kwargs=True))
-        else:
-            handles.append(final.module.register_forward_hook(
-                lambda m, a, o: keep(o[0] if isinstance(o, tuple) else o)))
+    hooks = [(p.module, p.where, lambda x, n=name: touch(n, x)) for name, p in points.items()]
+    with rewriting([*hooks, (final.module, final.where, keep)]):
         yield deltas, acts, out
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 def attribution_patch(
@@ -95,9 +74,7 @@ def attribution_patch(
                         device=model.device)
         final = model.final_points(batch, gate=False)["final"]
         points = {k: site_point(model, site, batch.read_index) for k, site in keys.items()}
-        kwargs = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask,
-                  "position_ids": batch.position_ids, "token_type_ids": batch.token_type_ids, "use_cache": False}
-        kwargs = {k: v for k, v in kwargs.items() if v is not None and k in model._forward_args}
+        kwargs = model.batch_kwargs(batch)
         with torch.enable_grad(), eval_mode(model.model), _probes(points, final) as (deltas, acts, out):
             model.backbone(**kwargs)
             # Layers may sit on several devices (device_map); the head and its norm live on model.device.

@@ -6,10 +6,11 @@ import importlib
 import json
 import math
 import os
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Union
+from typing import Any, Union
 
 from rewardlens.errors import DataError
 

@@ -19,7 +19,14 @@ from torch import Tensor
 from .errors import ArchitectureError, ClosureError
 from .model.core import RewardModel
 from .model.tokens import Tokenized, tokenize
-from .trace import Trace, bookkeeping_error, out_projection, projection_inputs, sublayer_part, trace
+from .trace import (
+    Trace,
+    bookkeeping_error,
+    out_projection,
+    projection_inputs,
+    sublayer_part,
+    trace,
+)
 
 LEVELS = ("sublayer", "head", "neuron")
 # fp32 closure is ~1e-6; a map that misses a part is off by O(1). Half-precision models sit between.

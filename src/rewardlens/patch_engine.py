@@ -33,8 +33,8 @@ from torch import Tensor
 
 from .model.arch import get_module
 from .model.core import RewardModel
-from .model.hooks import Point, capture, eval_mode
-from .model.tokens import Batch, Tokenized, collate
+from .model.hooks import Point, capture, eval_mode, rewriting
+from .model.tokens import Tokenized, collate
 from .trace import projection_inputs
 
 
@@ -128,29 +128,9 @@ def patched(model: RewardModel, edits: list[Edit]) -> Iterator[None]:
         modules[key] = point.module
         groups[key].append((edit, head_slice(model, edit.site)))
 
-    def pre(m, args, kwargs, group):
-        if args:
-            return (_overwrite(args[0], group), *args[1:]), kwargs
-        return args, {**kwargs, "hidden_states": _overwrite(kwargs["hidden_states"], group)}
-
-    def post(m, args, out, group):
-        if isinstance(out, tuple):
-            return (_overwrite(out[0], group), *out[1:])
-        return _overwrite(out, group)
-
-    handles = []
-    try:
-        for key, group in groups.items():
-            module, where = modules[key], key[1]
-            if where == "in":
-                hook = lambda m, a, k, g=group: pre(m, a, k, g)
-                handles.append(module.register_forward_pre_hook(hook, with_kwargs=True))
-            else:
-                handles.append(module.register_forward_hook(lambda m, a, o, g=group: post(m, a, o, g)))
+    hooks = [(modules[key], key[1], lambda x, g=group: _overwrite(x, g)) for key, group in groups.items()]
+    with rewriting(hooks):
         yield
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 def _final_point(model: RewardModel, cols: Tensor) -> Point:
@@ -164,7 +144,7 @@ def _resid_points(model: RewardModel, cols: Tensor) -> dict[str, Point]:
 
 
 def _forward(model: RewardModel, kwargs: dict, points: dict[str, Point], edits: list[Edit]) -> dict[str, Tensor]:
-    kwargs = {k: v for k, v in kwargs.items() if v is not None and k in model._forward_args}
+    kwargs = model.forward_kwargs(**kwargs)
     with torch.no_grad(), eval_mode(model.model), capture(points, model.device) as store, patched(model, edits):
         model.backbone(**kwargs)
     return store
@@ -304,15 +284,10 @@ def batched_sweep(
         points = dict(model.final_points(batch))
         if resid:
             points.update(_resid_points(model, batch.read_index))
-        store = _forward(model, batch_kwargs(batch), points, edits)
+        store = _forward(model, model.batch_kwargs(batch), points, edits)
         values_, coef = model.head_readout(store)
         rewards[seq_idx, [s for _, s in job]] = (values_ * coef).sum(-1)
         if resid:
             stacked = torch.stack([store[f"resid_{layer}"] for layer in range(model.n_layers)], dim=1)
             streams[seq_idx, [s for _, s in job]] = resid(stacked)
     return rewards, streams
-
-
-def batch_kwargs(batch: Batch) -> dict:
-    return {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask, "position_ids": batch.position_ids,
-            "token_type_ids": batch.token_type_ids, "use_cache": False}

@@ -22,9 +22,9 @@ from torch import Tensor
 
 from .model.arch import get_module
 from .model.core import RewardModel
-from .model.hooks import eval_mode
+from .model.hooks import eval_mode, hidden_arg
 from .model.tokens import Batch, Tokenized, collate
-from .patch_engine import Edit, Site, batch_kwargs, head_slice, patched, take_values
+from .patch_engine import Edit, Site, head_slice, patched, take_values
 
 
 class Recording:
@@ -35,13 +35,13 @@ class Recording:
         handles = []
 
         def keep(m, args, kwargs):
-            hidden = args[0] if args else kwargs["hidden_states"]
+            hidden = hidden_arg(args, kwargs)
             self.inputs.append(hidden.detach())
             self.calls.append((args[1:] if args else (), {k: v for k, v in kwargs.items() if k != "hidden_states"}))
 
         try:
             handles = [layer.register_forward_pre_hook(keep, with_kwargs=True) for layer in model.layers]
-            kwargs = {k: v for k, v in batch_kwargs(batch).items() if v is not None and k in model._forward_args}
+            kwargs = model.batch_kwargs(batch)
             with torch.no_grad(), eval_mode(model.model):
                 out = model.backbone(**kwargs)
         finally:

@@ -21,7 +21,7 @@ from torch import Tensor
 
 from .errors import ArchitectureError, DataError, warn
 from .model.core import RewardModel
-from .model.hooks import Point, _first
+from .model.hooks import Point, rewriting
 from .model.tokens import Batch
 from .sae import CONFIG, TopKSAE, sae_folders
 from .trace import points, projection_inputs
@@ -93,15 +93,8 @@ def _capture_tokens(point: Point, mask: Tensor, out: list[Tensor]) -> Iterator[N
     def grab(value: Tensor) -> None:
         out.append(value[keep.to(value.device)].detach().float().to(mask.device))
 
-    if point.where == "in":
-        handle = point.module.register_forward_pre_hook(
-            lambda m, args, kwargs: grab(args[0] if args else kwargs["hidden_states"]), with_kwargs=True)
-    else:
-        handle = point.module.register_forward_hook(lambda m, args, out_: grab(_first(out_)))
-    try:
+    with rewriting([(point.module, point.where, grab)]):
         yield
-    finally:
-        handle.remove()
 
 
 class ActivationSource:

@@ -16,7 +16,15 @@ from .hooks import Point, capture, eval_mode
 from .norms import NormParams
 from .readout import Head
 from .tokens import (
-    Batch, Tokenized, collate, fit_length, flatten_inputs, sequence_label, tokenize, warn_double_bos, warn_pad_is_eos,
+    Batch,
+    Tokenized,
+    collate,
+    fit_length,
+    flatten_inputs,
+    sequence_label,
+    tokenize,
+    warn_double_bos,
+    warn_pad_is_eos,
 )
 
 _UNSET = object()
@@ -68,7 +76,7 @@ class RewardModel:
         """Set once `rewardlens.loading.verify` has proven the map on this model."""
 
     @classmethod
-    def from_model(cls, model: nn.Module, tokenizer, *, arch: ArchitectureMap | None = None, **kw) -> "RewardModel":
+    def from_model(cls, model: nn.Module, tokenizer, *, arch: ArchitectureMap | None = None, **kw) -> RewardModel:
         """Wrap an already loaded model (never modified); `arch` defaults to the registry/discovery.
 
         This does not yet prove the map fits: `rewardlens.wrap` does, and so does the first
@@ -159,13 +167,21 @@ class RewardModel:
             cols.append(hits[0])
         return torch.tensor(cols, device=self.device)
 
+    def forward_kwargs(self, **candidates: object) -> dict:
+        """The candidates the backbone's forward takes, without the ones that are None."""
+        always = ("input_ids", "attention_mask")
+        return {k: v for k, v in candidates.items() if v is not None and (k in always or k in self._forward_args)}
+
+    def batch_kwargs(self, batch: Batch) -> dict:
+        """Keyword arguments of one backbone forward on `batch` (real position ids, no cache)."""
+        return self.forward_kwargs(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                                   position_ids=batch.position_ids, token_type_ids=batch.token_type_ids,
+                                   use_cache=False)
+
     def run(self, batch: Batch, points: dict[str, Point]) -> dict[str, Tensor]:
         """One no-grad forward of the backbone on `batch`, returning the captured points in fp32."""
-        kwargs = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask}
-        optional = {"position_ids": batch.position_ids, "token_type_ids": batch.token_type_ids, "use_cache": False}
-        kwargs.update({k: v for k, v in optional.items() if v is not None and k in self._forward_args})
         with torch.no_grad(), eval_mode(self.model), capture(points, self.device) as store:
-            self.backbone(**kwargs)
+            self.backbone(**self.batch_kwargs(batch))
         return store
 
     # ---- the reward ---------------------------------------------------------------------------

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -20,8 +20,49 @@ class Point:
     cols: Tensor
 
 
-def _first(x: object) -> Tensor:
-    return x[0] if isinstance(x, (tuple, list)) else x
+def hidden_arg(args: tuple, kwargs: dict) -> Tensor:
+    """A module call's hidden-state input: its first positional argument, or `hidden_states=`."""
+    return args[0] if args else kwargs["hidden_states"]
+
+
+def first_output(out: object) -> Tensor:
+    """A module's hidden-state output: the output itself, or the first item of a tuple."""
+    return out[0] if isinstance(out, (tuple, list)) else out
+
+
+Rewrite = Callable[[Tensor], "Tensor | None"]
+
+
+@contextlib.contextmanager
+def rewriting(hooks: list[tuple[nn.Module, str, Rewrite]]) -> Iterator[None]:
+    """During the forwards inside, call `fn` on each module's hidden-state input ('in') or output
+    ('out'); a tensor it returns replaces that value (None leaves it). Hooks are removed on exit,
+    also when the forward raises."""
+
+    def pre(fn: Rewrite, args: tuple, kwargs: dict):
+        new = fn(hidden_arg(args, kwargs))
+        if new is None:
+            return None
+        return ((new, *args[1:]), kwargs) if args else (args, {**kwargs, "hidden_states": new})
+
+    def post(fn: Rewrite, out: object):
+        new = fn(first_output(out))
+        if new is None:
+            return None
+        return (new, *out[1:]) if isinstance(out, tuple) else new
+
+    handles = []
+    try:
+        for module, where, fn in hooks:
+            if where == "in":
+                handles.append(module.register_forward_pre_hook(
+                    lambda m, a, k, fn=fn: pre(fn, a, k), with_kwargs=True))
+            else:
+                handles.append(module.register_forward_hook(lambda m, a, o, fn=fn: post(fn, o)))
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 @contextlib.contextmanager
@@ -32,26 +73,15 @@ def capture(points: dict[str, Point], device: torch.device) -> Iterator[dict[str
     the sequence length. Hooks are removed on exit, also when the forward raises.
     """
     store: dict[str, Tensor] = {}
-    handles = []
 
     def grab(name: str, point: Point, value: Tensor) -> None:
         rows, cols = torch.arange(value.shape[0], device=value.device), point.cols.to(value.device)
-        store[name] = value[rows if cols.ndim == 1 else rows[:, None], cols].detach().to(device=device, dtype=torch.float32)
+        picked = value[rows if cols.ndim == 1 else rows[:, None], cols]
+        store[name] = picked.detach().to(device=device, dtype=torch.float32)
 
-    try:
-        for name, point in points.items():
-            if point.where == "in":
-                hook = lambda m, args, kwargs, n=name, p=point: grab(  # noqa: E731
-                    n, p, args[0] if args else kwargs["hidden_states"]
-                )
-                handles.append(point.module.register_forward_pre_hook(hook, with_kwargs=True))
-            else:
-                hook = lambda m, args, out, n=name, p=point: grab(n, p, _first(out))  # noqa: E731
-                handles.append(point.module.register_forward_hook(hook))
+    hooks = [(p.module, p.where, lambda x, n=name, p=p: grab(n, p, x)) for name, p in points.items()]
+    with rewriting(hooks):
         yield store
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 @contextlib.contextmanager

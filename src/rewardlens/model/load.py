@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
-from .armorm import LlamaForRewardModelWithGating
 from .arch import find_map
+from .armorm import LlamaForRewardModelWithGating
 from .core import _UNSET, RewardModel, check_structure
 
 # Architectures whose published code does not import under transformers 5.x; we ship our own class.

@@ -38,7 +38,7 @@ class NormParams:
     eps: float
 
     @classmethod
-    def from_module(cls, module: nn.Module, kind: str) -> "NormParams":
+    def from_module(cls, module: nn.Module, kind: str) -> NormParams:
         if kind not in NORM_KINDS:
             raise ArchitectureError(f"norm kind must be one of {NORM_KINDS}, got {kind!r}")
         eps = next(
@@ -62,7 +62,7 @@ class NormParams:
         beta = resident_fp32(bias, torch.device("cpu"), "a norm bias") if isinstance(bias, Tensor) else None
         return cls(kind, gamma, beta, eps)
 
-    def to(self, device: torch.device) -> "NormParams":
+    def to(self, device: torch.device) -> NormParams:
         beta = None if self.beta is None else self.beta.to(device)
         return NormParams(self.kind, self.gamma.to(device), beta, self.eps)
 

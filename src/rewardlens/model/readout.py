@@ -67,9 +67,9 @@ class Head:
     @classmethod
     def from_model(
         cls, model: nn.Module, arch: ArchitectureMap, readout: int | str | list | None, device: torch.device
-    ) -> "Head":
+    ) -> Head:
         lin = _linear(model, arch.head, "reward head")
-        f32 = lambda t: resident_fp32(t, device, "the reward head")  # noqa: E731
+        f32 = lambda t: resident_fp32(t, device, "the reward head")
         k = lin.out_features
         bias = f32(lin.bias) if lin.bias is not None else torch.zeros(k, device=device)
         head = cls(f32(lin.weight), bias, _labels(model.config, k))

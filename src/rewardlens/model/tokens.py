@@ -105,7 +105,7 @@ def fit_length(tok: Tokenized, label: str, max_length: int | None, truncation: s
             "truncation='left' to drop tokens from the start (the response end and read token stay)."
         )
     keep = max_length - 1 if first else max_length
-    cut = lambda xs: (xs[:1] if first else []) + xs[len(xs) - keep:]  # noqa: E731
+    cut = lambda xs: (xs[:1] if first else []) + xs[len(xs) - keep:]
     return Tokenized(cut(tok.ids), None if tok.type_ids is None else cut(tok.type_ids))
 
 
@@ -154,7 +154,7 @@ def collate(
         real = (ids != pad_id) & mask.bool()
         # ... and, for a sequence made only of pad ids, its first token, as on the unpadded input.
         read = torch.where(real.any(-1), (cols * real.long()).amax(-1), mask.argmax(-1))
-    move = lambda t: None if t is None else t.to(device)  # noqa: E731
+    move = lambda t: None if t is None else t.to(device)
     return Batch(move(ids), move(mask), move(positions), move(types), read.to(device), labels)
 
 
