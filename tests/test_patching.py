@@ -267,3 +267,23 @@ def test_a_missing_gate_pattern_names_the_pair(tiny_root, pairs):
             patch(model, pairs)
     finally:
         model.tokenizer.chat_template = saved
+
+
+def test_every_mode_gives_the_planted_head_a_positive_effect(organisms):
+    """Sign convention, checked where the truth is known: on the circuit organism the preference
+    lives in attn_L1_H2, so noising it lowers the chosen reward, denoising raises the rejected one,
+    and zeroing it shrinks the margin — a positive effect in every mode, carrying most of the margin.
+    (Zeroing other parts is off-distribution and moves rewards too, so only swaps are checked for
+    the other parts staying small.)"""
+    from rewardlens.organisms import ORGANISMS
+
+    model = rl.load(str(organisms[("circuit", 1.0)]))
+    pairs = ORGANISMS["circuit"].pairs(n=12, seed=7, strength=1.0)
+    for mode in ("noising", "denoising", "ablation"):
+        res = patch(model, pairs, mode=mode, level="head")
+        head = res.names.index("attn_L1_H2")
+        assert (res.effect[:, head] > 0).all(), mode
+        assert np.nanmedian(res.normalized[:, head]) > 0.5, mode
+        if mode != "ablation":
+            others = np.delete(np.abs(res.effect).mean(0), head)
+            assert others.max() < 0.1 * res.effect[:, head].mean(), mode
