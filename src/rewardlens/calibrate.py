@@ -157,6 +157,15 @@ def localisation(instrument: str, organism: str, names: Sequence[str], scores: n
             Grade.of(instrument, organism, f"share of the |{by}| on {planted} ({level} level)", share, 0.9)]
 
 
+def strength_response(bench: Bench, instrument: str, organism: str, what: str,
+                      score: Callable[[RewardModel], float]) -> Grade:
+    """Row for "does `instrument` respond monotonically to planted strength": Spearman between the
+    bench's strengths and `score` of the organism trained at each (must be 1)."""
+    sweep = [score(bench.model(organism, s)) for s in bench.strengths]
+    return Grade.of(instrument, organism, f"Spearman(strength, {what}) over {len(sweep)} strengths",
+                    spearman(bench.strengths, sweep), 1.0)
+
+
 # ---- graders ------------------------------------------------------------------------------------
 
 def grade_organisms(bench: Bench) -> list[Grade]:
@@ -195,12 +204,11 @@ def grade_attribution(bench: Bench) -> list[Grade]:
         for level, target in (("sublayer", sublayer_of(part)), ("head", part)):
             att = attribute(bench.model(name), pairs, level=level)
             rows += localisation("attribution", name, att.names, att.margin.mean(0), target, level)
-        sweep = []
-        for s in bench.strengths:
-            att = attribute(bench.model(name, s), pairs, level="head")
-            sweep.append(att.margin.mean(0)[att.names.index(part)])
-        rows.append(Grade.of("attribution", name, f"Spearman(strength, mean margin on {part}) over "
-                             f"{len(sweep)} strengths", spearman(bench.strengths, sweep), 1.0))
+        def on_part(model: RewardModel, part: str = part, pairs: list[Pair] = pairs) -> float:
+            att = attribute(model, pairs, level="head")
+            return float(att.margin.mean(0)[att.names.index(part)])
+
+        rows.append(strength_response(bench, "attribution", name, f"mean margin on {part}", on_part))
     return rows
 
 
@@ -210,9 +218,8 @@ def grade_lens(bench: Bench) -> list[Grade]:
     rows = []
     for name in circuits(bench):
         part, pairs = ORGANISMS[name].planted_part, bench.pairs(name)
-        finals = [lens(bench.model(name, s), pairs).margin("linear")[:, -1].mean() for s in bench.strengths]
-        rows.append(Grade.of("lens", name, f"Spearman(strength, final linear-lens margin) over {len(finals)} strengths",
-                             spearman(bench.strengths, finals), 1.0))
+        rows.append(strength_response(bench, "lens", name, "final linear-lens margin",
+                                      lambda m, pairs=pairs: float(lens(m, pairs).margin("linear")[:, -1].mean())))
         model = bench.model(name)
         layer = int(part.split("_")[1][1:])
         depth = np.nanmedian(lens(model, pairs).crystallization("linear", 0.5))
@@ -237,12 +244,11 @@ def grade_patching(bench: Bench) -> list[Grade]:
             ):
                 rows += localisation(instrument, name, result.names, result.effect.mean(0), target, level,
                                      by="mean noising effect")
-        sweep = []
-        for s in bench.strengths:
-            result = patch(bench.model(name, s), pairs, level="head")
-            sweep.append(result.effect.mean(0)[result.names.index(part)])
-        rows.append(Grade.of("patching", name, f"Spearman(strength, mean noising effect of {part}) over "
-                             f"{len(sweep)} strengths", spearman(bench.strengths, sweep), 1.0))
+        def effect(model: RewardModel, part: str = part, pairs: list[Pair] = pairs) -> float:
+            result = patch(model, pairs, level="head")
+            return float(result.effect.mean(0)[result.names.index(part)])
+
+        rows.append(strength_response(bench, "patching", name, f"mean noising effect of {part}", effect))
     return rows
 
 
