@@ -79,17 +79,28 @@ def test_whole_sequence_and_span_patching_equal_the_naive_loop(tiny_root, aligne
         _check(model, aligned, case)
 
 
-def test_read_engine_is_the_copy_path_on_decoders_and_batched_on_encoders(tiny_root, pairs, monkeypatch):
+def test_read_engines_on_decoders_and_encoders(tiny_root, pairs, monkeypatch):
+    """Decoders take the cached engine (copies from their own layer on the prefix's cache); when it
+    declines, the copy engine gives the same numbers; encoders take neither."""
     from rewardlens import patching
 
-    calls = []
-    real = patching.read_sweep
-    monkeypatch.setattr(patching, "read_sweep", lambda *a, **k: calls.append(1) or real(*a, **k))
-    patch(rl.load(str(tiny_root["llama"])), pairs)
-    assert calls
-    calls.clear()
+    calls = {"cached": 0, "copies": 0}
+    cached, copies = patching.cached_read_sweep, patching.read_sweep
+    monkeypatch.setattr(patching, "cached_read_sweep",
+                        lambda *a, **k: calls.__setitem__("cached", calls["cached"] + 1) or cached(*a, **k))
+    monkeypatch.setattr(patching, "read_sweep",
+                        lambda *a, **k: calls.__setitem__("copies", calls["copies"] + 1) or copies(*a, **k))
+    model = rl.load(str(tiny_root["llama"]))
+    fast = patch(model, pairs, level="head")
+    assert calls == {"cached": 1, "copies": 0}
+    monkeypatch.setattr(patching, "cached_read_sweep", lambda *a, **k: None)
+    slow = patch(model, pairs, level="head")
+    assert calls["copies"] == 1
+    np.testing.assert_allclose(fast.patched_chosen, slow.patched_chosen, atol=2e-5)
+    np.testing.assert_allclose(fast.chosen, slow.chosen, atol=2e-5)
+    calls.update(cached=0, copies=0)
     patch(rl.load(str(tiny_root["bert"])), pairs)
-    assert not calls
+    assert calls == {"cached": 0, "copies": 0}
 
 
 def test_chunking_and_batch_size_do_not_change_results(tiny_root, pairs):
@@ -287,3 +298,25 @@ def test_every_mode_gives_the_planted_head_a_positive_effect(organisms):
         if mode != "ablation":
             others = np.delete(np.abs(res.effect).mean(0), head)
             assert others.max() < 0.1 * res.effect[:, head].mean(), mode
+
+
+@pytest.mark.parametrize("min_copies", [1, 5, 1000])
+def test_cached_engine_groups_do_not_change_results(tiny_root, pairs, min_copies):
+    """However layers are pooled into groups (each copy starting at its group's first layer), the
+    cached engine equals the copy engine that runs every copy through every layer."""
+    from rewardlens.patch_cached import cached_read_sweep
+    from rewardlens.patch_engine import read_sweep, sites
+    from rewardlens.patch_plan import Clean
+
+    model = rl.load(str(tiny_root["gemma2"]))
+    seqs, _ = model.encode(pairs)
+    clean = Clean.run(model, seqs, heads=True, batch_size=8)
+    sweep = sites(model, "head")
+    values = {s.key: clean.store[s.key][1::2] for s in sweep}
+    read = [clean.read[i] for i in range(0, len(seqs), 2)]
+    got = cached_read_sweep(model, seqs[0::2], read, sweep, values, clean.coef[0::2], batch_size=2,
+                            min_copies=min_copies)
+    want = read_sweep(model, seqs[0::2], read, sweep, values, clean.coef[0::2], batch_size=2)
+    assert got is not None
+    np.testing.assert_allclose(got[1].numpy(), want[1].numpy(), atol=2e-5)
+    np.testing.assert_allclose(got[0].numpy(), clean.reward[0::2].numpy(), atol=2e-5)

@@ -19,6 +19,7 @@ from torch import Tensor
 from .divergence import score_patched, scorer
 from .model.core import RewardModel
 from .model.tokens import sequence_label
+from .patch_cached import cached_read_sweep
 from .patch_direct import direct_rewards
 from .patch_engine import Site, batched_sweep, copies_supported, read_sweep, sites
 from .patch_plan import Clean, Plan, Spans, encode_pairs, flatten_pairs
@@ -186,8 +187,13 @@ def patch(
     if estimand == "direct":
         rewards = direct_rewards(model, clean, targets, sweep, values, cols_t)
     elif copies:
-        out = read_sweep(model, tgt, [clean.read[i] for i in targets], sweep, values, clean.coef[targets],
-                         batch_size=batch_size, chunk=chunk, resid=score)
+        read = [clean.read[i] for i in targets]
+        # Cheapest first: copies from their own layer on the prefix's cache (no layer residuals
+        # for divergence), then copies through every layer; each proves itself or declines.
+        out = None if divergence else cached_read_sweep(model, tgt, read, sweep, values, clean.coef[targets],
+                                                        batch_size=batch_size)
+        out = (*out, None) if out is not None else read_sweep(
+            model, tgt, read, sweep, values, clean.coef[targets], batch_size=batch_size, chunk=chunk, resid=score)
         if out is not None:
             clean_reward, rewards, streams = out
             clean.reward[targets] = clean_reward.to(clean.reward.dtype)
