@@ -23,7 +23,7 @@ from torch import Tensor
 from .model.core import RewardModel
 from .model.hooks import Point, capture, eval_mode, first_output
 from .model.tokens import Tokenized, collate
-from .patch_engine import Edit, Site, _final_point, head_slice, patched, take_values
+from .patch_engine import Edit, Site, final_point, head_slice, patched, take_values
 
 
 class _Stop(Exception):
@@ -92,7 +92,7 @@ def cached_read_sweep(
                         device=model.device)
         at = torch.tensor([read[i] for i in rows], device=model.device)
         points = {f"in_{layer}": Point(model.layers[layer], "in", at) for layer in range(model.n_layers)}
-        points["final"] = _final_point(model, at)
+        points["final"] = final_point(model, at)
         kwargs = {**model.batch_kwargs(batch), "use_cache": True}
         try:
             with torch.no_grad(), eval_mode(model.model), capture(points, model.device) as store:

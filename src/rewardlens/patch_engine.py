@@ -133,7 +133,7 @@ def patched(model: RewardModel, edits: list[Edit]) -> Iterator[None]:
         yield
 
 
-def _final_point(model: RewardModel, cols: Tensor) -> Point:
+def final_point(model: RewardModel, cols: Tensor) -> Point:
     if model.arch.final_norm is None:
         return Point(model.layers[-1], "out", cols)
     return Point(get_module(model.model, model.arch.final_norm), "in", cols)
@@ -206,8 +206,8 @@ def read_sweep(
                      take_values(values[site.key], rows, head_slice(model, site), read=True))
                 for j, site in enumerate(part)
             ]
-            points = {"final": _final_point(model, cols[:, 1:-1]), "first": _final_point(model, cols[:, 0]),
-                      "last": _final_point(model, cols[:, -1]),
+            points = {"final": final_point(model, cols[:, 1:-1]), "first": final_point(model, cols[:, 0]),
+                      "last": final_point(model, cols[:, -1]),
                       **(_resid_points(model, cols[:, 1:-1]) if resid else {})}
             try:
                 store = _forward(model, kwargs, points, edits)

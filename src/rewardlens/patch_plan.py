@@ -16,7 +16,6 @@ from torch import Tensor
 from .data import Pair
 from .errors import DataError, TokenizationError
 from .model.core import RewardModel
-from .model.hooks import Point
 from .model.tokens import Tokenized, collate, sequence_label
 from .patch_engine import Site, site_point
 from .trace import trace
@@ -146,8 +145,6 @@ def capture_columns(
                         device=model.device)
         c = cols[rows].to(model.device)
         points = {k: site_point(model, site, c) for k, site in keys.items()}
-        if "embed" in points:
-            points["embed"] = Point(model.layers[0], "in", c)
         store = model.run(batch, points)
         for k in keys:
             for j, r in enumerate(rows):
