@@ -204,6 +204,7 @@ def grade_attribution(bench: Bench) -> list[Grade]:
         for level, target in (("sublayer", sublayer_of(part)), ("head", part)):
             att = attribute(bench.model(name), pairs, level=level)
             rows += localisation("attribution", name, att.names, att.margin.mean(0), target, level)
+
         def on_part(model: RewardModel, part: str = part, pairs: list[Pair] = pairs) -> float:
             att = attribute(model, pairs, level="head")
             return float(att.margin.mean(0)[att.names.index(part)])
@@ -244,6 +245,7 @@ def grade_patching(bench: Bench) -> list[Grade]:
             ):
                 rows += localisation(instrument, name, result.names, result.effect.mean(0), target, level,
                                      by="mean noising effect")
+
         def effect(model: RewardModel, part: str = part, pairs: list[Pair] = pairs) -> float:
             result = patch(model, pairs, level="head")
             return float(result.effect.mean(0)[result.names.index(part)])
