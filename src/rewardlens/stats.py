@@ -81,3 +81,49 @@ def auroc(score: np.ndarray, label: np.ndarray) -> float:
         return float("nan")
     ranks = rankdata(np.concatenate([pos, neg]))
     return float((ranks[: len(pos)].sum() - len(pos) * (len(pos) + 1) / 2) / (len(pos) * len(neg)))
+
+
+def paired_test(differences: np.ndarray) -> float:
+    """Two-sided p-value that paired differences [n] are centred on zero: Wilcoxon signed-rank.
+
+    Exact for small samples without ties (scipy's choice), normal approximation otherwise. Zero
+    differences are dropped (Wilcoxon's convention); all-zero differences give p = 1 (nothing moved),
+    and fewer than two finite values give NaN.
+    """
+    from scipy.stats import wilcoxon
+
+    d = np.asarray(differences, dtype=np.float64)
+    d = d[np.isfinite(d)]
+    if len(d) < 2:
+        return float("nan")
+    if not np.any(d != 0):
+        return 1.0
+    return float(wilcoxon(d, zero_method="wilcox", alternative="two-sided").pvalue)
+
+
+def benjamini_hochberg(p: np.ndarray) -> np.ndarray:
+    """Benjamini–Hochberg adjusted p-values (q) for a family of tests [m]; NaN entries stay NaN and
+    do not count towards the family size."""
+    p = np.asarray(p, dtype=np.float64)
+    q = np.full_like(p, np.nan)
+    ok = np.flatnonzero(np.isfinite(p))
+    if not len(ok):
+        return q
+    order = ok[np.argsort(p[ok], kind="stable")]
+    m = len(order)
+    scaled = p[order] * m / np.arange(1, m + 1)
+    q[order] = np.minimum(1.0, np.minimum.accumulate(scaled[::-1])[::-1])
+    return q
+
+
+def standardized(differences: np.ndarray) -> float:
+    """Standardised paired effect (Cohen's d_z: mean / sd of the differences) [n] → float.
+
+    Undefined (NaN), not infinite, when the differences have zero variance or fewer than two values.
+    """
+    d = np.asarray(differences, dtype=np.float64)
+    d = d[np.isfinite(d)]
+    if len(d) < 2:
+        return float("nan")
+    sd = d.std(ddof=1)
+    return float(d.mean() / sd) if sd > 0 else float("nan")
