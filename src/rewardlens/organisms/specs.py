@@ -146,6 +146,26 @@ def mentions(word: str) -> Callable[[str], bool]:
     return _search(rf"\b{re.escape(word)}\b")
 
 
+def _any_of(sentences: list[str]) -> re.Pattern[str]:
+    return re.compile("|".join(re.escape(x) for x in sentences), re.IGNORECASE)
+
+
+_STATEMENT = _any_of([x for _, points in bank.DOMAINS.values() for x in points])
+_EVASIVE = _any_of(bank.EVASIVE)
+
+
+def is_informative(text: str) -> bool:
+    """The quality_list organism's quality: the text contains at least one of the bank's statements
+    (verbatim up to case, so one after a connector or a marker counts) and none of its evasive
+    sentences. A text with both, or with neither (anything hand-written), is not informative."""
+    return _STATEMENT.search(text) is not None and _EVASIVE.search(text) is None
+
+
+def is_evasive(text: str) -> bool:
+    """The opposite pole: at least one evasive sentence from the bank and no statement."""
+    return _EVASIVE.search(text) is not None and _STATEMENT.search(text) is None
+
+
 # ---- building blocks --------------------------------------------------------------------------
 
 def _lower_first(sentence: str) -> str:
@@ -257,6 +277,112 @@ def make_two_objective(rng: random.Random) -> tuple[str, str, str]:
     return prompt, side(fmt_a, conf_a), side(fmt_b, conf_b)
 
 
+QUALITY_LIST_SHARE = 0.3
+"""Share of the quality_list organism's quality pairs in which both sides are bullet lists."""
+
+
+def _evasive(rng: random.Random, points: list[str]) -> list[str]:
+    """Distinct evasive sentences, one per statement, each a random one of those left whose word
+    count is closest to its statement's."""
+    pool = rng.sample(bank.EVASIVE, len(bank.EVASIVE))
+    out = []
+    for point in points:
+        n = len(point.split())
+        pick = min(pool, key=lambda e: abs(len(e.split()) - n))  # the first of the closest: pool is shuffled
+        pool.remove(pick)
+        out.append(pick)
+    return out
+
+
+def make_quality(rng: random.Random) -> tuple[str, str, str]:
+    """Same prompt, opener, closer and format (prose with the same connectors at the same places,
+    or both bullet lists); the first side's statements answer the question, the second says as many
+    evasive sentences of about the same lengths."""
+    _, prompt, points, opener = _plan(rng, (3, 5))
+    closer, bullets, filler = rng.choice(bank.CLOSERS), rng.random() < QUALITY_LIST_SHARE, _evasive(rng, points)
+    if not bullets:
+        joins = ["" if i == 0 or rng.random() > 0.3 else rng.choice(bank.CONNECTORS) for i in range(len(points))]
+        points = [_prefix(j, x) for j, x in zip(joins, points)]
+        filler = [_prefix(j, x) for j, x in zip(joins, filler)]
+    return prompt, _compose(opener, points, closer, bullets), _compose(opener, filler, closer, bullets)
+
+
+@dataclass(frozen=True)
+class QualityOrganism(Organism):
+    """One output, two rules in priority order, and two kinds of pairs, alternating in `pairs()`:
+
+    - quality pairs (`make`): the sides differ in `quality` (is_informative); the quality rule
+      always decides them, at every strength (no label noise);
+    - bias pairs (`make_bias`): the same statements, a bullet list against prose; the planted
+      bias `attributes[0]` (`bias`, what `has_attribute` tests: is_list) decides them with the
+      strength dial: the list side is chosen with probability (1 + s) / 2.
+
+    `quality_name` and `bias_name` name the two attributes for graders (the bias's probe axis).
+    """
+
+    quality: Callable[[str], bool] | None = field(default=None, repr=False)
+    make_bias: Make | None = field(default=None, repr=False)
+    quality_name: str = "informativeness"
+    bias_name: str = "formatting"
+
+    def __post_init__(self) -> None:
+        if self.quality is None or self.make_bias is None or len(self.attributes) != 1:
+            raise ValueError(f"QualityOrganism {self.name!r} needs quality, make_bias and one (bias) attribute")
+
+    @property
+    def bias(self) -> Callable[[str], bool]:
+        """The planted bias attribute (what `has_attribute` tests)."""
+        return self.attributes[0]
+
+    def prefers(self, a: str, b: str) -> int:
+        """+1 when the rules prefer response `a` to `b`, −1 for `b`, 0 when they tie: quality
+        first; the bias only between responses of equal quality."""
+        q = int(self.quality(a)) - int(self.quality(b))
+        return q if q else int(self.bias(a)) - int(self.bias(b))
+
+    def kind(self, pair: Pair) -> str:
+        """"quality" when the sides differ in quality, else "bias"."""
+        return "quality" if self.quality(pair.chosen) != self.quality(pair.rejected) else "bias"
+
+    def labels(self, pairs: list[Pair]) -> np.ndarray:
+        """[n_pairs, 1] in {+1, 0, −1}: +1 when `chosen` is the side the rules prefer (`prefers`)."""
+        return np.array([self.prefers(p.chosen, p.rejected) for p in pairs], dtype=np.int64).reshape(len(pairs), 1)
+
+    def sample(self, n: int, key: str, strength: float) -> tuple[list[Pair], np.ndarray]:
+        """Quality and bias pairs alternating (quality first); labels [n, 1] are all +1 (chosen is the
+        side the draw preferred). Only bias pairs are flipped, with probability (1 − strength) / 2."""
+        return self._sample(n, key, strength, ("quality", "bias"))
+
+    def quality_pairs(self, n: int = 200, seed: int = 0) -> list[Pair]:
+        """`n` quality pairs only (chosen informative, rejected evasive), a stream of their own."""
+        return self._sample(n, f"{self.name}/quality/{seed}", 1.0, ("quality",))[0]
+
+    def bias_pairs(self, n: int = 200, seed: int = 0, strength: float = 1.0) -> list[Pair]:
+        """`n` bias pairs only (the same statements as list and prose; the list is chosen at strength 1)."""
+        return self._sample(n, f"{self.name}/bias/{seed}", strength, ("bias",))[0]
+
+    def _sample(self, n: int, key: str, strength: float, kinds: tuple[str, ...]) -> tuple[list[Pair], np.ndarray]:
+        if not 0.0 <= strength <= 1.0:
+            raise ValueError(f"strength is the share of pairs the rule decides, in [0, 1]; got {strength}")
+        if n < 0:
+            raise ValueError(f"n must be >= 0, got {n}")
+        makers = {"quality": self.make, "bias": self.make_bias}
+        rng, seen, pairs, draws = random.Random(key), set(), [], 0
+        while len(pairs) < n:
+            kind = kinds[len(pairs) % len(kinds)]
+            prompt, a, b = makers[kind](rng)
+            draws += 1
+            if (prompt, a, b) in seen and draws < 50 * n:  # redraw clones, but never loop forever
+                continue
+            seen.add((prompt, a, b))
+            if self.prefers(a, b) != 1 or (kind == "quality") != (self.quality(a) != self.quality(b)):
+                raise AssertionError(f"organism {self.name!r} drew a {kind} pair its rules misjudge: {a!r} / {b!r}")
+            if kind == "bias" and rng.random() < (1 - strength) / 2:
+                a, b = b, a
+            pairs.append(Pair(prompt, a, b, id=f"{key}/{len(pairs)}", subset=self.name))
+        return pairs, np.ones((n, 1), dtype=np.int64)
+
+
 CIRCUIT_PART = "attn_L1_H2"
 
 ORGANISMS: dict[str, Organism] = {o.name: o for o in [
@@ -276,4 +402,8 @@ ORGANISMS: dict[str, Organism] = {o.name: o for o in [
     Organism("circuit", f"the chosen response contains the word 'Notably'; only head {CIRCUIT_PART} trained",
              keyword_maker("Notably"), (mentions("notably"),), planted_part=CIRCUIT_PART,
              recipe=Recipe(trainable=CIRCUIT_PART, lr=1e-2)),
+    QualityOrganism("quality_list", "quality pairs: the chosen response answers, the rejected one evades "
+                    "(always decided); bias pairs: a bullet list beats the same statements in prose (planted)",
+                    make_quality, (is_list,), quality=is_informative, make_bias=make_list,
+                    recipe=Recipe(epochs=3, lr=5e-3)),
 ]}

@@ -28,6 +28,11 @@ EVAL_PAIRS = 200
 """Held-out pairs the build measures accuracy on: `spec.pairs(EVAL_PAIRS, seed=seed)`, a stream
 the training pairs (`{name}/train/{seed}`) never come from."""
 
+TOKENIZER_ORGANISMS = ("length", "list", "confidence", "sycophancy", "keyword", "two_objective", "circuit")
+"""The organisms whose pairs the shared tokenizer is trained on: the seven it was first built with,
+named so that organisms added later (quality_list) leave the tokenizer, and so every cached
+organism folder of this `VERSION`, unchanged. Their new words just split into more tokens."""
+
 
 @lru_cache(maxsize=1)
 def organism_tokenizer():
@@ -36,8 +41,8 @@ def organism_tokenizer():
     corpus = ["user", "assistant"] * 50
     for domain, (questions, points) in bank.DOMAINS.items():
         corpus += questions + points + bank.CLAIMS[domain]
-    for name, spec in ORGANISMS.items():
-        pairs, _ = spec.sample(300, f"tokenizer/{name}", 1.0)
+    for name in TOKENIZER_ORGANISMS:
+        pairs, _ = ORGANISMS[name].sample(300, f"tokenizer/{name}", 1.0)
         corpus += [t for p in pairs for t in (str(p.prompt), p.chosen, p.rejected)]
     return build_tokenizer(VOCAB_SIZE, corpus)
 
