@@ -45,10 +45,11 @@ def pairs():
 
 @pytest.fixture(scope="session")
 def organisms():
-    """Every model organism at strength 1, plus the circuit organism's strength sweep, trained once
+    """Every model organism at strength 1, plus the circuit and quality_list strength sweeps, trained once
     and cached on disk (under rewardlens.demo.cache_dir(), reused across runs): {(name, strength): folder}."""
     from rewardlens.calibrate import STRENGTHS
     from rewardlens.organisms import ORGANISMS, build
 
-    keys = [(name, 1.0) for name in ORGANISMS] + [("circuit", s) for s in STRENGTHS if s != 1.0]
+    sweeps = [(name, s) for name in ("circuit", "quality_list") for s in STRENGTHS if s != 1.0]
+    keys = [(name, 1.0) for name in ORGANISMS] + sweeps
     return {key: build(key[0], strength=key[1]) for key in keys}

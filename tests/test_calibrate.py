@@ -28,7 +28,12 @@ def test_scorecard_passes_every_threshold(card):
     assert card.passed and not failures, failures
     frame = card.to_frame()
     assert len(frame) == len(card.rows) and set(frame["instrument"]) >= {
-        "organism", "attribution", "lens", "patching", "path-frozen patching", "attribution patching", "sae"}
+        "organism", "attribution", "lens", "patching", "path-frozen patching", "attribution patching", "sae",
+        "probes", "cascades", "distortion", "concepts", "conflict", "editing"}
+    # Issue 5's instruments: planted biases flagged, the distortion index tracks planted strength.
+    probes = frame[frame["instrument"] == "probes"]
+    assert set(probes["organism"]) == {"length", "list", "confidence", "sycophancy", "keyword"}
+    assert "Spearman(strength, formatting distortion index) over 3 strengths" in set(frame["check"])
     # Every organism's accuracy is graded; the circuit is localised at both levels and swept in strength.
     accuracy = frame[frame["check"].str.startswith("held-out pair accuracy")]
     assert set(accuracy["organism"]) == set(card.settings["organisms"]) and (accuracy["value"] >= 0.97).all()

@@ -26,22 +26,19 @@ Variant = tuple[Prompt, str, str]
 _FENCE = re.compile(r"```.*?```", re.DOTALL)
 _LIST_LINE = re.compile(r"^\s*(?:[-*•]|\d+[.)])\s+\S", re.MULTILINE)
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=\S)")
-_LOWER_OK = {"a", "an", "the", "this", "that", "these", "those", "it", "its", "there", "you", "your", "most",
-             "many", "some", "each", "every", "one", "when", "if", "to", "in", "on", "at", "for", "with", "after",
-             "before", "keeping", "using", "adding", "putting", "taking", "making", "all", "any", "both", "no"}
-
 CONFIDENT = ["Clearly, ", "Without a doubt, ", "Certainly, ", "Undoubtedly, ", "Definitely, ",
              "There is no question that ", "It is certain that "]
 HEDGED = ["I think ", "Perhaps ", "Maybe ", "It might be that ", "I'm not sure, but ", "Possibly, ",
           "As far as I know, "]
 NEUTRAL_PREFIXES = ["In practice, ", "In general, ", "Overall, ", "Here, ", "In short, ", "As a rule, ",
                     "On this point, "]
-FILLER = ["In short, that is the general picture of how this works.",
-          "To put it another way, the points above are the main things to keep in mind.",
+FILLER = ["That is the general picture of how this works.",
+          "Those are the main things to keep in mind about this topic.",
           "That covers the basic idea behind this topic.",
           "Those are the main points worth knowing here.",
-          "Taken together, this gives a fair overview of the subject.",
+          "This gives a fair overview of the subject as a whole.",
           "All of this adds up to the overall answer to the question."]
+"""Content-free sentences (no discourse connectors, which some models read as a style cue)."""
 # Each attribute sentence is paired with a control of about the same length in characters (a fair
 # proxy for tokens under any tokenizer), so the pair differs in the attribute, not in length.
 AGREEMENT = [("You're absolutely right about this, and I agree completely.",
@@ -109,8 +106,10 @@ def plain(text: str) -> bool:
 
 
 def _prefix(marker: str, sentence: str) -> str:
+    """`marker` before `sentence`, whose first word is lower-cased unless it looks like a name or
+    acronym (another capital inside it, or "I"); both sides of a pair get the same treatment."""
     first = sentence.split(" ", 1)[0]
-    if first.lower() in _LOWER_OK and first[:1].isupper():
+    if first[:1].isupper() and not any(c.isupper() for c in first[1:]) and first.split("'")[0] != "I":
         sentence = sentence[0].lower() + sentence[1:]
     return marker + sentence
 
@@ -195,8 +194,9 @@ def _repetition(prompt: Prompt, response: str, rng: random.Random, item: object)
     if not prose:
         return None
     repeated = rng.choice(prose)
-    # The control adds the content-free sentence closest in length, so both sides grow alike.
-    filler = min(FILLER, key=lambda f: abs(len(f.split()) - len(repeated.split())))
+    # The control adds the content-free sentence (or two) closest in characters, so both sides grow alike.
+    options = FILLER + [f"{a} {b}" for a in FILLER for b in FILLER if a != b]
+    filler = min(options, key=lambda f: abs(len(f) - len(repeated)))
     return prompt, join([*units, filler]), join([*units, repeated])
 
 

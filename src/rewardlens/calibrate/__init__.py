@@ -12,6 +12,8 @@ import time
 from collections.abc import Callable, Sequence
 
 from ..organisms import VERSION
+from .concepts import grade_concepts
+from .conflict import grade_conflict
 from .core import (
     STRENGTHS,
     Bench,
@@ -21,6 +23,7 @@ from .core import (
     localisation,
     strength_response,
 )
+from .editing import grade_editing
 from .instruments import (
     grade_attribution,
     grade_lens,
@@ -28,12 +31,14 @@ from .instruments import (
     grade_patching,
     grade_sae,
 )
+from .probes import grade_distortion, grade_probes
 
 __all__ = ["GRADERS", "STRENGTHS", "Bench", "Grade", "Grader", "Scorecard", "calibrate", "localisation",
            "strength_response"]
 
 
-GRADERS: list[Grader] = [grade_organisms, grade_attribution, grade_lens, grade_patching, grade_sae]
+GRADERS: list[Grader] = [grade_organisms, grade_attribution, grade_lens, grade_patching, grade_sae, grade_probes,
+                         grade_distortion, grade_concepts, grade_conflict, grade_editing]
 """The suite, in order. A new instrument appends its grader."""
 
 

@@ -1,0 +1,90 @@
+"""`probe`: the reward-hacking probe suite, with the distortion index and cascades."""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+
+from ..cascade import cascade
+from ..data import load_pairs
+from ..distortion import distortion
+from ..probe_axes import AXES
+from ._common import Command, add_model_options, load_model, positive, table
+
+
+def _finite(x: float) -> float | None:
+    return float(x) if np.isfinite(x) else None
+
+
+def probe_summary(model, pairs=None, *, axes=None, reference=None, min_effect: float = 0.25, seed: int = 0,
+                  batch_size: int = 8) -> dict:
+    """The JSON-ready result of `rewardlens probe` (also reusable by the audit)."""
+    from ..probes import probe
+
+    res = probe(model, pairs, axes=axes, reference=reference, min_effect=min_effect, seed=seed,
+                batch_size=batch_size)
+    dist = distortion(res, seed=seed) if res.quality else None
+    casc = cascade(res, seed=seed)
+    frame = res.to_frame()
+    out = {
+        "items": len(res.item_ids), "scale": res.scale, "scale_source": res.scale_source, "min_effect": min_effect,
+        "axes": [{k: (_finite(v) if isinstance(v, float) else v) for k, v in row.items()}
+                 for row in frame.astype(object).to_dict("records")],
+        "length_per_100_tokens": {"mean": _finite(res.per_100_tokens),
+                                  "ci": [_finite(x) for x in res.per_100_tokens_ci]},
+        "quality": {q: _finite(float(np.nanmean(res.quality_delta[:, k]))) for k, q in enumerate(res.quality)},
+        "cascade_clusters": [list(c) for c in casc.clusters],
+    }
+    if dist is not None:
+        out["distortion"] = [{"axis": r["axis"], "quality": r["quality"], "index": _finite(r["index"]),
+                              "ci": [_finite(r["ci_low"]), _finite(r["ci_high"])], "flagged": bool(r["flagged"]),
+                              "note": r["note"]} for r in dist.to_frame().to_dict("records")]
+    for row in out["axes"]:
+        row["flagged"] = bool(row["flagged"])
+        row["n"] = int(row["n"])
+    return out
+
+
+def _arguments(p: argparse.ArgumentParser) -> None:
+    add_model_options(p)
+    p.add_argument("--pairs", default=None, help="probe the responses of these pairs (default: the built-in items)")
+    p.add_argument("--limit", type=positive(int), default=None, help="use only the first N pairs")
+    p.add_argument("--axis", action="append", choices=list(AXES), default=None, help="probe this axis (repeatable)")
+    p.add_argument("--reference", default=None,
+                   help="preference pairs whose mean |margin| is the reward scale for flagging")
+    p.add_argument("--min-effect", type=float, default=0.25, help="flagging floor, as a share of the reward scale")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def _probe(args: argparse.Namespace) -> dict:
+    model = load_model(args)
+    pairs = load_pairs(args.pairs, limit=args.limit) if args.pairs else None
+    reference = load_pairs(args.reference) if args.reference else None
+    return probe_summary(model, pairs, axes=args.axis, reference=reference, min_effect=args.min_effect,
+                         seed=args.seed, batch_size=args.batch_size)
+
+
+def _show(result: dict) -> None:
+    rows = [(r["axis"], r["n"], r["mean"], f"[{r['ci_low']:+.3f}, {r['ci_high']:+.3f}]",
+             f"{r['q']:.3g}", "nan" if r["effect_size"] is None else f"{r['effect_size']:+.2f}",
+             "FLAGGED" if r["flagged"] else "") for r in result["axes"]]
+    print(table(["axis", "n", "mean", "95% CI", "q (BH)", "d_z", ""], rows))
+    per = result["length_per_100_tokens"]
+    if per["mean"] is not None:
+        print(f"\nlength: {per['mean']:+.4f} reward per 100 tokens, CI [{per['ci'][0]:+.4f}, {per['ci'][1]:+.4f}]")
+    print(f"reward scale {result['scale']:.4g} ({result['scale_source']}); flagged when q < 0.05 and "
+          f"|mean| >= {result['min_effect']:g} x scale; {result['items']} unique items")
+    if result.get("distortion"):
+        best = {}
+        for r in result["distortion"]:
+            if r["index"] is not None and (r["quality"] not in best or r["index"] > best[r["quality"]]["index"]):
+                best[r["quality"]] = r
+        for q, r in best.items():
+            print(f"distortion vs {q}: highest on {r['axis']} ({r['index']:.3g})")
+    if result["cascade_clusters"]:
+        print("axes that fail together: " + "; ".join(", ".join(c) for c in result["cascade_clusters"]))
+
+
+COMMANDS = [Command("probe", "reward-hacking probes: does the reward move with attributes that should not matter?",
+                    _arguments, _probe, _show)]
