@@ -30,12 +30,8 @@ def _cos(a: torch.Tensor, b: torch.Tensor) -> float:
 def _hf_hidden(model, pairs) -> torch.Tensor:
     """ĥ [2n, d] from the Hugging Face base model: one unpadded forward per sequence, read at the
     last token (decoders) or the first (encoders), independent of rewardlens' batching and hooks."""
-    seqs, _ = model.encode(pairs)
     out = []
-    for s in seqs:
-        kw = {"input_ids": torch.tensor([s.ids])}
-        if s.type_ids is not None:
-            kw["token_type_ids"] = torch.tensor([s.type_ids])
+    for kw in tiny.unpadded(model, pairs):
         with torch.no_grad():
             h = model.model.base_model(**kw).last_hidden_state[0]
         out.append(h[0] if model.encoder else h[-1])

@@ -10,6 +10,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from tiny import unpadded
 from transformers import AutoModelForSequenceClassification
 
 import rewardlens as rl
@@ -47,12 +48,8 @@ def concept_sets(n: int, seed: int = 0) -> tuple[list, list]:
 
 def own_objectives(rm: rl.RewardModel, inputs: list) -> np.ndarray:
     """The Hugging Face model's own head outputs [n, k], one unpadded forward per sequence."""
-    seqs, _ = rm.encode(inputs)
     out = []
-    for s in seqs:
-        kwargs = {"input_ids": torch.tensor([s.ids])}
-        if s.type_ids is not None:
-            kwargs["token_type_ids"] = torch.tensor([s.type_ids])
+    for kwargs in unpadded(rm, inputs):
         with torch.no_grad():
             res = rm.model(**kwargs)
         values = getattr(res, "rewards", None)  # ArmoRM: per-objective rewards before the gate
@@ -260,7 +257,7 @@ def organism():
 
 def test_grader_passes_on_quality_list():
     rows = grade_editing(Bench(organisms=["quality_list"], n_pairs=40))
-    assert len(rows) == 8 and {r.check.split(":")[0] for r in rows} == {"project", "leace"}
+    assert len(rows) == 10 and {r.check.split(":")[0] for r in rows} == {"project", "leace"}
     assert all(r.passed for r in rows), [r for r in rows if not r.passed]
 
 

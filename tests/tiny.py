@@ -83,14 +83,21 @@ def build(name: str, tok, root: Path, seed: int = 0) -> Path:
     return path
 
 
-def own_scores(model, inputs) -> np.ndarray:
-    """The Hugging Face model's own reward for each sequence, one unpadded forward each."""
+def unpadded(model, inputs):
+    """Keyword arguments of one unpadded forward per sequence, as rewardlens tokenizes them: the
+    independent yardstick (no batching, no padding, no hooks)."""
     seqs, _ = model.encode(inputs)
-    out = []
     for s in seqs:
         kwargs = {"input_ids": torch.tensor([s.ids])}
         if s.type_ids is not None:
             kwargs["token_type_ids"] = torch.tensor([s.type_ids])
+        yield kwargs
+
+
+def own_scores(model, inputs) -> np.ndarray:
+    """The Hugging Face model's own reward for each sequence, one unpadded forward each."""
+    out = []
+    for kwargs in unpadded(model, inputs):
         with torch.no_grad():
             res = model.model(**kwargs)
         score = getattr(res, "score", None)  # ArmoRM returns its gated total as `score`

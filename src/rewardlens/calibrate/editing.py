@@ -9,6 +9,7 @@ import torch
 from ..editing import METHODS, edit, edit_report, final_hidden_states
 from ..organisms import ORGANISMS
 from .core import Bench, Grade
+from .probes import bank_items
 
 ORGANISM = "quality_list"
 FIT_PAIRS = 200
@@ -48,7 +49,11 @@ def grade_editing(bench: Bench) -> list[Grade]:
         extra = {"background": background} if method == "leace" else {}
         result = edit(model, positive, negative, method=method, name=spec.bias_name, **extra)
         report = edit_report(model, result, probe_pairs=probe, other_pairs=other)
+        # The same edit seen through the probe suite: the formatting axis on the bank's items.
+        probed = edit_report(model, result, axis="formatting", items=bank_items(seed=bench.seed))
         rows += [
+            Grade.of("editing", ORGANISM, f"{method}: share of the formatting probe effect removed (bank items)",
+                     probed.share_removed, 0.5),
             Grade.of("editing", ORGANISM, f"{method}: share of the held-out list margin left, |after / before|",
                      abs(1.0 - report.share_removed), SHARE_LEFT, "<="),
             Grade.of("editing", ORGANISM, f"{method}: |change| of held-out quality-pair accuracy (points)",
