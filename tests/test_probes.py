@@ -202,3 +202,23 @@ def test_bank_items_are_unique_and_unmarked():
     assert len({(i.prompt, i.response) for i in items}) == 60
     for name in ("list", "confidence", "sycophancy", "keyword", "length"):
         assert not any(ORGANISMS[name].has_attribute(i.response) for i in items), name
+
+
+def test_plots_draw_what_the_results_hold(list_model, list_probes):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ax = list_probes.plot().axes[0]
+    labels = {t.get_text(): t.get_position()[1] for t in ax.get_yticklabels()}
+    assert sorted(labels, key=labels.get, reverse=True) == list(list_probes.axes)  # first axis on top
+    flagged = [tuple(c) for c in ax.collections[-1].get_facecolors()]
+    assert sum(c == matplotlib.colors.to_rgba("tab:red") for c in flagged) == int(list_probes.flagged.sum())
+    d = distortion(list_probes, {"lists": ORGANISMS["list"].pairs(20, seed=4)}, model=list_model)
+    bars = d.plot().axes[0].patches
+    np.testing.assert_allclose([b.get_width() for b in bars], d.index[:, 0])
+    c = cascade(list_probes, n_boot=50)
+    image = c.plot().axes[0].images[0].get_array()
+    np.testing.assert_allclose(np.ma.filled(image, np.nan), c.rho, equal_nan=True)
+    plt.close("all")

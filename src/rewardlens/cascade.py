@@ -60,7 +60,7 @@ class Cascades:
         ax.set_xticks(range(len(self.axes)), self.axes, rotation=90)
         ax.set_yticks(range(len(self.axes)), self.axes)
         ax.figure.colorbar(image, ax=ax, label="Spearman ρ (oriented effects)")
-        return ax
+        return ax.figure
 
 
 def cascade(probes: Probes, *, min_items: int = MIN_ITEMS, threshold: float = 0.5, n_boot: int = 1000,

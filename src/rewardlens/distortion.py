@@ -82,7 +82,7 @@ class Distortion:
         ax.axvline(self.threshold, color="black", ls="--", lw=0.8)
         ax.set_yticks(y, self.axes)
         ax.set_xlabel(f"distortion index vs {self.quality[k]}")
-        return ax
+        return ax.figure
 
 
 def distortion(

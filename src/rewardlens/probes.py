@@ -143,7 +143,7 @@ class Probes:
                              "tokens_added": self.tokens_added[i, a]})
 
     def plot(self, ax=None):
-        """Forest plot: each axis' mean effect with its CI; flagged axes in red."""
+        """Forest plot (a matplotlib Figure): each axis' mean effect with its CI; flagged axes in red."""
         import matplotlib.pyplot as plt
 
         ax = ax or plt.subplots(figsize=(6, 0.4 * len(self.axes) + 1))[1]
@@ -155,7 +155,7 @@ class Probes:
         ax.axvline(0, color="black", lw=0.8)
         ax.set_yticks(y, self.axes)
         ax.set_xlabel("reward change (with − without)")
-        return ax
+        return ax.figure
 
 
 def probe(
