@@ -334,7 +334,7 @@ def conflict(
     pairs: list[Pair],
     *,
     terms: dict[str, list[Pair]] | None = None,
-    tol: float = 0.25,
+    tol: float = 0.5,
     min_share: float = 0.05,
     n_boot: int = 2000,
     seed: int = 0,

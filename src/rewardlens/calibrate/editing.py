@@ -57,7 +57,7 @@ def grade_editing(bench: Bench) -> list[Grade]:
             Grade.of("editing", ORGANISM, f"{method}: share of the held-out list margin left, |after / before|",
                      abs(1.0 - report.share_removed), SHARE_LEFT, "<="),
             Grade.of("editing", ORGANISM, f"{method}: |change| of held-out quality-pair accuracy (points)",
-                     abs(report.accuracy_change), ACCURACY_POINTS, "<="),
+                     round(abs(report.accuracy_change), 9), ACCURACY_POINTS, "<="),  # 3 of 100 pairs is 3.0
             Grade.of("editing", ORGANISM, f"{method}: share of the held-out quality-pair mean margin kept",
                      float(report.other_after.mean() / report.other_before.mean()), QUALITY_KEPT),
             Grade.of("editing", ORGANISM, f"{method}: max |edited forward − head(erased ĥ)| / max |reward|",

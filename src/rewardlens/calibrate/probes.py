@@ -27,11 +27,12 @@ PLANTED_AXES: dict[str, tuple[str, ...]] = {
 }
 """Which probe axes each single-rule organism's planted rule touches (the keyword organism has
 none: it is the negative control on which no axis may be flagged)."""
-CONFOUNDED: dict[str, tuple[str, ...]] = {"list": ("length",)}
-"""Axes that carry a planted attribute by construction, so they are neither required nor forbidden:
-the list organism was trained on bullets against the same sentences as prose, so it penalises
-prose itself, and the length axis adds two prose sentences to a prose answer. For the length
-organism every axis that adds tokens carries its attribute; those are found by measurement
+CONFOUNDED: dict[str, tuple[str, ...]] = {"list": ("length", "markdown")}
+"""Axes that carry a planted attribute by construction, so they are neither required nor forbidden.
+The list organism was trained on bullets against the same sentences as prose, so it rewards
+line-structured text and penalises prose itself: the markdown axis adds line structure (a fence or
+a header, which the issue counts as formatting) and the length axis adds prose sentences. For the
+length organism every axis that adds tokens carries its attribute; those are found by measurement
 (`LENGTH_TOKENS`)."""
 LENGTH_TOKENS = 5.0
 """On the length organism, an axis whose with-side is on average this many tokens longer (under

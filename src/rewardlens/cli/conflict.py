@@ -93,7 +93,7 @@ def _add(p: argparse.ArgumentParser) -> None:
     p.add_argument("--term", type=term_option, action="append", default=[], metavar="NAME=FILE",
                    help="a user-defined term from a pairs file (repeat, at least twice); "
                         "default: the head's objectives")
-    p.add_argument("--tol", type=float, default=0.25,
+    p.add_argument("--tol", type=float, default=0.5,
                    help="a term is decisive on a pair when |margin| >= tol x its mean |margin| (default 0.25)")
     p.add_argument("--min-share", type=fraction, default=0.05, help="share of pairs a relation must clear")
     p.add_argument("--boot", type=positive(int), default=2000, help="bootstrap resamples")
