@@ -187,7 +187,7 @@ def test_forbidden_patterns_catch_what_they_should():
                        ("This is **bold**.", "emphasis"), ("This is _it_.", "emphasis"), ("Use `x`.", "inline code"),
                        ("Wow!", "exclamation"), ("Ready?", "question"), ("Fruit, e.g. apples.", "abbreviation")]:
         assert any(v.startswith(kind) for v in violations(text)), (text, kind)
-    assert not violations("Call time.perf_counter on a snake_case name mightily.")
+    assert not violations("Call os.path.join on a snake_case name mightily.")
 
 
 # ---- items() -------------------------------------------------------------------------------------
