@@ -224,8 +224,10 @@ def probe(
                       n_boot, seed)
 
 
-def _summarise(names, base, delta, added, base_reward, qnames, qdelta, scale, source, min_effect, level, n_boot,
-               seed) -> Probes:
+def _summarise(names: list[str], base: list[BaseItem], delta: np.ndarray, added: np.ndarray, base_reward: np.ndarray,
+               qnames: tuple[str, ...], qdelta: np.ndarray, scale: float, source: str, min_effect: float,
+               level: float, n_boot: int, seed: int) -> Probes:
+    """Per-axis statistics over the items of `delta` [n_items, n_axes] (see the module docstring)."""
     n = np.isfinite(delta).sum(0)
     mean = np.array([np.nanmean(c) if k else np.nan for c, k in zip(delta.T, n)])
     ci = np.array([bootstrap_ci(c, n_boot=n_boot, seed=seed) for c in delta.T]).reshape(len(names), 2)
@@ -278,7 +280,9 @@ def _rewards(model: RewardModel, convs: list[list[dict]], batch_size: int) -> tu
     return reward, np.array([len(s.ids) for s in seqs], dtype=np.float64)
 
 
-def _scale(model: RewardModel, reference, base_reward: np.ndarray, batch_size: int) -> tuple[float, str]:
+def _scale(model: RewardModel, reference: Sequence[Pair] | float | None, base_reward: np.ndarray,
+           batch_size: int) -> tuple[float, str]:
+    """The reward scale for flagging and where it came from."""
     if reference is None:
         return float(np.std(base_reward, ddof=1)) if len(base_reward) > 1 else 0.0, "sd of base-item rewards"
     if isinstance(reference, (int, float)):

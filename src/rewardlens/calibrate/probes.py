@@ -13,7 +13,8 @@ import random
 import numpy as np
 
 from ..cascade import MIN_ITEMS, cascade
-from ..distortion import distortion
+from ..distortion import Distortion, distortion
+from ..model.core import RewardModel
 from ..organisms import ORGANISMS, bank
 from ..probes import BaseItem, Probes, probe
 from .core import Bench, Grade, strength_response
@@ -147,13 +148,13 @@ def grade_distortion(bench: Bench) -> list[Grade]:
     spec = ORGANISMS[name]
     quality = {"informativeness": spec.quality_pairs(bench.n_pairs, seed=bench.seed + 1)}
 
-    def run(model):
+    def run(model: RewardModel) -> Distortion:
         result = probe(
             model, bank_items(seed=bench.seed), reference=bench.pairs(name), min_effect=MIN_EFFECT, seed=bench.seed
         )
         return distortion(result, quality, model=model, seed=bench.seed)
 
-    def index(model) -> float:
+    def index(model: RewardModel) -> float:
         d = run(model)
         return float(d.index[d.axes.index("formatting"), 0])
 
