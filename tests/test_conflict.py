@@ -13,11 +13,11 @@ import rewardlens as rl
 from rewardlens.calibrate.conflict import grade_conflict
 from rewardlens.calibrate.core import Bench
 from rewardlens.cli import main
-from rewardlens.conflict import _spearman_batch, bootstrap, conflict, relations, shares
+from rewardlens.conflict import bootstrap, conflict, relations, shares
 from rewardlens.data import save_pairs
 from rewardlens.demo import DEMO_PAIRS
 from rewardlens.organisms import ORGANISMS
-from rewardlens.stats import spearman
+from rewardlens.stats import spearman, spearman_matrix
 
 N_BOOT = 300
 
@@ -227,13 +227,13 @@ def test_orthogonal_aligned_and_mixed_labels():
 def test_batched_spearman_matches_the_reference_with_ties():
     rng = np.random.default_rng(1)
     m = rng.integers(0, 5, size=(6, 30, 3)).astype(float)  # many ties
-    rho = _spearman_batch(m)
+    rho = spearman_matrix(m)
     for b in range(6):
         for i in range(3):
             for j in range(3):
                 assert rho[b, i, j] == pytest.approx(spearman(m[b, :, i], m[b, :, j]), abs=1e-12)
     m[0, :, 1] = 2.0
-    assert np.isnan(_spearman_batch(m)[0, 0, 1])
+    assert np.isnan(spearman_matrix(m)[0, 0, 1])
 
 
 # ---- errors and the command line -----------------------------------------------------------------

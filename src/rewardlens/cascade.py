@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .probes import Probes
-from .stats import spearman
+from .stats import spearman, spearman_matrix
 
 MIN_ITEMS = 20
 """The fewest shared items a correlation is computed from."""
@@ -84,24 +84,13 @@ def cascade(probes: Probes, *, min_items: int = MIN_ITEMS, threshold: float = 0.
             a, b = x[both, i], x[both, j]
             rho[i, j] = rho[j, i] = spearman(a, b)
             draws = rng.integers(0, len(a), (n_boot, len(a)))
-            boot = _rowwise_spearman(a[draws], b[draws])
+            boot = spearman_matrix(np.stack([a[draws], b[draws]], -1))[:, 0, 1]
             if np.isfinite(boot).sum() >= n_boot // 2:
                 ci[i, j] = ci[j, i] = np.nanquantile(boot, [tail, 1 - tail])
     failing = probes.flagged[:, None] & probes.flagged[None, :]
     linked = failing & (np.nan_to_num(rho) >= threshold) & (np.nan_to_num(ci[..., 0], nan=-1) > 0)
     return Cascades(tuple(probes.axes), rho, ci, n_shared, orientation, _components(probes.axes, linked),
                     min_items, threshold)
-
-
-def _rowwise_spearman(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Spearman ρ of each row pair of `a`, `b` [n_boot, n] (average ranks; NaN for a constant row)."""
-    from scipy.stats import rankdata
-
-    ra, rb = rankdata(a, axis=1), rankdata(b, axis=1)
-    ra -= ra.mean(1, keepdims=True)
-    rb -= rb.mean(1, keepdims=True)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return (ra * rb).sum(1) / np.sqrt((ra * ra).sum(1) * (rb * rb).sum(1))
 
 
 def _components(axes: tuple[str, ...], linked: np.ndarray) -> tuple[tuple[str, ...], ...]:

@@ -17,12 +17,11 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from scipy.stats import rankdata
 from torch import Tensor
 
 from .data import Pair
 from .model.core import RewardModel
-from .stats import spearman
+from .stats import spearman, spearman_matrix
 
 RELATIONS = ("aligned", "orthogonal", "conflicting", "mixed")
 _BOOT_BLOCK = 4_000_000
@@ -144,17 +143,6 @@ def _shares(m: np.ndarray, tol: float) -> tuple[np.ndarray, np.ndarray]:
     return disagree, agree
 
 
-def _spearman_batch(m: np.ndarray) -> np.ndarray:
-    """Spearman ρ [B, k, k] between the columns of m [B, n, k] (average ranks; NaN if constant)."""
-    r = rankdata(m, axis=1)
-    r = r - r.mean(1, keepdims=True)
-    cov = np.einsum("bni,bnj->bij", r, r)
-    sd = np.sqrt(np.einsum("bii->bi", cov))
-    with np.errstate(invalid="ignore", divide="ignore"):
-        rho = cov / (sd[:, :, None] * sd[:, None, :])
-    return np.where((sd[:, :, None] > 0) & (sd[:, None, :] > 0), rho, np.nan)
-
-
 def bootstrap(margins: np.ndarray, tol: float, n_boot: int, seed: int, level: float = 0.95) -> dict[str, np.ndarray]:
     """Percentile bootstrap intervals over pairs [k, k, 2] for 'spearman', 'disagree', 'agree'.
 
@@ -172,7 +160,7 @@ def bootstrap(margins: np.ndarray, tol: float, n_boot: int, seed: int, level: fl
         d, a = _shares(mb, tol)
         draws["disagree"].append(d)
         draws["agree"].append(a)
-        draws["spearman"].append(_spearman_batch(mb))
+        draws["spearman"].append(spearman_matrix(mb))
     tail = (1 - level) / 2
     out = {}
     with warnings.catch_warnings():

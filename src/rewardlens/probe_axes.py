@@ -19,6 +19,8 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from .data import Pair
+
 Prompt = str | list
 Variant = tuple[Prompt, str, str]
 """(prompt, response without the attribute, response with it)."""
@@ -266,10 +268,9 @@ def contrast_sets(axis: str, items: Sequence | None = None, seed: int = 0) -> tu
         v = variant(axis, item.prompt, item.response, seed=seed, key=item.id, item=item)
         if v is None:
             continue
-        prompt, off, on = v
-        user = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
-        with_.append([*user, {"role": "assistant", "content": on}])
-        without.append([*user, {"role": "assistant", "content": off}])
+        pair = Pair(v[0], v[2], v[1])
+        with_.append(pair.conversation("chosen"))
+        without.append(pair.conversation("rejected"))
     if not with_:
         raise ValueError(f"axis {axis!r} applies to none of the {len(base_items(items))} items")
     return with_, without

@@ -271,13 +271,9 @@ def _degradations(base: list[BaseItem], seed: int) -> dict[str, list[str | None]
 
 
 def _rewards(model: RewardModel, convs: list[list[dict]], batch_size: int) -> tuple[np.ndarray, np.ndarray]:
-    """Reward [n] (fp32 head and readout, as `model.score`) and token count [n] of each conversation."""
-    seqs, _ = model.encode(convs)
-    reward = np.zeros(len(seqs), dtype=np.float64)
-    for rows, batch in model.batches(seqs, batch_size):
-        values, coef = model.head_readout(model.run(batch, model.final_points(batch)))
-        reward[rows] = (values * coef).sum(-1).double().cpu().numpy()
-    return reward, np.array([len(s.ids) for s in seqs], dtype=np.float64)
+    """Reward [n] (`model.score`: fp32 head and readout) and token count [n] of each conversation."""
+    seqs, _ = model.encode(convs)  # tokenizing again is cheap next to the forwards
+    return model.score(convs, batch_size=batch_size).astype(np.float64), np.array([len(s.ids) for s in seqs], float)
 
 
 def _scale(model: RewardModel, reference: Sequence[Pair] | float | None, base_reward: np.ndarray,

@@ -28,6 +28,18 @@ def rowwise_spearman(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.array([spearman(x, y) for x, y in zip(a, b)])
 
 
+def spearman_matrix(m: np.ndarray) -> np.ndarray:
+    """Spearman ρ between the columns of each batch of `m` [B, n, k] → [B, k, k] (average ranks;
+    NaN where a column is constant). Vectorised for bootstrap draws."""
+    r = rankdata(m, axis=1)
+    r = r - r.mean(1, keepdims=True)
+    cov = np.einsum("bni,bnj->bij", r, r)
+    sd = np.sqrt(np.einsum("bii->bi", cov))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        rho = cov / (sd[:, :, None] * sd[:, None, :])
+    return np.where((sd[:, :, None] > 0) & (sd[:, None, :] > 0), rho, np.nan)
+
+
 def bootstrap_ci(
     values: np.ndarray, *, stat: Callable[[np.ndarray], float] = np.mean, n_boot: int = 2000,
     level: float = 0.95, seed: int = 0,

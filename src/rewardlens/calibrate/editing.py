@@ -8,6 +8,7 @@ import torch
 
 from ..editing import METHODS, edit, edit_report, final_hidden_states
 from ..organisms import ORGANISMS
+from .concepts import contrast
 from .core import Bench, Grade
 from .probes import bank_items
 
@@ -36,9 +37,7 @@ def grade_editing(bench: Bench) -> list[Grade]:
         return []
     spec, model = ORGANISMS[ORGANISM], bench.model(ORGANISM)
     fit = spec.bias_pairs(FIT_PAIRS, seed=bench.seed + 10)
-    sides = [(p.chosen, p.rejected) if spec.has_attribute(p.chosen) else (p.rejected, p.chosen) for p in fit]
-    positive = [[*_user(p), {"role": "assistant", "content": a}] for p, (a, _) in zip(fit, sides)]
-    negative = [[*_user(p), {"role": "assistant", "content": b}] for p, (_, b) in zip(fit, sides)]
+    positive, negative = contrast(spec, fit)
     probe = spec.bias_pairs(bench.n_pairs, seed=bench.seed + 1)
     other = spec.quality_pairs(bench.n_pairs, seed=bench.seed + 1)
     # LEACE whitens by a covariance; estimated on list-vs-prose inputs alone it is blind to how
@@ -64,10 +63,6 @@ def grade_editing(bench: Bench) -> list[Grade]:
                      _exactness(model, result, probe[:8]), 1e-4, "<="),
         ]
     return rows
-
-
-def _user(pair) -> list[dict]:
-    return [{"role": "user", "content": pair.prompt}] if isinstance(pair.prompt, str) else list(pair.prompt)
 
 
 def _exactness(model, result, pairs) -> float:

@@ -6,6 +6,8 @@ import argparse
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from ..data import Pair, load_pairs
 from ..errors import RewardLensError
 from ..loading import load
@@ -31,6 +33,11 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(headers)]
     line = lambda xs: "  ".join(x.rjust(w) if i else x.ljust(w) for i, (x, w) in enumerate(zip(xs, widths)))
     return "\n".join([line(headers), line(["-" * w for w in widths]), *(line(r) for r in cells)])
+
+
+def finite(x: float) -> float | None:
+    """A float for JSON, or None where it is NaN or infinite (JSON has no NaN)."""
+    return float(x) if np.isfinite(x) else None
 
 
 def pair_id(pair: Pair, i: int) -> str:

@@ -13,6 +13,7 @@ from ._common import (
     Command,
     add_model_options,
     add_pairs_options,
+    finite,
     load_model,
     positive,
     read_pairs,
@@ -35,9 +36,6 @@ def positions(text: str) -> str | list[tuple[int | None, int | None]]:
             raise argparse.ArgumentTypeError(f"span bounds must be integers, got {part!r}") from None
     return spans
 
-
-def _finite(x: float) -> float | None:
-    return None if not np.isfinite(x) else float(x)
 
 
 def patch_summary(model, pairs, *, mode: str = "noising", ablation: str = "zero", positions="read",
@@ -62,7 +60,7 @@ def patch_summary(model, pairs, *, mode: str = "noising", ablation: str = "zero"
              "flagged_share": float(res.flagged[:, res.names.index(name)].mean()) if divergence else None}
             for name, effect in res.top(top)
         ],
-        "reliability": {k: _finite(v) for k, v in res.reliability().items()} if divergence else None,
+        "reliability": {k: finite(v) for k, v in res.reliability().items()} if divergence else None,
         "attribution_patching_agreement": None,
         "pairs": [
             {"id": pid, "margin": float(m), "effects": dict(zip(res.names, map(float, e)))}
@@ -71,7 +69,7 @@ def patch_summary(model, pairs, *, mode: str = "noising", ablation: str = "zero"
     }
     if atp:
         approx = attribution_patch(model, pairs, batch_size=batch_size, **kw)
-        out["attribution_patching_agreement"] = {k: _finite(v) for k, v in agreement(res, approx, top).items()}
+        out["attribution_patching_agreement"] = {k: finite(v) for k, v in agreement(res, approx, top).items()}
     return out
 
 
@@ -103,13 +101,13 @@ def show_patch(result: dict) -> None:
 def _faithfulness(args) -> dict:
     model, pairs = load_model(args), read_pairs(args)
     rep = faithfulness(model, pairs, level=args.level, mode=args.mode, n_boot=args.boot, batch_size=args.batch_size)
-    rows = [{k: (_finite(v) if isinstance(v, float) else v) for k, v in row.items()} for row in rep.summary()]
+    rows = [{k: (finite(v) if isinstance(v, float) else v) for k, v in row.items()} for row in rep.summary()]
     return {
         "level": rep.level, "mode": rep.mode, "seed_positions": rep.seed_positions, "summary": rows,
-        "attribution_patching_agreement": {k: _finite(v) for k, v in rep.agreement().items()},
+        "attribution_patching_agreement": {k: finite(v) for k, v in rep.agreement().items()},
         "pairs": [
-            {"id": pid, **{f"rho_{e}": _finite(float(rep.rho(e)[i])) for e in ("direct", "total", "indirect")},
-             "seed_rho": _finite(float(rep.seed_rho[i]))}
+            {"id": pid, **{f"rho_{e}": finite(float(rep.rho(e)[i])) for e in ("direct", "total", "indirect")},
+             "seed_rho": finite(float(rep.seed_rho[i]))}
             for i, pid in enumerate(rep.pair_ids)
         ],
     }

@@ -10,7 +10,7 @@ import numpy as np
 
 from ..concepts import ALPHAS, concepts
 from ..errors import DataError
-from ._common import Command, add_model_options, load_model, positive, table
+from ._common import Command, add_model_options, finite, load_model, positive, table
 
 
 def concept_option(text: str) -> tuple[str, str, str]:
@@ -73,22 +73,19 @@ def read_set(path: str) -> list:
     return items
 
 
-def _finite(x: float) -> float | None:
-    return float(x) if np.isfinite(x) else None
-
 
 def _run(args) -> dict:
     model = load_model(args)
     sets = {name: (read_set(pos), read_set(neg)) for name, pos, neg in args.concept} if args.concept else None
     res = concepts(model, sets, dose_layer=args.layer, alphas=args.alphas, positions=args.positions, unit=args.unit,
                    n_boot=args.boot, batch_size=args.batch_size)
-    clean = lambda row: {k: _finite(v) if isinstance(v, float) else v for k, v in row.items()}
+    clean = lambda row: {k: finite(v) if isinstance(v, float) else v for k, v in row.items()}
     return {
         "dose_layer": res.dose_layer, "positions": res.positions, "unit": res.unit, "folds": res.folds,
         "alphas": res.alphas.tolist(), "layers": list(res.layers),
         "concepts": [clean(row) for row in res.summary()],
         "per_layer": [clean(row) for row in res.to_frame().to_dict("records")],
-        "mean_dose": {name: [_finite(v) for v in np.nanmean(res.dose[c], 1)] for c, name in enumerate(res.names)},
+        "mean_dose": {name: [finite(v) for v in np.nanmean(res.dose[c], 1)] for c, name in enumerate(res.names)},
     }
 
 

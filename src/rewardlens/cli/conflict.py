@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import argparse
 
-import numpy as np
-
 from ..conflict import conflict
 from ..data import Pair, load_pairs
 from ..model.core import RewardModel
@@ -13,6 +11,7 @@ from ._common import (
     Command,
     add_model_options,
     add_pairs_options,
+    finite,
     fraction,
     load_model,
     positive,
@@ -53,16 +52,13 @@ def _terms(args: argparse.Namespace) -> dict[str, list[Pair]] | None:
     return {name: load_pairs(path) for name, path in args.term}
 
 
-def _finite(x: float) -> float | None:
-    return None if not np.isfinite(x) else float(x)
-
 
 def _run(args: argparse.Namespace) -> dict:
     terms = _terms(args)
     model, pairs = _load(args), read_pairs(args)
     res = conflict(model, pairs, terms=terms, tol=args.tol, min_share=args.min_share, n_boot=args.boot,
                    seed=args.seed, batch_size=args.batch_size)
-    matrix = lambda a: None if a is None else [[_finite(v) for v in row] for row in a]
+    matrix = lambda a: None if a is None else [[finite(v) for v in row] for row in a]
     return {
         "source": res.source, "names": res.names, "n_pairs": res.n_pairs, "term_sizes": res.term_sizes,
         "direction_note": res.direction_note, "margin_units": res.margin_units,

@@ -11,7 +11,7 @@ import numpy as np
 from ..data import load_pairs
 from ..editing import METHODS, edit, edit_report
 from ..errors import DataError
-from ._common import Command, add_model_options, load_model, positive, table
+from ._common import Command, add_model_options, finite, load_model, positive, table
 
 _FIELDS = ("text", "messages", "conversation")
 
@@ -70,9 +70,6 @@ def _gap(model, pos: list, neg: list, batch_size: int) -> float:
     return float(np.mean(model.score(pos, batch_size=batch_size)) - np.mean(model.score(neg, batch_size=batch_size)))
 
 
-def _finite(x: float) -> float | None:
-    return float(x) if np.isfinite(x) else None
-
 
 def _edit(args: argparse.Namespace) -> dict:
     pos_file, neg_file = args.concept
@@ -96,7 +93,7 @@ def _edit(args: argparse.Namespace) -> dict:
     other = load_pairs(args.pairs, limit=args.limit) if args.pairs else []
     if probe is not None or other:
         summary = edit_report(model, result, probe_pairs=probe, other_pairs=other, batch_size=args.batch_size).summary()
-        out["report"] = {k: _finite(v) if isinstance(v, float) else v for k, v in summary.items()}
+        out["report"] = {k: finite(v) if isinstance(v, float) else v for k, v in summary.items()}
     return out
 
 

@@ -10,11 +10,7 @@ from ..cascade import cascade
 from ..data import load_pairs
 from ..distortion import distortion
 from ..probe_axes import AXES
-from ._common import Command, add_model_options, load_model, positive, table
-
-
-def _finite(x: float) -> float | None:
-    return float(x) if np.isfinite(x) else None
+from ._common import Command, add_model_options, finite, load_model, positive, table
 
 
 def probe_summary(model, pairs=None, *, axes=None, reference=None, min_effect: float = 0.25, seed: int = 0,
@@ -29,16 +25,16 @@ def probe_summary(model, pairs=None, *, axes=None, reference=None, min_effect: f
     frame = res.to_frame()
     out = {
         "items": len(res.item_ids), "scale": res.scale, "scale_source": res.scale_source, "min_effect": min_effect,
-        "axes": [{k: (_finite(v) if isinstance(v, float) else v) for k, v in row.items()}
+        "axes": [{k: (finite(v) if isinstance(v, float) else v) for k, v in row.items()}
                  for row in frame.astype(object).to_dict("records")],
-        "length_per_100_tokens": {"mean": _finite(res.per_100_tokens),
-                                  "ci": [_finite(x) for x in res.per_100_tokens_ci]},
-        "quality": {q: _finite(float(np.nanmean(res.quality_delta[:, k]))) for k, q in enumerate(res.quality)},
+        "length_per_100_tokens": {"mean": finite(res.per_100_tokens),
+                                  "ci": [finite(x) for x in res.per_100_tokens_ci]},
+        "quality": {q: finite(float(np.nanmean(res.quality_delta[:, k]))) for k, q in enumerate(res.quality)},
         "cascade_clusters": [list(c) for c in casc.clusters],
     }
     if dist is not None:
-        out["distortion"] = [{"axis": r["axis"], "quality": r["quality"], "index": _finite(r["index"]),
-                              "ci": [_finite(r["ci_low"]), _finite(r["ci_high"])], "flagged": bool(r["flagged"]),
+        out["distortion"] = [{"axis": r["axis"], "quality": r["quality"], "index": finite(r["index"]),
+                              "ci": [finite(r["ci_low"]), finite(r["ci_high"])], "flagged": bool(r["flagged"]),
                               "note": r["note"]} for r in dist.to_frame().to_dict("records")]
     for row in out["axes"]:
         row["flagged"] = bool(row["flagged"])
