@@ -29,6 +29,10 @@ class ClosureError(RewardLensError):
     """An exact decomposition failed to sum to the model's reward within tolerance."""
 
 
+class StoreError(RewardLensError):
+    """The results store is unreadable, incomplete for what was asked, or two shards disagree."""
+
+
 class RewardLensWarning(UserWarning):
     """Something deliberate but surprising happened (e.g. pad = eos moved the read token)."""
 
