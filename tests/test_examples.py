@@ -1,0 +1,31 @@
+"""Every script in examples/ runs on the built-in demo model and prints what its question asks."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+EXPECT = {
+    "where_does_the_preference_form.py": ["linear lens", "normed lens", "crystallization depth"],
+    "which_parts_write_it.py": ["attribution vs direct", "attribution vs total", "attn_L"],
+    "does_it_reward_length.py": ["sycophancy", "length: the model"],
+    "what_does_one_head_do.py": ["attn_L", "through later layers"],
+}
+
+
+def test_every_example_is_listed():
+    assert sorted(p.name for p in EXAMPLES.glob("*.py") if not p.name.startswith("_")) == sorted(EXPECT)
+
+
+@pytest.mark.parametrize("script", sorted(EXPECT))
+def test_example_runs_on_the_demo(script, organisms):
+    proc = subprocess.run([sys.executable, str(EXAMPLES / script)], capture_output=True, text=True, timeout=600,
+                          cwd=EXAMPLES.parent)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for text in EXPECT[script]:
+        assert text in proc.stdout, (text, proc.stdout[-2000:])
+    if script == "does_it_reward_length.py":  # the demo's planted bias is found, and only it
+        flagged = [line.split()[0] for line in proc.stdout.splitlines() if line.rstrip().endswith("True")]
+        assert flagged == ["sycophancy"], proc.stdout
