@@ -35,7 +35,7 @@ import torch
 from torch import nn
 
 from .data import Pair
-from .errors import DataError, HeadError, warn
+from .errors import ArchitectureError, DataError, HeadError, warn
 from .loading import wrap
 from .model.arch import get_module
 from .model.core import RewardModel
@@ -247,6 +247,10 @@ def edit(
     path, layer = read_layer(model)
     hf = _edited_copy(model.model, path)
     target = get_module(hf, path)
+    if layer.weight.is_meta:
+        raise ArchitectureError(f"the layer an edit folds into ({path}) is offloaded (on the meta device); editing "
+                                "writes a new weight into it, so load the model without offloading that layer "
+                                "(e.g. a device_map that keeps it on the CPU or a GPU)")
     weight = layer.weight.detach().double().cpu()  # [k, d]
     wa = weight @ along  # [k]: what the layer reads along the erased direction
     constant = wa * (read @ mean)  # [k] = W P μ

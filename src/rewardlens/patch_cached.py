@@ -160,7 +160,7 @@ def _group(
                 hidden = first_output(model.layers[layer](hidden, *args, **layer_kwargs))
     except (RuntimeError, ValueError, TypeError, KeyError):
         return None
-    final = hidden.float()
+    final = hidden.float().to(model.device)  # the head may sit on a later device than the last layer
     objectives = model.head(model.final_hidden(final[:, 1:-1].flatten(0, 1))).view(b, len(group), -1)
     return final[:, [0, -1]], (objectives * coef[:, None]).sum(-1)
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-from .model.core import RewardModel
+from .model.core import RewardModel, onloaded
 from .model.hooks import Point
 from .model.norms import resident_fp32
 from .model.tokens import Batch
@@ -80,11 +80,13 @@ def out_projection(model: RewardModel, kind: str, layer: int) -> tuple[Tensor, T
     """fp32 weight [d, in] and bias [d] of a sublayer's output projection (Linear or GPT-2 Conv1D)."""
     module = _projection_module(model, kind, layer)
     what = f"layer {layer}'s {kind} output projection"
-    weight = resident_fp32(module.weight, model.device, what)
+    with onloaded(module):  # offloaded weights (device_map with disk/CPU offload) exist only in here
+        weight = resident_fp32(module.weight, model.device, what)
+        bias = getattr(module, "bias", None)
+        bias = None if bias is None else resident_fp32(bias, model.device, what)
     if type(module).__name__ == "Conv1D":  # stores [in, out]
         weight = weight.T
-    bias = getattr(module, "bias", None)
-    return weight, None if bias is None else resident_fp32(bias, model.device, what)
+    return weight, bias
 
 
 def projection_inputs(model: RewardModel, kind: str, layer: int) -> tuple[int, bool]:

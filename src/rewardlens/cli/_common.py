@@ -74,6 +74,9 @@ def add_model_options(p: argparse.ArgumentParser, *, optional_model: bool = Fals
     p.add_argument("--batch-size", type=positive(int), default=8)
     p.add_argument("--dtype", default=None, help="e.g. bfloat16; head and reductions stay fp32")
     p.add_argument("--device", default=None)
+    p.add_argument("--device-map", default=None,
+                   help="e.g. auto: split a model too big for one device across GPUs, CPU and disk (accelerate)")
+    p.add_argument("--offload-folder", default=None, help="with --device-map: where weights offloaded to disk go")
     p.add_argument("--readout", type=_readout, default=None,
                    help="multi-output heads: an objective index, a label, or comma-separated weights")
     p.add_argument("--pad-token-id", type=int, default=None, help="read by this pad id instead of the model's")
@@ -92,7 +95,9 @@ def load_model(args: argparse.Namespace) -> RewardModel:
     extra = {"pad_token_id": args.pad_token_id} if args.pad_token_id is not None else {}
     if args.trust_remote_code:
         extra["trust_remote_code"] = True
-    return load(args.model, dtype=args.dtype, device=args.device, readout=args.readout,
+    if args.offload_folder is not None:
+        extra["offload_folder"] = args.offload_folder
+    return load(args.model, dtype=args.dtype, device=args.device, device_map=args.device_map, readout=args.readout,
                 max_length=args.max_length, truncation=args.truncation, **extra)
 
 

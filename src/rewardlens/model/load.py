@@ -27,6 +27,56 @@ def _dtype(dtype: str | torch.dtype | None) -> torch.dtype | str | None:
     return dtype
 
 
+# Strategies accelerate understands for `device_map=`; anything else names a device per module.
+_STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
+
+
+def _accelerators() -> tuple[str | None, int]:
+    """(type, count) of this machine's accelerators, e.g. ('cuda', 2), or (None, 0)."""
+    acc = getattr(torch, "accelerator", None)  # torch >= 2.6
+    if acc is not None:
+        return (acc.current_accelerator().type, acc.device_count()) if acc.is_available() else (None, 0)
+    return ("cuda", torch.cuda.device_count()) if torch.cuda.is_available() else (None, 0)
+
+
+def _check_placement(target: object, what: str) -> None:
+    """Refuse a device no instrument can use ('meta': no weights at all) or one this machine lacks.
+
+    from_pretrained would load onto 'meta' silently (every number then fails later) and names a
+    missing GPU only by a bare assertion; strategies, 'cpu' and 'disk' always pass."""
+    if isinstance(target, bool) or target in _STRATEGIES or target in ("cpu", "disk"):
+        return
+    kind, count = _accelerators()
+    if isinstance(target, int):  # an accelerator index
+        wanted, index = kind, target
+    else:
+        try:
+            device = torch.device(target)
+        except (RuntimeError, TypeError, ValueError):
+            return  # not a device name: from_pretrained says what it accepts
+        wanted, index = device.type, device.index or 0
+    if wanted == "meta":
+        raise ValueError(
+            f"{what} places weights on 'meta', which holds no values, so nothing could be read or scored; "
+            "use 'auto', an existing device such as 'cuda:0', 'cpu', or 'disk' (with offload_folder=)"
+        )
+    if wanted != "cpu" and (kind is None or wanted != kind or index >= count):
+        have = f"{count} {kind} device(s)" if kind is not None else "no accelerator"
+        raise ValueError(
+            f"{what} asks for device {target!r} but this machine has {have}; use device_map='auto' "
+            "(it spreads layers over what exists and offloads the rest to 'cpu', or to 'disk' with "
+            "offload_folder=), or name an existing device"
+        )
+
+
+def _check_device_map(device_map: str | dict | int | torch.device) -> None:
+    if isinstance(device_map, dict):
+        for module, target in device_map.items():
+            _check_placement(target, f"device_map[{module!r}]")
+    else:
+        _check_placement(device_map, f"device_map={device_map!r}")
+
+
 def load_model(
     path_or_id: str,
     *,
@@ -43,6 +93,10 @@ def load_model(
     """Load model and tokenizer with `from_pretrained` and wrap them (see `rewardlens.load`)."""
     if device is not None and device_map is not None:
         raise ValueError(f"pass device= or device_map=, not both (got device={device!r}, device_map={device_map!r})")
+    if device_map is not None:
+        _check_device_map(device_map)
+    if device is not None:
+        _check_placement(device, f"device={device!r}")
     config = AutoConfig.from_pretrained(path_or_id, **from_pretrained_kwargs)
     kwargs = dict(from_pretrained_kwargs)
     if dtype is not None:

@@ -21,9 +21,8 @@ def resident_fp32(tensor: Tensor, device: torch.device, what: str) -> Tensor:
     """An fp32 copy of a weight on `device`; offloaded (meta) weights are refused with the fix."""
     if tensor.is_meta:
         raise ArchitectureError(
-            f"the weights of {what} are offloaded (on the meta device), so rewardlens cannot read them "
-            "outside the forward pass; load with a device_map that keeps every layer on a GPU or the CPU "
-            "(no 'disk' offload), or use level='sublayer' on a pre-norm model"
+            f"the weights of {what} are on the meta device with no accelerate offload hook to load them "
+            "from, so rewardlens cannot read them; load the model with real weights (no device_map='meta')"
         )
     return tensor.detach().to(device=device, dtype=torch.float32).clone()
 
