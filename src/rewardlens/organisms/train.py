@@ -7,7 +7,7 @@ import contextlib
 import random
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from functools import lru_cache
 
 import numpy as np
@@ -158,10 +158,16 @@ def accuracy(spec: Organism, model: nn.Module, tok, pairs: list[Pair]) -> dict[s
             for k, name in enumerate(spec.objectives)}
 
 
-def train(spec: Organism, strength: float, seed: int, *, steps: int | None = None) -> tuple[nn.Module, object, dict]:
+def train(
+    spec: Organism, strength: float, seed: int, *, steps: int | None = None,
+    callback: Callable[[nn.Module, object, int], object] | None = None,
+) -> tuple[nn.Module, object, dict]:
     """Train `spec` at `strength` from seed `seed`; returns (model in eval mode, tokenizer, stats).
 
     `steps` caps the optimiser steps (for tests of determinism); by default the recipe's epochs.
+    `callback(model, tokenizer, step)` is called once before the first step (step 0, the seeded
+    initial model) and after every optimiser step (step = steps done), with the model in train
+    mode; it must leave the model as it found it (`rewardlens.monitor.Monitor` does).
     Stats hold the training time, the steps, the final loss and the held-out accuracy.
     """
     recipe, tok = spec.recipe, organism_tokenizer()
@@ -188,6 +194,8 @@ def train(spec: Organism, strength: float, seed: int, *, steps: int | None = Non
     began, cpu = time.perf_counter(), time.process_time()
     model.train()
     with threads(TRAIN_THREADS):
+        if callback is not None:
+            callback(model, tok, 0)
         while step < total:
             rng.shuffle(chunks)
             for chunk in chunks[: total - step]:
@@ -205,6 +213,8 @@ def train(spec: Organism, strength: float, seed: int, *, steps: int | None = Non
                 opt.zero_grad(set_to_none=True)
                 losses.append(loss.item())
                 step += 1
+                if callback is not None:
+                    callback(model, tok, step)
         seconds, cpu = time.perf_counter() - began, time.process_time() - cpu
         model.eval().requires_grad_(True)
         if recipe.trainable:
