@@ -3,6 +3,7 @@
 #
 #   bash scripts/setup.sh          # runtime dependencies only
 #   bash scripts/setup.sh test     # plus the test extras (pytest, datasets, gguf, scipy, ...)
+#                                  # and Debian's chromium (/usr/bin/chromium) for the report test
 #
 # Environment:
 #   PYTHON      interpreter used to create .venv when it does not exist (default: python3)
@@ -64,6 +65,29 @@ fi
 
 echo "setup: pip install -e $target"
 "${pip[@]}" -e "$target"
+
+# The report test renders report.html in headless Chromium. Debian's package is the only
+# browser this project uses (a test tool's own browser download cannot reach its host here);
+# installing it needs root and apt, as on the project's machines and in CI.
+if [[ "$target" == ".[test]" && ! -x /usr/bin/chromium ]]; then
+  if [[ "$(id -u)" != 0 ]] || ! command -v apt-get >/dev/null 2>&1; then
+    echo "setup: the report test needs Debian's chromium at /usr/bin/chromium; install it as root with" \
+      "'apt-get install chromium' (this script needs root and apt-get to do it)" >&2
+    exit 1
+  fi
+  echo "setup: apt-get install chromium (for the report test)"
+  apt_log="$(mktemp)"
+  if ! { DEBIAN_FRONTEND=noninteractive apt-get update -qq &&
+         DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium; } \
+       >"$apt_log" 2>&1 || [[ ! -x /usr/bin/chromium ]]; then
+    cat "$apt_log" >&2
+    rm -f "$apt_log"
+    echo "setup: could not install Debian's chromium (apt-get output above); the report test needs" \
+      "/usr/bin/chromium" >&2
+    exit 1
+  fi
+  rm -f "$apt_log"
+fi
 
 # Report versions from the installed metadata (importing rewardlens itself is left to tests).
 "$venv_python" - <<'EOF'

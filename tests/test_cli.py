@@ -39,13 +39,15 @@ def test_attribute_and_lens_json(capsys, tiny_root, pairs_file, pairs):
     np.testing.assert_allclose(margins, [p["margin"] for p in out["pairs"]], rtol=1e-4)
 
 
-def test_table_output_and_audit_of_the_demo(capsys):
-    assert main(["audit", "--limit", "3"]) == 0  # the demo organism: trained on first use, then cached
+def test_table_output_and_audit_of_the_demo(capsys, tmp_path):
+    # the demo organism: trained on first use, then cached
+    assert main(["audit", "--limit", "3", "--out", str(tmp_path), "--no-concepts", "--quiet"]) == 0
     text = capsys.readouterr().out
     assert "demo model" in text and "sycophancy" in text and "crystallization" in text
     assert "pair accuracy: 0.000 over 3 pairs" in text  # the planted bias: it prefers agreeing with the user
     assert "largest |reward − (Σ parts + constant)|" in text
     assert "total effect, noising, read positions" in text  # the causal view next to attribution
+    assert "flagged probe axes: sycophancy" in text and (tmp_path / "report.html").is_file()
 
 
 def test_bad_pairs_file_exits_with_a_named_error(capsys, tiny_root, tmp_path):

@@ -122,7 +122,8 @@ def _mean_ci(values: np.ndarray, n_boot: int, seed: int) -> tuple[float, float, 
     return float(finite.mean()), lo, hi
 
 
-def _aligned(model: RewardModel, pairs: object) -> bool:
+def aligned(model: RewardModel, pairs: object) -> bool:
+    """Whether every pair's two sides have the same number of tokens (whole-sequence patching needs it)."""
     seqs = encode_pairs(model, pairs)
     return all(len(seqs[i].ids) == len(seqs[i + 1].ids) for i in range(0, len(seqs), 2))
 
@@ -136,16 +137,21 @@ def faithfulness(
     n_boot: int = 2000,
     seed: int = 0,
     batch_size: int = 8,
+    seed_positions: str | None = None,
 ) -> Faithfulness:
     """Attribution, path-frozen, total and attribution patching (read position) side by side, with
     ρ per pair and pooled, and the seed paper's statistic (whole-sequence noising where pairs are
-    token-aligned, else read-position noising, as `seed_positions` says)."""
+    token-aligned, else read-position noising, as `seed_positions` says). `seed_positions` fixes
+    that choice ('all' needs token-aligned pairs); a run split into chunks passes the choice made
+    for all its pairs, so every chunk computes the same statistic."""
+    if seed_positions not in (None, "all", "read"):
+        raise ValueError(f"seed_positions must be None, 'all' or 'read', got {seed_positions!r}")
     att = attribute(model, pairs, level=level, batch_size=batch_size)
     total = patch(model, pairs, mode=mode, level=level, batch_size=batch_size)
     direct = patch(model, pairs, mode=mode, level=level, estimand="direct", batch_size=batch_size)
     atp = attribution_patch(model, pairs, mode=mode, level=level, batch_size=batch_size)
     index = [att.names.index(n) for n in total.names]
-    positions = "all" if _aligned(model, pairs) else "read"
+    positions = seed_positions or ("all" if aligned(model, pairs) else "read")
     if positions == "read" and level == "sublayer" and mode == "noising":
         seed_patch, seed_att = total, att
     else:

@@ -149,8 +149,9 @@ class Probes:
         ax = ax or plt.subplots(figsize=(6, 0.4 * len(self.axes) + 1))[1]
         y = np.arange(len(self.axes))[::-1]
         colors = ["tab:red" if f else "tab:gray" for f in self.flagged]
-        ax.errorbar(self.mean, y, xerr=[self.mean - self.ci_low, self.ci_high - self.mean], fmt="none",
-                    ecolor=colors, capsize=3)
+        for i, color in enumerate(colors):  # one call per axis: error-bar caps take a single colour
+            ax.errorbar(self.mean[i], y[i], xerr=[[self.mean[i] - self.ci_low[i]], [self.ci_high[i] - self.mean[i]]],
+                        fmt="none", ecolor=color, capsize=3)
         ax.scatter(self.mean, y, c=colors, zorder=3)
         ax.axvline(0, color="black", lw=0.8)
         ax.set_yticks(y, self.axes)

@@ -25,7 +25,6 @@ from pathlib import Path
 import numpy as np
 
 from .errors import StoreError
-from .model.arch import get_module
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -76,7 +75,8 @@ def fingerprint(model) -> str:
     head = model.head
     tensors = [head.weight, head.bias, head.readout, head.pooler_weight, head.pooler_bias, head.transform]
     if model.arch.final_norm is not None:  # a fine-tune often moves the final norm, not only the head
-        tensors += list(get_module(model.model, model.arch.final_norm).parameters())
+        norm = model.norm(model.arch.final_norm)  # read through accelerate when it is offloaded
+        tensors += [norm.gamma, norm.beta]
     parts = [config.encode(), dtype.encode(), options.encode()]
     parts += [b"-" if t is None else t.detach().float().cpu().contiguous().numpy().tobytes() for t in tensors]
     return _digest(parts)

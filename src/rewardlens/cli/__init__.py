@@ -8,11 +8,22 @@ import sys
 from collections.abc import Sequence
 
 from ..errors import RewardLensError
-from . import base, causal, concepts, conflict, edit, organisms, probes, sae
+from . import (
+    audit,
+    base,
+    causal,
+    compare,
+    concepts,
+    conflict,
+    edit,
+    organisms,
+    probes,
+    sae,
+)
 from ._common import Command
 
 # Each module owns its commands; the order here is the order of `rewardlens -h`.
-_MODULES = (base, causal, probes, concepts, conflict, edit, sae, organisms)
+_MODULES = (base, audit, causal, probes, compare, concepts, conflict, edit, sae, organisms)
 
 
 def _commands() -> dict[str, Command]:

@@ -1,14 +1,13 @@
-"""`score`, `lens`, `attribute` and `audit`: the foundation's read-outs."""
+"""`score`, `lens` and `attribute`: the foundation's read-outs."""
 
 from __future__ import annotations
 
 import argparse
-import sys
 
 import numpy as np
 
 from ..attribution import attribute
-from ..data import Pair, load_pairs
+from ..data import Pair
 from ..lens import lens
 from ..model.core import RewardModel
 from ._common import (
@@ -21,7 +20,6 @@ from ._common import (
     read_pairs,
     table,
 )
-from .causal import patch_summary, show_patch
 
 
 def _score(model: RewardModel, pairs: list[Pair], args) -> dict:
@@ -92,51 +90,15 @@ def _show_attribute(result: dict) -> None:
     print(f"\nlargest |reward − (Σ parts + constant)|: {result['max_abs_residual_error']:.2e}")
 
 
-def _show_audit(result: dict) -> None:
-    print(result["model"] + "\n")
-    for part, show in (("score", _show_score), ("lens", _show_lens), ("attribute", _show_attribute),
-                       ("patch", show_patch)):
-        show(result[part])
-        print()
-
-
-def _audit_inputs(args) -> tuple[RewardModel, list[Pair]]:
-    if args.model is None:
-        from ..demo import AUDIT_PAIRS, DEMO_ORGANISM, demo_model_dir
-        from ..organisms.cache import READY, organism_dir
-
-        if not (organism_dir(DEMO_ORGANISM) / READY).exists():
-            print("training the demo organism once (about 15 s; cached afterwards) ...", file=sys.stderr)
-        args.model = str(demo_model_dir())
-        pairs = load_pairs(args.pairs, limit=args.limit) if args.pairs else AUDIT_PAIRS[: args.limit]
-        if not args.json:
-            print(f"auditing the built-in demo model: the {DEMO_ORGANISM!r} model organism, a tiny Llama reward "
-                  "model trained\non synthetic pairs whose chosen answer always agrees with the user's stated view.")
-            if not args.pairs:
-                print("In the built-in pairs the user states a mistaken view; chosen corrects it, rejected agrees.\n"
-                      "A sycophantic model prefers the rejected side: expect negative margins and low accuracy.")
-            print()
-        return load_model(args), pairs
-    return load_model(args), read_pairs(args)
-
-
-def _audit(args) -> dict:
-    model, pairs = _audit_inputs(args)
-    level = "sublayer" if args.level == "neuron" else args.level  # patching goes down to heads
-    return {"model": repr(model), "score": _score(model, pairs, args), "lens": _lens(model, pairs, args),
-            "attribute": _attribute(model, pairs, args),
-            "patch": patch_summary(model, pairs, level=level, top=args.top, batch_size=args.batch_size)}
-
-
-def _options(*, audit: bool = False, level: bool = False, lens_: bool = False):
+def _options(*, level: bool = False, lens_: bool = False):
     def add(p: argparse.ArgumentParser) -> None:
-        add_model_options(p, optional_model=audit)
-        add_pairs_options(p, required=not audit)
-        if level or audit:
+        add_model_options(p)
+        add_pairs_options(p)
+        if level:
             p.add_argument("--level", default="sublayer", choices=["sublayer", "head", "neuron"])
             p.add_argument("--top", type=int, default=10, help="how many parts to list")
             p.add_argument("--all-parts", action="store_true", help="JSON: include every part's margin per pair")
-        if lens_ or audit:
+        if lens_:
             p.add_argument("--fraction", type=fraction, default=0.5,
                            help="crystallization threshold (share of final margin)")
     return add
@@ -151,5 +113,4 @@ COMMANDS = [
     Command("lens", "reward lens and crystallization depth", _options(lens_=True), _with_model(_lens), _show_lens),
     Command("attribute", "exact component attribution", _options(level=True), _with_model(_attribute),
             _show_attribute),
-    Command("audit", "score + lens + attribution + read-position patching", _options(audit=True), _audit, _show_audit),
 ]
