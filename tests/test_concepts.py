@@ -28,13 +28,14 @@ def _conv(texts):
     return [[{"role": "user", "content": "Answer briefly."}, {"role": "assistant", "content": t}] for t in texts]
 
 
-def _layer_hook(shift, read_only):
-    """A forward hook that adds `shift` to a layer's hidden-state output (one unpadded input)."""
+def _layer_hook(shift, read_only, read: int = -1):
+    """A forward hook that adds `shift` to a layer's hidden-state output (one unpadded input) at the
+    read token `read` (the last token of a decoder, the first of an encoder) or everywhere."""
     def hook(module, args, out):
         hidden = out[0] if isinstance(out, tuple) else out
         hidden = hidden.clone()
         if read_only:
-            hidden[:, -1] += shift.to(hidden.dtype)
+            hidden[:, read] += shift.to(hidden.dtype)
         else:
             hidden += shift.to(hidden.dtype)
         return (hidden, *out[1:]) if isinstance(out, tuple) else hidden
@@ -75,6 +76,26 @@ def test_layer_dose_equals_a_hand_written_hook_on_single_inputs(tiny_root, arch,
         finally:
             handle.remove()
         np.testing.assert_allclose(res.base[0] + res.dose[0, a], expected, atol=1e-4)
+
+
+@pytest.mark.parametrize("arch,positions", [("llama", "read"), ("gpt2", "all"), ("bert", "read"), ("bert", "all"),
+                                            ("armorm", "all"), ("gemma2", "read")])
+def test_last_layer_dose_without_dosed_forwards_equals_a_hook_on_the_last_layer(tiny_root, arch, positions):
+    # The default dose layer is computed from the final residual alone (no forward per α); a real
+    # forward with the shift hooked onto the last layer's output must give the same rewards.
+    model = rl.load(str(tiny_root[arch]))
+    res = concepts(model, {"eager": (_conv(POS), _conv(NEG))}, positions=positions, alphas=(-2.0, 1.0, 3.0),
+                   n_boot=50)
+    assert res.dose_layer == str(model.n_layers - 1)
+    shift = torch.as_tensor(res.scale[0] * res.direction("eager", res.dose_layer, "residual"))
+    for a, alpha in enumerate(res.alphas):
+        hook = _layer_hook(alpha * shift, positions == "read", 0 if model.encoder else -1)
+        handle = model.layers[-1].register_forward_hook(hook)
+        try:
+            expected = own_scores(model, _conv(NEG))
+        finally:
+            handle.remove()
+        np.testing.assert_allclose(res.base[0] + res.dose[0, a], expected, atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2", "bert", "armorm"])

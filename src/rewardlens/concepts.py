@@ -260,6 +260,8 @@ def _dose(model: RewardModel, seqs: list[Tokenized], label: str, shift: Tensor, 
     all α of an input run in one forward, one α per row."""
     a = len(alphas)
     zero = int(np.flatnonzero(alphas == 0)[0])
+    if label == str(model.n_layers - 1):
+        return _dose_last(model, seqs, shift, alphas, positions, batch_size)
     module, where = (model.layers[0], "in") if label == "embed" else (model.layers[int(label)], "out")
     out, base = np.zeros((a, len(seqs))), np.zeros(len(seqs))
     per = max(1, batch_size // a)  # inputs per forward: about `batch_size` rows in all
@@ -283,6 +285,29 @@ def _dose(model: RewardModel, seqs: list[Tokenized], label: str, shift: Tensor, 
 
         with rewriting([(module, where, push)]):
             values, weights = model.head_readout(model.run(big, model.final_points(big)))
+        reward = (values * weights).sum(-1).double().cpu().numpy().reshape(len(rows), a)
+        out[:, rows] = (reward - reward[:, zero:zero + 1]).T
+        base[rows] = reward[:, zero]
+    return base, out
+
+
+def _dose_last(model: RewardModel, seqs: list[Tokenized], shift: Tensor, alphas: np.ndarray, positions: str,
+               batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """`_dose` at the last layer's output without a dosed forward: nothing but the final norm and
+    the head reads it, so reward(α) is the head on (final residual + α · shift), exactly. One clean
+    forward per input instead of one per (input, α): the default dose layer costs no more than a
+    score. The gate (ArmoRM) moves with the dose where every position is dosed, as in a forward."""
+    a, zero = len(alphas), int(np.flatnonzero(alphas == 0)[0])
+    coef = torch.as_tensor(alphas, dtype=torch.float32, device=model.device)
+    out, base = np.zeros((a, len(seqs))), np.zeros(len(seqs))
+    for rows, batch in model.batches(seqs, batch_size):
+        store = model.run(batch, model.final_points(batch))
+        dosed = {}
+        for key, x in store.items():
+            x = x.float().repeat_interleave(a, 0)  # [rows * a, d]: each input once per α
+            moves = key == "final" or positions == "all"
+            dosed[key] = x + coef.repeat(len(rows))[:, None] * shift.to(x.device)[None] if moves else x
+        values, weights = model.head_readout(dosed)
         reward = (values * weights).sum(-1).double().cpu().numpy().reshape(len(rows), a)
         out[:, rows] = (reward - reward[:, zero:zero + 1]).T
         base[rows] = reward[:, zero]
