@@ -163,3 +163,20 @@ def test_two_torchrun_ranks_give_exactly_the_single_process_results(tiny_root, p
     _assert_same_records(_all_records(Store(tmp_path / "two" / "results.sqlite")),
                          _all_records(Store(tmp_path / "one" / "results.sqlite")))
     assert (tmp_path / "two" / "report.html").is_file()
+
+
+def test_a_quick_plan_probes_a_spread_of_the_builtin_items(organisms):
+    from rewardlens.demo import AUDIT_PAIRS
+    from rewardlens.probe_items import ITEMS
+
+    model = rl.load(str(organisms[("sycophancy", 1.0)]))
+    plan = Plan(chunk_size=4, probe_items=6)
+    items = plan.items()
+    assert len(items) == 6 and len({i.domain for i in items}) == 6 and all(i in ITEMS for i in items)
+    store = Store(":memory:")
+    res = audit(model, AUDIT_PAIRS[:2], store=store, plan=plan)
+    assert len(res.probes.item_ids) == 6 and set(res.probes.item_ids) == {i.id for i in items}
+    assert res.concepts.names == res.probes.axes and int(res.concepts.n_positive.max()) <= 6
+    assert {k.instrument for k, _ in store.runs()} >= {"probes/items-6", "concepts/items-6"}
+    with pytest.raises(ValueError, match="probe_items"):
+        Plan(probe_items=1)

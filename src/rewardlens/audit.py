@@ -86,6 +86,9 @@ class Plan:
     """Run the hacking probes on the built-in items (scaled by the pairs' mean |margin|)."""
     concepts: bool = True
     """Run the concept directions and dose-response on the probe axes' contrast sets."""
+    probe_items: int | None = None
+    """Use only this many built-in items (spread over the domains) for probes and concepts: a quick
+    smoke run; None uses all 72."""
     sae_layer: int | None = None
     """Residual layer of the SAE, when one is given."""
     fraction: float = 0.5
@@ -96,6 +99,20 @@ class Plan:
             raise ValueError(f"chunk_size and batch_size must be >= 1, got {self.chunk_size} and {self.batch_size}")
         if not 0 < self.fraction <= 1:
             raise ValueError(f"fraction must be in (0, 1], got {self.fraction}")
+        if self.probe_items is not None and self.probe_items < 2:
+            raise ValueError(f"probe_items must be >= 2 (concepts need two inputs a side) or None, got {self.probe_items}")
+
+    def items(self) -> list | None:
+        """The built-in items the probes and concepts use (None: all of them)."""
+        if self.probe_items is None:
+            return None
+        from .probe_items import ITEMS
+
+        step = max(1, len(ITEMS) // self.probe_items)
+        return list(ITEMS[::step][: self.probe_items])
+
+    def suffix(self) -> str:
+        return "" if self.probe_items is None else f"/items-{self.probe_items}"
 
 
 def _keys(model: RewardModel, pairs: Sequence[Pair], seed_positions: str) -> dict[str, RunKey]:
@@ -170,9 +187,12 @@ def run_whole(model: RewardModel, pairs: Sequence[Pair], store: Store, plan: Pla
               progress: bool = False) -> None:
     """The whole-model instruments the plan asks for, each stored once (skipped when already there)."""
     pairs = list(pairs)
+    items = plan.items()
     jobs = [(name, fn) for name, fn, wanted in (
-        ("probes", lambda: probe(model, reference=pairs, batch_size=2 * plan.batch_size), plan.probes),
-        ("concepts", lambda: concepts(model, batch_size=2 * plan.batch_size), plan.concepts),
+        ("probes" + plan.suffix(), lambda: probe(model, items, reference=pairs, batch_size=2 * plan.batch_size),
+         plan.probes),
+        ("concepts" + plan.suffix(), lambda: concepts(model, _concept_sets(items), batch_size=2 * plan.batch_size),
+         plan.concepts),
         (_sae_name(sae, plan), lambda: attribute_features(model, sae, pairs, layer=plan.sae_layer,
                                                           batch_size=plan.batch_size), sae is not None),
     ) if wanted]
@@ -184,6 +204,15 @@ def run_whole(model: RewardModel, pairs: Sequence[Pair], store: Store, plan: Pla
             store.write([(key, "all", 0, {f.name: getattr(res, f.name) for f in fields(res)})])
         bar.update(1)
     bar.close()
+
+
+def _concept_sets(items: list | None) -> dict | None:
+    """The probe axes' contrast sets on `items` (None: the built-in sets of `concepts`)."""
+    if items is None:
+        return None
+    from .probe_axes import AXES, contrast_sets
+
+    return {axis: contrast_sets(axis, items) for axis in AXES}
 
 
 def _sae_name(sae, plan: Plan) -> str:
@@ -217,7 +246,8 @@ def collect(model: RewardModel, pairs: Sequence[Pair], store: Store, plan: Plan 
              for stacked, meta in [parts[name]]}
     stacked, meta = parts["faithfulness"]
     whole = {}
-    for field, name, cls in (("probes", "probes", Probes), ("concepts", "concepts", Concepts),
+    for field, name, cls in (("probes", "probes" + plan.suffix(), Probes),
+                             ("concepts", "concepts" + plan.suffix(), Concepts),
                              ("features", _sae_name(sae, plan), FeatureAttribution)):
         records = store.records(_whole_key(model, pairs, name))
         whole[field] = cls(**records[0][1]) if records else None

@@ -79,7 +79,7 @@ def _audit(args) -> dict:
     out = Path(args.out)
     main_path = Path(args.store) if args.store else out / "results.sqlite"
     plan = Plan(chunk_size=args.chunk_size, batch_size=args.batch_size, probes=not args.no_probes,
-                concepts=not args.no_concepts, sae_layer=args.sae_layer, fraction=args.fraction)
+                concepts=not args.no_concepts, probe_items=args.probe_items, sae_layer=args.sae_layer, fraction=args.fraction)
     sae = _sae(args, model)
     progress = not args.quiet
     main_store = Store(main_path)
@@ -174,6 +174,8 @@ def _options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chunk-size", type=positive(int), default=8, help="pairs per stored chunk")
     p.add_argument("--no-probes", action="store_true", help="skip the reward-hacking probes")
     p.add_argument("--no-concepts", action="store_true", help="skip concept directions and dose-response")
+    p.add_argument("--probe-items", type=positive(int), default=None,
+                   help="a quick run: probes and concepts on only N of the 72 built-in items")
     p.add_argument("--sae", default=None, help="an SAE folder: add SAE feature attribution")
     p.add_argument("--sae-layer", type=int, default=None, help="residual layer the SAE reads")
     p.add_argument("--fraction", type=fraction, default=0.5, help="crystallization threshold (share of final margin)")
