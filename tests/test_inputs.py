@@ -181,3 +181,15 @@ def test_neuron_level_contracts_objectives_early_and_exactly(tiny_root, pairs):
     np.testing.assert_allclose(lean.values, full.values, rtol=1e-4, atol=1e-6)
     np.testing.assert_allclose(lean.reward, full.reward, rtol=1e-6)
     assert np.abs(lean.residual_error).max() < 1e-5
+
+
+def test_a_model_in_training_mode_with_dropout_wraps_and_stays_in_training_mode(tiny_root, pairs):
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    folder = str(tiny_root["llama"])
+    hf = AutoModelForSequenceClassification.from_pretrained(folder, attention_dropout=0.9)
+    hf.train()  # what a training loop hands a monitor: dropout on
+    model = rl.wrap(hf, AutoTokenizer.from_pretrained(folder))  # the check must compare like with like
+    assert hf.training
+    hf.eval()
+    np.testing.assert_allclose(model.score(pairs), rl.load(folder).score(pairs), rtol=1e-5, atol=1e-6)

@@ -18,6 +18,7 @@ from torch import Tensor
 
 from .errors import ArchitectureError, ClosureError
 from .model.core import RewardModel
+from .model.hooks import eval_mode
 from .model.tokens import Tokenized, tokenize
 from .trace import (
     Trace,
@@ -172,7 +173,7 @@ def verify(model: RewardModel) -> None:
     if batch.token_type_ids is not None:
         kwargs["token_type_ids"] = batch.token_type_ids
     try:
-        with torch.no_grad():
+        with torch.no_grad(), eval_mode(model.model):  # a model wrapped mid-training must not drop out here
             out = model.model(**kwargs)
     except ValueError:
         if model.arch.head_kind != "gated":
