@@ -175,8 +175,10 @@ def run_pairs(model: RewardModel, pairs: Sequence[Pair], store: Store, plan: Pla
     bar = _bar(sum(map(len, todo)), f"audit: pairs (rank {rank})" if world_size > 1 else "audit: pairs", progress)
     for span in todo:
         entries, meta = _chunk_entries(model, pairs, span, keys, seed_positions, plan.batch_size)
-        # A chunk is written whole or not at all, so a resumed run never sees part of one.
-        entries = [e for e in entries if e[1] not in store.done(e[0])]
+        # Chunks are written whole (one transaction), so none is ever half stored; an instrument
+        # that already holds a unit (a store filled by an older run of fewer instruments) keeps it.
+        held = {key: store.done(key) for key in keys.values()}
+        entries = [e for e in entries if e[1] not in held[e[0]]]
         store.write(entries, meta)
         bar.update(len(span))
     bar.close()
