@@ -68,10 +68,6 @@ class Audit:
     fraction: float = 0.5
     """Crystallization threshold (share of the final margin) the report uses."""
 
-    @property
-    def accuracy(self) -> float:
-        """Share of pairs whose chosen side gets the higher reward."""
-        return float(np.mean(self.lens.reward[0::2] > self.lens.reward[1::2]))
 
 
 @dataclass(frozen=True)
@@ -218,13 +214,16 @@ def _concept_sets(items: list | None) -> dict | None:
 
 
 def _sae_name(sae, plan: Plan) -> str:
+    """The SAE's store name: its layer and a checksum of its config and weights (a strided sample
+    of the decoder, so a dictionary of millions of latents is not read whole)."""
     if sae is None:
         return "features"
     if plan.sae_layer is None:
         raise ValueError("an SAE needs the residual layer it was trained on: pass Plan(sae_layer=...)")
-    b = sae.b_dec.detach().float().cpu().numpy()
-    return f"features/L{plan.sae_layer}/{checksum([sae.cfg.__dict__, b.tolist()])}" if hasattr(sae, "cfg") \
-        else f"features/L{plan.sae_layer}/{checksum([b.tolist()])}"
+    flat = sae.W_dec.detach().reshape(-1)
+    sample = flat[:: max(1, flat.numel() // 65536)]
+    parts = [t.float().cpu().numpy().tolist() for t in (sample, sae.b_dec.detach(), sae.encoder.bias.detach())]
+    return f"features/L{plan.sae_layer}/{checksum([sae.cfg, *parts])}"
 
 
 def collect(model: RewardModel, pairs: Sequence[Pair], store: Store, plan: Plan = Plan(), *, sae=None) -> Audit:
