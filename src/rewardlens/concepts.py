@@ -285,10 +285,16 @@ def _dose(model: RewardModel, seqs: list[Tokenized], label: str, shift: Tensor, 
 
         with rewriting([(module, where, push)]):
             values, weights = model.head_readout(model.run(big, model.final_points(big)))
-        reward = (values * weights).sum(-1).double().cpu().numpy().reshape(len(rows), a)
-        out[:, rows] = (reward - reward[:, zero:zero + 1]).T
-        base[rows] = reward[:, zero]
+        _record(out, base, rows, (values * weights).sum(-1), a, zero)
     return base, out
+
+
+def _record(out: np.ndarray, base: np.ndarray, rows: np.ndarray, reward: Tensor, a: int, zero: int) -> None:
+    """Write a batch's rewards [rows * a] (each input once per α) into `out` (reward(α) − reward(0),
+    [a, n]) and `base` (reward(0), [n])."""
+    reward = reward.double().cpu().numpy().reshape(len(rows), a)
+    out[:, rows] = (reward - reward[:, zero:zero + 1]).T
+    base[rows] = reward[:, zero]
 
 
 def _dose_last(model: RewardModel, seqs: list[Tokenized], shift: Tensor, alphas: np.ndarray, positions: str,
@@ -308,9 +314,7 @@ def _dose_last(model: RewardModel, seqs: list[Tokenized], shift: Tensor, alphas:
             moves = key == "final" or positions == "all"
             dosed[key] = x + coef.repeat(len(rows))[:, None] * shift.to(x.device)[None] if moves else x
         values, weights = model.head_readout(dosed)
-        reward = (values * weights).sum(-1).double().cpu().numpy().reshape(len(rows), a)
-        out[:, rows] = (reward - reward[:, zero:zero + 1]).T
-        base[rows] = reward[:, zero]
+        _record(out, base, rows, (values * weights).sum(-1), a, zero)
     return base, out
 
 
