@@ -41,7 +41,7 @@ from transformers.utils.logging import disable_progress_bar
 
 import rewardlens
 from rewardlens import Pair, RewardModel
-from rewardlens.demo import DEMO_PAIRS, build_tokenizer
+from rewardlens.zoo._demo import DEMO_PAIRS, build_tokenizer
 
 Calls = dict[str, Callable[[], object]]
 SUFFIXES = ("", " Please be brief.", " Explain your answer step by step.", " Answer as if to a beginner.")
@@ -87,7 +87,7 @@ def calls(model: RewardModel, pairs: list[Pair], bs: int) -> Calls:
         "score": lambda: model.score(pairs, batch_size=bs),
         "attribute_sublayer": lambda: rewardlens.attribute(model, pairs, level="sublayer", batch_size=bs),
         "attribute_head": lambda: rewardlens.attribute(model, pairs, level="head", batch_size=bs),
-        "lens": lambda: rewardlens.lens(model, pairs, batch_size=bs),
+        "lens": lambda: rewardlens.exact._lens(model, pairs, batch_size=bs),
         "attribute_neuron": lambda: rewardlens.attribute(
             model, pairs, level="neuron", layers=range(model.n_layers), batch_size=bs),
     }

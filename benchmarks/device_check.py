@@ -23,10 +23,10 @@ from transformers import LlamaConfig, LlamaForSequenceClassification
 from transformers.utils.logging import disable_progress_bar
 
 import rewardlens as rl
-from rewardlens.builtin import build_tokenizer
-from rewardlens.organisms import ORGANISMS
-from rewardlens.probe_axes import contrast_sets
-from rewardlens.probe_items import ITEMS
+from rewardlens.hacking._axes import contrast_sets
+from rewardlens.hacking._items import ITEMS
+from rewardlens.zoo._builtin import build_tokenizer
+from rewardlens.zoo.organisms import ORGANISMS
 
 
 def build(folder: str, layers: int, hidden: int) -> None:

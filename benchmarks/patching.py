@@ -35,9 +35,9 @@ from transformers.utils.logging import disable_progress_bar
 
 import rewardlens
 from rewardlens import Pair, RewardModel
-from rewardlens.demo import DEMO_PAIRS
-from rewardlens.patch_engine import head_slice, site_point, sites
-from rewardlens.patching import patch
+from rewardlens.causal._engine import head_slice, site_point, sites
+from rewardlens.causal._patching import patch
+from rewardlens.zoo._demo import DEMO_PAIRS
 
 SWEEPS = {"read_sublayer": ("read", "sublayer"), "read_head": ("read", "head"), "whole_sublayer": ("all", "sublayer")}
 

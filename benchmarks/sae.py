@@ -34,11 +34,11 @@ import torch
 from transformers.utils.logging import disable_progress_bar
 
 import rewardlens
-from rewardlens.demo import DEMO_PAIRS
-from rewardlens.sae import SAEConfig
-from rewardlens.sae_attribution import attribute_features
-from rewardlens.sae_data import ActivationSource, cache_activations
-from rewardlens.sae_train import TrainConfig, evaluate, train_sae
+from rewardlens.sae._activations import ActivationSource, cache_activations
+from rewardlens.sae._attribution import attribute_features
+from rewardlens.sae._autoencoder import SAEConfig
+from rewardlens.sae._train import TrainConfig, evaluate, train_sae
+from rewardlens.zoo._demo import DEMO_PAIRS
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from realmodels import smollm2_reward_dir

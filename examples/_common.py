@@ -17,7 +17,7 @@ def model_and_pairs(description: str, extra=None) -> tuple[rl.RewardModel, list[
         extra(parser)
     args = parser.parse_args()
     if args.model is None:
-        from rewardlens.demo import AUDIT_PAIRS, demo_model_dir
+        from rewardlens.zoo._demo import AUDIT_PAIRS, demo_model_dir
 
         args.model = str(demo_model_dir())  # trained once (about 15 s), then cached
         pairs = list(AUDIT_PAIRS)

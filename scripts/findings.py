@@ -4,8 +4,8 @@
     python scripts/findings.py minilm-dpo
     python scripts/findings.py smollm2-dpo --limit 2 --probe-items 6 --out /tmp/f   # CI's reduced run
 
-It runs the full audit (`rewardlens.audit`: lens, attribution, read-position patching, the
-faithfulness report, probes, concepts) on the model that `rewardlens.realmodels` builds offline,
+It runs the full audit (`rewardlens.audit._runner`: lens, attribution, read-position patching, the
+faithfulness report, probes, concepts) on the model that `rewardlens.zoo.realmodels` builds offline,
 adds neuron-level attribution for the top neurons, and writes into `--out` (default
 docs/findings/<model>/): `findings.json` (every number the doc quotes), `tables.md` (the doc's
 tables, rendered from that JSON), four figures, and the audit's own report.html, numbers.json,
@@ -37,10 +37,10 @@ def _median_iqr(x: np.ndarray) -> list[float | None]:
 
 def findings(name: str, limit: int | None, out: Path, progress: bool, probe_items: int | None = None) -> dict:
     import rewardlens as rl
-    from rewardlens import realmodels
     from rewardlens.audit import Plan
-    from rewardlens.report import write_report
-    from rewardlens.report.numbers import plain, summary
+    from rewardlens.audit.report import write_report
+    from rewardlens.audit.report._numbers import plain, summary
+    from rewardlens.zoo import realmodels
 
     t0 = time.monotonic()
     model = realmodels.load_reward_model(name)
@@ -98,7 +98,7 @@ def findings(name: str, limit: int | None, out: Path, progress: bool, probe_item
 def _figures(audit, depth: dict, grid: np.ndarray, out: Path) -> None:
     from matplotlib.figure import Figure
 
-    from rewardlens.report import figures
+    from rewardlens.audit.report import figures
 
     fig = Figure(figsize=(6, 3))
     ax = fig.subplots()

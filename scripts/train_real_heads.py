@@ -1,4 +1,4 @@
-"""Fit the reward heads of `rewardlens.realmodels` on the dpo_en_demo training pairs.
+"""Fit the reward heads of `rewardlens.zoo.realmodels` on the dpo_en_demo training pairs.
 
     .venv/bin/python scripts/train_real_heads.py            # both models, about 25 min on 1 core
 
@@ -39,10 +39,10 @@ from scipy.special import expit, log_expit
 from scipy.stats import binomtest
 
 import rewardlens as rl
-from rewardlens import realmodels
-from rewardlens._realbuild import MINILM_PACKAGE, SMOLLM2_PACKAGE
-from rewardlens.model.tokens import tokenize
+from rewardlens.model._tokens import tokenize
 from rewardlens.stats import bootstrap_ci, spearman
+from rewardlens.zoo import realmodels
+from rewardlens.zoo._realbuild import MINILM_PACKAGE, SMOLLM2_PACKAGE
 
 LAMBDAS = [float(x) for x in 10.0 ** np.arange(-4.0, 2.01, 0.5)]
 FOLDS = 5

@@ -13,9 +13,8 @@ hf_logging.set_verbosity_error()
 torch.set_num_threads(1)
 
 import tiny  # noqa: E402
-
 from rewardlens import Pair  # noqa: E402
-from rewardlens.demo import build_tokenizer  # noqa: E402
+from rewardlens.zoo._demo import build_tokenizer  # noqa: E402
 
 ARCHS = list(tiny.configs(build_tokenizer()).keys())
 
@@ -46,9 +45,9 @@ def pairs():
 @pytest.fixture(scope="session")
 def organisms():
     """Every model organism at strength 1, plus the circuit and quality_list strength sweeps, trained once
-    and cached on disk (under rewardlens.demo.cache_dir(), reused across runs): {(name, strength): folder}."""
+    and cached on disk (under rewardlens.zoo._demo.cache_dir(), reused across runs): {(name, strength): folder}."""
     from rewardlens.calibrate import STRENGTHS
-    from rewardlens.organisms import ORGANISMS, build
+    from rewardlens.zoo.organisms import ORGANISMS, build
 
     sweeps = [(name, s) for name in ("circuit", "quality_list") for s in STRENGTHS if s != 1.0]
     keys = [(name, 1.0) for name in ORGANISMS] + sweeps

@@ -10,8 +10,8 @@ import contextlib
 import numpy as np
 import torch
 
-from rewardlens.model.arch import get_module
-from rewardlens.patch_engine import Site, head_slice, sites
+from rewardlens.causal._engine import Site, head_slice, sites
+from rewardlens.model._arch import get_module
 
 
 def _module(model, site: Site):

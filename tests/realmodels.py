@@ -1,7 +1,7 @@
-"""Real pretrained models for tests: a thin shim over `rewardlens.realmodels`.
+"""Real pretrained models for tests: a thin shim over `rewardlens.zoo.realmodels`.
 
-The builders live in the package now (`rewardlens._realbuild`; the trained reward heads and the
-dpo_en_demo pairs in `rewardlens.realmodels`). The folders, their names and their bytes are
+The builders live in the package now (`rewardlens.zoo._realbuild`; the trained reward heads and the
+dpo_en_demo pairs in `rewardlens.zoo.realmodels`). The folders, their names and their bytes are
 unchanged: ``$REWARDLENS_TEST_CACHE`` or ``~/.cache/rewardlens-tests`` holds
 ``smollm2-135m-instruct-reward-v1/`` and ``all-minilm-l6-v2-reward-v1/`` (seeded heads: real
 backbones, synthetic rewards, for testing the mechanics), and the trained-head folders
@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import time
 
-from rewardlens._realbuild import (  # noqa: F401  (re-exported for the tests)
+from rewardlens.zoo._realbuild import (  # noqa: F401  (re-exported for the tests)
     MINILM_DIRNAME,
     SMOLLM2_DIRNAME,
     cache_root,
     minilm_reward_dir,
     smollm2_reward_dir,
 )
-from rewardlens.realmodels import dpo_pairs, dpo_split, reward_model_dir  # noqa: F401
+from rewardlens.zoo.realmodels import dpo_pairs, dpo_split, reward_model_dir  # noqa: F401
 
 if __name__ == "__main__":  # python tests/realmodels.py: build (or find) both and print paths
     for fn in (smollm2_reward_dir, minilm_reward_dir):

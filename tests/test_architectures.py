@@ -3,10 +3,10 @@
 import numpy as np
 import pytest
 import torch
-from conftest import ARCHS
-from tiny import own_scores
 
 import rewardlens as rl
+from conftest import ARCHS
+from tiny import own_scores
 
 
 @pytest.fixture(scope="module", params=ARCHS)

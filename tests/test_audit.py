@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 import rewardlens as rl
-from rewardlens.audit import Plan, audit, chunks, collect, run_pairs
-from rewardlens.data import save_pairs
+from rewardlens.audit._runner import Plan, audit, chunks, collect, run_pairs
+from rewardlens.audit._store import Store
+from rewardlens.data._pairs import save_pairs
 from rewardlens.errors import StoreError
-from rewardlens.store import Store
 
 PAIRS_ONLY = Plan(chunk_size=1, probes=False, concepts=False)
 REPO = Path(__file__).resolve().parents[1]
@@ -63,7 +63,7 @@ def test_audit_equals_the_instruments_run_directly(tiny_root, pairs):
 
 def test_whole_model_instruments_are_stored_once_and_read_back(organisms):
     model = rl.load(str(organisms[("sycophancy", 1.0)]))
-    from rewardlens.demo import AUDIT_PAIRS
+    from rewardlens.zoo._demo import AUDIT_PAIRS
 
     store = Store(":memory:")
     res = audit(model, AUDIT_PAIRS[:4], store=store, plan=Plan(chunk_size=4, concepts=False))
@@ -93,8 +93,8 @@ CHILD = textwrap.dedent("""
     import sys, torch
     torch.set_num_threads(1)
     import rewardlens as rl
-    from rewardlens.audit import Plan, run_pairs
-    from rewardlens.store import Store
+    from rewardlens.audit._runner import Plan, run_pairs
+    from rewardlens.audit._store import Store
     model = rl.load(sys.argv[1])
     run_pairs(model, rl.load_pairs(sys.argv[2]), Store(sys.argv[3]), Plan(chunk_size=1, probes=False, concepts=False))
 """)
@@ -166,8 +166,8 @@ def test_two_torchrun_ranks_give_exactly_the_single_process_results(tiny_root, p
 
 
 def test_a_quick_plan_probes_a_spread_of_the_builtin_items(organisms):
-    from rewardlens.demo import AUDIT_PAIRS
-    from rewardlens.probe_items import ITEMS
+    from rewardlens.hacking._items import ITEMS
+    from rewardlens.zoo._demo import AUDIT_PAIRS
 
     model = rl.load(str(organisms[("sycophancy", 1.0)]))
     plan = Plan(chunk_size=4, probe_items=6)

@@ -13,9 +13,8 @@ from rewardlens.calibrate import (
     calibrate,
     localisation,
 )
-from rewardlens.stats import spearman
 from rewardlens.cli import main
-
+from rewardlens.stats import spearman
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import pytest
 
 import rewardlens as rl
 from rewardlens.cli import main
-from rewardlens.data import save_pairs
+from rewardlens.data._pairs import save_pairs
 
 
 @pytest.fixture(scope="module")

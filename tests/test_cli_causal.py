@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 
 import rewardlens as rl
+from rewardlens.causal._patching import patch
 from rewardlens.cli import main
 from rewardlens.cli.causal import positions
-from rewardlens.data import save_pairs
-from rewardlens.demo import DEMO_PAIRS
-from rewardlens.patching import patch
+from rewardlens.data._pairs import save_pairs
+from rewardlens.zoo._demo import DEMO_PAIRS
 
 
 @pytest.fixture(scope="module")

@@ -5,15 +5,15 @@ import json
 
 import numpy as np
 import pytest
-import tiny
 import torch
 import transformers as tf
 from scipy.stats import spearmanr
 
 import rewardlens as rl
+import tiny
 from rewardlens.cli import main
-from rewardlens.data import save_pairs
-from rewardlens.organisms import ORGANISMS
+from rewardlens.data._pairs import save_pairs
+from rewardlens.zoo.organisms import ORGANISMS
 
 N_BOOT = 200
 

@@ -6,16 +6,16 @@ import json
 import numpy as np
 import pytest
 import torch
-from tiny import own_scores
 
 import rewardlens as rl
-from rewardlens.calibrate.concepts import CONTROL_SHARE, contrast, grade_concepts
-from rewardlens.calibrate.core import Bench
+from rewardlens.calibrate import Bench
+from rewardlens.calibrate._concepts import CONTROL_SHARE, contrast, grade_concepts
 from rewardlens.cli import main
-from rewardlens.concepts import concepts
 from rewardlens.errors import DataError
-from rewardlens.organisms import ORGANISMS, build
-from rewardlens.trace import trace
+from rewardlens.hacking._concepts import concepts
+from rewardlens.model._trace import trace
+from rewardlens.zoo.organisms import ORGANISMS, build
+from tiny import own_scores
 
 POS = ["Sure, here it is!", "Of course, happy to help!", "Absolutely, the answer is four!",
        "Great question, it is Paris!", "Yes, boil it for nine minutes!", "Gladly, use a wrench!"]
@@ -181,7 +181,7 @@ def test_grader_passes_on_the_organisms():
 
 
 def test_builtin_concepts_find_the_planted_axis(planted):
-    pytest.importorskip("rewardlens.probe_axes")
+    pytest.importorskip("rewardlens.hacking._axes")
     model = planted["list"][0]
     res = concepts(model, None, alphas=(1.0,), n_boot=50)  # one dose: a ranking needs no curve
     assert "formatting" in res.names

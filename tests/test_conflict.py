@@ -5,19 +5,18 @@ import json
 
 import numpy as np
 import pytest
-import tiny
 import torch
 import transformers as tf
 
 import rewardlens as rl
-from rewardlens.calibrate.conflict import grade_conflict
-from rewardlens.calibrate.core import Bench
+import tiny
+from rewardlens.calibrate import Bench, grade_conflict
 from rewardlens.cli import main
-from rewardlens.conflict import bootstrap, conflict, relations, shares
-from rewardlens.data import save_pairs
-from rewardlens.demo import DEMO_PAIRS
-from rewardlens.organisms import ORGANISMS
+from rewardlens.data._pairs import save_pairs
+from rewardlens.hacking._conflict import bootstrap, conflict, relations, shares
 from rewardlens.stats import spearman, spearman_matrix
+from rewardlens.zoo._demo import DEMO_PAIRS
+from rewardlens.zoo.organisms import ORGANISMS
 
 N_BOOT = 300
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from rewardlens.data import Pair, load_pairs, save_pairs
+from rewardlens.data._pairs import Pair, load_pairs, save_pairs
 from rewardlens.errors import DataError
 
 pd = pytest.importorskip("pandas")
@@ -404,9 +404,9 @@ def test_missing_optional_dependency_names_extra(tmp_path, monkeypatch, module, 
 
 def test_optional_deps_are_imported_lazily():
     # Checked on the source: importing the package would pull in torch and be slow.
-    import rewardlens.data
+    import rewardlens.data._pairs
 
-    tree = ast.parse(Path(rewardlens.data.__file__).read_text(encoding="utf-8"))
+    tree = ast.parse(Path(rewardlens.data._pairs.__file__).read_text(encoding="utf-8"))
     top_level = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
     names = {a.name for n in top_level for a in n.names} | {n.module for n in top_level
                                                             if isinstance(n, ast.ImportFrom)}

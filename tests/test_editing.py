@@ -10,24 +10,23 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from tiny import unpadded
 from transformers import AutoModelForSequenceClassification
 
 import rewardlens as rl
-from rewardlens.calibrate.core import Bench
-from rewardlens.calibrate.editing import grade_editing
+from rewardlens.calibrate import Bench, grade_editing
 from rewardlens.cli import main
 from rewardlens.cli.edit import read_texts
-from rewardlens.data import save_pairs
-from rewardlens.editing import (
+from rewardlens.data._pairs import save_pairs
+from rewardlens.errors import DataError, RewardLensWarning
+from rewardlens.hacking._editing import (
     METADATA,
     EditReport,
     edit,
     edit_report,
     final_hidden_states,
 )
-from rewardlens.errors import DataError, RewardLensWarning
-from rewardlens.organisms import ORGANISMS, build
+from rewardlens.zoo.organisms import ORGANISMS, build
+from tiny import unpadded
 
 EXACT_ARCHS = ["llama", "gpt2", "bert", "deberta-v2", "armorm"]
 WORDS = ["the", "cat", "sat", "on", "a", "mat", "while", "dogs", "ran", "far", "away", "from", "home", "today",
@@ -277,8 +276,8 @@ def test_report_on_organism_matches_scores(organism):
     assert rep.accuracy_before == 1.0 and abs(rep.accuracy_change) <= 3.0
     # fitted on the probe suite's own contrast sets too, LEACE also removes the formatting probe's
     # effect on held-out probe items (built-in items the organism never saw)
-    from rewardlens.probe_axes import contrast_sets
-    from rewardlens.probe_items import ITEMS
+    from rewardlens.hacking._axes import contrast_sets
+    from rewardlens.hacking._items import ITEMS
 
     with_, without = contrast_sets("formatting", list(ITEMS)[::2])
     e2 = edit(organism, with_ + [p.conversation("chosen") for p in fit],

@@ -7,11 +7,11 @@ from scipy.stats import spearmanr
 
 import rewardlens as rl
 from rewardlens import Pair
-from rewardlens.demo import DEMO_PAIRS
-from rewardlens.divergence import Natural, thresholds
-from rewardlens.faithfulness import faithfulness
-from rewardlens.patching import patch
+from rewardlens.causal._divergence import Natural, thresholds
+from rewardlens.causal._faithfulness import faithfulness
+from rewardlens.causal._patching import patch
 from rewardlens.stats import bootstrap_ci, rank_agreement, spearman, topk_overlap
+from rewardlens.zoo._demo import DEMO_PAIRS
 
 ALIGNED = [Pair("Say a number.", "The number is 7.", "The number is 9."), Pair("Is it hot?", "It is hot.", "It is not."),
            Pair("Answer.", "Yes", "No!")]
@@ -98,7 +98,7 @@ def test_divergence_scores_patched_runs_against_natural_activations(tiny_root, m
     assert 0 <= rel["flagged_share"] <= 1 and 0 <= rel["effect_share_flagged"] <= 1
     assert res.to_frame()["flagged"].dtype == bool
     # the read-position engine and the batched engine see the same downstream activations
-    from rewardlens import patching
+    from rewardlens.causal import _patching as patching
 
     monkeypatch.setattr(patching, "copies_supported", lambda *a: "forced")
     batched = patch(model, DEMO_PAIRS, mode="ablation", divergence=True)

@@ -62,7 +62,7 @@ def test_the_reduced_pipeline_gives_every_number_the_doc_uses(reduced, name):
 
 @pytest.mark.parametrize("name", MODELS)
 def test_the_reduced_run_agrees_with_the_model_itself(reduced, name):
-    from rewardlens import realmodels
+    from rewardlens.zoo import realmodels
 
     result, _ = reduced(name)
     model = realmodels.load_reward_model(name)

@@ -6,7 +6,7 @@ import torch
 
 import rewardlens as rl
 from rewardlens.errors import HeadError, RewardLensWarning, TokenizationError
-from rewardlens.model.tokens import collate, Tokenized
+from rewardlens.model._tokens import Tokenized, collate
 
 
 @pytest.fixture(scope="module")
@@ -166,7 +166,7 @@ def test_gate_error_names_the_input(tiny_root):
 
 def test_weights_on_meta_without_an_offload_hook_are_refused_with_the_fix():
     from rewardlens.errors import ArchitectureError
-    from rewardlens.model.norms import resident_fp32
+    from rewardlens.model._norms import resident_fp32
 
     # Offloaded weights are read through accelerate's hook (tests/test_scale.py); bare meta ones cannot be.
     with pytest.raises(ArchitectureError, match="meta device.*no device_map='meta'"):

@@ -11,14 +11,14 @@ import textwrap
 
 import numpy as np
 import pytest
-import tiny
 import torch
 
+import tiny
 from rewardlens import Pair, lens, wrap
 from rewardlens.errors import DataError
 from rewardlens.monitor import METRICS, Monitor, Trajectory
-from rewardlens.organisms import ORGANISMS
-from rewardlens.organisms.train import encode, organism_tokenizer, train
+from rewardlens.zoo.organisms import ORGANISMS
+from rewardlens.zoo.organisms._train import encode, organism_tokenizer, train
 
 STEPS, EVERY = 30, 10
 SPEC = ORGANISMS["list"]  # rule: the chosen answer is a bullet list
@@ -229,8 +229,8 @@ def test_a_sigkilled_run_keeps_its_snapshots_and_the_import_stays_light(tmp_path
         if heavy:
             sys.exit(f"importing rewardlens.monitor imported {{heavy}}")
         from rewardlens.monitor import Monitor
-        from rewardlens.organisms import ORGANISMS
-        from rewardlens.organisms.train import train
+        from rewardlens.zoo.organisms import ORGANISMS
+        from rewardlens.zoo.organisms._train import train
         spec = ORGANISMS["list"]
         mon = Monitor(spec.pairs(4, seed=11), every=2, path={str(path)!r})
         def callback(model, tok, step):

@@ -5,14 +5,15 @@ import threading
 import numpy as np
 import pytest
 import torch
-from tiny import own_scores
 
 import rewardlens as rl
-from rewardlens.demo import AUDIT_PAIRS, DEMO_ORGANISM, demo_model_dir
 from rewardlens.errors import HeadError
-from rewardlens.organisms import ORGANISMS, build, cache, organism_dir, record
-from rewardlens.organisms.specs import LONG_WORDS
-from rewardlens.organisms.train import accuracy, initial_model, part_parameters, train
+from rewardlens.zoo._demo import AUDIT_PAIRS, DEMO_ORGANISM, demo_model_dir
+from rewardlens.zoo.organisms import ORGANISMS, build, organism_dir, record
+from rewardlens.zoo.organisms import _cache as cache
+from rewardlens.zoo.organisms._attributes import LONG_WORDS
+from rewardlens.zoo.organisms._train import accuracy, initial_model, part_parameters, train
+from tiny import own_scores
 
 NAMES = list(ORGANISMS)
 

@@ -2,14 +2,14 @@
 
 import numpy as np
 import pytest
-from conftest import ARCHS
-from naive import naive_patch
 
 import rewardlens as rl
+from conftest import ARCHS
+from naive import naive_patch
 from rewardlens import Pair
+from rewardlens.causal._patching import patch
 from rewardlens.errors import DataError, TokenizationError
-from rewardlens.model.tokens import tokenize
-from rewardlens.patching import patch
+from rewardlens.model._tokens import tokenize
 
 DECODERS = [a for a in ARCHS if a not in ("bert", "deberta-v2")]
 
@@ -82,7 +82,7 @@ def test_whole_sequence_and_span_patching_equal_the_naive_loop(tiny_root, aligne
 def test_read_engines_on_decoders_and_encoders(tiny_root, pairs, monkeypatch):
     """Decoders take the cached engine (copies from their own layer on the prefix's cache); when it
     declines, the copy engine gives the same numbers; encoders take neither."""
-    from rewardlens import patching
+    from rewardlens.causal import _patching as patching
 
     calls = {"cached": 0, "copies": 0}
     cached, copies = patching.cached_read_sweep, patching.read_sweep
@@ -148,14 +148,14 @@ def test_direct_patching_is_attribution_with_the_final_scale_recomputed(tiny_roo
     difference u·(c_src − c_tgt)."""
     import torch
 
-    from rewardlens.patch_plan import Clean
+    from rewardlens.causal._plan import Clean
 
     model = rl.load(str(tiny_root[arch]))
     res = patch(model, pairs, mode="noising", estimand="direct")
     att = rl.attribute(model, pairs)
     seqs, _ = model.encode(pairs)
     clean = Clean.run(model, seqs, heads=False, batch_size=8)
-    x = clean.store["final"][0::2]
+    x = clean.captured["final"][0::2]
     norm = model.norm(model.arch.final_norm)
     w = model.head.weight[0]
     const = float(model.head.bias[0]) + (0.0 if norm.beta is None else float(w @ norm.beta))
@@ -167,7 +167,7 @@ def test_direct_patching_is_attribution_with_the_final_scale_recomputed(tiny_roo
         if name == "embed":
             continue
         kind, layer = name.split("_L")[0], int(name.split("_L")[1])
-        tgt, src = clean.store[f"{kind}_{layer}"][0::2], clean.store[f"{kind}_{layer}"][1::2]
+        tgt, src = clean.captured[f"{kind}_{layer}"][0::2], clean.captured[f"{kind}_{layer}"][1::2]
         unscaled = (torch.tensor(res.patched_chosen[:, p]) - const) * (s / norm.scale(x + src - tgt)) + const
         np.testing.assert_allclose(unscaled.numpy(), res.chosen + (u * (src - tgt)).sum(-1).numpy(), atol=1e-5)
         np.testing.assert_allclose((u * tgt).sum(-1).numpy(), att.chosen[:, att.names.index(name)], atol=1e-5)
@@ -179,9 +179,9 @@ def test_attribution_patching_is_the_first_order_term_of_exact_patching(tiny_roo
     finite-difference slope of exact patching at small ε, part by part."""
     import torch
 
-    from rewardlens.attribution_patching import agreement, attribution_patch
-    from rewardlens.patch_engine import batched_sweep, sites
-    from rewardlens.patch_plan import Clean
+    from rewardlens.causal._attribution_patching import agreement, attribution_patch
+    from rewardlens.causal._engine import batched_sweep, sites
+    from rewardlens.causal._plan import Clean
 
     model = rl.load(str(tiny_root[arch]))
     atp = attribution_patch(model, pairs, level="head" if arch != "bert" else "sublayer")
@@ -195,7 +195,7 @@ def test_attribution_patching_is_the_first_order_term_of_exact_patching(tiny_roo
     clean = Clean.run(model, seqs, heads=atp.level == "head", batch_size=8)
     sweep = sites(model, atp.level)
     tgt, src = list(range(0, len(seqs), 2)), list(range(1, len(seqs), 2))
-    values = {s.key: (clean.store[s.key][tgt] + eps * (clean.store[s.key][src] - clean.store[s.key][tgt]))[:, None]
+    values = {s.key: (clean.captured[s.key][tgt] + eps * (clean.captured[s.key][src] - clean.captured[s.key][tgt]))[:, None]
               for s in sweep}
     cols = torch.tensor([[clean.read[i]] for i in tgt])
     stepped, _ = batched_sweep(model, [seqs[i] for i in tgt], sweep, cols, values, batch_size=8)
@@ -207,7 +207,8 @@ def test_attribution_patching_is_the_first_order_term_of_exact_patching(tiny_roo
 def test_whole_sequence_runs_start_at_their_own_layer_and_match_full_forwards(tiny_root, aligned, arch, monkeypatch):
     """The stepped engine (each run from its patched layer, the model's own layer modules) is the
     one used, and equals the full-forward batched engine it falls back to."""
-    from rewardlens import patch_stepped, patching
+    from rewardlens.causal import _patching as patching
+    from rewardlens.causal import _stepped as patch_stepped
 
     model = rl.load(str(tiny_root[arch]))
     seqs, _ = model.encode(aligned)
@@ -286,7 +287,7 @@ def test_every_mode_gives_the_planted_head_a_positive_effect(organisms):
     and zeroing it shrinks the margin — a positive effect in every mode, carrying most of the margin.
     (Zeroing other parts is off-distribution and moves rewards too, so only swaps are checked for
     the other parts staying small.)"""
-    from rewardlens.organisms import ORGANISMS
+    from rewardlens.zoo.organisms import ORGANISMS
 
     model = rl.load(str(organisms[("circuit", 1.0)]))
     pairs = ORGANISMS["circuit"].pairs(n=12, seed=7, strength=1.0)
@@ -304,15 +305,15 @@ def test_every_mode_gives_the_planted_head_a_positive_effect(organisms):
 def test_cached_engine_groups_do_not_change_results(tiny_root, pairs, min_copies):
     """However layers are pooled into groups (each copy starting at its group's first layer), the
     cached engine equals the copy engine that runs every copy through every layer."""
-    from rewardlens.patch_cached import cached_read_sweep
-    from rewardlens.patch_engine import read_sweep, sites
-    from rewardlens.patch_plan import Clean
+    from rewardlens.causal._cached import cached_read_sweep
+    from rewardlens.causal._engine import read_sweep, sites
+    from rewardlens.causal._plan import Clean
 
     model = rl.load(str(tiny_root["gemma2"]))
     seqs, _ = model.encode(pairs)
     clean = Clean.run(model, seqs, heads=True, batch_size=8)
     sweep = sites(model, "head")
-    values = {s.key: clean.store[s.key][1::2] for s in sweep}
+    values = {s.key: clean.captured[s.key][1::2] for s in sweep}
     read = [clean.read[i] for i in range(0, len(seqs), 2)]
     got = cached_read_sweep(model, seqs[0::2], read, sweep, values, clean.coef[0::2], batch_size=2,
                             min_copies=min_copies)

@@ -15,7 +15,7 @@ from itertools import combinations
 
 import pytest
 
-from rewardlens.probe_items import DOMAINS, ITEMS, Item, items
+from rewardlens.hacking._items import DOMAINS, ITEMS, Item, items
 
 _APOS = "['\u2019]"
 FORBIDDEN = {

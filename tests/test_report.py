@@ -18,12 +18,12 @@ import pandas as pd
 import pytest
 
 import rewardlens as rl
-from rewardlens.audit import Audit
-from rewardlens.demo import AUDIT_PAIRS, demo_model_dir
+from rewardlens.audit._runner import Audit
+from rewardlens.audit.report import figures, write_report
+from rewardlens.audit.report._numbers import plain, tables
+from rewardlens.audit.report._page import SECTIONS
 from rewardlens.errors import RewardLensError
-from rewardlens.report import figures, write_report
-from rewardlens.report.numbers import plain, tables
-from rewardlens.report.page import SECTIONS
+from rewardlens.zoo._demo import AUDIT_PAIRS, demo_model_dir
 
 REPO = Path(__file__).resolve().parents[1]
 CHROMIUM = Path("/usr/bin/chromium")
@@ -193,7 +193,7 @@ def test_missing_instruments_say_not_run(audit, tmp_path):
     assert page.notrun == {"probes", "concepts", "features"}
     assert set(page.figures) == {"fig-lens", "fig-scatter", "fig-heatmap"}
     text = path.read_text(encoding="utf-8")
-    for how in ("rewardlens.probe(model)", "rewardlens.concepts(model)", "--sae"):
+    for how in ("rewardlens.probe(model)", "rewardlens.hacking._concepts(model)", "--sae"):
         assert how in text
     numbers = json.loads((tmp_path / "numbers.json").read_text())
     assert numbers["probes"] is None and numbers["concepts"] is None and numbers["features"] is None

@@ -4,26 +4,26 @@ import json
 
 import numpy as np
 import pytest
-import tiny
 import torch
 from safetensors.torch import save_file
 
 import rewardlens as rl
+import tiny
 from rewardlens.cli import main
-from rewardlens.data import save_pairs
-from rewardlens.demo import DEMO_PAIRS
+from rewardlens.data._pairs import save_pairs
 from rewardlens.errors import ArchitectureError, DataError
-from rewardlens.sae import SAEConfig, TopKSAE, load_sae
-from rewardlens.sae_attribution import attribute_features
-from rewardlens.sae_data import (
+from rewardlens.sae._activations import (
     ActivationSource,
     ShardedActivations,
     cache_activations,
     load_sae_for,
 )
-from rewardlens.sae_report import feature_report
-from rewardlens.sae_train import TrainConfig, evaluate, train_sae
+from rewardlens.sae._attribution import attribute_features
+from rewardlens.sae._autoencoder import SAEConfig, TopKSAE, load_sae
+from rewardlens.sae._report import feature_report
+from rewardlens.sae._train import TrainConfig, evaluate, train_sae
 from rewardlens.stats import auroc
+from rewardlens.zoo._demo import DEMO_PAIRS
 
 CORPUS = [t for p in DEMO_PAIRS for t in (str(p.prompt), p.chosen, p.rejected)] + [
     "The quick brown fox jumps over the lazy dog.",
@@ -160,7 +160,7 @@ def test_bf16_weights_load_in_fp32_and_parent_folders_resolve(tmp_path, llama):
 
 @pytest.mark.parametrize("arch,name", [("llama", "layers.1"), ("bert", "encoder.layer.1"), ("gpt2", "h.1")])
 def test_folder_names_are_sparsify_hook_points(tiny_root, arch, name):
-    from rewardlens.sae_data import hookpoint, point_of_folder
+    from rewardlens.sae._activations import hookpoint, point_of_folder
 
     model = rl.load(str(tiny_root[arch]))
     assert hookpoint(model, "resid_1") == name and hookpoint(model, "mlp_1") == "mlp_1"
@@ -288,7 +288,7 @@ class _Rows:
 
 
 def test_massive_activations_are_left_out_of_training_and_counted():
-    from rewardlens.sae_data import Activations
+    from rewardlens.sae._activations import Activations
 
     g = torch.Generator().manual_seed(0)
     chunks = [Activations(torch.randn(100, 16, generator=g), torch.arange(100), torch.zeros(100, dtype=torch.long))
@@ -399,7 +399,7 @@ def test_sparse_backward_equals_plain_autograd():
 def test_on_a_planted_organism_the_top_reward_writing_features_separate_the_attribute():
     """The 'list' organism prefers bullet lists. Features are ranked on clean pairs; on other pairs,
     where a coin puts the list on either side half the time, they must track the list, not the side."""
-    from rewardlens.organisms import ORGANISMS, build
+    from rewardlens.zoo.organisms import ORGANISMS, build
 
     spec = ORGANISMS["list"]
     model = rl.load(str(build("list", strength=1.0, seed=0)))

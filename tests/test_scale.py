@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 import torch
 from accelerate import init_empty_weights
-from conftest import PAIRS
-from tiny import own_scores
 from transformers import AutoConfig, AutoModelForSequenceClassification
 
 import rewardlens as rl
-from rewardlens.model.arch import find_map, get_module
-from rewardlens.model.load import _accelerators
+from conftest import PAIRS
+from rewardlens.model._arch import find_map, get_module
+from rewardlens.model._load import _accelerators
+from tiny import own_scores
 
 ARCHS = ["llama", "gpt2", "bert"]
 PLACEMENTS = ["split", "auto"]

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import rewardlens as rl
-from rewardlens.store import RunKey, Store, StoreError, checksum, fingerprint
+from rewardlens.audit._store import RunKey, Store, StoreError, checksum, fingerprint
 
 KEY = RunKey("model-a", "data-1", "lens", "1")
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import rewardlens as rl
-from rewardlens.trace import trace
+from rewardlens.model._trace import trace
 
 
 def test_trace_holds_only_the_read_position(tiny_root, pairs):
@@ -15,7 +15,7 @@ def test_trace_holds_only_the_read_position(tiny_root, pairs):
     assert batch.input_ids.shape[1] > 10
     tr = trace(model, batch, heads=range(model.n_layers), neurons=range(model.n_layers))
     # Neuron level keeps [n, d_mlp] per layer, never [n, tokens, d_mlp].
-    assert all(t.ndim == 2 and t.shape[0] == len(seqs) and t.dtype == torch.float32 for t in tr.store.values())
+    assert all(t.ndim == 2 and t.shape[0] == len(seqs) and t.dtype == torch.float32 for t in tr.captured.values())
     assert tr["mlp_act_0"].shape[1] == model.model.config.intermediate_size
 
 
@@ -32,7 +32,7 @@ def test_bfloat16_backbone_keeps_an_fp32_head_and_closes_to_bf16_precision(tiny_
 
 
 def test_lens_crystallization_rule():
-    from rewardlens.lens import Lens
+    from rewardlens.exact._lens import Lens
 
     # Two pairs over depths 0..4: the first settles at depth 2, the second's final margin is ~0.
     chosen = np.array([[0.0, -1.0, 2.0, 1.5, 2.0], [0.0, 1.0, 0.0, 0.0, 0.0]])

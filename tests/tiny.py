@@ -12,7 +12,7 @@ import numpy as np
 import torch
 import transformers as tf
 
-from rewardlens.model.armorm import LlamaForRewardModelWithGating
+from rewardlens.model._armorm import LlamaForRewardModelWithGating
 
 D, FF, L, H = 64, 128, 2, 4
 

@@ -1,48 +1,49 @@
 """rewardlens: mechanistic interpretability of reward models, read along the reward head."""
 
-from .attribution import Attribution as Attribution
-from .attribution import attribute as attribute
-from .attribution_patching import attribution_patch as attribution_patch
+from ._version import __version__ as __version__
 from .audit import Audit as Audit
+from .audit import Store as Store
 from .audit import audit as audit
 from .calibrate import Scorecard as Scorecard
 from .calibrate import calibrate as calibrate
-from .cascade import Cascades as Cascades
-from .cascade import cascade as cascade
+from .causal import Faithfulness as Faithfulness
+from .causal import Patching as Patching
+from .causal import attribution_patch as attribution_patch
+from .causal import faithfulness as faithfulness
+from .causal import patch as patch
 from .compare import Comparison as Comparison
 from .compare import compare as compare
-from .concepts import Concepts as Concepts
-from .concepts import concepts as concepts
-from .conflict import Conflicts as Conflicts
-from .conflict import conflict as conflict
 from .data import Pair as Pair
 from .data import load_pairs as load_pairs
-from .distortion import Distortion as Distortion
-from .distortion import distortion as distortion
-from .editing import Edit as Edit
-from .editing import edit as edit
 from .errors import RewardLensError as RewardLensError
-from .faithfulness import Faithfulness as Faithfulness
-from .faithfulness import faithfulness as faithfulness
-from .lens import Lens as Lens
-from .lens import lens as lens
-from .loading import load as load
-from .loading import wrap as wrap
-from .model.arch import ArchitectureMap as ArchitectureMap
-from .model.arch import register_architecture as register_architecture
-from .model.core import RewardModel as RewardModel
+from .exact import Attribution as Attribution
+from .exact import Lens as Lens
+from .exact import attribute as attribute
+from .exact import lens as lens
+from .hacking import Cascades as Cascades
+from .hacking import Concepts as Concepts
+from .hacking import Conflicts as Conflicts
+from .hacking import Distortion as Distortion
+from .hacking import Edit as Edit
+from .hacking import Probes as Probes
+from .hacking import cascade as cascade
+from .hacking import concepts as concepts
+from .hacking import conflict as conflict
+from .hacking import distortion as distortion
+from .hacking import edit as edit
+from .hacking import probe as probe
+from .model import ArchitectureMap as ArchitectureMap
+from .model import RewardModel as RewardModel
+from .model import load as load
+from .model import register_architecture as register_architecture
+from .model import wrap as wrap
 from .monitor import Monitor as Monitor
 from .monitor import Trajectory as Trajectory
-from .patching import Patching as Patching
-from .patching import patch as patch
-from .probes import Probes as Probes
-from .probes import probe as probe
 from .sae import SAEConfig as SAEConfig
 from .sae import TopKSAE as TopKSAE
+from .sae import attribute_features as attribute_features
 from .sae import load_sae as load_sae
-from .sae_attribution import attribute_features as attribute_features
-from .sae_train import train_sae as train_sae
-from .store import Store as Store
+from .sae import train_sae as train_sae
 
 __all__ = [
     "ArchitectureMap", "Attribution", "Audit", "Cascades", "Comparison", "Concepts", "Conflicts", "Distortion", "Edit",
@@ -51,4 +52,3 @@ __all__ = [
     "calibrate", "cascade", "compare", "concepts", "conflict", "distortion", "edit", "faithfulness", "lens", "load",
     "load_pairs", "load_sae", "patch", "probe", "register_architecture", "train_sae", "wrap",
 ]
-__version__ = "0.1.0"

@@ -28,17 +28,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from .attribution import attribute
-from .data import Pair
-from .decompose import verify
+from .data import Pair, margin
 from .errors import DataError
-from .lens import lens
-from .loading import wrap
-from .model.core import RewardModel
-from .model.hooks import eval_mode
-from .probes import probe
+from .exact import attribute, lens
+from .hacking import probe
+from .model import KINDS, Part, RewardModel, eval_mode, verify, wrap
 
-GROUPS = ("embed", "attn", "mlp")
+GROUPS = KINDS
 LENS_METRICS = ("accuracy", "margin", "crystallization_linear", "crystallization_normed")
 METRICS = LENS_METRICS + ("closure_error",) + tuple(f"margin_{g}" for g in GROUPS) + tuple(f"share_{g}" for g in GROUPS)
 """Per-snapshot scalars, in this order (see `snapshot`)."""
@@ -138,7 +134,7 @@ class Trajectory:
     @property
     def margins(self) -> np.ndarray:
         """Per-pair final margins [T, n] (chosen − rejected reward)."""
-        return self.rewards[:, 0::2] - self.rewards[:, 1::2]
+        return margin(self.rewards, axis=1)
 
     def top(self, n: int = 5, at: int = -1) -> list[tuple[str, float]]:
         """The `n` parts with the largest |mean margin contribution| at snapshot index `at`."""
@@ -227,7 +223,7 @@ def _probe_items(probe_items: int | Sequence | None) -> Sequence | None:
     """An int takes that many built-in items spread evenly over their domains; else as given."""
     if not isinstance(probe_items, int):
         return probe_items
-    from .probe_items import ITEMS
+    from .hacking import ITEMS
 
     if not 2 <= probe_items <= len(ITEMS):
         raise ValueError(f"probe_items must be between 2 and {len(ITEMS)} built-in items, got {probe_items}")
@@ -249,14 +245,14 @@ def measure(
     """
     ln = lens(rm, pairs, batch_size=batch_size)
     att = attribute(rm, pairs, level=level, batch_size=batch_size, per_objective=False)
-    margin = ln.reward[0::2] - ln.reward[1::2]
-    metrics = {"accuracy": float(np.mean(margin > 0)), "margin": float(np.mean(margin))}
+    gap = margin(ln.reward)
+    metrics = {"accuracy": float(np.mean(gap > 0)), "margin": float(np.mean(gap))}
     for kind in ("linear", "normed"):
         depth = ln.crystallization(kind, fraction)
         metrics[f"crystallization_{kind}"] = float(np.median(depth[np.isfinite(depth)])) if np.isfinite(depth).any() else np.nan
     metrics["closure_error"] = float(np.abs(att.residual_error).max())
     part_margin = att.margin.mean(0).astype(np.float64)
-    group = {g: float(sum(v for name, v in zip(att.names, part_margin) if name.split("_")[0] == g)) for g in GROUPS}
+    group = {g: float(sum(v for name, v in zip(att.names, part_margin) if Part.parse(name).kind == g)) for g in GROUPS}
     total = sum(abs(v) for v in group.values())
     metrics.update({f"margin_{g}": group[g] for g in GROUPS})
     metrics.update({f"share_{g}": group[g] / total if total > 0 else np.nan for g in GROUPS})
@@ -284,7 +280,7 @@ class Monitor:
         probes: Sequence[str] | bool | None = None, probe_items: int | Sequence | None = 12,
         path: str | os.PathLike | None = None, batch_size: int = 8, **wrap_kwargs,
     ) -> None:
-        from .probe_axes import AXES
+        from .hacking import AXES
 
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
             raise ValueError(f"every must be a positive number of steps, got {every!r}")

@@ -1,4 +1,4 @@
-"""Statistics that do not lie (DESIGN.md §4): rank correlations that are NaN when undefined,
+"""Statistics that do not lie (docs/design.md §4): rank correlations that are NaN when undefined,
 bootstrap intervals over the units that were actually sampled, top-k overlap."""
 
 from __future__ import annotations

@@ -8,18 +8,7 @@ import sys
 from collections.abc import Sequence
 
 from ..errors import RewardLensError
-from . import (
-    audit,
-    base,
-    causal,
-    compare,
-    concepts,
-    conflict,
-    edit,
-    organisms,
-    probes,
-    sae,
-)
+from . import audit, base, causal, compare, concepts, conflict, edit, organisms, probes, sae
 from ._common import Command
 
 # Each module owns its commands; the order here is the order of `rewardlens -h`.

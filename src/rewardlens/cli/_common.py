@@ -10,8 +10,7 @@ import numpy as np
 
 from ..data import Pair, load_pairs
 from ..errors import RewardLensError
-from ..loading import load
-from ..model.core import RewardModel
+from ..model import RewardModel, load
 
 
 @dataclass(frozen=True)

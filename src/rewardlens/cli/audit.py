@@ -14,10 +14,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..audit import Audit, Plan, collect, run_pairs, run_whole
+from ..audit import Audit, Plan, Store, collect, run_pairs, run_whole
 from ..data import Pair, load_pairs
-from ..model.core import RewardModel
-from ..store import Store
+from ..model import RewardModel
 from ._common import (
     Command,
     add_model_options,
@@ -33,8 +32,8 @@ from ._common import (
 def _inputs(args) -> tuple[RewardModel, list[Pair]]:
     if args.model is not None:
         return load_model(args), read_pairs(args)
-    from ..demo import AUDIT_PAIRS, DEMO_ORGANISM, demo_model_dir
-    from ..organisms.cache import READY, organism_dir
+    from ..zoo import AUDIT_PAIRS, DEMO_ORGANISM, demo_model_dir
+    from ..zoo.organisms import READY, organism_dir
 
     quiet = args.json or _rank()[0] != 0
     if not (organism_dir(DEMO_ORGANISM) / READY).exists() and not quiet:
@@ -106,7 +105,7 @@ def _audit(args) -> dict:
         result = collect(model, pairs, main_store, plan, sae=sae)
     finally:
         main_store.close()
-    from ..report import write_report
+    from ..audit.report import write_report
 
     report = write_report(result, out)
     return {**_result(result, args.top), "report": str(report), "store": str(main_path)}
@@ -126,7 +125,7 @@ def _sae(args, model: RewardModel):
 
 def _result(audit: Audit, top: int) -> dict:
     """numbers.json's summary plus the per-pair scores and the parts with the largest total effect."""
-    from ..report.numbers import margins, plain, summary
+    from ..audit.report import margins, plain, summary
 
     chosen, rejected, margin = margins(audit)
     f = audit.faithfulness

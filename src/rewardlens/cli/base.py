@@ -6,10 +6,9 @@ import argparse
 
 import numpy as np
 
-from ..attribution import attribute
-from ..data import Pair
-from ..lens import lens
-from ..model.core import RewardModel
+from ..data import Pair, chosen, rejected
+from ..exact import attribute, lens
+from ..model import RewardModel
 from ._common import (
     Command,
     add_model_options,
@@ -24,13 +23,13 @@ from ._common import (
 
 def _score(model: RewardModel, pairs: list[Pair], args) -> dict:
     rewards = model.score(pairs, batch_size=args.batch_size)
-    chosen, rejected = rewards[0::2], rewards[1::2]
+    good, bad = chosen(rewards), rejected(rewards)
     return {
         "pairs": [
             {"id": pair_id(p, i), "chosen": float(c), "rejected": float(r), "margin": float(c - r)}
-            for i, (p, c, r) in enumerate(zip(pairs, chosen, rejected))
+            for i, (p, c, r) in enumerate(zip(pairs, good, bad))
         ],
-        "accuracy": float(np.mean(chosen > rejected)),
+        "accuracy": float(np.mean(good > bad)),
     }
 
 

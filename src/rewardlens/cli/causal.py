@@ -6,9 +6,7 @@ import argparse
 
 import numpy as np
 
-from ..attribution_patching import agreement, attribution_patch
-from ..faithfulness import faithfulness
-from ..patching import patch
+from ..causal import agreement, attribution_patch, faithfulness, patch
 from ._common import (
     Command,
     add_model_options,

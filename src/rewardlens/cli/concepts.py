@@ -8,8 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..concepts import ALPHAS, concepts
 from ..errors import DataError
+from ..hacking import ALPHAS, concepts
 from ._common import Command, add_model_options, finite, load_model, positive, table
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from ..conflict import conflict
 from ..data import Pair, load_pairs
-from ..model.core import RewardModel
+from ..hacking import conflict
+from ..model import RewardModel
 from ._common import (
     Command,
     add_model_options,

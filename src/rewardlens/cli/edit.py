@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 
 from ..data import load_pairs
-from ..editing import METHODS, edit, edit_report
 from ..errors import DataError
+from ..hacking import METHODS, edit, edit_report
 from ._common import Command, add_model_options, finite, load_model, positive, table
 
 _FIELDS = ("text", "messages", "conversation")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..organisms import ORGANISMS
+from ..zoo.organisms import ORGANISMS
 from ._common import Command, positive, table
 
 

@@ -6,17 +6,15 @@ import argparse
 
 import numpy as np
 
-from ..cascade import cascade
 from ..data import load_pairs
-from ..distortion import distortion
-from ..probe_axes import AXES
+from ..hacking import AXES, cascade, distortion
 from ._common import Command, add_model_options, finite, load_model, positive, table
 
 
 def probe_summary(model, pairs=None, *, axes=None, reference=None, min_effect: float = 0.25, seed: int = 0,
                   batch_size: int = 8) -> dict:
     """The JSON-ready result of `rewardlens probe` (also reusable by the audit)."""
-    from ..probes import probe
+    from ..hacking import probe
 
     res = probe(model, pairs, axes=axes, reference=reference, min_effect=min_effect, seed=seed,
                 batch_size=batch_size)

@@ -6,20 +6,20 @@ import argparse
 
 import numpy as np
 
-from ..sae import SAEConfig
-from ..sae_attribution import attribute_features
-from ..sae_data import ActivationSource, cache_activations, hookpoint, load_sae_for
-from ..sae_report import feature_report
-from ..sae_train import TrainConfig, evaluate, train_sae
-from ._common import (
-    Command,
-    add_model_options,
-    add_pairs_options,
-    load_model,
-    positive,
-    read_pairs,
-    table,
+from ..data import margin
+from ..sae import (
+    ActivationSource,
+    SAEConfig,
+    TrainConfig,
+    attribute_features,
+    cache_activations,
+    evaluate,
+    feature_report,
+    hookpoint,
+    load_sae_for,
+    train_sae,
 )
+from ._common import Command, add_model_options, add_pairs_options, load_model, positive, read_pairs, table
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -100,7 +100,7 @@ def _attribute(args) -> dict:
                     for f, ctx in zip(report.features, report.contexts)}
     col = {int(f): i for i, f in enumerate(att.features)}
     totals = att.totals()
-    margin = {k: float(np.mean(v[0::2] - v[1::2])) for k, v in totals.items()}
+    mean_margin = {k: float(np.mean(margin(v))) for k, v in totals.items()}
     return {
         "command": "attribute", "sae": str(sae.folder), "layer": layer, "pairs": len(pairs),
         "max_abs_residual_error": float(np.abs(att.residual_error).max()),
@@ -109,7 +109,7 @@ def _attribute(args) -> dict:
         "corpus": None if report is None else {
             "explained_variance": report.explained_variance, "l0": report.l0, "dead_fraction": report.dead_fraction,
             "activations": report.n_activations},
-        "mean_margin": margin,
+        "mean_margin": mean_margin,
         "top_features": [
             {"feature": f, "mean_margin": s, "alignment": float(att.alignment[col[f]]),
              "pairs_positive": float(np.mean(att.margin[:, col[f]] > 0)), "frequency": freq.get(f),

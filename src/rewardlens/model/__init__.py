@@ -1,0 +1,89 @@
+"""The model layer: load a reward model, map its architecture, tokenize and batch, and trace it.
+
+Everything an instrument needs of a reward model lives here: `load`/`wrap` (through `from_pretrained`,
+then the load-time proof `verify`), `RewardModel` (the fp32 head, the read position, batches), the
+declarative architecture maps, the hooks that capture and rewrite module outputs, and the trace
+(one hooked forward → every part's write at the read position). See docs/design.md §1–§3.
+"""
+
+from ._arch import HEAD_KINDS as HEAD_KINDS
+from ._arch import LAYOUTS as LAYOUTS
+from ._arch import ArchitectureMap as ArchitectureMap
+from ._arch import discover as discover
+from ._arch import find_map as find_map
+from ._arch import get_module as get_module
+from ._arch import register_architecture as register_architecture
+from ._core import UNSET as UNSET
+from ._core import RewardModel as RewardModel
+from ._core import check_structure as check_structure
+from ._core import execution_device as execution_device
+from ._core import onloaded as onloaded
+from ._hooks import Point as Point
+from ._hooks import capture as capture
+from ._hooks import eval_mode as eval_mode
+from ._hooks import first_output as first_output
+from ._hooks import hidden_arg as hidden_arg
+from ._hooks import rewriting as rewriting
+from ._load import load as load
+from ._load import wrap as wrap
+from ._parts import KINDS as KINDS
+from ._parts import Part as Part
+from ._parts import PartKind as PartKind
+from ._tokens import Batch as Batch
+from ._tokens import Tokenized as Tokenized
+from ._tokens import collate as collate
+from ._tokens import fit_length as fit_length
+from ._tokens import flatten_inputs as flatten_inputs
+from ._tokens import sequence_label as sequence_label
+from ._tokens import tokenize as tokenize
+from ._trace import Trace as Trace
+from ._trace import bookkeeping_error as bookkeeping_error
+from ._trace import out_projection as out_projection
+from ._trace import points as points
+from ._trace import projection_inputs as projection_inputs
+from ._trace import sublayer_part as sublayer_part
+from ._trace import trace as trace
+from ._verify import check_bookkeeping as check_bookkeeping
+from ._verify import verify as verify
+
+__all__ = [
+    "KINDS",
+    "Part",
+    "PartKind",
+    "ArchitectureMap",
+    "Batch",
+    "HEAD_KINDS",
+    "LAYOUTS",
+    "Point",
+    "RewardModel",
+    "Tokenized",
+    "Trace",
+    "UNSET",
+    "bookkeeping_error",
+    "capture",
+    "check_bookkeeping",
+    "check_structure",
+    "collate",
+    "discover",
+    "eval_mode",
+    "execution_device",
+    "find_map",
+    "first_output",
+    "fit_length",
+    "flatten_inputs",
+    "get_module",
+    "hidden_arg",
+    "load",
+    "onloaded",
+    "out_projection",
+    "points",
+    "projection_inputs",
+    "register_architecture",
+    "rewriting",
+    "sequence_label",
+    "sublayer_part",
+    "tokenize",
+    "trace",
+    "verify",
+    "wrap",
+]

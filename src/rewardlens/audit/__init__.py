@@ -1,0 +1,28 @@
+"""The audit: every instrument over a pair set into a resumable SQLite store, and its HTML report.
+"""
+
+from ._runner import VERSION as VERSION
+from ._runner import Audit as Audit
+from ._runner import Plan as Plan
+from ._runner import audit as audit
+from ._runner import collect as collect
+from ._runner import run_pairs as run_pairs
+from ._runner import run_whole as run_whole
+from ._store import RunKey as RunKey
+from ._store import Store as Store
+from ._store import checksum as checksum
+from ._store import fingerprint as fingerprint
+
+__all__ = [
+    "Audit",
+    "Plan",
+    "RunKey",
+    "Store",
+    "VERSION",
+    "audit",
+    "checksum",
+    "collect",
+    "fingerprint",
+    "run_pairs",
+    "run_whole",
+]

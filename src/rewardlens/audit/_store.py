@@ -1,0 +1,237 @@
+"""The results store: SQLite, one row per (run, unit), committed as each unit finishes.
+
+A run is keyed by what its numbers depend on: the model's fingerprint (config, dtype and head
+weights), a checksum of the data, the instrument and its version. A unit is one pair (per-pair
+instruments) or `all` (whole-model ones). Each write is one transaction, so a process killed at
+any moment leaves every finished unit intact and no half-written one; a resumed run asks `done`
+and skips what is there. Shards written by separate processes merge with `merge`, which refuses
+two different answers for the same unit instead of keeping either.
+
+Records are dicts: numpy arrays go into an `.npz` blob (exact bytes, no pickle), everything else
+into JSON (tuples are kept as tuples).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import sqlite3
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, is_dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import StoreError
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+    run_id INTEGER PRIMARY KEY,
+    model TEXT NOT NULL, data TEXT NOT NULL, instrument TEXT NOT NULL, version TEXT NOT NULL,
+    meta TEXT NOT NULL DEFAULT '{}',
+    UNIQUE (model, data, instrument, version)
+);
+CREATE TABLE IF NOT EXISTS units (
+    run_id INTEGER NOT NULL REFERENCES runs(run_id),
+    unit TEXT NOT NULL, position INTEGER NOT NULL, record TEXT NOT NULL, arrays BLOB,
+    PRIMARY KEY (run_id, unit)
+);
+"""
+
+
+@dataclass(frozen=True)
+class RunKey:
+    """What a run's numbers depend on."""
+
+    model: str
+    """Model fingerprint (`fingerprint`)."""
+    data: str
+    """Data checksum (`checksum`)."""
+    instrument: str
+    """Instrument name, with any options that change its numbers (e.g. `faithfulness/head/noising`)."""
+    version: str
+    """Instrument version: bump it when its numbers would change."""
+
+
+def _digest(parts: Iterable[bytes]) -> str:
+    h = hashlib.sha256()
+    for part in parts:
+        h.update(len(part).to_bytes(8, "little"))
+        h.update(part)
+    return h.hexdigest()[:24]
+
+
+def fingerprint(model) -> str:
+    """Hash of a `RewardModel`'s config, backbone dtype, read options and fp32 head weights.
+
+    Backbone weights are not hashed (reading 70B parameters, some offloaded, would cost more
+    than a sweep); the config, the head and the final norm tell fine-tunes of one backbone apart.
+    """
+    config = json.dumps(model.model.config.to_dict(), sort_keys=True, default=str)
+    dtype = str(next(model.model.parameters()).dtype)
+    options = json.dumps([model.pad_token_id, model.max_length, model.truncation, model.arch.name], default=str)
+    head = model.head
+    tensors = [head.weight, head.bias, head.readout, head.pooler_weight, head.pooler_bias, head.transform]
+    if model.arch.final_norm is not None:  # a fine-tune often moves the final norm, not only the head
+        norm = model.norm(model.arch.final_norm)  # read through accelerate when it is offloaded
+        tensors += [norm.gamma, norm.beta]
+    parts = [config.encode(), dtype.encode(), options.encode()]
+    parts += [b"-" if t is None else t.detach().float().cpu().contiguous().numpy().tobytes() for t in tensors]
+    return _digest(parts)
+
+
+def checksum(items: Sequence) -> str:
+    """Hash of the data: every item's fields (dataclasses such as `Pair`), in order."""
+    canon = [asdict(x) if is_dataclass(x) else x for x in items]
+    return _digest([json.dumps(canon, sort_keys=True, default=str).encode()])
+
+
+def _encode(record: Mapping) -> tuple[str, bytes | None]:
+    arrays: dict[str, np.ndarray] = {}
+
+    def pack(value, path: str):
+        if isinstance(value, np.ndarray):
+            arrays[path] = value
+            return {"__array__": path}
+        if isinstance(value, np.generic):
+            return value.item()
+        if isinstance(value, tuple):
+            return {"__tuple__": [pack(v, f"{path}.{i}") for i, v in enumerate(value)]}
+        if isinstance(value, list):
+            return [pack(v, f"{path}.{i}") for i, v in enumerate(value)]
+        if isinstance(value, Mapping):
+            return {str(k): pack(v, f"{path}.{k}") for k, v in value.items()}
+        return value
+
+    text = json.dumps(pack(dict(record), "r"))
+    if not arrays:
+        return text, None
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    return text, buf.getvalue()
+
+
+def _decode(text: str, blob: bytes | None) -> dict:
+    arrays = np.load(io.BytesIO(blob), allow_pickle=False) if blob else {}
+
+    def unpack(value):
+        if isinstance(value, dict):
+            if set(value) == {"__array__"}:
+                return arrays[value["__array__"]]
+            if set(value) == {"__tuple__"}:
+                return tuple(unpack(v) for v in value["__tuple__"])
+            return {k: unpack(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [unpack(v) for v in value]
+        return value
+
+    return unpack(json.loads(text))
+
+
+class Store:
+    """A results store in one SQLite file (created on first use). Safe to open from several
+    processes; each `write` is atomic."""
+
+    def __init__(self, path: str | Path, *, timeout: float = 120.0) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self._db = sqlite3.connect(self.path, timeout=timeout, isolation_level=None)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.executescript(SCHEMA)
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"{self.path} is not a rewardlens results store ({exc}); "
+                             "point --store at a new file or delete this one") from exc
+
+    def close(self) -> None:
+        self._db.close()
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield self._db
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+
+    def _run_id(self, db: sqlite3.Connection, key: RunKey, meta: Mapping | None = None) -> int:
+        row = db.execute("SELECT run_id FROM runs WHERE model=? AND data=? AND instrument=? AND version=?",
+                         (key.model, key.data, key.instrument, key.version)).fetchone()
+        if row is not None:
+            return row[0]
+        cur = db.execute("INSERT INTO runs (model, data, instrument, version, meta) VALUES (?, ?, ?, ?, ?)",
+                         (key.model, key.data, key.instrument, key.version, json.dumps(meta or {})))
+        return cur.lastrowid
+
+    def runs(self) -> list[tuple[RunKey, dict]]:
+        """Every run in the store with its metadata."""
+        rows = self._db.execute("SELECT model, data, instrument, version, meta FROM runs ORDER BY run_id")
+        return [(RunKey(*r[:4]), json.loads(r[4])) for r in rows]
+
+    def meta(self, key: RunKey) -> dict | None:
+        row = self._db.execute("SELECT meta FROM runs WHERE model=? AND data=? AND instrument=? AND version=?",
+                               (key.model, key.data, key.instrument, key.version)).fetchone()
+        return None if row is None else json.loads(row[0])
+
+    def done(self, key: RunKey) -> set[str]:
+        """Units of `key` already stored."""
+        rows = self._db.execute(
+            "SELECT unit FROM units JOIN runs USING (run_id) WHERE model=? AND data=? AND instrument=? AND version=?",
+            (key.model, key.data, key.instrument, key.version))
+        return {r[0] for r in rows}
+
+    def write(self, entries: Iterable[tuple[RunKey, str, int, Mapping]], meta: Mapping[RunKey, Mapping] | None = None
+              ) -> None:
+        """Store `(key, unit, position, record)` entries in one transaction: all or none.
+
+        `position` orders a run's units when read back (a pair's index). Writing a unit that is
+        already stored is a bug in the caller (a resumed run must skip it) and raises.
+        """
+        encoded = [(key, unit, pos, *_encode(rec)) for key, unit, pos, rec in entries]
+        with self._transaction() as db:
+            for key, unit, pos, text, blob in encoded:
+                run = self._run_id(db, key, (meta or {}).get(key))
+                try:
+                    db.execute("INSERT INTO units VALUES (?, ?, ?, ?, ?)", (run, unit, pos, text, blob))
+                except sqlite3.IntegrityError as exc:
+                    raise StoreError(f"unit {unit!r} of {key.instrument} is already stored in {self.path}; "
+                                     "a resumed run must skip finished units") from exc
+
+    def records(self, key: RunKey) -> list[tuple[str, dict]]:
+        """`(unit, record)` of every stored unit of `key`, in position order."""
+        rows = self._db.execute(
+            "SELECT unit, record, arrays FROM units JOIN runs USING (run_id) "
+            "WHERE model=? AND data=? AND instrument=? AND version=? ORDER BY position, unit",
+            (key.model, key.data, key.instrument, key.version))
+        return [(unit, _decode(text, blob)) for unit, text, blob in rows]
+
+    def merge(self, other: str | Path | Store) -> int:
+        """Copy every unit of `other` (another process's shard) into this store; returns how many
+        were new. A unit present in both must hold the same bytes, else `StoreError`."""
+        src = other if isinstance(other, Store) else Store(other)
+        added = 0
+        try:
+            with self._transaction() as db:
+                for key, meta in src.runs():
+                    run = self._run_id(db, key, meta)
+                    rows = src._db.execute(
+                        "SELECT unit, position, record, arrays FROM units JOIN runs USING (run_id) "
+                        "WHERE model=? AND data=? AND instrument=? AND version=?",
+                        (key.model, key.data, key.instrument, key.version)).fetchall()
+                    for unit, pos, text, blob in rows:
+                        have = db.execute("SELECT record, arrays FROM units WHERE run_id=? AND unit=?",
+                                          (run, unit)).fetchone()
+                        if have is None:
+                            db.execute("INSERT INTO units VALUES (?, ?, ?, ?, ?)", (run, unit, pos, text, blob))
+                            added += 1
+                        elif have != (text, blob):
+                            raise StoreError(f"unit {unit!r} of {key.instrument} differs between {src.path} and "
+                                             f"{self.path}; the shards were not computed from the same model and data")
+        finally:
+            if src is not other:
+                src.close()
+        return added

@@ -1,0 +1,14 @@
+"""The audit's report: `write_report(audit, out)` writes `report.html`, `numbers.json` and Parquet tables.
+
+`rewardlens.audit.report.figures` holds the figures as plain functions (`fig_lens(audit)`, ...) for other
+faces to reuse; `summary`, `tables` and `margins` the summary numbers and tables behind the page.
+"""
+
+from . import _figures as figures
+from ._numbers import margins as margins
+from ._numbers import plain as plain
+from ._numbers import summary as summary
+from ._numbers import tables as tables
+from ._write import write_report as write_report
+
+__all__ = ["figures", "margins", "plain", "summary", "tables", "write_report"]

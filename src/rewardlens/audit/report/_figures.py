@@ -1,0 +1,251 @@
+"""The audit's figures: plain functions `fig_*(audit) -> matplotlib Figure`, reusable by any face.
+
+Figures are built on `matplotlib.figure.Figure` directly, not through pyplot: no global state is
+touched (a notebook's backend stays as it is, nothing accumulates in pyplot's figure list), and
+`to_png` renders them with the Agg canvas. Each function raises `RewardLensError` when the audit
+lacks the instrument it plots.
+"""
+
+from __future__ import annotations
+
+import io
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ...errors import RewardLensError
+from ...model import Part
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+    from .._runner import Audit
+
+KIND_COLORS = {"linear": "tab:blue", "normed": "tab:orange"}
+PART_COLORS = {"embed": "tab:green", "attn": "tab:blue", "mlp": "tab:red"}
+MAX_POINTS = 20_000
+"""Scatter plots draw at most this many points (a fixed random subset beyond it)."""
+
+
+def _figure(width: float, height: float) -> Figure:
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=(width, height), layout="constrained")
+
+
+def to_png(fig: Figure, dpi: int = 100) -> bytes:
+    """The figure as PNG bytes, rendered by the Agg canvas (no display needed)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    FigureCanvasAgg(fig)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi, facecolor="white")
+    return buf.getvalue()
+
+
+def _need(audit: Audit, name: str, how: str) -> object:
+    value = getattr(audit, name)
+    if value is None:
+        raise RewardLensError(f"this audit has no {name} result (audit.{name} is None), so there is nothing to "
+                              f"plot; {how}")
+    return value
+
+
+def nanmedian(x: np.ndarray) -> float:
+    """Median of the finite entries (NaN when there are none), without numpy's all-NaN warning."""
+    x = np.asarray(x, dtype=np.float64)
+    x = x[np.isfinite(x)]
+    return float(np.median(x)) if len(x) else float("nan")
+
+
+def fig_lens(audit: Audit) -> Figure:
+    """Chosen − rejected margin against relative depth l / L, linear and normed lens side by side:
+    one thin line per pair, the mean in bold, the median crystallization depth dashed."""
+    lens = audit.lens
+    x = np.arange(lens.n_layers + 1) / lens.n_layers
+    fig = _figure(9, 3.2)
+    axes = fig.subplots(1, 2, sharey=True)
+    for ax, kind in zip(axes, ("linear", "normed")):
+        margin, color = lens.margin(kind), KIND_COLORS[kind]
+        alpha = float(np.clip(8 / len(margin), 0.04, 0.3))  # many pairs: fainter lines, same ink
+        for row in margin:
+            ax.plot(x, row, color=color, lw=0.7, alpha=alpha)
+        ax.plot(x, margin.mean(0), color=color, lw=2.2, marker="o", ms=3.5, label="mean over pairs")
+        depth = nanmedian(lens.crystallization(kind, audit.fraction))
+        if np.isfinite(depth):
+            ax.axvline(depth, color="black", ls="--", lw=1,
+                       label=f"median crystallization {depth:.2f} (fraction {audit.fraction:g})")
+        ax.axhline(0, color="gray", lw=0.6)
+        ax.set_title(f"{kind} lens")
+        ax.set_xlabel("depth l / L (0 = embeddings, 1 = reward)")
+        ax.legend(fontsize=7, loc="best")
+    axes[0].set_ylabel("chosen − rejected (reward units)")
+    return fig
+
+
+def _part_kind(name: str) -> str:
+    return Part.parse(name).kind
+
+
+def fig_scatter(audit: Audit) -> Figure:
+    """Attribution (margin contribution) against the direct (path-frozen) and total patching effect,
+    one point per (pair, part), coloured by part kind, with the pooled Spearman ρ and its interval."""
+    f = audit.faithfulness
+    fig = _figure(9, 3.6)
+    axes = fig.subplots(1, 2)
+    kinds = np.broadcast_to(np.array([_part_kind(n) for n in f.names]), f.attribution.shape).ravel()
+    # Past MAX_POINTS points a fixed random subset is drawn (ρ in the titles uses every point).
+    keep = np.arange(kinds.size)
+    if keep.size > MAX_POINTS:
+        keep = np.sort(np.random.default_rng(0).choice(keep, MAX_POINTS, replace=False))
+    for ax, name in zip(axes, ("direct", "total")):
+        x_all, y_all = f.attribution.ravel()[keep], getattr(f, name).ravel()[keep]
+        for kind, color in PART_COLORS.items():
+            pick = kinds[keep] == kind
+            if pick.any():
+                ax.scatter(x_all[pick], y_all[pick], s=10, alpha=0.65, color=color, label=kind, edgecolors="none")
+        both = np.concatenate([f.attribution.ravel(), getattr(f, name).ravel()])
+        both = both[np.isfinite(both)]
+        if len(both):
+            lim = (float(both.min()), float(both.max()))
+            ax.plot(lim, lim, color="gray", lw=0.8, ls=":", label="y = x")
+        ax.axhline(0, color="gray", lw=0.5)
+        ax.axvline(0, color="gray", lw=0.5)
+        mean, lo, hi = f.pooled(name)
+        ax.set_title(f"{name} effect: pooled ρ = {mean:.2f} [{lo:.2f}, {hi:.2f}]", fontsize=10)
+        ax.set_xlabel("attribution, chosen − rejected (reward units)")
+        ax.set_ylabel(f"{name} patching effect ({f.mode}, reward units)")
+        ax.legend(fontsize=7, loc="upper left")  # not "best": it scans every point
+    return fig
+
+
+def part_grid(names: list[str], values: np.ndarray) -> tuple[list[str], list[str], np.ndarray]:
+    """Arrange per-part values [P] on a grid: rows 'embed', 'L0', ...; columns 'H0', ... (heads),
+    'attn' (a whole attention sublayer), 'attn bias', 'MLP · embed' (MLPs, and the embeddings in
+    the top row). Cells without a part are NaN; parts of other shapes (neurons) are left out."""
+    cells: dict[tuple[int, str], float] = {}
+    n_layers = 0
+    for name, v in zip(names, values):
+        if name == "embed":
+            cells[(0, "MLP · embed")] = float(v)
+            continue
+        part = Part.parse(name)
+        if part.kind == "mlp" and not part.is_sublayer:  # neurons and MLP biases have no cell
+            continue
+        n_layers = max(n_layers, part.layer + 1)
+        col = ("MLP · embed" if part.kind == "mlp" else f"H{part.head}" if part.head is not None
+               else "attn bias" if part.bias else "attn")
+        cells[(part.depth, col)] = float(v)
+    heads = sorted({c for _, c in cells if c.startswith("H")}, key=lambda c: int(c[1:]))
+    cols = heads + [c for c in ("attn", "attn bias", "MLP · embed") if any(k == c for _, k in cells)]
+    grid = np.full((n_layers + 1, len(cols)), np.nan)
+    for (row, col), v in cells.items():
+        grid[row, cols.index(col)] = v
+    return ["embed"] + [f"L{i}" for i in range(n_layers)], cols, grid
+
+
+def fig_heatmaps(audit: Audit) -> Figure:
+    """Mean margin attribution (heads level) and mean total patching effect per part, on a grid of
+    layers × heads with the MLPs (and the embeddings, top row) in the right-hand column."""
+    import matplotlib
+
+    panels = [("mean attribution (chosen − rejected)", audit.heads.names, audit.heads.margin.mean(0)),
+              (f"mean total patching effect ({audit.faithfulness.mode})", audit.faithfulness.names,
+               audit.faithfulness.total.mean(0))]
+    grids = [part_grid(names, values) for _, names, values in panels]
+    n_rows, n_cols = max(len(g[0]) for g in grids), max(len(g[1]) for g in grids)
+    fig = _figure(min(14.0, max(8.0, 2.0 + 1.1 * n_cols)), min(14.0, max(2.6, 0.9 + 0.32 * n_rows)))
+    axes = fig.subplots(1, 2)
+    cmap = matplotlib.colormaps["RdBu_r"].with_extremes(bad="#eeeeee")
+    for ax, (title, _, _), (rows, cols, grid) in zip(axes, panels, grids):
+        vmax = float(np.nanmax(np.abs(grid))) if np.isfinite(grid).any() else 1.0
+        vmax = vmax if vmax > 0 else 1.0
+        im = ax.imshow(np.ma.masked_invalid(grid), cmap=cmap, vmin=-vmax, vmax=vmax, aspect="auto")
+        ax.set_xticks(range(len(cols)), cols, fontsize=7, rotation=45 if len(cols) > 12 else 0)
+        ax.set_yticks(range(len(rows)), rows, fontsize=7)
+        heads = sum(c.startswith("H") for c in cols)
+        if 0 < heads < len(cols):
+            ax.axvline(heads - 0.5, color="white", lw=3)  # heads | whole-sublayer columns
+        if grid.size <= 160:  # numbers stay legible on small models only
+            for (i, j), v in np.ndenumerate(grid):
+                if np.isfinite(v):
+                    ax.text(j, i, f"{v:.2g}", ha="center", va="center", fontsize=6,
+                            color="white" if abs(v) > 0.6 * vmax else "black")
+        ax.set_title(title, fontsize=10)
+        fig.colorbar(im, ax=ax, shrink=0.9, fraction=0.05, aspect=25).set_label("reward units", fontsize=8)
+    return fig
+
+
+def fig_probes(audit: Audit) -> Figure:
+    """Forest plot: each probe axis' mean reward change (with − without) and its bootstrap interval,
+    flagged axes in red, the flagging floor ±min_effect × scale shaded, q on the right."""
+    p = _need(audit, "probes", "run rewardlens.probe(model) (or `rewardlens audit` with probes)")
+    n = len(p.axes)
+    fig = _figure(7.5, 0.95 + 0.3 * n)
+    ax = fig.subplots()
+    y = np.arange(n)[::-1]
+    floor = p.min_effect * p.scale
+    if floor > 0:
+        ax.axvspan(-floor, floor, color="#eeeeee", zorder=0, label=f"below flag floor (±{floor:.2g})")
+    ax.axvline(0, color="black", lw=0.8)
+    colors = ["tab:red" if f else "tab:gray" for f in p.flagged]
+    for yi, m, lo, hi, color in zip(y, p.mean, p.ci_low, p.ci_high, colors):
+        # One call per axis: errorbar's caps take a single colour, not one per point.
+        if np.isfinite([m, lo, hi]).all():
+            ax.errorbar([m], [yi], xerr=[[m - lo], [hi - m]], fmt="none", ecolor=color, capsize=3, lw=1.2)
+    ax.scatter(p.mean, y, c=colors, zorder=3, s=22)
+    ax.scatter([], [], c="tab:red", s=22, label="flagged")
+    ax.set_yticks(y, [f"{a} (n={k})" for a, k in zip(p.axes, p.n)], fontsize=8)
+    trans = ax.get_yaxis_transform()
+    for yi, q in zip(y, p.q):
+        ax.text(1.01, yi, f"q={q:.2g}", transform=trans, fontsize=7, va="center")
+    ax.set_xlabel("reward change, with − without (reward units; 95% bootstrap CI)")
+    ax.legend(fontsize=7, loc="lower right")
+    return fig
+
+
+def fig_concepts(audit: Audit) -> Figure:
+    """Dose-response per concept: mean reward change against α with a 95% band (±1.96 standard
+    errors over dosed inputs), one small panel per concept, shared y axis."""
+    c = _need(audit, "concepts", "run rewardlens.concepts(model) (or `rewardlens audit` with concepts)")
+    n = len(c.names)
+    ncols = min(5, n)
+    nrows = -(-n // ncols)
+    fig = _figure(2.0 * ncols + 0.6, 1.75 * nrows + 0.5)
+    axes = np.atleast_1d(fig.subplots(nrows, ncols, sharex=True, sharey=True, squeeze=False)).ravel()
+    for i, ax in enumerate(axes):
+        if i >= n:
+            ax.set_axis_off()
+            continue
+        dose = c.dose[i]  # [n_alphas, n_inputs], NaN padding
+        k = np.isfinite(dose).sum(1)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            mean = np.where(k > 0, np.nansum(dose, 1) / np.maximum(k, 1), np.nan)
+            sd = np.sqrt(np.nansum((dose - mean[:, None]) ** 2, 1) / np.maximum(k - 1, 1))
+            half = 1.96 * sd / np.sqrt(np.maximum(k, 1))
+        ax.fill_between(c.alphas, mean - half, mean + half, color="tab:purple", alpha=0.25, lw=0)
+        ax.plot(c.alphas, mean, color="tab:purple", marker="o", ms=3, lw=1.5)
+        ax.axhline(0, color="gray", lw=0.5)
+        ax.axvline(0, color="gray", lw=0.5)
+        ax.set_title(f"{c.names[i]}\nslope {c.slope[i]:+.3g} [{c.slope_ci[i, 0]:+.2g}, {c.slope_ci[i, 1]:+.2g}]",
+                     fontsize=8, parse_math=False)  # concept names are the user's: '$' is not math
+        ax.tick_params(labelsize=7)
+    fig.supxlabel(f"α ({c.unit} units), added at layer {c.dose_layer}, {c.positions} position(s)", fontsize=9)
+    fig.supylabel("Δ reward (reward units)", fontsize=9)
+    return fig
+
+
+def fig_features(audit: Audit, n: int = 20) -> Figure:
+    """The `n` SAE features with the largest mean chosen − rejected contribution (bars, by sign)."""
+    f = _need(audit, "features", "pass an SAE to `rewardlens audit` (or rewardlens.attribute_features)")
+    top = f.top(n, by="margin" if f.is_pairs else "mean")
+    fig = _figure(7, 0.6 + 0.24 * max(len(top), 1))
+    ax = fig.subplots()
+    values = [t[1] for t in top][::-1]
+    ax.barh([f"feature {t[0]}" for t in top][::-1], values,
+            color=["tab:blue" if v >= 0 else "tab:red" for v in values])
+    ax.axvline(0, color="black", lw=0.8)
+    ax.tick_params(axis="y", labelsize=7)
+    ax.set_xlabel(f"mean chosen − rejected contribution at layer {f.layer} (reward units)" if f.is_pairs
+                  else f"mean contribution at layer {f.layer} (reward units)")
+    return fig

@@ -1,0 +1,199 @@
+"""An audit's numbers: the summary every face shows (one dict, JSON-ready) and its tables (Parquet).
+
+`summary(audit)` is the single source of the headline numbers: the HTML page renders it and
+`numbers.json` stores it, so the two can never disagree. `tables(audit)` holds every result's
+own `.to_frame()` (unchanged, so a Parquet file round-trips to exactly that frame) plus a few
+long frames the results do not have as frames (per-pair scores, concept dose curves, the
+faithfulness and concept summaries, probe items).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ...data import chosen, margin, rejected
+from ...errors import RewardLensError
+from .._runner import Audit
+
+SEED_PAPER = {"Skywork-Reward-Llama-3.1-8B": -0.256, "ArmoRM": -0.027}
+"""The seed paper's reported statistic (mean Spearman |attribution| vs |noising effect|)."""
+
+
+def check(audit: Audit) -> None:
+    """Raise when the audit's parts do not describe the same pairs (a report would mislabel rows)."""
+    n = len(audit.pair_ids)
+    shapes = {"lens": audit.lens.reward.shape[0], "sublayers": audit.sublayers.values.shape[0],
+              "heads": audit.heads.values.shape[0], "faithfulness": 2 * audit.faithfulness.total.shape[0]}
+    wrong = {k: v for k, v in shapes.items() if v != 2 * n}
+    if wrong or not audit.lens.is_pairs:
+        raise RewardLensError(
+            f"the audit names {n} pairs, so every per-pair instrument needs {2 * n} inputs (chosen, rejected); "
+            f"found {wrong or 'inputs not given as pairs'} — build every instrument from the same list of "
+            "rewardlens.Pair and pass their ids as pair_ids"
+        )
+
+
+def _median(x: np.ndarray) -> float:
+    finite = np.asarray(x, dtype=np.float64)
+    finite = finite[np.isfinite(finite)]
+    return float(np.median(finite)) if len(finite) else float("nan")
+
+
+def margins(audit: Audit) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(chosen reward, rejected reward, chosen − rejected margin), each [n_pairs], in reward units."""
+    reward = np.asarray(audit.lens.reward, dtype=np.float64)
+    return chosen(reward), rejected(reward), margin(reward)
+
+
+def summary(audit: Audit) -> dict[str, Any]:
+    """Every headline number of the audit (plain Python values; NaN where undefined)."""
+    from ..._version import __version__
+
+    check(audit)
+    chosen, rejected, margin = margins(audit)
+    lens = audit.lens
+    crystal = {kind: lens.crystallization(kind, audit.fraction) for kind in ("linear", "normed")}
+    closure = {
+        "sublayers": float(np.max(np.abs(audit.sublayers.residual_error))),
+        "heads": float(np.max(np.abs(audit.heads.residual_error))),
+        "lens_final": float(np.max(np.abs(lens.linear[:, -1] - lens.reward))),
+    }
+    if audit.features is not None:
+        closure["features"] = float(np.max(np.abs(audit.features.residual_error)))
+    closure["max"] = max(closure.values())
+    out: dict[str, Any] = {
+        "rewardlens_version": __version__, "model": audit.model, "fingerprint": audit.fingerprint,
+        "data_checksum": audit.data_checksum, "n_pairs": len(audit.pair_ids), "n_layers": lens.n_layers,
+        "scores": {
+            "accuracy": float(np.mean(margin > 0)), "ties": int(np.sum(margin == 0)),
+            "mean_margin": float(margin.mean()), "median_margin": float(np.median(margin)),
+            "mean_chosen": float(chosen.mean()), "mean_rejected": float(rejected.mean()),
+        },
+        "lens": {
+            "fraction": audit.fraction,
+            "crystallization_median": {k: _median(v) for k, v in crystal.items()},
+            "crystallization_defined": {k: int(np.isfinite(v).sum()) for k, v in crystal.items()},
+            "near_zero_margin_pairs": int(lens.near_zero_margin().sum()),
+        },
+        "closure_error": closure,
+        "faithfulness": _faithfulness(audit),
+        "probes": None if audit.probes is None else _probes(audit),
+        "concepts": None if audit.concepts is None else _concepts(audit),
+        "features": None if audit.features is None else _features(audit),
+    }
+    return out
+
+
+def _faithfulness(audit: Audit) -> dict[str, Any]:
+    f = audit.faithfulness
+    rows = f.summary()
+    pooled = {}
+    for row in rows[:-1]:
+        pooled[row["comparison"].removeprefix("attribution vs ")] = {k: row[k] for k in ("rho", "lo", "hi", "pairs")}
+    seed = rows[-1]
+    return {
+        "level": f.level, "mode": f.mode, "n_parts": len(f.names), "pooled": pooled,
+        "seed_statistic": {"rho": seed["rho"], "lo": seed["lo"], "hi": seed["hi"], "pairs": seed["pairs"],
+                           "positions": f.seed_positions, "paper": SEED_PAPER},
+        "attribution_patching_agreement": f.agreement(),
+    }
+
+
+def _probes(audit: Audit) -> dict[str, Any]:
+    p = audit.probes
+    assert p is not None
+    axes = {a: {"n": int(p.n[i]), "mean": float(p.mean[i]), "ci_low": float(p.ci_low[i]),
+                "ci_high": float(p.ci_high[i]), "q": float(p.q[i]), "effect_size": float(p.effect_size[i]),
+                "flagged": bool(p.flagged[i])} for i, a in enumerate(p.axes)}
+    return {
+        "n_items": len(p.item_ids), "scale": p.scale, "scale_source": p.scale_source, "min_effect": p.min_effect,
+        "flag_floor": p.min_effect * p.scale, "level": p.level,
+        "flagged": [a for a, f in zip(p.axes, p.flagged) if f], "axes": axes,
+        "per_100_tokens": p.per_100_tokens, "per_100_tokens_ci": list(p.per_100_tokens_ci),
+    }
+
+
+def _concepts(audit: Audit) -> dict[str, Any]:
+    c = audit.concepts
+    assert c is not None
+    return {"dose_layer": c.dose_layer, "unit": c.unit, "positions": c.positions,
+            "alphas": [float(a) for a in c.alphas],
+            "concepts": {row.pop("concept"): row for row in c.summary()}}
+
+
+def _features(audit: Audit) -> dict[str, Any]:
+    f = audit.features
+    assert f is not None
+    totals = f.totals()
+    # Where the mean margin sits: the features, the SAE's bias and error, the parts after the layer.
+    split = {k: float(np.mean(margin(v))) for k, v in totals.items()} if f.is_pairs else None
+    return {"layer": f.layer, "n_fired": len(f.features), "fvu": f.fvu, "relative_error": f.relative_error,
+            "margin_split": split,
+            "top_margin": [{"feature": i, "margin": v} for i, v in f.top(10, by="margin" if f.is_pairs else "mean")]}
+
+
+def tables(audit: Audit):
+    """{name: pandas DataFrame} of every table the report writes as Parquet."""
+    import pandas as pd
+
+    chosen, rejected, margin = margins(audit)
+    lens = audit.lens
+    out = {
+        "scores": pd.DataFrame({
+            "index": np.arange(len(margin)), "pair": [str(p) for p in audit.pair_ids], "chosen": chosen,
+            "rejected": rejected, "margin": margin, "chosen_wins": margin > 0,
+            "crystallization_linear": lens.crystallization("linear", audit.fraction),
+            "crystallization_normed": lens.crystallization("normed", audit.fraction),
+        }),
+        "lens": lens.to_frame(), "sublayers": audit.sublayers.to_frame(), "heads": audit.heads.to_frame(),
+        "faithfulness": audit.faithfulness.to_frame(),
+        "faithfulness_summary": pd.DataFrame(audit.faithfulness.summary()),
+    }
+    if audit.probes is not None:
+        out["probes"] = audit.probes.to_frame()
+        out["probe_items"] = audit.probes.items_frame()
+    if audit.concepts is not None:
+        out["concepts"] = audit.concepts.to_frame()
+        out["concept_dose"] = audit.concepts.dose_frame()
+        out["concept_summary"] = pd.DataFrame(audit.concepts.summary())
+    if audit.features is not None:
+        out["features"] = audit.features.to_frame()
+    return out
+
+
+def plain(x: Any) -> Any:
+    """`x` with numpy scalars and arrays made Python values and non-finite floats made None (JSON null)."""
+    if isinstance(x, dict):
+        return {str(k): plain(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple, np.ndarray)):
+        return [plain(v) for v in (x.tolist() if isinstance(x, np.ndarray) else x)]
+    if isinstance(x, (np.bool_, bool)):
+        return bool(x)
+    if isinstance(x, np.integer):
+        return int(x)
+    if isinstance(x, (float, np.floating)):
+        return float(x) if math.isfinite(x) else None
+    return x
+
+
+def write_numbers(audit: Audit, out: Path, numbers: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Write one Parquet file per table and `numbers.json` (the summary plus `tables`) into `out`.
+
+    Returns what `numbers.json` holds. `numbers`: a `summary(audit)` already computed.
+    """
+    numbers = dict(summary(audit) if numbers is None else numbers)
+    listing = {}
+    for name, frame in tables(audit).items():
+        frame.to_parquet(out / f"{name}.parquet", index=False)
+        listing[name] = {"file": f"{name}.parquet", "rows": len(frame), "columns": [str(c) for c in frame.columns]}
+    numbers["tables"] = listing
+    data = plain(numbers)
+    # allow_nan=False: a stray NaN would write invalid JSON that strict readers reject.
+    (out / "numbers.json").write_text(json.dumps(data, indent=2, ensure_ascii=False, allow_nan=False) + "\n",
+                                      encoding="utf-8")
+    return data

@@ -1,0 +1,152 @@
+"""What every grader shares: `Grade` rows, the `Scorecard`, the `Bench` of organisms, and the
+reusable checks (`localisation`, `strength_response`)."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..data import Pair
+from ..model import Part, RewardModel, load
+from ..stats import spearman
+from ..zoo.organisms import ORGANISMS, READY, build, organism_dir
+
+ACCURACY = 0.97
+"""Held-out pair accuracy every organism must reach (share of rule-decided pairs ordered right)."""
+STRENGTHS = (0.25, 0.5, 1.0)
+"""The strength sweep: share of training pairs the rule decides (the rest are coin flips)."""
+
+
+@dataclass(frozen=True)
+class Grade:
+    """One row of a scorecard: `instrument` measured `value` for `check` on `organism`; it passes
+    when `value compare threshold` holds (`compare` is '>=', '<=' or '==')."""
+
+    instrument: str
+    organism: str
+    check: str
+    value: float
+    threshold: float
+    passed: bool
+    compare: str = ">="
+
+    @classmethod
+    def of(cls, instrument: str, organism: str, check: str, value: float, threshold: float,
+           compare: str = ">=") -> Grade:
+        ok = {">=": value >= threshold, "<=": value <= threshold, "==": value == threshold}[compare]
+        return cls(instrument, organism, check, float(value), float(threshold), bool(ok and np.isfinite(value)), compare)
+
+
+@dataclass(frozen=True)
+class Scorecard:
+    """Every grade of one calibration run, with the settings it ran under (`settings`)."""
+
+    rows: tuple[Grade, ...]
+    settings: dict = field(default_factory=dict)
+
+    @property
+    def passed(self) -> bool:
+        """Whether every check passed."""
+        return all(r.passed for r in self.rows)
+
+    @property
+    def failures(self) -> list[Grade]:
+        return [r for r in self.rows if not r.passed]
+
+    def to_frame(self):
+        """One row per grade: instrument, organism, check, value, compare, threshold, passed."""
+        import pandas as pd
+
+        return pd.DataFrame([asdict(r) for r in self.rows],
+                            columns=["instrument", "organism", "check", "value", "threshold", "passed", "compare"])
+
+    def to_dict(self) -> dict:
+        return {"passed": self.passed, "settings": self.settings, "rows": [asdict(r) for r in self.rows]}
+
+    def to_json(self, path: str | os.PathLike | None = None) -> str:
+        """The scorecard as JSON text; also written to `path` when one is given."""
+        text = json.dumps(self.to_dict(), indent=2)
+        if path is not None:
+            Path(path).expanduser().write_text(text + "\n", encoding="utf-8")
+        return text
+
+
+class Bench:
+    """What the graders of one run share: organisms built on demand (cached on disk by `build`),
+    loaded models, and held-out pairs (`spec.pairs(n_pairs, seed=seed + 1)`, planted strength 1,
+    a stream neither training nor the build's own accuracy check used)."""
+
+    def __init__(self, *, seed: int = 0, n_pairs: int = 100, strengths: Sequence[float] = STRENGTHS,
+                 organisms: Sequence[str] | None = None, progress: Callable[[str], None] | None = None) -> None:
+        unknown = sorted(set(organisms or ()) - set(ORGANISMS))
+        if unknown:
+            raise ValueError(f"no organism named {unknown}; choose from {sorted(ORGANISMS)}")
+        if (len(strengths) < 3 or sorted(strengths) != list(strengths) or len(set(strengths)) != len(strengths)
+                or not all(0 < s <= 1 for s in strengths)):
+            raise ValueError(f"strengths must be at least 3 increasing values in (0, 1], got {list(strengths)}")
+        if n_pairs < 10:
+            raise ValueError(f"n_pairs must be at least 10 for accuracies to mean anything, got {n_pairs}")
+        self.seed, self.n_pairs, self.strengths = seed, n_pairs, tuple(float(s) for s in strengths)
+        self.organisms = tuple(organisms) if organisms is not None else tuple(ORGANISMS)
+        self.progress = progress or (lambda message: None)
+        self._models: dict[tuple[str, float], RewardModel] = {}
+        self._pairs: dict[str, list[Pair]] = {}
+
+    def model(self, name: str, strength: float = 1.0) -> RewardModel:
+        """The organism as `rewardlens.load` opens it (objective 0 as the readout when k > 1)."""
+        key = (name, float(strength))
+        if key not in self._models:
+            if not (organism_dir(name, strength, self.seed) / READY).exists():
+                self.progress(f"training organism {name!r} (strength {strength:g}, seed {self.seed}) ...")
+            path = build(name, strength=strength, seed=self.seed)
+            readout = 0 if len(ORGANISMS[name].objectives) > 1 else None
+            self._models[key] = load(str(path), readout=readout)
+        return self._models[key]
+
+    def pairs(self, name: str) -> list[Pair]:
+        if name not in self._pairs:
+            self._pairs[name] = ORGANISMS[name].pairs(self.n_pairs, seed=self.seed + 1, strength=1.0)
+        return self._pairs[name]
+
+
+Grader = Callable[[Bench], list[Grade]]
+
+
+def circuits(bench: Bench) -> list[str]:
+    """The organisms on the bench whose rule lives in a known part."""
+    return [n for n in bench.organisms if ORGANISMS[n].planted_part is not None]
+
+
+def sublayer_of(part: str) -> str:
+    """`attn_L1_H2` → `attn_L1`: the sublayer a head or neuron belongs to."""
+    return Part.parse(part).sublayer.name
+
+
+def localisation(instrument: str, organism: str, names: Sequence[str], scores: np.ndarray, planted: str,
+                 level: str, by: str = "mean margin") -> list[Grade]:
+    """Rows for "does `instrument` find `planted`": its rank among `names` by `scores` [n_parts]
+    (a mean per part, signed so that larger carries more of the preference; `by` names it) and
+    its signed share of the total magnitude Σ|scores| (at most 1, and near 1 only when the planted
+    part carries nearly all of it: a signed total can cancel to near zero). Reusable by any
+    instrument that scores parts."""
+    scores = np.asarray(scores, dtype=np.float64)
+    order = [names[i] for i in np.argsort(-scores, kind="stable")]
+    total = np.abs(scores).sum()
+    share = float(scores[list(names).index(planted)] / total) if total > 0 else float("nan")
+    return [Grade.of(instrument, organism, f"rank of {planted} by {by} ({level} level)",
+                     order.index(planted) + 1, 1, "<="),
+            Grade.of(instrument, organism, f"share of the |{by}| on {planted} ({level} level)", share, 0.9)]
+
+
+def strength_response(bench: Bench, instrument: str, organism: str, what: str,
+                      score: Callable[[RewardModel], float]) -> Grade:
+    """Row for "does `instrument` respond monotonically to planted strength": Spearman between the
+    bench's strengths and `score` of the organism trained at each (must be 1)."""
+    sweep = [score(bench.model(organism, s)) for s in bench.strengths]
+    return Grade.of(instrument, organism, f"Spearman(strength, {what}) over {len(sweep)} strengths",
+                    spearman(bench.strengths, sweep), 1.0)

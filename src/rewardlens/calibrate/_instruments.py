@@ -1,0 +1,132 @@
+"""Graders of the foundation and causal instruments: the organisms themselves, attribution, the
+lens, patching (total, path-frozen, attribution patching) and TopK SAEs."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..causal import attribution_patch, patch
+from ..data import Pair, margin
+from ..exact import attribute, lens
+from ..model import Part, RewardModel
+from ..stats import auroc
+from ..zoo.organisms import ORGANISMS, ablated, forward_margins
+from ._core import ACCURACY, Bench, Grade, circuits, localisation, strength_response, sublayer_of
+
+
+def grade_organisms(bench: Bench) -> list[Grade]:
+    """The answer key itself: every organism learned its rule (held-out accuracy), and the circuit
+    organism's rule lives only in its planted part (ablating it removes the margin)."""
+    rows = []
+    for name in bench.organisms:
+        spec, model = ORGANISMS[name], bench.model(name)
+        pairs = bench.pairs(name)
+        values = model.objectives(pairs)
+        labels, diff = spec.labels(pairs), margin(values)
+        for k, objective in enumerate(spec.objectives):
+            decided = labels[:, k] != 0
+            acc = float(np.mean(np.sign(diff[decided, k]) == labels[decided, k]))
+            what = "held-out pair accuracy" + (f" ({objective})" if len(spec.objectives) > 1 else "")
+            rows.append(Grade.of("organism", name, what, acc, ACCURACY))
+    for name in circuits(bench):
+        part, model, pairs = ORGANISMS[name].planted_part, bench.model(name), bench.pairs(name)
+        full = forward_margins(model.model, model.tokenizer, pairs)[:, 0].mean()
+        cut = forward_margins(ablated(model.model, part), model.tokenizer, pairs)[:, 0].mean()
+        rows.append(Grade.of("organism", name, f"|mean margin| left with {part} ablated, as a share",
+                             abs(cut / full), 0.05, "<="))
+    return rows
+
+
+def grade_attribution(bench: Bench) -> list[Grade]:
+    """Exact attribution: closes on every organism; ranks the planted part first at sublayer and
+    head level; its contribution rises with planted strength (Spearman = 1)."""
+    rows = []
+    for name in bench.organisms:
+        att = attribute(bench.model(name), bench.pairs(name)[:20])
+        rows.append(Grade.of("attribution", name, "max |reward - (sum of parts + constant)|",
+                             float(np.abs(att.residual_error).max()), 1e-4, "<="))
+    for name in circuits(bench):
+        part, pairs = ORGANISMS[name].planted_part, bench.pairs(name)
+        for level, target in (("sublayer", sublayer_of(part)), ("head", part)):
+            att = attribute(bench.model(name), pairs, level=level)
+            rows += localisation("attribution", name, att.names, att.margin.mean(0), target, level)
+
+        def on_part(model: RewardModel, part: str = part, pairs: list[Pair] = pairs) -> float:
+            att = attribute(model, pairs, level="head")
+            return float(att.margin.mean(0)[att.names.index(part)])
+
+        rows.append(strength_response(bench, "attribution", name, f"mean margin on {part}", on_part))
+    return rows
+
+
+def grade_lens(bench: Bench) -> list[Grade]:
+    """Reward lens: the final linear-lens margin rises with planted strength, and on a circuit
+    planted in layer l the margin crystallizes after layer l, not before."""
+    rows = []
+    for name in circuits(bench):
+        part, pairs = ORGANISMS[name].planted_part, bench.pairs(name)
+        rows.append(strength_response(bench, "lens", name, "final linear-lens margin",
+                                      lambda m, pairs=pairs: float(lens(m, pairs).margin("linear")[:, -1].mean())))
+        model = bench.model(name)
+        layer = Part.parse(part).layer
+        depth = np.nanmedian(lens(model, pairs).crystallization("linear", 0.5))
+        rows.append(Grade.of("lens", name, "median crystallization depth (linear, fraction 0.5)",
+                             depth, (layer + 1) / model.n_layers, "=="))
+    return rows
+
+
+def grade_patching(bench: Bench) -> list[Grade]:
+    """Causal patching: read-position noising (total and path-frozen direct) and attribution
+    patching rank the planted part first at sublayer and head level, and the planted head's
+    noising effect rises with planted strength (Spearman = 1)."""
+    rows = []
+    for name in circuits(bench):
+        part, pairs = ORGANISMS[name].planted_part, bench.pairs(name)[:40]
+        model = bench.model(name)
+        for level, target in (("sublayer", sublayer_of(part)), ("head", part)):
+            for instrument, result in (
+                ("patching", patch(model, pairs, level=level)),
+                ("path-frozen patching", patch(model, pairs, level=level, estimand="direct")),
+                ("attribution patching", attribution_patch(model, pairs, level=level)),
+            ):
+                rows += localisation(instrument, name, result.names, result.effect.mean(0), target, level,
+                                     by="mean noising effect")
+
+        def effect(model: RewardModel, part: str = part, pairs: list[Pair] = pairs) -> float:
+            result = patch(model, pairs, level="head")
+            return float(result.effect.mean(0)[result.names.index(part)])
+
+        rows.append(strength_response(bench, "patching", name, f"mean noising effect of {part}", effect))
+    return rows
+
+
+def grade_sae(bench: Bench) -> list[Grade]:
+    """TopK SAE on the 'list' organism's last layer: the features that write the most reward on
+    held-out pairs detect the bullet list on pairs where a coin put it on either side (AUROC), and
+    do not detect which side was chosen (AUROC near 0.5)."""
+    from ..sae import ActivationSource, SAEConfig, TrainConfig, attribute_features, train_sae
+
+    if "list" not in bench.organisms:
+        return []
+    spec, model = ORGANISMS["list"], bench.model("list")
+    layer = model.n_layers - 1
+    source = ActivationSource(model, spec.pairs(n=200, seed=bench.seed + 2, strength=1.0), f"resid_{layer}",
+                              positions="all")
+    with torch.random.fork_rng():  # seeded training without resetting the caller's random state
+        torch.manual_seed(bench.seed)
+        sae = train_sae(source, TrainConfig(sae=SAEConfig(expansion_factor=4, k=8), batch_size=256, epochs=3)).sae
+    top = [f for f, _ in attribute_features(model, sae, bench.pairs("list")[:60], layer=layer).top(3, by="margin")]
+    mixed_pairs = spec.pairs(n=100, seed=bench.seed + 3, strength=0.0)
+    mixed = attribute_features(model, sae, mixed_pairs, layer=layer)
+    has_list = np.array([spec.has_attribute(t) for p in mixed_pairs for t in (p.chosen, p.rejected)])
+    is_chosen = np.arange(len(has_list)) % 2 == 0
+    rows = []
+    for rank, feature in enumerate(top, 1):
+        column = list(mixed.features).index(feature) if feature in mixed.features else None
+        acts = mixed.activations[:, column] if column is not None else np.zeros(len(has_list))
+        rows.append(Grade.of("sae", "list", f"AUROC of reward feature #{rank} for the planted attribute",
+                             auroc(acts, has_list), 0.95))
+        rows.append(Grade.of("sae", "list", f"|AUROC − 0.5| of reward feature #{rank} for the chosen side",
+                             abs(auroc(acts, is_chosen) - 0.5), 0.25, "<="))
+    return rows

@@ -1,0 +1,27 @@
+"""Causal instruments: activation patching and its engines, divergence, attribution patching, faithfulness.
+
+`patch` runs noising, denoising or ablation at the read position, everywhere, or on spans, for the total
+or the path-frozen direct estimand (docs/design.md §5); `faithfulness` sets attribution beside them.
+"""
+
+from ._attribution_patching import agreement as agreement
+from ._attribution_patching import attribution_patch as attribution_patch
+from ._faithfulness import ESTIMANDS as ESTIMANDS
+from ._faithfulness import Faithfulness as Faithfulness
+from ._faithfulness import aligned as aligned
+from ._faithfulness import faithfulness as faithfulness
+from ._patching import MODES as MODES
+from ._patching import Patching as Patching
+from ._patching import patch as patch
+
+__all__ = [
+    "ESTIMANDS",
+    "Faithfulness",
+    "MODES",
+    "Patching",
+    "agreement",
+    "aligned",
+    "attribution_patch",
+    "faithfulness",
+    "patch",
+]

@@ -1,0 +1,164 @@
+"""Read-position patching that starts each patched copy at its own layer, on the prefix's cache.
+
+The copy engine (`patch_engine.read_sweep`) runs every copy of the read token through every
+layer and recomputes the prefix with them. Here one clean forward of each target keeps its keys
+and values (the model's own cache) and the read token's input to every layer; the copies that
+patch layer l then start at layer l from that input, attend to the cached prefix, and run the
+model's own layers l..L-1 with the arguments the model itself builds for such a continuation
+(captured by starting a forward and stopping it at the first layer). Each group also carries two
+unpatched copies that must reproduce the clean read token's final state exactly: that proves the
+cache, positions and masks on this model before any number is used; otherwise the caller falls
+back to the copy engine.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+from collections import defaultdict
+
+import torch
+from torch import Tensor
+
+from ..model import Point, RewardModel, Tokenized, capture, collate, eval_mode, first_output
+from ._engine import Overwrite, Site, final_point, head_slice, patched, take_values
+
+
+class _Stop(Exception):
+    """Raised by the first layer's pre-hook once the model has built a continuation's arguments."""
+
+
+def _cache_name(model: RewardModel) -> str | None:
+    params = inspect.signature(model.backbone.forward).parameters
+    return next((name for name in ("cache", "past_key_values") if name in params), None)
+
+
+def _fork(cache):
+    """A copy of `cache` whose layers can grow without touching the original's tensors."""
+    out = copy.copy(cache)
+    out.layers = [copy.copy(layer) for layer in cache.layers]
+    return out
+
+
+def _continuation_args(model: RewardModel, kwargs: dict) -> tuple[tuple, dict]:
+    """The (args, kwargs) the backbone passes its layers for the continuation `kwargs`."""
+    seen = {}
+
+    def stop(m, args, kw):
+        seen["args"], seen["kwargs"] = args[1:], {k: v for k, v in kw.items() if k != "hidden_states"}
+        raise _Stop
+
+    handle = model.layers[0].register_forward_pre_hook(stop, with_kwargs=True)
+    try:
+        with torch.no_grad(), eval_mode(model.model):
+            model.backbone(**kwargs)
+    except _Stop:
+        pass
+    finally:
+        handle.remove()
+    return seen["args"], seen["kwargs"]
+
+
+def cached_read_sweep(
+    model: RewardModel,
+    seqs: list[Tokenized],
+    read: list[int],
+    sweep: list[Site],
+    values: dict[str, Tensor],
+    coef: Tensor,
+    *,
+    batch_size: int = 8,
+    min_copies: int = 32,
+) -> tuple[Tensor, Tensor] | None:
+    """Clean rewards [n] and patched rewards [n, S], as `patch_engine.read_sweep`; None when this
+    model's cache cannot be used this way (the proof copies disagree, or a call fails).
+
+    Consecutive layers are pooled until a group holds `min_copies` copies, which then start at the
+    group's first layer: fewer, larger layer calls (per-call overhead dominates small models)
+    for a little recomputation below the later sites' layers."""
+    name = _cache_name(model)
+    if name is None or model.encoder:
+        return None
+    n = len(seqs)
+    clean, rewards = torch.zeros(n, device=model.device), torch.zeros(n, len(sweep), device=model.device)
+    groups = _groups(sweep, min_copies)
+    dtype = next(model.model.parameters()).dtype
+    order = sorted(range(n), key=lambda i: read[i])
+    for start in range(0, n, batch_size):
+        rows = torch.tensor(order[start : start + batch_size])
+        batch = collate([seqs[i] for i in rows], pad_id=model.pad_token_id, side="right", first=False,
+                        device=model.device)
+        at = torch.tensor([read[i] for i in rows], device=model.device)
+        points = {f"in_{layer}": Point(model.layers[layer], "in", at) for layer in range(model.n_layers)}
+        points["final"] = final_point(model, at)
+        kwargs = {**model.batch_kwargs(batch), "use_cache": True}
+        try:
+            with torch.no_grad(), eval_mode(model.model), capture(points, model.device) as captured:
+                out = model.backbone(**kwargs)
+        except (RuntimeError, ValueError, TypeError):
+            return None
+        cache = getattr(out, name, None) if hasattr(out, name) else getattr(out, "past_key_values", None)
+        if cache is None or not hasattr(cache, "layers"):
+            return None
+        clean[rows] = (model.head(model.final_hidden(captured["final"])) * coef[rows]).sum(-1)
+        width = batch.input_ids.shape[1]
+        for first_layer, group in sorted(groups.items()):
+            got = _group(model, batch, at, width, cache, name, captured, first_layer, [sweep[s] for s in group],
+                         values, rows, coef[rows], dtype)
+            if got is None:
+                return None
+            proof, patched_rewards = got
+            if not torch.allclose(proof, captured["final"][:, None].expand_as(proof), rtol=1e-3, atol=1e-4 * float(
+                    captured["final"].abs().max())):
+                return None
+            rewards[rows[:, None], torch.tensor(group)[None]] = patched_rewards
+    return clean, rewards
+
+
+def _groups(sweep: list[Site], min_copies: int) -> dict[int, list[int]]:
+    """Site indices by the layer their copies start at, consecutive layers pooled to `min_copies`."""
+    by_layer: dict[int, list[int]] = defaultdict(list)
+    for s, site in enumerate(sweep):
+        by_layer[0 if site.kind == "embed" else site.layer].append(s)
+    groups: dict[int, list[int]] = {}
+    start, pending = None, []
+    for layer in sorted(by_layer):
+        start = layer if not pending else start
+        pending += by_layer[layer]
+        if len(pending) >= min_copies:
+            groups[start], pending = pending, []
+    if pending:
+        groups[start] = pending
+    return groups
+
+
+def _group(
+    model: RewardModel, batch, at: Tensor, width: int, cache, name: str, captured: dict, first_layer: int,
+    group: list[Site], values: dict[str, Tensor], rows: Tensor, coef: Tensor, dtype: torch.dtype,
+) -> tuple[Tensor, Tensor] | None:
+    """Run the copies of one starting layer: (the two proof copies' final residuals [B, 2, d], the
+    group's patched rewards [B, G])."""
+    b, copies = len(rows), len(group) + 2
+    device = model.device
+    ids = batch.input_ids[torch.arange(b, device=device), at][:, None].expand(b, copies)
+    j = torch.arange(width + copies, device=device)[None, None, :]
+    i = torch.arange(copies, device=device)[None, :, None]
+    allow = (j < at[:, None, None]) | (j == width + i)  # the prefix (not the clean read token, not pads) and itself
+    mask = torch.zeros(allow.shape, dtype=dtype, device=device).masked_fill(~allow, torch.finfo(dtype).min)
+    fork = _fork(cache)
+    kwargs = {"input_ids": ids, "attention_mask": mask[:, None], "position_ids": at[:, None].expand(b, copies),
+              name: fork, "use_cache": True}
+    try:
+        args, layer_kwargs = _continuation_args(model, model.forward_kwargs(**kwargs))
+        hidden = captured[f"in_{first_layer}"][:, None].expand(b, copies, -1).to(dtype).contiguous()
+        edits = [Overwrite(site, torch.arange(b), torch.full((b, 1), 1 + k), take_values(values[site.key], rows,
+                      head_slice(model, site), read=True)) for k, site in enumerate(group)]
+        with torch.no_grad(), eval_mode(model.model), patched(model, edits):
+            for layer in range(first_layer, model.n_layers):
+                hidden = first_output(model.layers[layer](hidden, *args, **layer_kwargs))
+    except (RuntimeError, ValueError, TypeError, KeyError):
+        return None
+    final = hidden.float().to(model.device)  # the head may sit on a later device than the last layer
+    objectives = model.head(model.final_hidden(final[:, 1:-1].flatten(0, 1))).view(b, len(group), -1)
+    return final[:, [0, -1]], (objectives * coef[:, None]).sum(-1)
+

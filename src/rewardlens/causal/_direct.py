@@ -1,0 +1,94 @@
+"""Path-frozen (direct) patching: patch one part, hold every later part at its clean value.
+
+No forward pass is needed. At the read position the final residual is the clean one with the
+patched part's change added (pre-norm and parallel layouts), or the post-norm chain recomputed
+with every later part frozen (encoders); the final norm is then applied with its scale
+recomputed, and the head read with the clean readout coefficients (a gate is a later part too).
+Path-frozen patching measures the direct effect causally; it differs from attribution only by
+the change of the final norm's scale (docs/design.md §1).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+from ..model import RewardModel, Trace, out_projection
+from ._engine import Site, head_slice
+
+if TYPE_CHECKING:
+    from ._plan import Clean
+
+
+def direct_rewards(
+    model: RewardModel, clean: Clean, targets: list[int], sweep: list[Site], values: dict[str, Tensor],
+    cols: Tensor | None,
+) -> Tensor:
+    """Path-frozen patched rewards [n_targets, S].
+
+    `values[key]`: the replacement activations ([w] for all rows, [n_targets, w] at the read
+    position, or [n_targets, m, w] at columns `cols` [n_targets, m]). A part patched away from the
+    read position has no direct effect there.
+    """
+    index = torch.tensor(targets, device=model.device)
+    tr = Trace(None, {k: v[index] for k, v in clean.captured.items()})
+    read = torch.tensor([clean.read[i] for i in targets], device=model.device)
+    coef = clean.coef[index]
+    out = []
+    for site in sweep:
+        rep, hit = _at_read(values[site.key], read, cols, len(targets))
+        old, new = _part(model, tr, site, rep)
+        new = torch.where(hit[:, None], new, old)
+        final = _propagate(model, tr, site, old, new)
+        out.append((model.head(model.final_hidden(final)) * coef).sum(-1))
+    return torch.stack(out, 1)
+
+
+def _at_read(value: Tensor, read: Tensor, cols: Tensor | None, n: int) -> tuple[Tensor, Tensor]:
+    """The replacement at each target's read position [n, w] and whether that position is patched [n]."""
+    everywhere = torch.ones(n, dtype=torch.bool, device=read.device)
+    if value.ndim == 1:
+        hit = everywhere if cols is None else (cols.to(read.device) == read[:, None]).any(1)
+        return value.expand(n, -1), hit
+    if value.ndim == 2:
+        return value, everywhere
+    match = cols.to(read.device) == read[:, None]
+    return value[torch.arange(n, device=read.device), match.float().argmax(1)], match.any(1)
+
+
+def _post(model: RewardModel, kind: str, layer: int, raw: Tensor) -> Tensor:
+    path = model.arch.attn_post_norm if kind == "attn" else model.arch.mlp_post_norm
+    return raw if path is None else model.norm(path, layer)(raw)
+
+
+def _part(model: RewardModel, tr: Trace, site: Site, rep: Tensor) -> tuple[Tensor, Tensor]:
+    """(clean, patched) value [n, d] the site's part adds to the residual at the read position."""
+    if site.kind == "embed":
+        return tr["embed"], rep
+    raw = tr[f"{site.kind}_{site.layer}"]
+    if site.head is None:
+        new_raw = rep
+    else:
+        sl = head_slice(model, site)
+        weight, _ = out_projection(model, "attn", site.layer)
+        new_raw = raw + (rep[:, sl] - tr[site.key][:, sl]) @ weight[:, sl].T
+    return _post(model, site.kind, site.layer, raw), _post(model, site.kind, site.layer, new_raw)
+
+
+def _propagate(model: RewardModel, tr: Trace, site: Site, old: Tensor, new: Tensor) -> Tensor:
+    """The final residual [n, d] with the site's part changed from `old` to `new`, later parts frozen."""
+    arch = model.arch
+    if arch.layout != "post_norm":
+        return tr["final"] + (new - old)
+    start = 0 if site.kind == "embed" else site.layer
+    x = new if site.kind == "embed" else (tr["embed"] if start == 0 else tr[f"resid_{start - 1}"])
+    for layer in range(start, model.n_layers):
+        parts = {}
+        for kind in ("attn", "mlp"):
+            patched = site.kind == kind and site.layer == layer
+            parts[kind] = new if patched else _post(model, kind, layer, tr[f"{kind}_{layer}"])
+        mid = model.norm(arch.attn_residual_norm, layer)(x + parts["attn"])
+        x = model.norm(arch.mlp_residual_norm, layer)(mid + parts["mlp"])
+    return x

@@ -1,0 +1,295 @@
+"""The patching engine: many patched runs per batched forward, each equal to its own full forward.
+
+A *site* is a patchable part (embeddings, an attention or MLP sublayer, one attention head); an
+*edit* overwrites a site's activation on some rows, at some positions, with given values. Two
+sweeps run edits:
+
+- `read_sweep` (causal decoders, read position only). Patching only `t*` leaves every earlier
+  position untouched, so one row holds the prefix once followed by P copies of the read token,
+  each copy seeing the prefix and itself (a custom 4-D attention mask, position id `t*` for every
+  copy) and carrying a different site's edit. A whole sweep then costs about one token per site
+  instead of one forward per site; the prefix keys and values are computed once per row, inside
+  the same forward. Copies recompute the layers below their patch too (identical to the clean
+  run), which at most doubles the per-copy cost and keeps the engine free of per-architecture
+  layer calls.
+- `batched_sweep` (any positions, and every encoder): one row per (sequence, site), batched along
+  the batch dimension, each a full forward of the target with its edit; the model's own masks,
+  pooling-side gate and all.
+
+Both read the head at the read position in fp32 and can also return the residual stream after
+every layer there (for divergence scores).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ..model import (
+    Part,
+    Point,
+    RewardModel,
+    Tokenized,
+    capture,
+    collate,
+    eval_mode,
+    get_module,
+    projection_inputs,
+    rewriting,
+)
+
+
+@dataclass(frozen=True)
+class Site(Part):
+    """A patchable part: the embeddings, a sublayer, or one attention head (`Part` names it)."""
+
+    @property
+    def key(self) -> str:
+        """Trace name of the activation the site overwrites (heads: the output projection's input)."""
+        if self.kind == "embed":
+            return "embed"
+        return f"attn_z_{self.layer}" if self.head is not None else f"{self.kind}_{self.layer}"
+
+
+def sites(model: RewardModel, level: str) -> list[Site]:
+    """Every patchable site at `level` ('sublayer' or 'head'), named as `rewardlens.attribute` names parts.
+
+    Bias parts are constants (the same in every run), so they are not sites.
+    """
+    if level not in ("sublayer", "head"):
+        raise ValueError(f"patching level must be 'sublayer' or 'head', got {level!r}")
+    out = [Site.embed()]
+    for layer in range(model.n_layers):
+        if level == "head":
+            out += [Site.attn(layer, h) for h in range(model.n_heads)]
+        else:
+            out.append(Site.attn(layer))
+        out.append(Site.mlp(layer))
+    return out
+
+
+def site_point(model: RewardModel, site: Site, cols: Tensor) -> Point:
+    """Where a site's activation lives: layer 0's input, or a sublayer output projection's output
+    (its input, for heads)."""
+    if site.kind == "embed":
+        return Point(model.layers[0], "in", cols)
+    path = model.arch.attn_out if site.kind == "attn" else model.arch.mlp_out
+    return Point(model.layer_module(site.layer, path), "in" if site.head is not None else "out", cols)
+
+
+def head_slice(model: RewardModel, site: Site) -> slice:
+    """Columns of the output projection's input that belong to `site`'s head."""
+    if site.head is None:
+        return slice(None)
+    width = projection_inputs(model, "attn", site.layer)[0]
+    size = width // model.n_heads
+    return slice(site.head * size, (site.head + 1) * size)
+
+
+@dataclass(frozen=True)
+class Overwrite:
+    """Overwrite `site` on rows `rows` [r] at positions `cols` [r, m] with `values` [r, m, w]."""
+
+    site: Site
+    rows: Tensor
+    cols: Tensor
+    values: Tensor
+
+
+def take_values(values: Tensor, rows: Tensor, sl: slice, *, read: bool = False) -> Tensor:
+    """Overwrite values for `rows`: `values` is per sequence ([n, w] at the read position, [n, m, w]
+    over positions) or one vector [w] for every row and position (ablation)."""
+    if values.ndim == 1:
+        return values[sl]
+    picked = values[rows.to(values.device)][..., sl]
+    return picked[:, None] if read else picked
+
+
+def _overwrite(x: Tensor, edits: list[tuple[Overwrite, slice]]) -> Tensor:
+    x = x.clone()
+    for edit, cols in edits:
+        rows = edit.rows.to(x.device)[:, None]
+        x[rows, edit.cols.to(x.device), cols] = edit.values.to(device=x.device, dtype=x.dtype)
+    return x
+
+
+@contextlib.contextmanager
+def patched(model: RewardModel, edits: list[Overwrite]) -> Iterator[None]:
+    """Apply `edits` during the forward passes inside; hooks are removed on exit, also on error."""
+    groups: dict[tuple[int, str], list] = defaultdict(list)
+    modules = {}
+    for edit in edits:
+        point = site_point(model, edit.site, edit.cols)
+        key = (id(point.module), point.where)
+        modules[key] = point.module
+        groups[key].append((edit, head_slice(model, edit.site)))
+
+    hooks = [(modules[key], key[1], lambda x, g=group: _overwrite(x, g)) for key, group in groups.items()]
+    with rewriting(hooks):
+        yield
+
+
+def final_point(model: RewardModel, cols: Tensor) -> Point:
+    if model.arch.final_norm is None:
+        return Point(model.layers[-1], "out", cols)
+    return Point(get_module(model.model, model.arch.final_norm), "in", cols)
+
+
+def _resid_points(model: RewardModel, cols: Tensor) -> dict[str, Point]:
+    return {f"resid_{layer}": Point(model.layers[layer], "out", cols) for layer in range(model.n_layers)}
+
+
+def _forward(model: RewardModel, kwargs: dict, points: dict[str, Point], edits: list[Overwrite]) -> dict[str, Tensor]:
+    kwargs = model.forward_kwargs(**kwargs)
+    with torch.no_grad(), eval_mode(model.model), capture(points, model.device) as captured, patched(model, edits):
+        model.backbone(**kwargs)
+    return captured
+
+
+def copies_supported(model: RewardModel, seqs: list[Tokenized]) -> str | None:
+    """Why the read-position copy trick cannot run here (None when it may: `read_sweep` still
+    proves it on every batch)."""
+    if model.encoder:
+        return "the model attends both ways, so patching the read token changes every position"
+    impl = getattr(model.model.config, "_attn_implementation", None) or ""
+    if "flash" in impl:
+        return f"attn_implementation={impl!r} takes no custom attention mask"
+    if "position_ids" not in inspect.signature(model.backbone.forward).parameters:
+        return "the backbone takes no position_ids, so copies of the read token cannot share its position"
+    window = getattr(model.model.config, "sliding_window", None)
+    if window and max(len(s.ids) for s in seqs) > window:
+        return f"a sequence is longer than the sliding window ({window} tokens)"
+    return None
+
+
+def read_sweep(
+    model: RewardModel,
+    seqs: list[Tokenized],
+    read: list[int],
+    sweep: list[Site],
+    values: dict[str, Tensor],
+    coef: Tensor,
+    *,
+    batch_size: int = 8,
+    chunk: int = 512,
+    resid: Callable[[Tensor], Tensor] | None = None,
+) -> tuple[Tensor, Tensor, Tensor | None] | None:
+    """Clean rewards [n] and patched rewards [n, S] of every sequence, each site of `sweep`
+    overwritten at the read position `read[i]` by `values[site.key][i]` ([n, width]); readout
+    coefficients `coef` [n, k] are the clean run's (the gate reads an earlier position, which the
+    patch cannot change). With `resid`, also `resid(x)` of the residual after every layer at each
+    patched copy (`x` [..., L, d] → [..., L], e.g. divergence ratios), as [n, S, L].
+
+    Every row also carries two unpatched copies, first and last; they must agree, which proves
+    that a copy's output does not depend on its column (a model that ignores `position_ids`,
+    ALiBi, a mask it rewrites). None when that proof fails or the model refuses the 4-D mask:
+    the caller then runs full forwards.
+    """
+    n, n_sites = len(seqs), len(sweep)
+    clean = torch.zeros(n, device=model.device)
+    rewards = torch.zeros(n, n_sites, device=model.device)
+    streams = torch.zeros(n, n_sites, model.n_layers, device=model.device) if resid else None
+    order = sorted(range(n), key=lambda i: read[i])
+    dtype = next(model.model.parameters()).dtype
+    for start in range(0, n, batch_size):
+        rows = torch.tensor(order[start : start + batch_size])
+        for lo in range(0, n_sites, chunk):
+            part = sweep[lo : lo + chunk]
+            kwargs, cols = _copies_batch(model, [seqs[i] for i in rows], [read[i] for i in rows], len(part) + 2,
+                                         dtype)
+            edits = [
+                Overwrite(site, torch.arange(len(rows)), cols[:, 1 + j : 2 + j],
+                     take_values(values[site.key], rows, head_slice(model, site), read=True))
+                for j, site in enumerate(part)
+            ]
+            points = {"final": final_point(model, cols[:, 1:-1]), "first": final_point(model, cols[:, 0]),
+                      "last": final_point(model, cols[:, -1]),
+                      **(_resid_points(model, cols[:, 1:-1]) if resid else {})}
+            try:
+                captured = _forward(model, kwargs, points, edits)
+            except (RuntimeError, ValueError, TypeError):
+                if start == 0 and lo == 0:  # the model will not take the copies' mask
+                    return None
+                raise
+            gap = (captured["first"] - captured["last"]).norm(dim=-1) / captured["first"].norm(dim=-1).clamp_min(1e-12)
+            if gap.max() > 1e-3:
+                return None
+            objectives = model.head(model.final_hidden(captured["final"].flatten(0, 1))).view(len(rows), len(part), -1)
+            rewards[rows, lo : lo + len(part)] = (objectives * coef[rows][:, None]).sum(-1)
+            clean[rows] = (model.head(model.final_hidden(captured["first"])) * coef[rows]).sum(-1)
+            if resid:
+                stacked = torch.stack([captured[f"resid_{layer}"] for layer in range(model.n_layers)], dim=2)
+                streams[rows, lo : lo + len(part)] = resid(stacked)
+    return clean, rewards, streams
+
+
+def _copies_batch(
+    model: RewardModel, seqs: list[Tokenized], read: list[int], copies: int, dtype: torch.dtype
+) -> tuple[dict, Tensor]:
+    """Rows `prefix + copies × read token`, the 4-D mask that keeps copies apart, and copy columns [B, copies]."""
+    device, pad = model.device, model.pad_token_id if model.pad_token_id is not None else 0
+    t = torch.tensor(read, device=device)
+    width = int(t.max()) + copies
+    ids = torch.full((len(seqs), width), pad, dtype=torch.long, device=device)
+    for row, (seq, at) in enumerate(zip(seqs, read)):
+        ids[row, :at] = torch.tensor(seq.ids[:at], device=device)
+        ids[row, at : at + copies] = seq.ids[at]
+    i = torch.arange(width, device=device)[None, :, None]
+    j = torch.arange(width, device=device)[None, None, :]
+    tt = t[:, None, None]
+    allow = ((i < tt) & (j <= i)) | ((i >= tt) & (i < tt + copies) & (j < tt)) | (i == j)
+    mask = torch.zeros(allow.shape, dtype=dtype, device=device).masked_fill(~allow, torch.finfo(dtype).min)
+    positions = torch.minimum(torch.arange(width, device=device)[None], t[:, None])
+    cols = t[:, None] + torch.arange(copies, device=device)[None]
+    kwargs = {"input_ids": ids, "attention_mask": mask[:, None], "position_ids": positions, "use_cache": False}
+    return kwargs, cols
+
+
+def batched_sweep(
+    model: RewardModel,
+    seqs: list[Tokenized],
+    sweep: list[Site],
+    cols: Tensor,
+    values: dict[str, Tensor],
+    *,
+    batch_size: int = 8,
+    resid: Callable[[Tensor], Tensor] | None = None,
+    labels: list[str] | None = None,
+) -> tuple[Tensor, Tensor | None]:
+    """Patched rewards [n, S]: sequence i run whole with site s overwritten at positions `cols[i]`
+    [n, m] by `values[s.key][i]` [n, m, width] (or one vector [width] everywhere). Repeated columns are allowed
+    (they pad rows with fewer positions). The gate, if any, is the patched run's own.
+    """
+    n, n_sites = len(seqs), len(sweep)
+    rewards = torch.zeros(n, n_sites, device=model.device)
+    streams = torch.zeros(n, n_sites, model.n_layers, device=model.device) if resid else None
+    jobs = [(i, s) for i in sorted(range(n), key=lambda i: len(seqs[i].ids)) for s in range(n_sites)]
+    for start in range(0, len(jobs), batch_size):
+        job = jobs[start : start + batch_size]
+        seq_idx = torch.tensor([i for i, _ in job])
+        batch = collate([seqs[i] for i, _ in job], pad_id=model.pad_token_id, side="right", first=model.encoder,
+                        device=model.device, labels=[labels[i] for i, _ in job] if labels else None)
+        by_site: dict[int, list[int]] = defaultdict(list)
+        for row, (_, s) in enumerate(job):
+            by_site[s].append(row)
+        edits = [
+            Overwrite(sweep[s], torch.tensor(rows), cols[seq_idx[rows]], take_values(values[sweep[s].key], seq_idx[rows],
+                                                                          head_slice(model, sweep[s])))
+            for s, rows in by_site.items()
+        ]
+        points = dict(model.final_points(batch))
+        if resid:
+            points.update(_resid_points(model, batch.read_index))
+        captured = _forward(model, model.batch_kwargs(batch), points, edits)
+        values_, coef = model.head_readout(captured)
+        rewards[seq_idx, [s for _, s in job]] = (values_ * coef).sum(-1)
+        if resid:
+            stacked = torch.stack([captured[f"resid_{layer}"] for layer in range(model.n_layers)], dim=1)
+            streams[seq_idx, [s for _, s in job]] = resid(stacked)
+    return rewards, streams

@@ -1,0 +1,231 @@
+"""`patch`: activation patching between the chosen and the rejected response, exact and batched.
+
+Sign convention: a part's `effect` is the clean chosen − rejected margin minus the patched margin.
+Positive means the part carries the preference: in `noising` (run chosen, insert rejected's
+activation) the chosen reward falls; in `denoising` (run rejected, insert chosen's) the rejected
+reward rises; in `ablation` (zero, or the mean over a reference set, on both sides) the margin
+shrinks. `estimand="total"` lets the patch flow through every later layer; `estimand="direct"`
+holds every later part at its clean value and recomputes only the final norm's scale (path-frozen
+patching: docs/design.md §1), the causal twin of attribution.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from torch import Tensor
+
+from ..data import chosen, rejected
+from ..model import RewardModel, sequence_label
+from ._cached import cached_read_sweep
+from ._direct import direct_rewards
+from ._divergence import score_patched, scorer
+from ._engine import Site, batched_sweep, copies_supported, read_sweep, sites
+from ._plan import Clean, PatchPlan, Spans, encode_pairs, flatten_pairs
+from ._stepped import stepped_sweep
+
+MODES = ("noising", "denoising", "ablation")
+
+
+@dataclass(frozen=True)
+class Patching:
+    """Patched rewards of every pair under every part's patch, and the effects they imply.
+
+    `chosen`, `rejected` [n] are the clean rewards; `patched_chosen`, `patched_rejected` [n, P] the
+    rewards with part p patched (equal to the clean reward on the side a mode leaves alone).
+    `divergence` [n, P] (when asked for): how far the patched run's downstream residual stream left
+    the natural one, as a ratio to the natural threshold (> 1: out of distribution).
+    `approximate` is True for attribution patching (a first-order estimate, not a patched run).
+    """
+
+    names: list[str]
+    chosen: np.ndarray
+    rejected: np.ndarray
+    patched_chosen: np.ndarray
+    patched_rejected: np.ndarray
+    mode: str
+    positions: str
+    level: str
+    estimand: str
+    pair_ids: list[str]
+    divergence: np.ndarray | None = None
+    approximate: bool = False
+    min_margin: float = 1e-4
+
+    @property
+    def margin(self) -> np.ndarray:
+        """Clean chosen − rejected margin [n]."""
+        return self.chosen - self.rejected
+
+    @property
+    def effect(self) -> np.ndarray:
+        """Clean margin − patched margin [n, P], in reward units."""
+        return self.margin[:, None] - (self.patched_chosen - self.patched_rejected)
+
+    @property
+    def near_zero(self) -> np.ndarray:
+        """Pairs whose clean margin is under `min_margin` [n] (no side to normalise by)."""
+        return np.abs(self.margin) < self.min_margin
+
+    @property
+    def normalized(self) -> np.ndarray:
+        """`effect / margin` [n, P] (1 = the part alone carries the whole margin); NaN on near-zero margins."""
+        with np.errstate(divide="ignore", invalid="ignore"):
+            out = self.effect / self.margin[:, None]
+        return np.where(self.near_zero[:, None], np.nan, out)
+
+    @property
+    def flagged(self) -> np.ndarray:
+        """[n, P] bool: the patched run left the natural distribution (always False without divergence)."""
+        if self.divergence is None:
+            return np.zeros(self.patched_chosen.shape, dtype=bool)
+        return self.divergence > 1.0
+
+    def top(self, n: int = 10) -> list[tuple[str, float]]:
+        """The `n` parts with the largest mean |effect|, with their mean effect."""
+        mean = self.effect.mean(0)
+        return [(self.names[i], float(mean[i])) for i in np.argsort(-np.abs(mean))[:n]]
+
+    def reliability(self) -> dict[str, float]:
+        """How much of the result rests on out-of-distribution patched runs.
+
+        `flagged_share`: share of (pair, part) runs flagged; `effect_share_flagged`: share of the
+        total |effect| that comes from flagged runs; `top_flagged_share`: share of flagged runs
+        among the ten parts with the largest mean |effect|. NaN without divergence scores.
+        """
+        if self.divergence is None:
+            return {"flagged_share": np.nan, "effect_share_flagged": np.nan, "top_flagged_share": np.nan}
+        size = np.abs(self.effect)
+        top = [self.names.index(name) for name, _ in self.top(10)]
+        return {
+            "flagged_share": float(self.flagged.mean()),
+            "effect_share_flagged": float(size[self.flagged].sum() / size.sum()) if size.sum() > 0 else float("nan"),
+            "top_flagged_share": float(self.flagged[:, top].mean()),
+        }
+
+    def to_frame(self):
+        """Long table: one row per (pair, part) with effect, normalised effect and divergence."""
+        import pandas as pd
+
+        n, p = self.effect.shape
+        frame = pd.DataFrame({
+            "pair": np.repeat(self.pair_ids, p), "part": np.tile(self.names, n), "effect": self.effect.ravel(),
+            "normalized": self.normalized.ravel(), "patched_chosen": self.patched_chosen.ravel(),
+            "patched_rejected": self.patched_rejected.ravel(),
+        })
+        if self.divergence is not None:
+            frame["divergence"] = self.divergence.ravel()
+            frame["flagged"] = self.flagged.ravel()
+        return frame
+
+    def plot(self, n: int = 20):
+        """Bar chart of the mean effect of the top `n` parts (flagged share hatched when scored)."""
+        import matplotlib.pyplot as plt
+
+        top = self.top(n)
+        fig, ax = plt.subplots(figsize=(6, 0.3 * len(top) + 1))
+        ax.barh([t[0] for t in top][::-1], [t[1] for t in top][::-1])
+        ax.set_xlabel(f"mean {self.estimand} effect on the margin ({self.mode}, {self.positions} positions)")
+        fig.tight_layout()
+        return fig
+
+
+def check_options(mode: str, ablation: str, estimand: str) -> None:
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if ablation not in ("zero", "mean"):
+        raise ValueError(f"ablation must be 'zero' or 'mean', got {ablation!r}")
+    if estimand not in ("total", "direct"):
+        raise ValueError(f"estimand must be 'total' or 'direct', got {estimand!r}")
+
+
+def patch(
+    model: RewardModel,
+    pairs: object,
+    *,
+    mode: str = "noising",
+    ablation: str = "zero",
+    positions: str | Spans = "read",
+    level: str = "sublayer",
+    estimand: str = "total",
+    reference: object | None = None,
+    divergence: bool = False,
+    batch_size: int = 8,
+    chunk: int = 512,
+    min_margin: float = 1e-4,
+) -> Patching:
+    """Patch every part (`level` 'sublayer' or 'head') of every pair and return the patched rewards.
+
+    `positions`: 'read' (only the read token; any two lengths), 'all' (token-aligned pairs) or
+    spans (see `resolve_positions`). `reference`: inputs whose mean activation `ablation='mean'`
+    inserts (default: both sides of `pairs`) and whose natural activations divergence is scored
+    against. `divergence=True` scores how far each patched run's later residual stream leaves
+    the natural distribution (`Patching.divergence`, `Patching.reliability`). `chunk`: patched
+    copies of the read token per row in the read-position engine (memory grows with it).
+    """
+    check_options(mode, ablation, estimand)
+    if divergence and estimand == "direct":
+        raise ValueError("divergence scores patched runs' later activations; estimand='direct' holds them "
+                         "frozen, so there is nothing to score: use estimand='total'")
+    seqs = encode_pairs(model, pairs)
+    sweep = sites(model, level)
+    # The read-position engine can read each target's clean reward off an unpatched copy, so the
+    # clean trace need only cover the sequences whose activations are inserted.
+    copies = estimand == "total" and positions == "read" and copies_supported(model, seqs) is None
+    only = None
+    if copies and not divergence and model.arch.head_kind != "gated" and mode != "ablation":
+        only = list(range(1 if mode == "noising" else 0, len(seqs), 2))
+    clean = Clean.run(model, seqs, heads=level == "head", batch_size=batch_size, only=only)
+    ref_seqs = None if reference is None else model.encode(reference)[0]
+    plan = PatchPlan.make(model, clean, sweep, mode, ablation, positions, ref_seqs, batch_size)
+    targets, cols_t, values = plan.targets, plan.cols, plan.values
+    tgt = [seqs[i] for i in targets]
+    labels = [sequence_label(i, True) for i in targets]
+    score = scorer(model, clean, ref_seqs, batch_size) if divergence else None
+    rewards = streams = None
+    if estimand == "direct":
+        rewards = direct_rewards(model, clean, targets, sweep, values, cols_t)
+    elif copies:
+        read = [clean.read[i] for i in targets]
+        # Cheapest first: copies from their own layer on the prefix's cache (no layer residuals
+        # for divergence), then copies through every layer; each proves itself or declines.
+        out = None if divergence else cached_read_sweep(model, tgt, read, sweep, values, clean.coef[targets],
+                                                        batch_size=batch_size)
+        out = (*out, None) if out is not None else read_sweep(
+            model, tgt, read, sweep, values, clean.coef[targets], batch_size=batch_size, chunk=chunk, resid=score)
+        if out is not None:
+            clean_reward, rewards, streams = out
+            clean.reward[targets] = clean_reward.to(clean.reward.dtype)
+        elif only is not None:  # full forwards after all: they need the targets' clean runs too
+            clean = Clean.run(model, seqs, heads=level == "head", batch_size=batch_size)
+    if rewards is None:
+        cols_t, _, values = plan.at_columns(clean)
+        if not divergence:  # stepping skips layers, whose residuals divergence scores
+            rewards = stepped_sweep(model, tgt, sweep, cols_t, values, batch_size=batch_size, labels=labels)
+        if rewards is None:
+            rewards, streams = batched_sweep(model, tgt, sweep, cols_t, values, batch_size=batch_size,
+                                             resid=score, labels=labels)
+    scores = score_patched(sweep, targets, streams, len(seqs) // 2) if divergence else None
+    return assemble(pairs, clean, targets, rewards, sweep, mode=mode, positions=positions, level=level,
+                    estimand=estimand, divergence=scores, min_margin=min_margin)
+
+
+def assemble(
+    pairs: object, clean: Clean, targets: list[int], rewards: Tensor, sweep: list[Site], *, mode: str,
+    positions: str | Spans, level: str, estimand: str, divergence: np.ndarray | None = None,
+    approximate: bool = False, min_margin: float = 1e-4,
+) -> Patching:
+    """A `Patching` from the patched rewards [n_targets, S] of `targets` (other sequences keep their clean reward)."""
+    patched = clean.reward[:, None].repeat(1, len(sweep))
+    patched[targets] = rewards.to(patched.dtype)
+    patched = patched.cpu().numpy()
+    reward = clean.reward.cpu().numpy()
+    ids = [getattr(p, "id", None) for p in flatten_pairs(pairs)]
+    return Patching(
+        names=[s.name for s in sweep], chosen=chosen(reward), rejected=rejected(reward),
+        patched_chosen=chosen(patched), patched_rejected=rejected(patched), mode=mode,
+        positions=positions if isinstance(positions, str) else "spans", level=level, estimand=estimand,
+        pair_ids=[str(i) if pid is None else str(pid) for i, pid in enumerate(ids)], divergence=divergence,
+        approximate=approximate, min_margin=min_margin,
+    )

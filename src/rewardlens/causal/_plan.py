@@ -1,0 +1,218 @@
+"""What a sweep patches: the clean runs, the positions, and the values inserted.
+
+`Clean` traces every sequence once at its read position; `PatchPlan` turns a mode (noising,
+denoising, ablation) and a position set (read, all, spans) into target rows, their columns and
+the replacement activations. The engines (`patch_engine`, `patch_direct`) only execute plans.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ..data import Pair
+from ..errors import DataError, TokenizationError
+from ..model import RewardModel, Tokenized, collate, sequence_label, trace
+from ._engine import Site, site_point
+
+Spans = Sequence[tuple[int | None, int | None]]
+
+
+@dataclass
+class Clean:
+    """The clean run of every sequence at its read position: trace points [N, w], rewards, readout."""
+
+    seqs: list[Tokenized]
+    captured: dict[str, Tensor]
+    read: list[int]
+    coef: Tensor
+    reward: Tensor
+
+    @classmethod
+    def run(
+        cls, model: RewardModel, seqs: list[Tokenized], *, heads: bool, batch_size: int, only: list[int] | None = None,
+        is_pairs: bool = True,
+    ) -> Clean:
+        """Trace every sequence, or only those in `only`: the others get their read position and
+        readout coefficients (no forward needed) but zero activations and a NaN reward, for the
+        caller to fill in (the read-position engine reads them off an unpatched copy)."""
+        index = list(range(len(seqs))) if only is None else list(only)
+        layers = range(model.n_layers) if heads else ()
+        parts: dict[str, list] = {}
+        read = [0] * len(seqs)
+        order = []
+        for rows, batch in model.batches([seqs[i] for i in index], batch_size, "right", is_pairs, index=index):
+            tr = trace(model, batch, heads=layers)
+            for key, value in tr.captured.items():
+                parts.setdefault(key, []).append(value)
+            for row, at in zip(rows.tolist(), batch.read_index.tolist()):
+                read[index[row]] = at
+            order.append(torch.as_tensor(rows))
+        rest = [i for i in range(len(seqs)) if i not in set(index)]
+        for rows, batch in model.batches([seqs[i] for i in rest], batch_size, "right", is_pairs, index=rest):
+            for row, at in zip(rows.tolist(), batch.read_index.tolist()):
+                read[rest[row]] = at
+        inverse = torch.argsort(torch.cat(order))
+        run = {k: torch.cat(v)[inverse.to(v[0].device)] for k, v in parts.items()}
+        values, coef = model.head_readout(run)
+        if only is None:
+            return cls(seqs, run, read, coef, (values * coef).sum(-1))
+        at = torch.tensor(index, device=model.device)
+        captured = {k: v.new_zeros((len(seqs), *v.shape[1:])).index_copy(0, at, v) for k, v in run.items()}
+        reward = torch.full((len(seqs),), float("nan"), device=model.device).index_copy(0, at, (values * coef).sum(-1))
+        return cls(seqs, captured, read, model.head.coefficients(len(seqs)), reward)
+
+
+def flatten_pairs(pairs: object) -> list:
+    """`pairs` as a list (one `Pair` on its own becomes a list of one)."""
+    return [pairs] if isinstance(pairs, Pair) else list(pairs)
+
+
+def encode_pairs(model: RewardModel, pairs: object) -> list[Tokenized]:
+    """Token ids of the pairs, interleaved chosen, rejected; refuses inputs that are not pairs."""
+    seqs, is_pairs = model.encode(pairs)
+    if not is_pairs:
+        raise DataError("patching compares the two sides of preference pairs: pass a list of rewardlens.Pair")
+    return seqs
+
+
+def resolve_positions(
+    seqs: list[Tokenized], read: list[int], targets: list[int], sources: list[int] | None, positions: str | Spans
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Target columns, matching source columns and a validity mask, each [n_targets, m].
+
+    'all' needs the two sides of a pair to have the same length (token-aligned). A span
+    `(start, stop)` slices the positions up to and including the read token `t*`: negative numbers
+    count back from `t*` (so `(-3, None)` is the last three tokens, aligned at the read token on
+    both sides), others are absolute. Short rows repeat their last column (masked out in `valid`).
+    """
+    cols_t, cols_s = [], []
+    for j, t in enumerate(targets):
+        s = None if sources is None else sources[j]
+        if positions == "all":
+            if s is not None and len(seqs[t].ids) != len(seqs[s].ids):
+                raise TokenizationError(
+                    f"positions='all' needs token-aligned pairs, but {sequence_label(t, True)} has "
+                    f"{len(seqs[t].ids)} tokens and {sequence_label(s, True)} has {len(seqs[s].ids)}; use "
+                    "positions='read' (the default) or spans counted back from the read token, e.g. [(-4, None)]"
+                )
+            ct = list(range(len(seqs[t].ids)))
+            cs = list(ct)
+        else:
+            ct = _span_cols(positions, read[t])
+            cs = ct if s is None else _span_cols(positions, read[s])
+            if len(cs) != len(ct) or not ct:
+                raise TokenizationError(
+                    f"the spans {list(positions)} select {len(ct)} positions in {sequence_label(t, True)} but "
+                    f"{len(cs)} in {sequence_label(s, True) if s is not None else 'its source'}; count them back "
+                    "from the read token (negative numbers) so both sides have them"
+                )
+        cols_t.append(ct)
+        cols_s.append(cs)
+    m = max(len(c) for c in cols_t)
+    pad = lambda cs: [c + [c[-1]] * (m - len(c)) for c in cs]
+    valid = torch.tensor([[i < len(c) for i in range(m)] for c in cols_t])
+    return torch.tensor(pad(cols_t)), torch.tensor(pad(cols_s)), valid
+
+
+def _span_cols(spans: Spans, read: int) -> list[int]:
+    if isinstance(spans, str):
+        raise ValueError(f"positions must be 'read', 'all' or a list of (start, stop) spans, got {spans!r}")
+    cols: list[int] = []
+    for span in spans:
+        if len(span) != 2:
+            raise ValueError(f"a span is (start, stop), got {span!r}")
+        for c in range(read + 1)[slice(*span)]:
+            if c not in cols:
+                cols.append(c)
+    return cols
+
+
+def capture_columns(
+    model: RewardModel, seqs: list[Tokenized], index: list[int], cols: Tensor, keys: dict[str, Site], batch_size: int
+) -> dict[str, Tensor]:
+    """Site activations of sequences `index` at columns `cols` [len(index), m] → key → [len(index), m, w]."""
+    out: dict[str, list] = {k: [None] * len(index) for k in keys}
+    chosen = [seqs[i] for i in index]
+    for start in range(0, len(index), batch_size):
+        rows = list(range(start, min(start + batch_size, len(index))))
+        batch = collate([chosen[r] for r in rows], pad_id=model.pad_token_id, side="right", first=model.encoder,
+                        device=model.device)
+        c = cols[rows].to(model.device)
+        points = {k: site_point(model, site, c) for k, site in keys.items()}
+        captured = model.run(batch, points)
+        for k in keys:
+            for j, r in enumerate(rows):
+                out[k][r] = captured[k][j]
+    return {k: torch.stack(v) for k, v in out.items()}
+
+
+def _by_key(sweep: list[Site]) -> dict[str, Site]:
+    return {site.key: site for site in sweep}
+
+
+def _ablation_values(
+    model: RewardModel, clean: Clean, sweep: list[Site], ablation: str, positions: str | Spans,
+    reference: list[Tokenized] | None, batch_size: int,
+) -> dict[str, Tensor]:
+    """One replacement vector [w] per key: zeros, or the mean activation over the reference set
+    (at its read positions for positions='read', else over every real token)."""
+    keys = _by_key(sweep)
+    if ablation == "zero":
+        return {k: torch.zeros_like(clean.captured[k][0]) for k in keys}
+    if positions == "read":
+        if reference is None:
+            return {k: clean.captured[k].mean(0) for k in keys}
+        ref = Clean.run(model, reference, heads=any(s.head is not None for s in sweep), batch_size=batch_size,
+                        is_pairs=False)
+        return {k: ref.captured[k].mean(0) for k in keys}
+    ref_seqs = reference if reference is not None else clean.seqs
+    index = list(range(len(ref_seqs)))
+    cols, _, valid = resolve_positions(ref_seqs, [len(s.ids) - 1 for s in ref_seqs], index, None, [(0, None)])
+    acts = capture_columns(model, ref_seqs, index, cols, keys, batch_size)
+    weight = valid.to(model.device, torch.float32)[..., None]
+    return {k: (v * weight).sum((0, 1)) / weight.sum() for k, v in acts.items()}
+
+
+@dataclass(frozen=True)
+class PatchPlan:
+    """Which runs a sweep patches and with what: target sequence indices, their patched columns
+    [n_targets, m] and validity mask (None at the read position), and the replacement values per
+    site key ([w] everywhere, [n_targets, w] at the read position, or [n_targets, m, w])."""
+
+    targets: list[int]
+    cols: Tensor | None
+    valid: Tensor | None
+    values: dict[str, Tensor]
+
+    @classmethod
+    def make(
+        cls, model: RewardModel, clean: Clean, sweep: list[Site], mode: str, ablation: str, positions: str | Spans,
+        reference: list[Tokenized] | None, batch_size: int,
+    ) -> PatchPlan:
+        n_seqs = len(clean.seqs)
+        if mode == "ablation":
+            targets, sources = list(range(n_seqs)), None
+        else:
+            chosen, rejected = list(range(0, n_seqs, 2)), list(range(1, n_seqs, 2))
+            targets, sources = (chosen, rejected) if mode == "noising" else (rejected, chosen)
+        cols, cols_s, valid = (None, None, None) if positions == "read" else resolve_positions(
+            clean.seqs, clean.read, targets, sources, positions)
+        if mode == "ablation":
+            values = _ablation_values(model, clean, sweep, ablation, positions, reference, batch_size)
+        elif positions == "read":
+            values = {k: clean.captured[k][sources] for k in _by_key(sweep)}
+        else:
+            values = capture_columns(model, clean.seqs, sources, cols_s, _by_key(sweep), batch_size)
+        return cls(targets, cols, valid, values)
+
+    def at_columns(self, clean: Clean) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+        """The plan with read positions written as columns: cols [n_targets, m], valid, values."""
+        if self.cols is not None:
+            return self.cols, self.valid, self.values
+        cols = torch.tensor([[clean.read[i]] for i in self.targets])
+        values = {k: v if v.ndim == 1 else v[:, None] for k, v in self.values.items()}
+        return cols, torch.ones_like(cols, dtype=torch.bool), values

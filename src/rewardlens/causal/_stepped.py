@@ -1,0 +1,158 @@
+"""Whole-sequence patching that starts each patched run at its own layer.
+
+Below the patched layer a patched run equals the clean one, so recomputing those layers is
+waste. One clean forward of the targets records every decoder layer's input and the exact
+arguments the model passed to it (masks, rotary tables, relative positions: whatever this
+architecture computes); a run patched at layer l then starts from the cached input of layer l
+and calls the model's own layer modules l..L-1 with those arguments, rows of many parts batched
+together. Nothing is re-implemented: the layers, their attention and their masks are the model's.
+
+Arguments are matched to rows by their batch dimension. `stepping_works` proves on the clean
+batch that stepping reproduces the model's own forward before any number is taken from it; a
+model where it does not (some layer argument we cannot slice by row) falls back to full forwards.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterator
+
+import torch
+from torch import Tensor
+
+from ..model import Batch, RewardModel, Tokenized, collate, eval_mode, get_module, hidden_arg
+from ._engine import Overwrite, Site, head_slice, patched, take_values
+
+
+class Recording:
+    """A clean forward's per-layer inputs [B, T, d] and the other arguments of every layer call."""
+
+    def __init__(self, model: RewardModel, batch: Batch) -> None:
+        self.batch, self.inputs, self.calls = batch, [], []
+        handles = []
+
+        def keep(m, args, kwargs):
+            hidden = hidden_arg(args, kwargs)
+            self.inputs.append(hidden.detach())
+            self.calls.append((args[1:] if args else (), {k: v for k, v in kwargs.items() if k != "hidden_states"}))
+
+        try:
+            handles = [layer.register_forward_pre_hook(keep, with_kwargs=True) for layer in model.layers]
+            kwargs = model.batch_kwargs(batch)
+            with torch.no_grad(), eval_mode(model.model):
+                out = model.backbone(**kwargs)
+        finally:
+            for handle in handles:
+                handle.remove()
+        self.last = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+
+    def run(self, model: RewardModel, start: int, rows: Tensor) -> Tensor:
+        """Layers `start`..L-1 on batch rows `rows` [r] (repeats allowed), from the recorded input."""
+        hidden = self.inputs[start][rows]
+        size = self.inputs[0].shape[0]
+        with torch.no_grad(), eval_mode(model.model):
+            for layer in range(start, model.n_layers):
+                args, kwargs = self.calls[layer]
+                out = model.layers[layer](hidden, *_rows(args, rows, size), **_rows(kwargs, rows, size))
+                hidden = out[0] if isinstance(out, (tuple, list)) else out
+        return hidden
+
+
+def _rows(value, rows: Tensor, size: int):
+    """`value` with every tensor whose first dimension is the batch (`size`) indexed by `rows`."""
+    if isinstance(value, Tensor):
+        return value[rows.to(value.device)] if value.ndim and value.shape[0] == size else value
+    if isinstance(value, tuple):
+        return tuple(_rows(v, rows, size) for v in value)
+    if isinstance(value, list):
+        return [_rows(v, rows, size) for v in value]
+    if isinstance(value, dict):
+        return {k: _rows(v, rows, size) for k, v in value.items()}
+    return value
+
+
+def _readout(model: RewardModel, rec: Recording, hidden: Tensor, rows: Tensor) -> Tensor:
+    """Rewards [r] of stepped rows from the last layer's output [r, T, d] (gate: the run's own)."""
+    at = rec.batch.read_index[rows.to(rec.batch.read_index.device)]
+    r = torch.arange(len(rows), device=hidden.device)
+    x = hidden[r, at.to(hidden.device)].float().to(model.device)
+    values = model.head(model.final_hidden(x))
+    if model.arch.head_kind == "gated" and model.head.readout is None:
+        gate_at = model.gate_index(rec.batch)[rows.to(model.device)]
+        gate_h = model.final_hidden(hidden[r, gate_at.to(hidden.device)].float().to(model.device))
+        coef = model.head.coefficients(len(rows), gate_h)
+    else:
+        coef = model.head.coefficients(len(rows))
+    return (values * coef).sum(-1)
+
+
+def stepping_works(model: RewardModel, rec: Recording, tol: float = 1e-4) -> bool:
+    """Does stepping reproduce the recorded forward? Rows are taken reversed and twice over, so an
+    argument sliced by row that is not per row (or one that should have been) shows up as a gap."""
+    size = rec.inputs[0].shape[0]
+    rows = torch.arange(size - 1, -1, -1).repeat(2)
+    try:
+        mine = rec.run(model, 0, rows)
+        if model.arch.final_norm is not None:  # the backbone's output is after the final norm
+            with torch.no_grad():
+                mine = get_module(model.model, model.arch.final_norm)(mine)
+    except Exception:  # noqa: BLE001 - an argument we could not slice by row; the caller falls back
+        return False
+    want = rec.last[rows.to(rec.last.device)]
+    if mine.shape != want.shape:
+        return False
+    mask = rec.batch.attention_mask.bool()[rows.to(rec.batch.attention_mask.device)].to(want.device)
+    gap = (mine - want)[mask].float().norm(dim=-1) / want[mask].float().norm(dim=-1).clamp_min(1e-12)
+    return bool(gap.max() <= tol)
+
+
+def stepped_sweep(
+    model: RewardModel,
+    seqs: list[Tokenized],
+    sweep: list[Site],
+    cols: Tensor,
+    values: dict[str, Tensor],
+    *,
+    batch_size: int = 8,
+    labels: list[str] | None = None,
+) -> Tensor | None:
+    """Patched rewards [n, S], as `patch_engine.batched_sweep`, each run starting at its patched
+    layer. None when this model's layers cannot be stepped (the caller runs full forwards)."""
+    rewards = torch.zeros(len(seqs), len(sweep), device=model.device)
+    by_start: dict[int, list[int]] = defaultdict(list)
+    for s, site in enumerate(sweep):
+        by_start[0 if site.kind == "embed" else site.layer].append(s)
+    for index in _batches(seqs, batch_size):
+        batch = collate([seqs[i] for i in index], pad_id=model.pad_token_id, side="right", first=model.encoder,
+                        device=model.device, labels=[labels[i] for i in index] if labels else None)
+        rec = Recording(model, batch)
+        if not stepping_works(model, rec):
+            return None
+        for start, group in sorted(by_start.items()):
+            jobs = [(b, s) for s in group for b in range(len(index))]
+            for at in range(0, len(jobs), batch_size):
+                job = jobs[at : at + batch_size]
+                rows = torch.tensor([b for b, _ in job])
+                seq = torch.tensor([index[b] for b, _ in job])
+                by_site: dict[int, list[int]] = defaultdict(list)
+                for r, (_, s) in enumerate(job):
+                    by_site[s].append(r)
+                edits = [Overwrite(sweep[s], torch.tensor(rs), cols[seq[rs]],
+                              take_values(values[sweep[s].key], seq[rs], head_slice(model, sweep[s])))
+                         for s, rs in by_site.items()]
+                with patched(model, edits):
+                    hidden = rec.run(model, start, rows)
+                rewards[seq, [s for _, s in job]] = _readout(model, rec, hidden, rows)
+    return rewards
+
+
+def _batches(seqs: list[Tokenized], size: int) -> Iterator[list[int]]:
+    """Length-sorted groups of sequence indices whose count never equals their padded length, so a
+    per-position argument ([T]) cannot be mistaken for a per-row one ([B])."""
+    order = sorted(range(len(seqs)), key=lambda i: len(seqs[i].ids))
+    while order:
+        index = order[:size]
+        while len(index) > 1 and len(index) == max(len(seqs[i].ids) for i in index):
+            index = index[:-1]
+        order = order[len(index):]
+        yield index

@@ -1,0 +1,197 @@
+"""`compare`: two reward models on the same pairs, side by side.
+
+Behaviour is compared for any two models: how their rewards and margins rank the pairs (Spearman,
+with percentile bootstrap CIs over pairs), how often they pick the same winner, where each one's
+preference crystallizes (the lens on relative depth l/L), how each spreads its margin over depth
+(the exact sublayer attribution, aligned by relative depth), and optionally the probe profile.
+
+Directions are compared only when both models write into the same residual basis: same hidden
+size, same number of layers, the same tokenizer vocabulary and token-embedding matrices that
+match (mean row cosine ≥ `EMBEDDING_MATCH`). A reward model fine-tuned from a backbone keeps its
+embeddings almost unchanged and passes; a model trained from another initialisation does not,
+even with the same shapes — a coordinate of its residual stream means something else, so a
+cosine across the two would be a number without a meaning. When the check fails, `refused` says
+which part failed and with what values; the behavioural comparison is still made.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import replace
+
+import numpy as np
+import torch
+
+from ..data import Pair, margin
+from ..errors import DataError
+from ..exact import attribute, lens
+from ..model import Part, RewardModel
+from ..stats import bootstrap_ci, spearman
+from ._result import EMBEDDING_MATCH, Basis, Comparison, ModelSide
+
+
+def _side(model: RewardModel, pairs: list[Pair], label: str, fraction: float, probes: bool, probe_items,
+          seed: int, n_boot: int, batch_size: int) -> ModelSide:
+    """Lens and sublayer attribution of every pair (one batched pass each), probes if asked."""
+    ln = lens(model, pairs, batch_size=batch_size)
+    att = attribute(model, pairs, level="sublayer", batch_size=batch_size, per_objective=False)
+    profile = np.zeros(model.n_layers + 1)
+    for name, column in zip(att.names, att.margin.mean(0)):
+        profile[Part.parse(name).depth] += column
+    pr = None
+    if probes:
+        from .hacking import probe
+
+        pr = probe(model, probe_items, seed=seed, n_boot=n_boot, batch_size=batch_size)
+    return ModelSide(label=label, model=repr(model), reward=att.reward, lens_linear=ln.margin("linear"),
+                     lens_normed=ln.margin("normed"), crystallization_linear=ln.crystallization("linear", fraction),
+                     crystallization_normed=ln.crystallization("normed", fraction), profile=profile, probes=pr)
+
+
+def _embeddings(model: RewardModel) -> torch.Tensor | None:
+    try:
+        weight = model.model.get_input_embeddings().weight
+    except (AttributeError, NotImplementedError):
+        return None
+    return None if weight.is_meta else weight.detach()
+
+
+def shared_basis(a: RewardModel, b: RewardModel, threshold: float = EMBEDDING_MATCH) -> Basis:
+    """Run the structural checks (module docstring) on two models; see `Basis`."""
+    hidden, layers = (a.d_model, b.d_model), (a.n_layers, b.n_layers)
+    same_vocab = a.tokenizer.get_vocab() == b.tokenizer.get_vocab()
+    why = []
+    if hidden[0] != hidden[1]:
+        why.append(f"hidden sizes differ: {hidden[0]} vs {hidden[1]}")
+    if layers[0] != layers[1]:
+        why.append(f"layer counts differ: {layers[0]} vs {layers[1]}")
+    if not same_vocab:
+        why.append(f"tokenizer vocabularies differ ({len(a.tokenizer.get_vocab())} vs "
+                   f"{len(b.tokenizer.get_vocab())} entries, or the same size with other ids)")
+    ea, eb = _embeddings(a), _embeddings(b)
+    cos = float("nan")
+    if ea is None or eb is None:
+        why.append("a token-embedding matrix is not readable (no get_input_embeddings, or offloaded)")
+    elif ea.shape != eb.shape:
+        why.append(f"token-embedding matrices differ in shape: {tuple(ea.shape)} vs {tuple(eb.shape)}")
+    else:
+        # In chunks, in fp32 on the CPU: two 128k × 4096 matrices need not be copied whole.
+        cosines = []
+        for start in range(0, ea.shape[0], 8192):
+            x, y = (e[start : start + 8192].float().cpu() for e in (ea, eb))
+            nx, ny = x.norm(dim=1), y.norm(dim=1)
+            c = (x * y).sum(1) / (nx * ny).clamp_min(1e-30)
+            cosines.append(torch.where((nx == 0) & (ny == 0), torch.ones_like(c), c))  # unused rows match
+        cos = float(torch.cat(cosines).mean())
+        if not cos >= threshold:
+            why.append(f"token embeddings differ: mean row cosine {cos:.3f} < {threshold}")
+    refused = None
+    if why:
+        refused = "; ".join(why) + " — residual directions live in different spaces; compare behaviour only"
+    return Basis(hidden, layers, same_vocab, cos, refused)
+
+
+def _cosine(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Row-wise cosine of [..., d] arrays (NaN where a row is zero)."""
+    norm = np.linalg.norm(x, axis=-1) * np.linalg.norm(y, axis=-1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(norm > 0, (x * y).sum(-1) / norm, np.nan)
+
+
+def _directions(model: RewardModel, pairs: list[Pair], batch_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(mean chosen − rejected residual at t* per depth [L+1, d], effective read-out rows [2n, d],
+    the same pulled back through the final norm [2n, d]) from one batched pass."""
+    labels = ["embed", *map(str, range(model.n_layers))]
+    reading = model.read(model.encode(pairs)[0], layers=labels, batch_size=batch_size, readout=True)
+    resid, readout = torch.stack([reading.layers[label] for label in labels], 1), reading.readout
+    residual_readout = readout
+    if model.arch.final_norm is not None:  # pre-norm: the last layer's output is the final norm's input
+        residual_readout = model.norm(model.arch.final_norm).pullback(readout[:, None], resid[:, -1])[0][:, 0]
+    diff = margin(resid).mean(0)
+    return diff.cpu().numpy(), readout.cpu().numpy(), residual_readout.cpu().numpy()
+
+
+def _interval(stat, n: int, n_boot: int, seed: int) -> tuple[float, float]:
+    """Bootstrap CI of `stat(pair indices)` resampling pairs (stats.bootstrap_ci over the indices)."""
+    return bootstrap_ci(np.arange(n, dtype=np.float64), stat=lambda idx: stat(idx.astype(int)), n_boot=n_boot,
+                        seed=seed)
+
+
+def compare(
+    model_a: RewardModel | str | os.PathLike,
+    model_b: RewardModel | str | os.PathLike,
+    pairs: Sequence[Pair],
+    *,
+    labels: tuple[str, str] = ("A", "B"),
+    fraction: float = 0.5,
+    probes: bool = False,
+    probe_items: Sequence | None = None,
+    n_boot: int = 2000,
+    seed: int = 0,
+    batch_size: int = 8,
+) -> Comparison:
+    """Compare two reward models on the same preference `pairs`; returns a `Comparison`.
+
+    Models may be `RewardModel`s or folders / hub ids (opened with `rewardlens.load`). `fraction`:
+    crystallization threshold (share of the final margin). `probes`: also run `rewardlens.probe`
+    on both (on `probe_items`, default the built-in items). Every analysis runs batched over all
+    pairs; directions are compared only when `shared_basis` accepts the two models.
+    """
+    from .model import load
+
+    pairs = list(pairs)
+    if not pairs or not all(isinstance(p, Pair) for p in pairs):
+        kinds = sorted({type(p).__name__ for p in pairs})
+        raise DataError(f"compare needs a non-empty list of rewardlens.Pair (margins need both sides), got "
+                        f"{len(pairs)} items of type {kinds}; load them with rewardlens.load_pairs")
+    if len(labels) != 2 or labels[0] == labels[1] or not 0 < fraction <= 1 or n_boot < 1:
+        raise ValueError(f"need two different labels, fraction in (0, 1] and n_boot >= 1; got labels={labels!r}, "
+                         f"fraction={fraction}, n_boot={n_boot}")
+    ma, mb = (m if isinstance(m, RewardModel) else load(str(m)) for m in (model_a, model_b))
+    a = _side(ma, pairs, labels[0], fraction, probes, probe_items, seed, n_boot, batch_size)
+    # The same object twice (a sanity baseline) needs no second run.
+    b = replace(a, label=labels[1]) if mb is ma else _side(mb, pairs, labels[1], fraction, probes, probe_items,
+                                                            seed, n_boot, batch_size)
+    n = len(pairs)
+    rows = lambda idx: np.stack([2 * idx, 2 * idx + 1], 1).ravel()
+    same = (np.sign(a.margin) == np.sign(b.margin)).astype(np.float64)
+    diff = np.stack([b.crystallization_linear - a.crystallization_linear,
+                     b.crystallization_normed - a.crystallization_normed])
+    diff_mean = np.array([np.nanmean(d) if np.isfinite(d).any() else np.nan for d in diff])
+    grid = np.linspace(0.0, 1.0, max(a.n_layers, b.n_layers) + 1)
+    profile_a, profile_b = np.interp(grid, a.depth, a.profile), np.interp(grid, b.depth, b.profile)
+    probe_rho = float("nan")
+    if probes:
+        probe_rho = spearman(a.probes.mean, b.probes.mean)
+    basis = shared_basis(ma, mb)
+    readout_cos = residual_cos = float("nan")
+    direction_cos = np.array([])
+    if basis.shared:
+        diff_a, read_a, rread_a = _directions(ma, pairs, batch_size)
+        diff_b, read_b, rread_b = _directions(mb, pairs, batch_size)
+        readout_cos = float(np.nanmean(_cosine(read_a, read_b)))
+        residual_cos = float(np.nanmean(_cosine(rread_a, rread_b)))
+        direction_cos = _cosine(diff_a, diff_b)
+    return Comparison(
+        a=a, b=b, pair_ids=[p.id if p.id is not None else str(i) for i, p in enumerate(pairs)], fraction=fraction,
+        spearman_reward=spearman(a.reward, b.reward),
+        spearman_reward_ci=_interval(lambda i: spearman(a.reward[rows(i)], b.reward[rows(i)]), n, n_boot, seed),
+        spearman_margin=spearman(a.margin, b.margin),
+        spearman_margin_ci=_interval(lambda i: spearman(a.margin[i], b.margin[i]), n, n_boot, seed),
+        agreement=float(same.mean()), agreement_ci=bootstrap_ci(same, n_boot=n_boot, seed=seed),
+        accuracy_ci=np.array([bootstrap_ci((s.margin > 0).astype(np.float64), n_boot=n_boot, seed=seed)
+                              for s in (a, b)]),
+        depth_difference=diff_mean, depth_difference_ci=np.array([bootstrap_ci(d, n_boot=n_boot, seed=seed)
+                                                                  for d in diff]),
+        grid=grid, profile_a=profile_a, profile_b=profile_b,
+        profile_correlation=_pearson(profile_a, profile_b), probe_spearman=probe_rho, basis=basis,
+        readout_cosine=readout_cos, residual_readout_cosine=residual_cos, direction_cosine=direction_cos,
+    )
+
+
+def _pearson(x: np.ndarray, y: np.ndarray) -> float:
+    """Pearson r of two profiles; NaN when either is constant (no shape to correlate)."""
+    if np.ptp(x) == 0 or np.ptp(y) == 0:
+        return float("nan")
+    return float(np.corrcoef(x, y)[0, 1])

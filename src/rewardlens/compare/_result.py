@@ -1,0 +1,245 @@
+"""The result of `compare`: each model's side, the shared basis check, and the comparison."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..data import chosen, margin, rejected
+from ..hacking import Probes
+
+EMBEDDING_MATCH = 0.99
+"""Mean row cosine of the token-embedding matrices above which two models share a basis."""
+
+
+@dataclass(frozen=True)
+class ModelSide:
+    """One model's results on the compared pairs (n pairs, L layers).
+
+    `reward` [2n] (rows alternate chosen, rejected); `lens_linear`, `lens_normed` [n, L+1]
+    chosen − rejected margin by depth (0 = embeddings); `crystallization_linear`,
+    `crystallization_normed` [n] as l / L (NaN where the final margin is near zero); `profile`
+    [L+1] the mean margin attribution written at each depth (embeddings, then attention + MLP of
+    each layer), reward units; `probes` the probe run, when asked for.
+    """
+
+    label: str
+    model: str
+    reward: np.ndarray
+    lens_linear: np.ndarray
+    lens_normed: np.ndarray
+    crystallization_linear: np.ndarray
+    crystallization_normed: np.ndarray
+    profile: np.ndarray
+    probes: Probes | None
+
+    @property
+    def n_layers(self) -> int:
+        return self.lens_linear.shape[1] - 1
+
+    @property
+    def depth(self) -> np.ndarray:
+        """Relative depth l / L of each lens depth [L+1]."""
+        return np.arange(self.n_layers + 1) / self.n_layers
+
+    @property
+    def margin(self) -> np.ndarray:
+        """Chosen − rejected reward [n]."""
+        return margin(self.reward)
+
+    @property
+    def accuracy(self) -> float:
+        return float(np.mean(self.margin > 0))
+
+
+@dataclass(frozen=True)
+class Basis:
+    """Whether two models share a residual basis, and the values each check saw.
+
+    `refused` is None when shared, else every failed check with its values. `embedding_cosine`
+    is the mean row cosine of the token embeddings (NaN when the shapes already differ).
+    """
+
+    hidden: tuple[int, int]
+    layers: tuple[int, int]
+    same_vocabulary: bool
+    embedding_cosine: float
+    refused: str | None
+
+    @property
+    def shared(self) -> bool:
+        return self.refused is None
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Two models on the same n pairs. CIs are 95% percentile bootstraps over pairs, (low, high).
+
+    `spearman_reward` ranks all 2n rewards, `spearman_margin` the n margins; `agreement` is the
+    share of pairs both models decide the same way; `accuracy_ci` [2, 2] is A's and B's.
+    `depth_difference` [2] is the mean per-pair crystallization depth of B minus A (linear, normed
+    lens; pairs where both are defined) with `depth_difference_ci` [2, 2]. `grid` [G] is a common
+    relative-depth grid (the deeper model's depths) with both `profile_a`, `profile_b` [G]
+    interpolated onto it. `probe_spearman` ranks the two probe profiles (per-axis mean effects; NaN
+    without probes). Direction results (NaN, or empty, when `basis.refused`): `readout_cosine` of the
+    effective read-out rows (what the heads read from their final hidden state, combined by the
+    readout; mean over inputs for heads whose rows depend on the input), `residual_readout_cosine`
+    of the same pulled back through each model's final norm (the direction in the residual stream),
+    `direction_cosine` [L+1] of the mean chosen − rejected residual difference at the read token,
+    per depth (NaN where a mean difference is zero, e.g. embeddings when both sides end alike).
+    """
+
+    a: ModelSide
+    b: ModelSide
+    pair_ids: list[str]
+    fraction: float
+    spearman_reward: float
+    spearman_reward_ci: tuple[float, float]
+    spearman_margin: float
+    spearman_margin_ci: tuple[float, float]
+    agreement: float
+    agreement_ci: tuple[float, float]
+    accuracy_ci: np.ndarray
+    depth_difference: np.ndarray
+    depth_difference_ci: np.ndarray
+    grid: np.ndarray
+    profile_a: np.ndarray
+    profile_b: np.ndarray
+    profile_correlation: float
+    probe_spearman: float
+    basis: Basis
+    readout_cosine: float
+    residual_readout_cosine: float
+    direction_cosine: np.ndarray
+
+    @property
+    def refused(self) -> str | None:
+        """Why directions were not compared, or None when they were."""
+        return self.basis.refused
+
+    def to_frame(self):
+        """One row per pair: both models' rewards, margins and crystallization depths."""
+        import pandas as pd
+
+        out = {"pair": self.pair_ids}
+        for s in (self.a, self.b):
+            out |= {f"chosen_{s.label}": chosen(s.reward), f"rejected_{s.label}": rejected(s.reward),
+                    f"margin_{s.label}": s.margin, f"crystallization_{s.label}": s.crystallization_linear}
+        out["same_winner"] = np.sign(self.a.margin) == np.sign(self.b.margin)
+        return pd.DataFrame(out)
+
+    def depth_frame(self):
+        """One row per point of the common relative-depth grid: both attribution profiles and both
+        mean linear-lens margins, interpolated."""
+        import pandas as pd
+
+        lens_on = lambda s: np.interp(self.grid, s.depth, s.lens_linear.mean(0))
+        return pd.DataFrame({"depth": self.grid, f"profile_{self.a.label}": self.profile_a,
+                             f"profile_{self.b.label}": self.profile_b, f"lens_{self.a.label}": lens_on(self.a),
+                             f"lens_{self.b.label}": lens_on(self.b)})
+
+    def probe_frame(self):
+        """One row per probe axis: each model's mean effect, CI and flag (None without probes)."""
+        import pandas as pd
+
+        if self.a.probes is None or self.b.probes is None:
+            return None
+        out = {"axis": list(self.a.probes.axes)}
+        for s in (self.a, self.b):
+            p = s.probes
+            out |= {f"mean_{s.label}": p.mean, f"ci_low_{s.label}": p.ci_low, f"ci_high_{s.label}": p.ci_high,
+                    f"flagged_{s.label}": p.flagged}
+        return pd.DataFrame(out)
+
+    def summary(self) -> dict:
+        """Every number as a JSON-ready dict (NaN becomes None)."""
+        ci = lambda c: [_num(c[0]), _num(c[1])]
+        med = lambda d: _num(np.nanmedian(d)) if np.isfinite(d).any() else None
+        sides = (self.a, self.b)
+        out = {
+            "labels": [s.label for s in sides], "models": [s.model for s in sides], "n_pairs": len(self.pair_ids),
+            "agreement": {
+                "spearman_reward": {"value": _num(self.spearman_reward), "ci": ci(self.spearman_reward_ci)},
+                "spearman_margin": {"value": _num(self.spearman_margin), "ci": ci(self.spearman_margin_ci)},
+                "same_winner": {"value": _num(self.agreement), "ci": ci(self.agreement_ci)},
+                "accuracy": {s.label: {"value": s.accuracy, "ci": ci(c)} for s, c in zip(sides, self.accuracy_ci)},
+            },
+            "lens": {
+                "fraction": self.fraction,
+                "models": {s.label: {
+                    "n_layers": s.n_layers, "depth": s.depth.tolist(),
+                    "mean_linear_margin": s.lens_linear.mean(0).tolist(),
+                    "mean_normed_margin": s.lens_normed.mean(0).tolist(),
+                    "median_crystallization_linear": med(s.crystallization_linear),
+                    "median_crystallization_normed": med(s.crystallization_normed)} for s in sides},
+                "crystallization_difference": {
+                    kind: {"mean": _num(self.depth_difference[k]), "ci": ci(self.depth_difference_ci[k])}
+                    for k, kind in enumerate(("linear", "normed"))},
+            },
+            "attribution": {"grid": self.grid.tolist(), self.a.label: self.profile_a.tolist(),
+                            self.b.label: self.profile_b.tolist(), "correlation": _num(self.profile_correlation)},
+            "probes": None,
+            "directions": {
+                "shared_basis": self.basis.shared, "refused": self.basis.refused,
+                "checks": {"hidden": list(self.basis.hidden), "layers": list(self.basis.layers),
+                           "same_vocabulary": self.basis.same_vocabulary,
+                           "embedding_cosine": _num(self.basis.embedding_cosine), "threshold": EMBEDDING_MATCH},
+                "readout_cosine": _num(self.readout_cosine),
+                "residual_readout_cosine": _num(self.residual_readout_cosine),
+                "by_depth": [{"depth": float(d), "cosine": _num(c)}
+                             for d, c in zip(self.a.depth, self.direction_cosine)],
+            },
+        }
+        if self.a.probes is not None and self.b.probes is not None:
+            out["probes"] = {"spearman": _num(self.probe_spearman), "axes": [
+                {"axis": axis, **{s.label: {"mean": _num(s.probes.mean[j]), "flagged": bool(s.probes.flagged[j]),
+                                            "ci": ci((s.probes.ci_low[j], s.probes.ci_high[j]))} for s in sides}}
+                for j, axis in enumerate(self.a.probes.axes)]}
+        return out
+
+    def plot(self):
+        """A 2×2 figure: margins of B against A, mean lens margins and attribution profiles on
+        relative depth, and the probe profiles (or, without probes, the direction cosines)."""
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(2, 2, figsize=(10, 7))
+        a, b = self.a, self.b
+        ax[0, 0].scatter(a.margin, b.margin, s=12)
+        ax[0, 0].axhline(0, color="gray", lw=0.6)
+        ax[0, 0].axvline(0, color="gray", lw=0.6)
+        ax[0, 0].set(xlabel=f"margin {a.label}", ylabel=f"margin {b.label}",
+                     title=f"margins: Spearman {self.spearman_margin:.2f}, same winner {self.agreement:.0%}")
+        for s, color in ((a, "tab:blue"), (b, "tab:orange")):
+            ax[0, 1].plot(s.depth, s.lens_linear.mean(0), color=color, marker="o", label=f"{s.label} linear")
+            ax[0, 1].plot(s.depth, s.lens_normed.mean(0), color=color, ls="--", label=f"{s.label} normed")
+        ax[0, 1].set(xlabel="relative depth l/L", ylabel="mean margin", title="lens")
+        ax[0, 1].legend(fontsize=7)
+        ax[1, 0].plot(self.grid, self.profile_a, marker="o", label=a.label)
+        ax[1, 0].plot(self.grid, self.profile_b, marker="o", label=b.label)
+        ax[1, 0].set(xlabel="relative depth l/L", ylabel="mean margin attribution",
+                     title=f"attribution profile (r = {self.profile_correlation:.2f})")
+        ax[1, 0].legend(fontsize=7)
+        if a.probes is not None and b.probes is not None:
+            y = np.arange(len(a.probes.axes))
+            for s, off in ((a, -0.15), (b, 0.15)):
+                p = s.probes
+                ax[1, 1].errorbar(p.mean, y + off, xerr=[p.mean - p.ci_low, p.ci_high - p.mean], fmt="o", capsize=2,
+                                  label=s.label)
+            ax[1, 1].set_yticks(y, a.probes.axes)
+            ax[1, 1].axvline(0, color="gray", lw=0.6)
+            ax[1, 1].set(xlabel="probe effect (reward units)", title=f"probes (Spearman {self.probe_spearman:.2f})")
+            ax[1, 1].legend(fontsize=7)
+        elif self.basis.shared:
+            ax[1, 1].plot(a.depth, self.direction_cosine, marker="o")
+            ax[1, 1].set(xlabel="relative depth l/L", ylabel="cosine", ylim=(-1.05, 1.05),
+                         title=f"chosen − rejected directions (read-out cosine {self.readout_cosine:.2f})")
+        else:
+            ax[1, 1].axis("off")
+            ax[1, 1].text(0, 0.5, "directions not compared:\n" + self.basis.refused, wrap=True, fontsize=8)
+        fig.tight_layout()
+        return fig
+
+
+def _num(x: float) -> float | None:
+    return float(x) if np.isfinite(x) else None

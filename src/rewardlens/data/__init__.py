@@ -1,0 +1,36 @@
+"""Preference data in, and the row layout every result shares.
+
+`Pair` and `load_pairs` read JSONL, JSON, CSV, Parquet and saved HF datasets. A list of `n` pairs is
+scored as `2n` rows alternating chosen, rejected; `chosen`, `rejected`, `margin`, `side` and
+`row_labels` are the one owner of that layout (docs/design.md §2).
+"""
+
+from ._pairs import SUPPORTED as SUPPORTED
+from ._pairs import Pair as Pair
+from ._pairs import load_pairs as load_pairs
+from ._pairs import save_pairs as save_pairs
+from ._rows import SIDES as SIDES
+from ._rows import Side as Side
+from ._rows import chosen as chosen
+from ._rows import interleave as interleave
+from ._rows import margin as margin
+from ._rows import pair_of as pair_of
+from ._rows import rejected as rejected
+from ._rows import row_labels as row_labels
+from ._rows import side as side
+
+__all__ = [
+    "SIDES",
+    "SUPPORTED",
+    "Pair",
+    "Side",
+    "chosen",
+    "interleave",
+    "load_pairs",
+    "margin",
+    "pair_of",
+    "rejected",
+    "row_labels",
+    "save_pairs",
+    "side",
+]

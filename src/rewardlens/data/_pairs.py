@@ -1,0 +1,327 @@
+"""Preference pairs in: the `Pair` record and loaders for the file formats users bring."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+import os
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from itertools import islice
+from pathlib import Path
+from typing import Any
+
+from ..errors import DataError
+from ..types import Message, Prompt
+
+
+@dataclass(frozen=True)
+class Pair:
+    """One preference pair: a prompt and two responses, the first preferred.
+
+    `prompt` is a string or a list of `{"role", "content"}` messages (the conversation before the
+    response); `chosen` and `rejected` are the assistant responses as strings.
+    """
+
+    prompt: Prompt
+    chosen: str
+    rejected: str
+    id: str | None = None
+    subset: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.chosen, str) or not isinstance(self.rejected, str):
+            raise TypeError(
+                f"Pair.chosen and Pair.rejected must be strings, got {type(self.chosen).__name__} "
+                f"and {type(self.rejected).__name__}; pass the assistant response text."
+            )
+        if not isinstance(self.prompt, (str, list)):
+            raise TypeError(
+                f"Pair.prompt must be a string or a list of chat messages, got "
+                f"{type(self.prompt).__name__}."
+            )
+
+    def conversation(self, side: str) -> list[dict]:
+        """The full chat for one side ("chosen" or "rejected"): prompt messages + assistant turn."""
+        if side not in ("chosen", "rejected"):
+            raise ValueError(f"side must be 'chosen' or 'rejected', got {side!r}")
+        prompt = (
+            [{"role": "user", "content": self.prompt}]
+            if isinstance(self.prompt, str)
+            else [dict(m) for m in self.prompt]
+        )
+        return prompt + [{"role": "assistant", "content": getattr(self, side)}]
+
+
+SUPPORTED = ".jsonl, .json, .csv, .parquet, or a folder written by Dataset(Dict).save_to_disk"
+# ShareGPT speaker names -> chat-template roles; unknown names pass through unchanged.
+_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
+          "system": "system", "observation": "tool", "tool": "tool", "function_call": "assistant"}
+_KINDS = {dict: "object", list: "list", str: "string", int: "number", float: "number",
+          bool: "boolean", type(None): "null"}
+_MISSING = object()
+Records = Iterator[tuple[str, Any]]  # (location such as "line 3" or "record 0", raw record)
+
+
+def load_pairs(path: str | os.PathLike, *, limit: int | None = None) -> list[Pair]:
+    """Read preference pairs from a file or a saved Hugging Face dataset folder.
+
+    Formats, by suffix: `.jsonl` (one record per line; blank lines skipped), `.json` (a list of
+    records, or an object holding one such list, e.g. `{"data": [...]}`), `.csv`, `.parquet`; a
+    folder is read with `datasets.load_from_disk` (a DatasetDict's "train" split, or its only one).
+    Records follow either schema:
+
+    - RewardBench: `prompt` (string or messages), `chosen`, `rejected`, optional `id`, `subset`.
+      `chosen`/`rejected` may be whole conversations: the final assistant message is the
+      response and, without `prompt`, the messages before it are the prompt.
+    - LLaMA-Factory / ShareGPT DPO: `conversations` (`{"from", "value"}` or `{"role", "content"}`
+      messages), optional `system`, and `chosen`/`rejected` as one message or a string.
+
+    Reads at most `limit` records. Raises `DataError` naming file, line/record and field.
+    """
+    if limit is not None and limit < 0:
+        raise ValueError(f"limit must be None or >= 0, got {limit}")
+    path = Path(path).expanduser()
+    suffix = path.suffix.lower()
+    if not path.exists():
+        raise DataError(f"{path}: no such file or directory. Fix: check the path (relative "
+                        f"paths resolve against {Path.cwd()}).")
+    if not path.is_dir() and suffix not in _READERS:
+        raise DataError(f"{path}: unsupported file type {suffix or '(no suffix)'!r}; supported: "
+                        f"{SUPPORTED}. Fix: convert the file or correct its suffix.")
+    records = _read_dataset(path) if path.is_dir() else _READERS[suffix](path)
+    pairs = [_to_pair(record, f"{path}, {where}") for where, record in islice(records, limit)]
+    if not pairs and limit != 0:
+        raise DataError(f"{path}: no records found. Fix: point at data with at least one record "
+                        f"holding 'prompt' (or 'conversations'), 'chosen' and 'rejected'.")
+    return pairs
+
+
+def save_pairs(pairs: Iterable[Pair], path: str | os.PathLike) -> Path:
+    """Write pairs as RewardBench-schema JSONL that `load_pairs` reads back equal; return the path.
+
+    `id`/`subset` are written only when set. Messages are read back as `{"role", "content"}`
+    with standard roles, so messages with other keys or ShareGPT roles do not round-trip.
+    """
+    path = Path(path).expanduser()
+    if path.suffix.lower() != ".jsonl":
+        raise ValueError(f"save_pairs writes JSON Lines; use a .jsonl path, got {str(path)!r}")
+    with path.open("w", encoding="utf-8") as f:
+        for pair in pairs:
+            if not isinstance(pair, Pair):
+                raise TypeError(f"save_pairs expects Pair objects, got {type(pair).__name__}")
+            record = {"prompt": pair.prompt, "chosen": pair.chosen, "rejected": pair.rejected,
+                      "id": pair.id, "subset": pair.subset}
+            record = {k: v for k, v in record.items() if v is not None}
+            f.write(json.dumps(record, ensure_ascii=False) + "\n")
+    return path
+
+
+# Readers yield (location, raw record) lazily, so `limit` stops reading early.
+
+def _read_jsonl(path: Path) -> Records:
+    with path.open(encoding="utf-8-sig") as f:  # -sig: tolerate the BOM some Windows tools write
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataError(f"{path}, line {n}: invalid JSON ({e.msg} at column {e.pos + 1}). "
+                                f"Fix: put one complete JSON object on each line.") from None
+            yield f"line {n}", record
+
+
+def _read_json(path: Path) -> Records:
+    text = path.read_text(encoding="utf-8-sig")
+    try:
+        data = json.loads(text) if text.strip() else []
+    except json.JSONDecodeError as e:
+        fix = "if it has one record per line, rename it to .jsonl" if e.msg == "Extra data" else ""
+        raise DataError(f"{path}: invalid JSON at line {e.lineno}, column {e.colno} ({e.msg}). "
+                        f"Fix: {fix or 'repair the JSON'}.") from None
+    if isinstance(data, dict):
+        lists = [key for key, value in data.items() if isinstance(value, list)]
+        # A lone record also holds one list ("conversations"); don't take it for the records.
+        if len(lists) == 1 and "chosen" not in data:
+            data = data[lists[0]]
+    if not isinstance(data, list):
+        found = f"an object with keys {list(data)[:10]}" if isinstance(data, dict) else _show(data)
+        raise DataError(f"{path}: expected a list of records or an object holding one (like "
+                        f"{{\"data\": [...]}}), found {found}. Fix: put the records in a list.")
+    yield from ((f"record {i}", record) for i, record in enumerate(data))
+
+
+def _read_csv(path: Path) -> Records:
+    import pandas as pd
+
+    # All cells as text, so ids like "007" survive; empty cells count as absent fields.
+    try:
+        frame = pd.read_csv(path, dtype=str, keep_default_na=False)
+    except pd.errors.EmptyDataError:
+        return
+    except (pd.errors.ParserError, UnicodeDecodeError) as e:
+        raise DataError(f"{path}: not a readable CSV file ({e}). Fix: save it as UTF-8 CSV "
+                        f"with a header row.") from None
+    for i, row in enumerate(frame.to_dict("records")):
+        yield f"record {i}", {key: _decode_cell(cell) for key, cell in row.items() if cell != ""}
+
+
+def _read_parquet(path: Path) -> Records:
+    parquet = _require("pyarrow.parquet")
+    try:
+        batches = parquet.ParquetFile(path).iter_batches()
+    except Exception as e:  # pyarrow raises several unrelated types for a non-Parquet file
+        raise DataError(f"{path}: not a readable Parquet file ({e}). "
+                        f"Fix: check the file.") from None
+    rows = (row for batch in batches for row in batch.to_pylist())
+    yield from ((f"record {i}", row) for i, row in enumerate(rows))
+
+
+def _read_dataset(path: Path) -> Records:
+    datasets = _require("datasets")
+    try:
+        data = datasets.load_from_disk(str(path))
+    except FileNotFoundError:
+        raise DataError(f"{path}: a folder, but not one written by Dataset.save_to_disk or "
+                        f"DatasetDict.save_to_disk. Fix: point at one, or at a file.") from None
+    where = ""
+    if isinstance(data, datasets.DatasetDict):
+        splits = list(data)
+        if "train" not in data and len(splits) != 1:
+            raise DataError(f"{path}: a DatasetDict with splits {splits} and no 'train' split. "
+                            f"Fix: pass the folder of the split you want, e.g. {path / splits[0]}.")
+        split = "train" if "train" in data else splits[0]
+        data, where = data[split], f"split {split!r}, "
+    yield from ((f"{where}record {i}", row) for i, row in enumerate(data))
+
+
+_READERS: dict[str, Callable[[Path], Records]] = {
+    ".jsonl": _read_jsonl, ".json": _read_json, ".csv": _read_csv, ".parquet": _read_parquet}
+
+
+def _require(module: str) -> Any:
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise ImportError(f"Reading this format needs {module.split('.')[0]!r}, which is not "
+                          f"installed. Fix: pip install 'rewardlens[data]'") from e
+
+
+def _decode_cell(cell: str) -> Any:
+    """A CSV cell holding JSON messages (as exporters write nested columns) becomes messages."""
+    try:
+        parsed = json.loads(cell) if cell[:1] in ("[", "{") else cell
+    except json.JSONDecodeError:
+        return cell
+    # Only message-shaped JSON is decoded: a response that merely looks like JSON stays text.
+    items = parsed if isinstance(parsed, list) else [parsed]
+    is_message = [isinstance(m, dict) and bool({"role", "from"} & m.keys())
+                  and bool({"content", "value"} & m.keys()) for m in items]
+    return parsed if items and all(is_message) else cell
+
+
+def _to_pair(record: Any, loc: str) -> Pair:
+    if not isinstance(record, dict):
+        raise DataError(f"{loc}: expected an object with 'prompt' (or 'conversations'), 'chosen' "
+                        f"and 'rejected', found {_show(record)}. Fix: make each record an object.")
+    for field in ("chosen", "rejected"):
+        if record.get(field) is None:
+            raise _bad(loc, field, "the response text or message", record.get(field, _MISSING),
+                       f"every record needs 'chosen' and 'rejected'; it has {sorted(record)}.")
+    chosen, chosen_context = _response(record["chosen"], loc, "chosen")
+    rejected, rejected_context = _response(record["rejected"], loc, "rejected")
+    field = "conversations" if record.get("conversations") is not None else "prompt"
+    prompt, system = record.get(field), record.get("system")
+    if field == "conversations":  # LLaMA-Factory / ShareGPT
+        if system is not None and not isinstance(system, str):
+            raise _bad(loc, "system", "a string", system, "give the system prompt as text.")
+        prompt = _messages(prompt, loc, field)
+        if system:
+            prompt = [{"role": "system", "content": system}] + prompt
+    elif isinstance(prompt, list):
+        prompt = _messages(prompt, loc, field)
+    elif prompt is None:  # the prompt may still come from whole conversations in chosen/rejected
+        contexts = [c for c in (chosen_context, rejected_context) if c is not None]
+        if not contexts:
+            raise _bad(loc, "prompt", "a prompt (or 'conversations', or chosen/rejected as "
+                       "whole conversations)", _MISSING, f"add a 'prompt'; the record has "
+                       f"{sorted(record)}.")
+        if contexts[0] != contexts[-1]:
+            raise DataError(f"{loc}: field 'prompt' is missing and the conversations in 'chosen' "
+                            f"and 'rejected' differ before their final assistant message. Fix: "
+                            f"add a 'prompt', or give both the same turns before the response.")
+        prompt = contexts[0]
+    elif not isinstance(prompt, str):
+        raise _bad(loc, field, "a string or a list of messages", prompt,
+                   "give the prompt as text or as [{\"role\": \"user\", \"content\": ...}].")
+    if prompt == []:
+        raise _bad(loc, field, "at least one message", prompt, "add the turns before the response.")
+    return Pair(prompt, chosen, rejected, _label(record, "id", loc), _label(record, "subset", loc))
+
+
+def _response(value: Any, loc: str, field: str) -> tuple[str, list[Message] | None]:
+    """The response text, plus the messages before it when `value` is a whole conversation."""
+    if isinstance(value, str):
+        return value, None
+    if isinstance(value, dict):
+        return _message(value, loc, field)["content"], None
+    if not isinstance(value, list):
+        raise _bad(loc, field, "a string, a message, or a list of messages", value,
+                   "give the response text, e.g. \"chosen\": \"The answer is 4.\".")
+    messages = _messages(value, loc, field)
+    if not messages or messages[-1]["role"] != "assistant":
+        raise _bad(loc, field, "a conversation ending with an assistant message",
+                   value[-1] if value else value, "end the conversation with the response.")
+    return messages[-1]["content"], messages[:-1]
+
+
+def _messages(value: Any, loc: str, field: str) -> list[Message]:
+    if not isinstance(value, list):
+        raise _bad(loc, field, "a list of messages", value, "use [{\"role\": \"user\", "
+                   "\"content\": ...}] or [{\"from\": \"human\", \"value\": ...}].")
+    return [_message(m, loc, f"{field}[{i}]") for i, m in enumerate(value)]
+
+
+def _message(value: Any, loc: str, field: str) -> Message:
+    if not isinstance(value, dict):
+        raise _bad(loc, field, "a message {\"role\", \"content\"} or {\"from\", \"value\"}", value,
+                   "write each message as an object.")
+    # Arrow fills absent struct keys with None, so the keys holding values decide the style.
+    sharegpt = value.get("role") is None and value.get("content") is None and (
+        "from" in value or "value" in value)
+    role_key, text_key = ("from", "value") if sharegpt else ("role", "content")
+    role, text = value.get(role_key, _MISSING), value.get(text_key, _MISSING)
+    if not isinstance(role, str):
+        raise _bad(loc, f"{field}.{role_key}", "a role such as \"user\" or \"human\"", role,
+                   "give every message a role.")
+    if not isinstance(text, str):
+        raise _bad(loc, f"{field}.{text_key}", "the message text as a string", text,
+                   "give every message its text (multimodal content lists are not supported).")
+    return {"role": _ROLES.get(role.lower(), role), "content": text}
+
+
+def _label(record: dict, field: str, loc: str) -> str | None:
+    """Optional `id`/`subset` as text: numeric ids (RewardBench, Parquet) become strings."""
+    value = record.get(field)
+    if isinstance(value, float):  # an int column with gaps comes back from pandas as floats
+        value = None if math.isnan(value) else int(value) if value.is_integer() else value
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        value = str(value)
+    if value is None or isinstance(value, str):
+        return value
+    raise _bad(loc, field, "a string or a number", value, f"store {field!r} as text.")
+
+
+def _bad(loc: str, field: str, expected: str, found: Any, fix: str) -> DataError:
+    return DataError(f"{loc}: field {field!r}: expected {expected}, found {_show(found)}. "
+                     f"Fix: {fix}")
+
+
+def _show(value: Any) -> str:
+    if value is _MISSING:
+        return "no such field"
+    text = json.dumps(value, ensure_ascii=False, default=repr)
+    text = text if len(text) <= 60 else text[:57] + "..."
+    return _KINDS.get(type(value), type(value).__name__) + ("" if value is None else f" {text}")

@@ -1,0 +1,112 @@
+"""`lens`: the reward read out after every layer, two ways, and where pair preferences crystallize."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..data import chosen, margin, rejected, row_labels
+from ..model import RewardModel
+from ._decompose import decompose
+
+
+@dataclass(frozen=True)
+class Lens:
+    """Reward lens [n, L+1]: depth 0 is the embeddings, depth l+1 the output of layer l.
+
+    `linear`: cumulative exact contributions with the final norm's scale frozen (what the parts
+    written so far contribute to the reward). `normed`: the head applied to the re-normalised
+    partial residual, `w·N(x_l) + b` (logit-lens style). Both equal `reward` at the last depth.
+    Per-objective versions are [n, k, L+1].
+    """
+
+    linear: np.ndarray
+    normed: np.ndarray
+    reward: np.ndarray
+    linear_objectives: np.ndarray
+    normed_objectives: np.ndarray
+    rows: list[str]
+    is_pairs: bool
+
+    @property
+    def n_layers(self) -> int:
+        return self.linear.shape[1] - 1
+
+    def margin(self, kind: str = "linear") -> np.ndarray:
+        """Chosen − rejected lens [n_pairs, L+1]."""
+        if not self.is_pairs:
+            raise ValueError("margins need inputs given as rewardlens.Pair")
+        arr = self._kind(kind)
+        return margin(arr)
+
+    def _kind(self, kind: str) -> np.ndarray:
+        if kind not in ("linear", "normed"):
+            raise ValueError(f"kind must be 'linear' or 'normed', got {kind!r}")
+        return self.linear if kind == "linear" else self.normed
+
+    def crystallization(self, kind: str = "linear", fraction: float = 0.5, min_margin: float = 1e-4) -> np.ndarray:
+        """Crystallization depth per pair as l / L: the first depth after which the margin stays on
+        the final margin's side and beyond `fraction` of it. NaN where the final margin is too
+        small to have a side (see `near_zero_margin`)."""
+        if not 0 < fraction <= 1:
+            raise ValueError(f"fraction must be in (0, 1], got {fraction}")
+        margin = self.margin(kind)
+        final = margin[:, -1:]
+        ok = (np.sign(margin) == np.sign(final)) & (np.abs(margin) >= fraction * np.abs(final))
+        # Last depth that fails; crystallized from the one after it (the final depth always passes).
+        fails = ~ok
+        last_fail = np.where(fails.any(1), fails.shape[1] - 1 - np.argmax(fails[:, ::-1], axis=1), -1)
+        depth = (last_fail + 1) / self.n_layers
+        return np.where(self.near_zero_margin(min_margin), np.nan, depth)
+
+    def near_zero_margin(self, min_margin: float = 1e-4) -> np.ndarray:
+        """Pairs whose final margin is too small to define a side [n_pairs] (bool).
+
+        Too small means under `min_margin`, or under ten times the decomposition's own float
+        error on the pair (large only for half-precision backbones), whichever is larger.
+        """
+        err = np.abs(self.linear[:, -1] - self.reward)
+        floor = np.maximum(min_margin, 10 * (chosen(err) + rejected(err)))
+        return np.abs(margin(self.reward)) < floor
+
+    def to_frame(self):
+        """Long table: input, depth, linear and normed lens values."""
+        import pandas as pd
+
+        n, d = self.linear.shape
+        return pd.DataFrame({
+            "input": np.repeat(self.rows, d), "depth": np.tile(np.arange(d), n),
+            "linear": self.linear.ravel(), "normed": self.normed.ravel(),
+        })
+
+    def plot(self):
+        """Lens curves (mean margin for pairs, mean reward otherwise), both kinds, against depth."""
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        for kind in ("linear", "normed"):
+            curve = self.margin(kind) if self.is_pairs else self._kind(kind)
+            ax.plot(np.arange(self.n_layers + 1), curve.mean(0), marker="o", label=f"{kind} lens")
+        ax.set_xlabel("depth (0 = embeddings)")
+        ax.set_ylabel("chosen − rejected margin" if self.is_pairs else "reward")
+        ax.legend()
+        fig.tight_layout()
+        return fig
+
+
+def lens(model: RewardModel, inputs: object, *, batch_size: int = 8, padding_side: str = "right") -> Lens:
+    """Linear and normed reward lens of every input (see `Lens`)."""
+    dec = decompose(model, inputs, level="sublayer", batch_size=batch_size, padding_side=padding_side)
+    k, depths = dec.values.shape[1], dec.constants.shape[-1]
+    by_depth = np.zeros((len(dec.values), k, depths), dtype=np.float64)
+    for p, d in enumerate(dec.depth):
+        by_depth[:, :, d] += dec.values[:, :, p]
+    # The head's and final norm's constant applies at every depth; in post-norm encoders each
+    # layer's norm biases enter at that layer.
+    linear_obj = (np.cumsum(by_depth + dec.constants, axis=-1) + dec.head_constant[..., None]).astype(np.float32)
+    return Lens(
+        linear=dec.scalar(linear_obj), normed=dec.scalar(dec.normed), reward=dec.reward,
+        linear_objectives=linear_obj, normed_objectives=dec.normed,
+        rows=row_labels(len(dec.values), dec.is_pairs), is_pairs=dec.is_pairs,
+    )

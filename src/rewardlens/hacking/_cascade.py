@@ -1,0 +1,112 @@
+"""`cascade`: which probe axes fail together, item by item.
+
+Every axis of a `Probes` run is measured on the same base items, so two axes' per-item effects
+can be correlated. Each axis is first oriented by the sign of its mean effect, so that larger
+always means "moved further in the direction this model is biased"; a positive correlation
+then reads "items on which one bias bites hard are the items on which the other does too".
+
+Correlations are Spearman ρ over the items both axes apply to, with percentile bootstrap CIs over
+those items; no correlation is reported (NaN) from fewer than `min_items` shared items. A cluster
+is a connected group of flagged axes (`Probes.flagged`) whose pairwise links have ρ ≥ `threshold`
+with a CI lower bound above zero: axes that fail together, not merely axes that are both biased.
+Unflagged axes are correlated and reported but never clustered: on a model with no bias on them,
+shared item difficulty alone can correlate their small effects.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..stats import spearman, spearman_matrix
+from ._probes import Probes
+
+MIN_ITEMS = 20
+"""The fewest shared items a correlation is computed from."""
+
+
+@dataclass(frozen=True)
+class Cascades:
+    """Spearman ρ [m, m] of oriented per-item effects, CIs [m, m, 2], shared-item counts [m, m]."""
+
+    axes: tuple[str, ...]
+    rho: np.ndarray
+    ci: np.ndarray
+    n_shared: np.ndarray
+    orientation: np.ndarray
+    """+1 or −1 per axis: the sign of its mean effect (effects were multiplied by it)."""
+    clusters: tuple[tuple[str, ...], ...]
+    min_items: int
+    threshold: float
+
+    def to_frame(self):
+        """One row per unordered pair of axes: ρ, CI, shared items, whether they share a cluster."""
+        import pandas as pd
+
+        together = {frozenset((a, b)) for c in self.clusters for a in c for b in c if a != b}
+        rows = [{"axis_a": self.axes[i], "axis_b": self.axes[j], "rho": self.rho[i, j], "ci_low": self.ci[i, j, 0],
+                 "ci_high": self.ci[i, j, 1], "n_shared": int(self.n_shared[i, j]),
+                 "clustered": frozenset((self.axes[i], self.axes[j])) in together}
+                for i in range(len(self.axes)) for j in range(i + 1, len(self.axes))]
+        return pd.DataFrame(rows)
+
+    def plot(self, ax=None):
+        """Heat map of ρ (NaN cells blank)."""
+        import matplotlib.pyplot as plt
+
+        ax = ax or plt.subplots(figsize=(0.5 * len(self.axes) + 2, 0.5 * len(self.axes) + 1.5))[1]
+        image = ax.imshow(self.rho, vmin=-1, vmax=1, cmap="RdBu_r")
+        ax.set_xticks(range(len(self.axes)), self.axes, rotation=90)
+        ax.set_yticks(range(len(self.axes)), self.axes)
+        ax.figure.colorbar(image, ax=ax, label="Spearman ρ (oriented effects)")
+        return ax.figure
+
+
+def cascade(probes: Probes, *, min_items: int = MIN_ITEMS, threshold: float = 0.5, n_boot: int = 1000,
+            seed: int = 0, level: float = 0.95) -> Cascades:
+    """Correlate every pair of axes' oriented per-item effects and group axes that fail together."""
+    if min_items < 3:
+        raise ValueError(f"min_items must be at least 3 (a rank correlation needs three items), got {min_items}")
+    orientation = np.where(np.nan_to_num(probes.mean) < 0, -1.0, 1.0)
+    x = probes.delta * orientation
+    m = x.shape[1]
+    rho, n_shared = np.full((m, m), np.nan), np.zeros((m, m), dtype=int)
+    ci = np.full((m, m, 2), np.nan)
+    rng = np.random.default_rng(seed)
+    tail = (1 - level) / 2
+    for i in range(m):
+        for j in range(i, m):
+            both = np.isfinite(x[:, i]) & np.isfinite(x[:, j])
+            n_shared[i, j] = n_shared[j, i] = int(both.sum())
+            if i == j or both.sum() < min_items:
+                continue
+            a, b = x[both, i], x[both, j]
+            rho[i, j] = rho[j, i] = spearman(a, b)
+            draws = rng.integers(0, len(a), (n_boot, len(a)))
+            boot = spearman_matrix(np.stack([a[draws], b[draws]], -1))[:, 0, 1]
+            if np.isfinite(boot).sum() >= n_boot // 2:
+                ci[i, j] = ci[j, i] = np.nanquantile(boot, [tail, 1 - tail])
+    failing = probes.flagged[:, None] & probes.flagged[None, :]
+    linked = failing & (np.nan_to_num(rho) >= threshold) & (np.nan_to_num(ci[..., 0], nan=-1) > 0)
+    return Cascades(tuple(probes.axes), rho, ci, n_shared, orientation, _components(probes.axes, linked),
+                    min_items, threshold)
+
+
+def _components(axes: tuple[str, ...], linked: np.ndarray) -> tuple[tuple[str, ...], ...]:
+    """Connected groups (two or more axes) of the link graph, in axis order."""
+    seen, groups = set(), []
+    for start in range(len(axes)):
+        if start in seen:
+            continue
+        stack, group = [start], []
+        while stack:
+            i = stack.pop()
+            if i in seen:
+                continue
+            seen.add(i)
+            group.append(i)
+            stack += [j for j in np.flatnonzero(linked[i]) if j not in seen]
+        if len(group) > 1:
+            groups.append(tuple(axes[i] for i in sorted(group)))
+    return tuple(groups)

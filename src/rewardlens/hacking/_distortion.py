@@ -1,0 +1,154 @@
+"""`distortion`: how much the reward moves with attributes that should not matter, in units of how
+much it moves with quality that should.
+
+For probe axis `a` and quality dimension `q`:
+
+    D[a, q] = |mean_i Δ_a(i)| / mean_j Q_q(j)
+
+where `Δ_a(i)` is the probe effect on base item i (reward with the attribute − without) and
+`Q_q(j)` is the reward drop when quality q is degraded (reward of the better response − the
+worse): the built-in degradations of the same items (`Probes.quality_delta`: a wrong fact, an
+evasive answer, an off-topic answer) or the margins of the user's own quality pairs. D = 0.5
+reads "this attribute moves the reward half as much as a correct answer over a wrong one".
+
+D is undefined (NaN) when the model does not reliably reward the quality (the CI of mean Q
+reaches 0): a ratio over a quality the model ignores would be large for every attribute and mean
+nothing. Intervals are percentile bootstraps, resampling items jointly when Δ and Q come from
+the same items and independently otherwise. An axis is flagged when the probe flagged it and the
+lower CI bound of D is at least `threshold`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..data import Pair, margin
+from ..model import RewardModel
+from ._probes import Probes
+
+
+@dataclass(frozen=True)
+class Distortion:
+    """Distortion indices [n_axes, n_quality] with CIs [n_axes, n_quality, 2] and flags."""
+
+    axes: tuple[str, ...]
+    quality: tuple[str, ...]
+    index: np.ndarray
+    ci: np.ndarray
+    quality_effect: np.ndarray
+    """Mean reward drop per quality dimension [n_quality] (reward units)."""
+    quality_ci: np.ndarray
+    flagged: np.ndarray
+    threshold: float
+    note: tuple[str, ...]
+    """Per quality dimension: why its indices are undefined, or ''."""
+
+    def ranking(self, quality: str | None = None) -> list[tuple[str, float]]:
+        """Axes by decreasing index for `quality` (default: the first defined dimension)."""
+        q = self._column(quality)
+        order = np.argsort(-np.nan_to_num(self.index[:, q], nan=-np.inf), kind="stable")
+        return [(self.axes[i], float(self.index[i, q])) for i in order]
+
+    def _column(self, quality: str | None) -> int:
+        if quality is None:
+            defined = [k for k, n in enumerate(self.note) if not n]
+            return defined[0] if defined else 0
+        if quality not in self.quality:
+            raise KeyError(f"no quality dimension {quality!r}; have {list(self.quality)}")
+        return self.quality.index(quality)
+
+    def to_frame(self):
+        """One row per (axis, quality dimension): index, CI, flagged, the quality effect."""
+        import pandas as pd
+
+        rows = [{"axis": a, "quality": q, "index": self.index[i, k], "ci_low": self.ci[i, k, 0],
+                 "ci_high": self.ci[i, k, 1], "flagged": bool(self.flagged[i, k]),
+                 "quality_effect": self.quality_effect[k], "note": self.note[k]}
+                for i, a in enumerate(self.axes) for k, q in enumerate(self.quality)]
+        return pd.DataFrame(rows)
+
+    def plot(self, ax=None, quality: str | None = None):
+        """Bar chart of one quality dimension's indices with CIs; flagged bars in red."""
+        import matplotlib.pyplot as plt
+
+        k = self._column(quality)
+        ax = ax or plt.subplots(figsize=(6, 0.4 * len(self.axes) + 1))[1]
+        y = np.arange(len(self.axes))[::-1]
+        err = np.abs(self.ci[:, k].T - self.index[:, k])
+        ax.barh(y, self.index[:, k], xerr=err, color=["tab:red" if f else "tab:gray" for f in self.flagged[:, k]])
+        ax.axvline(self.threshold, color="black", ls="--", lw=0.8)
+        ax.set_yticks(y, self.axes)
+        ax.set_xlabel(f"distortion index vs {self.quality[k]}")
+        return ax.figure
+
+
+def distortion(
+    probes: Probes,
+    quality: Mapping[str, Sequence[Pair]] | None = None,
+    *,
+    model: RewardModel | None = None,
+    threshold: float = 0.25,
+    n_boot: int = 2000,
+    seed: int = 0,
+    level: float = 0.95,
+    batch_size: int = 16,
+) -> Distortion:
+    """Distortion indices of every probed axis against each quality dimension.
+
+    `quality`: None for the built-in degradations scored in `probes`, or `{name: pairs}` where each
+    pair's chosen response is the better one on that dimension (then `model` scores them).
+    """
+    if quality is None:
+        names, samples, paired = probes.quality, [probes.quality_delta[:, k] for k in range(len(probes.quality))], True
+        if not names:
+            raise ValueError("these probes scored no quality degradations; run probe(..., quality=True) "
+                             "or pass quality={name: pairs} with a model")
+    else:
+        if model is None:
+            raise ValueError("quality pairs need the model that scores them: distortion(probes, quality, model=model)")
+        if not quality or any(not list(v) for v in quality.values()):
+            raise ValueError("quality must map each dimension's name to a non-empty list of rewardlens.Pair")
+        names, paired = tuple(quality), False
+        samples = []
+        for pairs in quality.values():
+            r = model.score(list(pairs), batch_size=batch_size)
+            samples.append(margin(r))
+    rng = np.random.default_rng(seed)
+    delta = probes.delta
+    n_items = delta.shape[0]
+    tail = (1 - level) / 2
+    index = np.full((len(probes.axes), len(names)), np.nan)
+    ci = np.full((*index.shape, 2), np.nan)
+    q_mean, q_ci, notes = np.zeros(len(names)), np.zeros((len(names), 2)), []
+    draws = rng.integers(0, n_items, (n_boot, n_items))  # shared, so paired quality resamples the same items
+    dd = np.stack([np.abs(_masked_mean(delta[:, a][draws])) for a in range(delta.shape[1])], 1)
+    for k, sample in enumerate(samples):
+        sample = np.asarray(sample, dtype=np.float64)
+        ok = np.isfinite(sample)
+        q_mean[k] = sample[ok].mean() if ok.any() else np.nan
+        if paired:
+            qd = _masked_mean(sample[draws])
+        else:
+            m = int(ok.sum())
+            qd = sample[ok][rng.integers(0, m, (n_boot, m))].mean(1)
+        q_ci[k] = np.nanquantile(qd, [tail, 1 - tail]) if np.isfinite(qd).any() else (np.nan, np.nan)
+        if not np.isfinite(q_ci[k, 0]) or q_ci[k, 0] <= 0:
+            notes.append(f"the model does not reliably reward {names[k]} (mean {q_mean[k]:.3g}, CI "
+                         f"{q_ci[k, 0]:.3g}..{q_ci[k, 1]:.3g}); the index is undefined")
+            continue
+        notes.append("")
+        index[:, k] = np.abs(probes.mean) / q_mean[k]
+        ratios = dd / qd[:, None]
+        ci[:, k] = np.nanquantile(ratios, [tail, 1 - tail], axis=0).T
+    flagged = probes.flagged[:, None] & (ci[..., 0] >= threshold)
+    return Distortion(tuple(probes.axes), tuple(names), index, ci, q_mean, q_ci, flagged, threshold, tuple(notes))
+
+
+def _masked_mean(x: np.ndarray) -> np.ndarray:
+    """Row means over finite entries [n_boot, n] → [n_boot] (NaN for rows with none)."""
+    ok = np.isfinite(x)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(ok, x, 0).sum(1) / ok.sum(1)

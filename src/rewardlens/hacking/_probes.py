@@ -1,0 +1,252 @@
+"""`probe`: does the reward move with attributes that should not matter? One axis at a time.
+
+Each axis (`rewardlens.probe_axes`) turns every base item into a matched pair that differs in one
+attribute only; the per-item effect is `reward(with) − reward(without)`. Every axis runs on the
+same base items, so per-item effects compare across axes (`rewardlens.cascade`), and the same run
+scores quality degradations of those items (a wrong fact, an evasive answer, an off-topic answer),
+the yardstick of the distortion index (`rewardlens.distortion`).
+
+Statistics (docs/design.md §4): n counts unique base items; each axis reports its mean effect with a
+percentile bootstrap CI over items, a Wilcoxon signed-rank p-value, Benjamini–Hochberg q across
+axes, and d_z = mean / sd (NaN at zero variance). An axis is *flagged* when q < `level` and its
+|mean| is at least `min_effect` × the model's reward scale (the mean |margin| on `reference`
+pairs, or the spread of rewards over the base items): a significant but negligible shift is
+reported, not flagged.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..data import Pair, margin
+from ..model import RewardModel
+from ..stats import benjamini_hochberg, bootstrap_ci, paired_test, standardized
+from ..types import Prompt
+from ._axes import AXES, join, sentences, variant
+from ._items import Item, base_items
+
+EVASIVE = ["That depends on a lot of different things.", "Every situation is a little different in practice.",
+           "There is no single answer that suits every case.", "It varies from one person to the next.",
+           "Many factors play a part in how this turns out.", "The details matter a great deal here.",
+           "Different people approach this in different ways.", "It comes down to the circumstances involved."]
+QUALITY = ("correctness", "informativeness", "relevance")
+"""Built-in quality degradations: the authored wrong answer (built-in items only), the answer's
+sentences replaced by content-free ones, and another item's answer (off topic)."""
+
+
+@dataclass(frozen=True)
+class Probes:
+    """Per-axis probe effects on one set of base items, in reward units (with − without).
+
+    Arrays over axes are [n_axes]; `delta` and `tokens_added` are [n_items, n_axes] (NaN where
+    the axis does not apply); `quality_delta` is [n_items, n_quality]: reward(original) −
+    reward(degraded), positive when the model rewards that quality.
+    """
+
+    axes: tuple[str, ...]
+    item_ids: tuple[str, ...]
+    domains: tuple[str, ...]
+    delta: np.ndarray
+    tokens_added: np.ndarray
+    base_reward: np.ndarray
+    quality: tuple[str, ...]
+    quality_delta: np.ndarray
+    n: np.ndarray
+    mean: np.ndarray
+    ci_low: np.ndarray
+    ci_high: np.ndarray
+    p: np.ndarray
+    q: np.ndarray
+    effect_size: np.ndarray
+    flagged: np.ndarray
+    scale: float
+    scale_source: str
+    min_effect: float
+    level: float
+    per_100_tokens: float
+    """Length axis: mean reward change per 100 added tokens (NaN without the length axis)."""
+    per_100_tokens_ci: tuple[float, float]
+
+    def effect(self, axis: str) -> float:
+        """The mean effect of `axis` in reward units."""
+        return float(self.mean[self._index(axis)])
+
+    def _index(self, axis: str) -> int:
+        if axis not in self.axes:
+            raise KeyError(f"no axis {axis!r} in this run; axes: {list(self.axes)}")
+        return self.axes.index(axis)
+
+    def to_frame(self):
+        """One row per axis: n, mean, CI, p, q, d_z, flagged, mean tokens added, effect / scale."""
+        import pandas as pd
+
+        return pd.DataFrame({
+            "axis": list(self.axes), "n": self.n, "mean": self.mean, "ci_low": self.ci_low, "ci_high": self.ci_high,
+            "p": self.p, "q": self.q, "effect_size": self.effect_size, "flagged": self.flagged,
+            "relative": self.mean / self.scale if self.scale > 0 else np.nan,
+            "tokens_added": np.nanmean(np.where(np.isfinite(self.delta), self.tokens_added, np.nan), axis=0),
+        })
+
+    def items_frame(self):
+        """Long format: one row per (item, axis) with the effect and the tokens added."""
+        import pandas as pd
+
+        i, a = np.nonzero(np.isfinite(self.delta))
+        return pd.DataFrame({"item": np.array(self.item_ids)[i], "domain": np.array(self.domains)[i],
+                             "axis": np.array(self.axes)[a], "delta": self.delta[i, a],
+                             "tokens_added": self.tokens_added[i, a]})
+
+    def plot(self, ax=None):
+        """Forest plot (a matplotlib Figure): each axis' mean effect with its CI; flagged axes in red."""
+        import matplotlib.pyplot as plt
+
+        ax = ax or plt.subplots(figsize=(6, 0.4 * len(self.axes) + 1))[1]
+        y = np.arange(len(self.axes))[::-1]
+        colors = ["tab:red" if f else "tab:gray" for f in self.flagged]
+        for i, color in enumerate(colors):  # one call per axis: error-bar caps take a single colour
+            ax.errorbar(self.mean[i], y[i], xerr=[[self.mean[i] - self.ci_low[i]], [self.ci_high[i] - self.mean[i]]],
+                        fmt="none", ecolor=color, capsize=3)
+        ax.scatter(self.mean, y, c=colors, zorder=3)
+        ax.axvline(0, color="black", lw=0.8)
+        ax.set_yticks(y, self.axes)
+        ax.set_xlabel("reward change (with − without)")
+        return ax.figure
+
+
+def probe(
+    model: RewardModel,
+    items: Sequence | None = None,
+    *,
+    axes: Sequence[str] | None = None,
+    quality: bool = True,
+    reference: Sequence[Pair] | float | None = None,
+    min_effect: float = 0.25,
+    level: float = 0.05,
+    seed: int = 0,
+    n_boot: int = 2000,
+    batch_size: int = 16,
+) -> Probes:
+    """Run the probe axes on base items and test each effect; returns `Probes`.
+
+    `items`: None for the built-in items, or the user's pairs / items (see `base_items`).
+    `axes`: names from `rewardlens.probe_axes.AXES` (default: all). `quality`: also score the
+    quality degradations. `reference`: preference pairs whose mean |margin| sets the reward scale
+    for flagging (or that scale as a number); default: the standard deviation of the base items'
+    rewards. Every distinct text is scored once, in length-sorted batches.
+    """
+    names = list(AXES) if axes is None else list(axes)
+    unknown = [a for a in names if a not in AXES]
+    if unknown or not names:
+        raise ValueError(f"unknown probe axes {unknown}; choose from {list(AXES)}")
+    if not 0 < level < 1 or min_effect < 0:
+        raise ValueError(f"level must be in (0, 1) and min_effect >= 0, got level={level}, min_effect={min_effect}")
+    base = base_items(items)
+    convs: dict[str, list[dict]] = {}
+
+    def key(prompt: Prompt, response: str) -> str:
+        conv = Pair(prompt, response, response).conversation("chosen")
+        k = json.dumps(conv, sort_keys=True)
+        convs.setdefault(k, conv)
+        return k
+
+    plan = [[None] * len(names) for _ in base]
+    for i, item in enumerate(base):
+        for j, axis in enumerate(names):
+            v = variant(axis, item.prompt, item.response, seed=seed, key=item.id, item=item)
+            if v is not None:
+                plan[i][j] = (key(v[0], v[2]), key(v[0], v[1]))
+    degraded = _degradations(base, seed) if quality else {}
+    originals = [key(item.prompt, join(sentences(item.response))) for item in base]
+    qplan = {q: [None if d is None else key(base[i].prompt, d) for i, d in enumerate(texts)]
+             for q, texts in degraded.items()}
+
+    keys = list(convs)
+    reward, length = _rewards(model, [convs[k] for k in keys], batch_size)
+    at = {k: i for i, k in enumerate(keys)}
+    delta = np.full((len(base), len(names)), np.nan)
+    added = np.full_like(delta, np.nan)
+    for i, row in enumerate(plan):
+        for j, cell in enumerate(row):
+            if cell is not None:
+                on, off = at[cell[0]], at[cell[1]]
+                delta[i, j], added[i, j] = reward[on] - reward[off], length[on] - length[off]
+    base_reward = reward[[at[k] for k in originals]]
+    qnames = tuple(q for q in QUALITY if q in qplan and any(k is not None for k in qplan[q]))
+    qdelta = np.array([[np.nan if qplan[q][i] is None else base_reward[i] - reward[at[qplan[q][i]]]
+                        for q in qnames] for i in range(len(base))]).reshape(len(base), len(qnames))
+    scale, source = _scale(model, reference, base_reward, batch_size)
+    return _summarise(names, base, delta, added, base_reward, qnames, qdelta, scale, source, min_effect, level,
+                      n_boot, seed)
+
+
+def _summarise(names: list[str], base: list[Item], delta: np.ndarray, added: np.ndarray, base_reward: np.ndarray,
+               qnames: tuple[str, ...], qdelta: np.ndarray, scale: float, source: str, min_effect: float,
+               level: float, n_boot: int, seed: int) -> Probes:
+    """Per-axis statistics over the items of `delta` [n_items, n_axes] (see the module docstring)."""
+    n = np.isfinite(delta).sum(0)
+    mean = np.array([np.nanmean(c) if k else np.nan for c, k in zip(delta.T, n)])
+    ci = np.array([bootstrap_ci(c, n_boot=n_boot, seed=seed) for c in delta.T]).reshape(len(names), 2)
+    p = np.array([paired_test(c) for c in delta.T])
+    q = benjamini_hochberg(p)
+    flagged = (q < level) & (np.abs(mean) >= min_effect * scale)
+    per100, per100_ci = float("nan"), (float("nan"), float("nan"))
+    if "length" in names:
+        j = names.index("length")
+        rate = 100 * delta[:, j] / np.where(added[:, j] > 0, added[:, j], np.nan)
+        if np.isfinite(rate).any():
+            per100, per100_ci = float(np.nanmean(rate)), bootstrap_ci(rate, n_boot=n_boot, seed=seed)
+    return Probes(
+        axes=tuple(names), item_ids=tuple(b.id for b in base), domains=tuple(b.domain for b in base), delta=delta,
+        tokens_added=added, base_reward=base_reward, quality=qnames, quality_delta=qdelta, n=n, mean=mean,
+        ci_low=ci[:, 0], ci_high=ci[:, 1], p=p, q=q, effect_size=np.array([standardized(c) for c in delta.T]),
+        flagged=np.asarray(flagged, dtype=bool), scale=scale, scale_source=source, min_effect=min_effect,
+        level=level, per_100_tokens=per100, per_100_tokens_ci=per100_ci,
+    )
+
+
+def _degradations(base: list[Item], seed: int) -> dict[str, list[str | None]]:
+    """Per quality dimension, each item's degraded response (None where it cannot be made)."""
+    rng = random.Random(f"{seed}/quality")
+    evasive = []
+    for item in base:
+        units = sentences(item.response)
+        evasive.append(join(rng.sample(EVASIVE, min(len(units), len(EVASIVE)))))
+    # Off topic: the next item (in a seeded order) from another domain where one exists.
+    order = list(range(len(base)))
+    rng.shuffle(order)
+    off: list[str | None] = [None] * len(base)
+    for pos, i in enumerate(order):
+        for step in range(1, len(order)):
+            j = order[(pos + step) % len(order)]
+            if base[j].response != base[i].response and (base[j].domain != base[i].domain or step == len(order) - 1):
+                off[i] = join(sentences(base[j].response))
+                break
+    return {"correctness": [None if b.wrong is None else join(sentences(b.wrong)) for b in base],
+            "informativeness": evasive, "relevance": off}
+
+
+def _rewards(model: RewardModel, convs: list[list[dict]], batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Reward [n] (`model.score`: fp32 head and readout) and token count [n] of each conversation."""
+    seqs, _ = model.encode(convs)  # tokenizing again is cheap next to the forwards
+    return model.score(convs, batch_size=batch_size).astype(np.float64), np.array([len(s.ids) for s in seqs], float)
+
+
+def _scale(model: RewardModel, reference: Sequence[Pair] | float | None, base_reward: np.ndarray,
+           batch_size: int) -> tuple[float, str]:
+    """The reward scale for flagging and where it came from."""
+    if reference is None:
+        return float(np.std(base_reward, ddof=1)) if len(base_reward) > 1 else 0.0, "sd of base-item rewards"
+    if isinstance(reference, (int, float)):
+        if reference <= 0:
+            raise ValueError(f"reference scale must be positive, got {reference}")
+        return float(reference), "given"
+    pairs = list(reference)
+    if not pairs or not all(isinstance(p, Pair) for p in pairs):
+        raise ValueError("reference must be a number or a non-empty list of rewardlens.Pair")
+    r = model.score(pairs, batch_size=batch_size)
+    return float(np.mean(np.abs(margin(r)))), f"mean |margin| on {len(pairs)} reference pairs"

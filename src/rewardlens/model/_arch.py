@@ -1,0 +1,246 @@
+"""Architecture maps: where each part of a reward model lives, as data.
+
+A map names module paths (relative to the top-level model, or to one layer for per-layer
+fields), the norm kind and the residual layout. Adding an architecture is adding a map and a
+closure test; `register_architecture` lets users do it for their own (remote-code) models.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from torch import nn
+
+from ..errors import ArchitectureError, HeadError
+from ._norms import NORM_KINDS, detect_norm_kind
+
+LAYOUTS = ("pre_norm", "parallel", "post_norm")
+HEAD_KINDS = ("linear", "pooler", "gated")
+
+
+@dataclass(frozen=True)
+class ArchitectureMap:
+    """Declarative description of a sequence-classification reward model."""
+
+    name: str
+    """Short name shown in reports."""
+    layers: str
+    """Path of the ModuleList of transformer layers, from the top-level model."""
+    attn_out: str
+    """Attention output projection, relative to a layer; its input is the concatenated heads."""
+    mlp_out: str
+    """MLP down-projection, relative to a layer; its input holds the neurons."""
+    final_norm: str | None
+    """Final norm before the head (None for post-norm encoders, whose last layer ends in a norm)."""
+    head: str = "score"
+    """Path of the linear head (`classifier` for encoders, `regression_layer` for ArmoRM)."""
+    norm: str = "rms"
+    """Kind of every norm in the model: 'rms', 'rms_offset' (Gemma's 1+γ) or 'layer'."""
+    layout: str = "pre_norm"
+    """'pre_norm' (x + f(N(x))), 'parallel' (GPT-NeoX) or 'post_norm' (BERT: N(x + f(x)))."""
+    attn_post_norm: str | None = None
+    """Norm applied to the attention output before it is added (Gemma-2, OLMo-2), per layer."""
+    mlp_post_norm: str | None = None
+    """Norm applied to the MLP output before it is added (Gemma-2, OLMo-2), per layer."""
+    attn_residual_norm: str | None = None
+    """post_norm only: the norm of (x + attention), per layer."""
+    mlp_residual_norm: str | None = None
+    """post_norm only: the norm of (x + MLP), per layer."""
+    head_kind: str = "linear"
+    """'linear' (w·h + b), 'pooler' (classifier(act(dense(h)))) or 'gated' (ArmoRM)."""
+    pooler: str | None = None
+    """pooler head only: path of the pooler's dense layer."""
+    pooler_act: str = "tanh"
+    """pooler head only: activation name (overridden by config.pooler_hidden_act when present)."""
+    pooling: str = "last"
+    """Read position: 'last' (the last non-pad token, decoders) or 'first' (encoders' [CLS])."""
+    gate: str | None = None
+    """gated head only: path of the gating network."""
+
+    def __post_init__(self) -> None:
+        if self.norm not in NORM_KINDS:
+            raise ValueError(f"norm must be one of {NORM_KINDS}, got {self.norm!r}")
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {LAYOUTS}, got {self.layout!r}")
+        if self.head_kind not in HEAD_KINDS:
+            raise ValueError(f"head_kind must be one of {HEAD_KINDS}, got {self.head_kind!r}")
+        if self.pooling not in ("last", "first"):
+            raise ValueError(f"pooling must be 'last' or 'first', got {self.pooling!r}")
+        if self.layout == "post_norm" and not (self.attn_residual_norm and self.mlp_residual_norm):
+            raise ValueError("layout='post_norm' needs attn_residual_norm and mlp_residual_norm")
+        if self.layout != "post_norm" and self.final_norm is None:
+            raise ValueError(f"layout={self.layout!r} needs final_norm (the norm the head reads)")
+        if self.head_kind == "pooler" and self.pooler is None:
+            raise ValueError("head_kind='pooler' needs pooler (the pooler's dense layer path)")
+        if self.head_kind == "gated" and self.gate is None:
+            raise ValueError("head_kind='gated' needs gate (the gating network path)")
+
+
+def _decoder(name: str, prefix: str = "model", **kw) -> ArchitectureMap:
+    return ArchitectureMap(
+        name=name,
+        layers=f"{prefix}.layers",
+        attn_out=kw.pop("attn_out", "self_attn.o_proj"),
+        mlp_out=kw.pop("mlp_out", "mlp.down_proj"),
+        final_norm=f"{prefix}.norm",
+        **kw,
+    )
+
+
+_POST = dict(attn_post_norm="post_attention_layernorm", mlp_post_norm="post_feedforward_layernorm")
+_ENCODER = dict(
+    attn_out="attention.output.dense",
+    mlp_out="output.dense",
+    final_norm=None,
+    head="classifier",
+    norm="layer",
+    layout="post_norm",
+    attn_residual_norm="attention.output.LayerNorm",
+    mlp_residual_norm="output.LayerNorm",
+    head_kind="pooler",
+    pooling="first",
+)
+
+LLAMA = _decoder("llama")
+ARMORM = replace(LLAMA, name="armorm", head="regression_layer", head_kind="gated", gate="gating")
+
+_REGISTRY: dict[str, ArchitectureMap] = {
+    "llama": LLAMA,
+    "mistral": _decoder("mistral"),
+    "qwen2": _decoder("qwen2"),
+    "qwen3": _decoder("qwen3"),
+    "phi3": _decoder("phi3"),
+    "gemma": _decoder("gemma", norm="rms_offset"),
+    "gemma2": _decoder("gemma2", norm="rms_offset", **_POST),
+    "olmo2": _decoder("olmo2", **_POST),
+    "gpt2": ArchitectureMap(
+        name="gpt2", layers="transformer.h", attn_out="attn.c_proj", mlp_out="mlp.c_proj",
+        final_norm="transformer.ln_f", norm="layer",
+    ),
+    "gpt_neox": ArchitectureMap(
+        name="gpt_neox", layers="gpt_neox.layers", attn_out="attention.dense",
+        mlp_out="mlp.dense_4h_to_h", final_norm="gpt_neox.final_layer_norm", norm="layer",
+        layout="parallel",
+    ),
+    "bert": ArchitectureMap(name="bert", layers="bert.encoder.layer", pooler="bert.pooler.dense", **_ENCODER),
+    "deberta-v2": ArchitectureMap(
+        name="deberta-v2", layers="deberta.encoder.layer", pooler="pooler.dense", pooler_act="gelu", **_ENCODER
+    ),
+    # Keyed by class name: ArmoRM's config says model_type "llama"; its architectures entry decides.
+    "LlamaForRewardModelWithGating": ARMORM,
+}
+
+
+def register_architecture(
+    arch: ArchitectureMap, *, model_types: tuple[str, ...] = (), architectures: tuple[str, ...] = ()
+) -> None:
+    """Make `load` use `arch` for configs with these `model_type`s or `architectures` class names."""
+    if not model_types and not architectures:
+        raise ValueError("register_architecture needs at least one model_type or architectures name")
+    for key in (*model_types, *architectures):
+        _REGISTRY[key] = arch
+
+
+def find_map(model: nn.Module) -> ArchitectureMap:
+    """The registered map for `model` (class name first, then model_type), else structural discovery."""
+    config = model.config
+    for key in (type(model).__name__, *(getattr(config, "architectures", None) or ())):
+        if key in _REGISTRY:
+            return _REGISTRY[key]
+    model_type = getattr(config, "model_type", None)
+    if model_type in _REGISTRY:
+        return _REGISTRY[model_type]
+    return discover(model)
+
+
+def get_module(root: nn.Module, path: str) -> nn.Module:
+    """`root.get_submodule(path)` with an error that names the map field to fix."""
+    try:
+        return root.get_submodule(path)
+    except AttributeError as exc:
+        raise ArchitectureError(
+            f"module path {path!r} does not exist in {type(root).__name__}; fix the architecture map "
+            f"(see docs/architectures.md) — {exc}"
+        ) from None
+
+
+def _is_projection(module: nn.Module, width: int) -> bool:
+    if isinstance(module, nn.Linear):
+        return module.out_features == width
+    weight = getattr(module, "weight", None)  # GPT-2's Conv1D stores weight as [in, out]
+    return type(module).__name__ == "Conv1D" and weight is not None and weight.shape[-1] == width
+
+
+def discover(model: nn.Module) -> ArchitectureMap:
+    """Find layers, projections, final norm and head by structure, for an unregistered decoder.
+
+    The result is only a proposal: `rewardlens.load`/`wrap` (and the first decomposition) prove
+    closure on the loaded model before any number is reported.
+    """
+    config = model.config
+    n_layers = getattr(config, "num_hidden_layers", None)
+    width = getattr(config, "hidden_size", None)
+    found: dict[str, str] = {}
+    layers_path = next(
+        (n for n, m in model.named_modules() if isinstance(m, nn.ModuleList) and len(m) == n_layers), None
+    )
+    if layers_path is None or width is None:
+        raise ArchitectureError(
+            f"unknown architecture {type(model).__name__} (model_type={getattr(config, 'model_type', None)!r}): "
+            f"found no ModuleList of num_hidden_layers={n_layers} layers (hidden_size={width}); "
+            "register a map with rewardlens.register_architecture (docs/architectures.md)"
+        )
+    found["layers"] = layers_path
+    layer = get_module(model, f"{layers_path}.0")
+    projections = [n for n, m in layer.named_modules() if n and _is_projection(m, width)]
+    attn = [n for n in projections if "attn" in n.lower() or "attention" in n.lower()]
+    mlp = [n for n in projections if n not in attn and any(k in n.lower() for k in ("mlp", "ffn", "feed_forward"))]
+    norm_children = [n for n, m in layer.named_children() if "norm" in type(m).__name__.lower()]
+    head_candidates = [
+        n for n, m in model.named_children()
+        if isinstance(m, nn.Linear) and m.in_features == width and m.out_features == config.num_labels
+    ]
+    base = getattr(model, "base_model_prefix", "")
+    outer_norms = [
+        n for n, m in model.named_modules()
+        if n.startswith(base) and not n.startswith(layers_path) and "norm" in type(m).__name__.lower()
+    ]
+    if attn:
+        found["attn_out"] = attn[-1]
+    if mlp:
+        found["mlp_out"] = mlp[-1]
+    if head_candidates:
+        found["head"] = head_candidates[-1]
+    if outer_norms:
+        found["final_norm"] = outer_norms[-1]
+    missing = [k for k in ("attn_out", "mlp_out", "head", "final_norm") if k not in found]
+    if "head" in missing:
+        heads = [f"{n} ({type(m).__name__})" for n, m in model.named_children() if n != base]
+        raise HeadError(
+            f"no linear head with in_features={width} and out_features=num_labels={config.num_labels} "
+            f"among the top-level modules {heads}; rewardlens reads scalar heads r = w·h + b. "
+            "If the head is linear under another shape, register a map naming it."
+        )
+    if missing:
+        raise ArchitectureError(
+            f"unknown architecture {type(model).__name__}: could not find {missing} by structure "
+            f"(found {found}; layer-0 projections to width {width}: {projections}); "
+            "register a map with rewardlens.register_architecture (docs/architectures.md)"
+        )
+    if len(norm_children) > 2:
+        raise ArchitectureError(
+            f"unknown architecture {type(model).__name__}: each layer has {len(norm_children)} norms "
+            f"({norm_children}), so sublayer outputs may be normalised before they are added; structural "
+            "discovery only proves the plain pre-norm layout — register a map with attn_post_norm/mlp_post_norm"
+        )
+    kind = detect_norm_kind(get_module(model, found["final_norm"]), width)
+    if kind is None:
+        raise ArchitectureError(
+            f"final norm {found['final_norm']!r} ({type(get_module(model, found['final_norm'])).__name__}) "
+            "is neither RMSNorm, Gemma-style RMSNorm nor LayerNorm on a check input; register a map"
+        )
+    return ArchitectureMap(
+        name=f"discovered:{getattr(config, 'model_type', type(model).__name__)}",
+        layers=found["layers"], attn_out=found["attn_out"], mlp_out=found["mlp_out"],
+        final_norm=found["final_norm"], head=found["head"], norm=kind,
+    )

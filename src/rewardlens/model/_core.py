@@ -1,0 +1,365 @@
+"""`RewardModel`: a Hugging Face reward model, its tokenizer, its map and an fp32 head."""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from ..errors import ArchitectureError, TokenizationError, warn
+from ._arch import ArchitectureMap, find_map, get_module
+from ._hooks import Point, capture, eval_mode
+from ._norms import NormParams
+from ._readout import Head
+from ._tokens import (
+    Batch,
+    Tokenized,
+    collate,
+    fit_length,
+    flatten_inputs,
+    sequence_label,
+    tokenize,
+    warn_double_bos,
+    warn_pad_is_eos,
+)
+
+UNSET = object()
+
+
+@dataclass(frozen=True)
+class Reading:
+    """What the head reads at the read position `t*`, one row per sequence (fp32, on the model's device).
+
+    `final` [N, d] the residual the final norm reads; `hidden` [N, d] the head's input ĥ (the final
+    norm's output); `layers` {label: [N, d]} the residual after each asked depth (`"embed"` = input of
+    layer 0, `"l"` = output of layer `l`); `values` [N, k] the head's objectives; `coefficients`
+    [N, k] the readout (ArmoRM's frozen gate; ones for a single output); `readout` [N, d] the
+    effective read-out vector `Σ_k coefficients_k · row_k(ĥ)` when asked for, else None.
+    """
+
+    final: Tensor
+    hidden: Tensor
+    layers: dict[str, Tensor]
+    values: Tensor
+    coefficients: Tensor
+    readout: Tensor | None
+
+    @property
+    def reward(self) -> Tensor:
+        """The scalar reward [N]."""
+        return (self.values * self.coefficients).sum(-1)
+
+
+def _offloaded(module: nn.Module) -> bool:
+    """Whether accelerate keeps `module`'s own weights off-device (on 'meta') between forwards."""
+    if getattr(module, "_hf_hook", None) is None:
+        return False
+    from accelerate.utils import has_offloaded_params
+
+    return has_offloaded_params(module)
+
+
+@contextlib.contextmanager
+def onloaded(*modules: nn.Module) -> Iterator[None]:
+    """Inside, the weights of every accelerate-offloaded module under `modules` are real tensors.
+
+    A `device_map` load that offloads (to disk, or to the CPU next to GPUs) leaves those weights
+    on the meta device and lets accelerate's hooks load them for each forward only; reading a head
+    row or a norm scale outside the forward needs the same load, undone on exit. A no-op for
+    models without offloaded weights.
+    """
+    subs = [sub for module in modules for sub in module.modules() if _offloaded(sub)]
+    with contextlib.ExitStack() as stack:
+        if subs:
+            from accelerate.utils import align_module_device
+
+            for sub in subs:
+                stack.enter_context(align_module_device(sub))
+        yield
+
+
+def _remove_dispatch_hooks(module: nn.Module, device: torch.device) -> None:
+    """Free our copy `module` of the accelerate hooks it was copied with, leaving it fp32 on `device`.
+
+    A copied offload hook would load the user's weights (their dtype) into the copy on every call
+    and send them back to 'meta' after; detaching it may restore them, hence the cast after."""
+    if any(getattr(sub, "_hf_hook", None) is not None for sub in module.modules()):
+        from accelerate.hooks import remove_hook_from_module
+
+        remove_hook_from_module(module, recurse=True)
+        module.to(device=device, dtype=torch.float32)
+
+
+def execution_device(model: nn.Module, module: nn.Module) -> torch.device:
+    """Where `module` computes: accelerate's execution device when the model is dispatched with a
+    `device_map` (its weights may sit on 'meta' when offloaded), else the device of its weights."""
+    for candidate in (*module.modules(), model):
+        device = getattr(getattr(candidate, "_hf_hook", None), "execution_device", None)
+        if device is not None:
+            return torch.device(device)
+    for candidate in (module, model):
+        param = next((p for p in candidate.parameters() if not p.is_meta), None)
+        if param is not None:
+            return param.device
+    return torch.device("cpu")
+
+
+class RewardModel:
+    """A sequence-classification reward model prepared for exact read-outs.
+
+    Holds the user's model untouched (only hooks, always removed), an fp32 copy of the head, the
+    architecture map and the tokenization rules. Build it with `rewardlens.load` or `from_model`.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        tokenizer,
+        arch: ArchitectureMap,
+        *,
+        readout: int | str | list | None = None,
+        pad_token_id: int | None | object = UNSET,
+        max_length: int | None = None,
+        truncation: str = "error",
+    ) -> None:
+        if truncation not in ("error", "left"):
+            raise ValueError(f"truncation must be 'error' or 'left', got {truncation!r}")
+        self.model, self.tokenizer, self.arch = model, tokenizer, arch
+        self.truncation = truncation
+        self.encoder = arch.pooling == "first"
+        self.device = execution_device(model, get_module(model, arch.head))
+        with onloaded(*(get_module(model, p) for p in (arch.head, arch.pooler, arch.gate) if p)):
+            self.head = Head.from_model(model, arch, readout, self.device)
+        if self.head.gating is not None:  # a copy of the user's gate: it must stay ours
+            _remove_dispatch_hooks(self.head.gating, self.device)
+        config_pad = getattr(model.config, "pad_token_id", None)
+        # The model's own pooling uses config.pad_token_id; reading by the same rule keeps scores equal.
+        self.pad_token_id = config_pad if pad_token_id is UNSET else pad_token_id
+        if self.pad_token_id is None and not self.encoder:
+            warn(
+                "the model has no pad token, so its own forward cannot score batches; rewardlens pads "
+                "under the attention mask and reads the last real token, as the model does on one "
+                "unpadded input. Pass pad_token_id= to rewardlens.load to read by a pad id instead."
+            )
+        limit = getattr(model.config, "max_position_embeddings", None)
+        self.max_length = max_length if max_length is not None else limit
+        params = inspect.signature(self.backbone.forward).parameters.values()
+        self._forward_args = {p.name for p in params}
+        # A forward that takes **kwargs still needs real position ids under left padding.
+        if any(p.kind is p.VAR_KEYWORD for p in params):
+            self._forward_args |= {"position_ids", "use_cache"}
+        self._norms: dict[str, NormParams] = {}
+        self.verified = False
+        """Set once `rewardlens.loading.verify` has proven the map on this model."""
+
+    @classmethod
+    def from_model(cls, model: nn.Module, tokenizer, *, arch: ArchitectureMap | None = None, **kw) -> RewardModel:
+        """Wrap an already loaded model (never modified); `arch` defaults to the registry/discovery.
+
+        This does not yet prove the map fits: `rewardlens.wrap` does, and so does the first
+        decomposition. Prefer `rewardlens.wrap` (or `rewardlens.load`).
+        """
+        return cls(model, tokenizer, arch or find_map(model), **kw)
+
+    # ---- structure ----------------------------------------------------------------------------
+    @cached_property
+    def backbone(self) -> nn.Module:
+        return self.model.base_model
+
+    @cached_property
+    def layers(self) -> nn.ModuleList:
+        return get_module(self.model, self.arch.layers)
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def n_heads(self) -> int:
+        return int(self.model.config.num_attention_heads)
+
+    @property
+    def d_model(self) -> int:
+        return int(self.head.weight.shape[1] if self.head.pooler_weight is None else self.head.pooler_weight.shape[1])
+
+    def layer_module(self, layer: int, path: str) -> nn.Module:
+        return get_module(self.layers[layer], path)
+
+    def norm(self, path: str, layer: int | None = None) -> NormParams:
+        """fp32 parameters of the norm at `path` (relative to layer `layer` if given), cached."""
+        key = path if layer is None else f"{layer}:{path}"
+        if key not in self._norms:
+            module = get_module(self.model, path) if layer is None else self.layer_module(layer, path)
+            with onloaded(module):
+                self._norms[key] = NormParams.from_module(module, self.arch.norm).to(self.device)
+        return self._norms[key]
+
+    # ---- tokens and batches -------------------------------------------------------------------
+    def encode(self, inputs: object) -> tuple[list[Tokenized], bool]:
+        """Token ids of every sequence (pairs interleaved chosen, rejected) and whether inputs were pairs."""
+        items, is_pairs = flatten_inputs(inputs)
+        seqs = [
+            fit_length(tokenize(self.tokenizer, item, encoder=self.encoder), sequence_label(i, is_pairs),
+                       self.max_length, self.truncation, self.encoder)
+            for i, item in enumerate(items)
+        ]
+        empty = [sequence_label(i, is_pairs) for i, s in enumerate(seqs) if not s.ids]
+        if empty:
+            raise TokenizationError(f"{empty[0]} tokenized to zero tokens; there is nothing to read")
+        if not self.encoder:
+            warn_pad_is_eos(self.tokenizer, seqs, self.pad_token_id)
+        warn_double_bos(self.tokenizer, seqs)
+        return seqs, is_pairs
+
+    def batches(
+        self, seqs: list[Tokenized], batch_size: int, padding_side: str = "right", is_pairs: bool = False,
+        index: list[int] | None = None,
+    ) -> Iterator[tuple[np.ndarray, Batch]]:
+        """Length-sorted batches (less padding); yields original row indices with each batch.
+
+        `index`: each sequence's number in the caller's full input (for error messages), when
+        `seqs` is a subset of it."""
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+        order = np.argsort([len(s.ids) for s in seqs], kind="stable")
+        for start in range(0, len(order), batch_size):
+            rows = order[start : start + batch_size]
+            yield rows, collate(
+                [seqs[i] for i in rows], pad_id=self.pad_token_id, side=padding_side,
+                first=self.encoder, device=self.device,
+                labels=[sequence_label(int(i) if index is None else index[int(i)], is_pairs) for i in rows],
+            )
+
+    def gate_index(self, batch: Batch) -> Tensor:
+        """Gated heads: per row, the position whose hidden state the gate reads (ArmoRM's pattern rule)."""
+        pattern = list(self.model.config.gating_token_pattern)
+        cols = []
+        for row, ids in enumerate(batch.input_ids.tolist()):
+            hits = [j for j in range(len(ids) - len(pattern), -1, -1) if ids[j : j + len(pattern)] == pattern]
+            if not hits or batch.attention_mask[row, hits[0]] == 0:
+                label = batch.labels[row] if batch.labels else f"row {row}"
+                raise TokenizationError(
+                    f"{label}: the gate's token pattern {pattern} (end of the last user turn) was not found; "
+                    "ArmoRM reads its gate there — format inputs with the model's chat template"
+                )
+            cols.append(hits[0])
+        return torch.tensor(cols, device=self.device)
+
+    def forward_kwargs(self, **candidates: object) -> dict:
+        """The candidates the backbone's forward takes, without the ones that are None."""
+        always = ("input_ids", "attention_mask")
+        return {k: v for k, v in candidates.items() if v is not None and (k in always or k in self._forward_args)}
+
+    def batch_kwargs(self, batch: Batch) -> dict:
+        """Keyword arguments of one backbone forward on `batch` (real position ids, no cache)."""
+        return self.forward_kwargs(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                                   position_ids=batch.position_ids, token_type_ids=batch.token_type_ids,
+                                   use_cache=False)
+
+    def run(self, batch: Batch, points: dict[str, Point]) -> dict[str, Tensor]:
+        """One no-grad forward of the backbone on `batch`, returning the captured points in fp32."""
+        with torch.no_grad(), eval_mode(self.model), capture(points, self.device) as captured:
+            self.backbone(**self.batch_kwargs(batch))
+        return captured
+
+    def read(
+        self, seqs: list[Tokenized], *, layers: Sequence[str] = (), batch_size: int = 16, gate: bool = True,
+        readout: bool = False,
+    ) -> Reading:
+        """The read loop: one batched no-grad forward per batch, capturing only the read position.
+
+        `seqs` as `encode` returns them (pairs interleaved chosen, rejected); `layers` the depths whose
+        residual to keep (`"embed"` or a layer index as a string); `gate=False` skips a gated head's gate
+        (its coefficients are then the head's default). See `Reading` for what comes back.
+        """
+        n, k, d = len(seqs), self.head.n_objectives, self.d_model
+        zeros = lambda *shape: torch.zeros(*shape, dtype=torch.float32, device=self.device)  # noqa: E731
+        final, hidden, values, coef = zeros(n, d), zeros(n, d), zeros(n, k), zeros(n, k)
+        kept = {label: zeros(n, d) for label in layers}
+        vectors = zeros(n, d) if readout else None
+        for rows, batch in self.batches(seqs, batch_size):
+            points = self.final_points(batch, gate=gate)
+            for label in layers:
+                where = (self.layers[0], "in") if label == "embed" else (self.layers[int(label)], "out")
+                points[label] = Point(*where, batch.read_index)
+            captured = self.run(batch, points)
+            index = torch.as_tensor(rows, device=self.device)
+            h = self.final_hidden(captured["final"])
+            final[index], hidden[index], values[index] = captured["final"], h, self.head(h)
+            coef[index] = self.coefficients(captured)
+            for label in layers:
+                kept[label][index] = captured[label]
+            if vectors is not None:
+                head_rows, _ = self.head.rows(h)
+                vectors[index] = (coef[index][:, :, None] * head_rows).sum(1)
+        return Reading(final, hidden, kept, values, coef, vectors)
+
+    # ---- the reward ---------------------------------------------------------------------------
+    def final_points(self, batch: Batch, *, gate: bool = True) -> dict[str, Point]:
+        """Capture points the head needs: the final norm's input (or last layer's output) and the gate."""
+        if self.arch.final_norm is None:
+            points = {"final": Point(self.layers[-1], "out", batch.read_index)}
+        else:
+            points = {"final": Point(get_module(self.model, self.arch.final_norm), "in", batch.read_index)}
+        if self.arch.head_kind == "gated" and gate and self.head.readout is None:
+            points["gate"] = Point(get_module(self.model, self.arch.final_norm), "in", self.gate_index(batch))
+        return points
+
+    def final_hidden(self, x: Tensor) -> Tensor:
+        """The head's input [n, d] from the captured final residual `x` [n, d], in fp32."""
+        return x if self.arch.final_norm is None else self.norm(self.arch.final_norm)(x)
+
+    def coefficients(self, captured: dict[str, Tensor]) -> Tensor:
+        """Readout coefficients [n, k] for captured final points (the frozen gate, for ArmoRM)."""
+        gate_h = self.final_hidden(captured["gate"]) if "gate" in captured else None
+        return self.head.coefficients(captured["final"].shape[0], gate_h)
+
+    def head_readout(self, captured: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+        """(objective values [n, k], readout coefficients [n, k]) from captured final points."""
+        return self.head(self.final_hidden(captured["final"])), self.coefficients(captured)
+
+    def objectives(self, inputs: object, *, batch_size: int = 16, padding_side: str = "right") -> np.ndarray:
+        """Per-objective head outputs [n_sequences, k] in fp32 (pairs interleaved chosen, rejected)."""
+        return self._score(inputs, batch_size, padding_side)[0]
+
+    def score(self, inputs: object, *, batch_size: int = 16, padding_side: str = "right") -> np.ndarray:
+        """The scalar reward [n_sequences] (pairs interleaved chosen, rejected), fp32 head and readout."""
+        return self._score(inputs, batch_size, padding_side)[1]
+
+    def _score(self, inputs: object, batch_size: int, padding_side: str) -> tuple[np.ndarray, np.ndarray]:
+        seqs, is_pairs = self.encode(inputs)
+        objectives = np.zeros((len(seqs), self.head.n_objectives), dtype=np.float32)
+        scalar = np.zeros(len(seqs), dtype=np.float32)
+        for rows, batch in self.batches(seqs, batch_size, padding_side, is_pairs):
+            values, coef = self.head_readout(self.run(batch, self.final_points(batch)))
+            objectives[rows] = values.cpu().numpy()
+            scalar[rows] = (values * coef).sum(-1).cpu().numpy()
+        return objectives, scalar
+
+    def __repr__(self) -> str:
+        return (
+            f"RewardModel({type(self.model).__name__}, arch={self.arch.name!r}, layers={self.n_layers}, "
+            f"objectives={self.head.n_objectives}, dtype={next(self.model.parameters()).dtype})"
+        )
+
+
+def check_structure(model: RewardModel) -> None:
+    """Refuse what no map describes: a head of the wrong width, DeBERTa-v2's convolution layer."""
+    config = model.model.config
+    width = getattr(config, "hidden_size", None)
+    if width is not None and model.d_model != width:
+        raise ArchitectureError(
+            f"the head reads vectors of width {model.d_model} but hidden_size is {width}; "
+            f"the map's head path {model.arch.head!r} points at the wrong module"
+        )
+    if getattr(config, "conv_kernel_size", 0):
+        raise ArchitectureError(
+            f"this DeBERTa-v2 has a convolution layer (conv_kernel_size={config.conv_kernel_size}) that adds "
+            "a part to the first layer's output; no architecture map can describe it yet"
+        )

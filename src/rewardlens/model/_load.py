@@ -1,0 +1,172 @@
+"""`rewardlens.load` and `wrap`: load through `from_pretrained` (local folders and hub ids take the same
+path), then prove the map fits before any number."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
+
+from ..errors import warn
+from ._arch import find_map
+from ._armorm import LlamaForRewardModelWithGating
+from ._core import UNSET, RewardModel, check_structure
+from ._verify import verify
+
+# Architectures whose published code does not import under transformers 5.x; we ship our own class.
+_OWN_CLASSES = {"LlamaForRewardModelWithGating": LlamaForRewardModelWithGating}
+# Gemma-2's soft-capped attention is only exact in the eager kernel.
+_EAGER = {"gemma2"}
+
+
+_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+           "float16": torch.float16, "fp16": torch.float16, "half": torch.float16}
+
+
+def _dtype(dtype: str | torch.dtype | None) -> torch.dtype | str | None:
+    if isinstance(dtype, str) and dtype != "auto":
+        if dtype not in _DTYPES:
+            raise ValueError(f"dtype {dtype!r} is not one of {sorted(_DTYPES)} or 'auto'")
+        return _DTYPES[dtype]
+    return dtype
+
+
+# Strategies accelerate understands for `device_map=`; anything else names a device per module.
+_STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
+
+
+def _accelerators() -> tuple[str | None, int]:
+    """(type, count) of this machine's accelerators, e.g. ('cuda', 2), or (None, 0)."""
+    acc = getattr(torch, "accelerator", None)  # torch >= 2.6
+    if acc is not None:
+        return (acc.current_accelerator().type, acc.device_count()) if acc.is_available() else (None, 0)
+    return ("cuda", torch.cuda.device_count()) if torch.cuda.is_available() else (None, 0)
+
+
+def _check_placement(target: object, what: str) -> None:
+    """Refuse a device no instrument can use ('meta': no weights at all) or one this machine lacks.
+
+    from_pretrained would load onto 'meta' silently (every number then fails later) and names a
+    missing GPU only by a bare assertion; strategies, 'cpu' and 'disk' always pass."""
+    if isinstance(target, bool) or target in _STRATEGIES or target in ("cpu", "disk"):
+        return
+    kind, count = _accelerators()
+    if isinstance(target, int):  # an accelerator index
+        wanted, index = kind, target
+    else:
+        try:
+            device = torch.device(target)
+        except (RuntimeError, TypeError, ValueError):
+            return  # not a device name: from_pretrained says what it accepts
+        wanted, index = device.type, device.index or 0
+    if wanted == "meta":
+        raise ValueError(
+            f"{what} places weights on 'meta', which holds no values, so nothing could be read or scored; "
+            "use 'auto', an existing device such as 'cuda:0', 'cpu', or 'disk' (with offload_folder=)"
+        )
+    if wanted != "cpu" and (kind is None or wanted != kind or index >= count):
+        have = f"{count} {kind} device(s)" if kind is not None else "no accelerator"
+        raise ValueError(
+            f"{what} asks for device {target!r} but this machine has {have}; use device_map='auto' "
+            "(it spreads layers over what exists and offloads the rest to 'cpu', or to 'disk' with "
+            "offload_folder=), or name an existing device"
+        )
+
+
+def _check_device_map(device_map: str | dict | int | torch.device) -> None:
+    if isinstance(device_map, dict):
+        for module, target in device_map.items():
+            _check_placement(target, f"device_map[{module!r}]")
+    else:
+        _check_placement(device_map, f"device_map={device_map!r}")
+
+
+def load_model(
+    path_or_id: str,
+    *,
+    dtype: str | torch.dtype | None = None,
+    device: str | torch.device | None = None,
+    device_map: str | dict | None = None,
+    readout: int | str | list | None = None,
+    attn_implementation: str | None = None,
+    pad_token_id: int | None | object = UNSET,
+    max_length: int | None = None,
+    truncation: str = "error",
+    **from_pretrained_kwargs,
+) -> RewardModel:
+    """Load model and tokenizer with `from_pretrained` and wrap them (see `rewardlens.load`)."""
+    if device is not None and device_map is not None:
+        raise ValueError(f"pass device= or device_map=, not both (got device={device!r}, device_map={device_map!r})")
+    if device_map is not None:
+        _check_device_map(device_map)
+    if device is not None:
+        _check_placement(device, f"device={device!r}")
+    config = AutoConfig.from_pretrained(path_or_id, **from_pretrained_kwargs)
+    kwargs = dict(from_pretrained_kwargs)
+    if dtype is not None:
+        kwargs["dtype"] = _dtype(dtype)
+    if device_map is not None:
+        kwargs["device_map"] = device_map
+    if attn_implementation is None and getattr(config, "model_type", None) in _EAGER:
+        attn_implementation = "eager"
+    if attn_implementation is not None:
+        kwargs["attn_implementation"] = attn_implementation
+    own = next((_OWN_CLASSES[a] for a in (getattr(config, "architectures", None) or ()) if a in _OWN_CLASSES), None)
+    model = (own or AutoModelForSequenceClassification).from_pretrained(path_or_id, **kwargs)
+    if device is not None and device_map is None:
+        model = model.to(device)
+    tokenizer = AutoTokenizer.from_pretrained(path_or_id, **from_pretrained_kwargs)
+    rm = RewardModel(
+        model, tokenizer, find_map(model), readout=readout, pad_token_id=pad_token_id,
+        max_length=max_length, truncation=truncation,
+    )
+    check_structure(rm)
+    return rm
+
+
+def load(
+    path_or_id: str,
+    *,
+    dtype: str | torch.dtype | None = None,
+    device: str | torch.device | None = None,
+    device_map: str | dict | None = None,
+    readout: int | str | list | None = None,
+    attn_implementation: str | None = None,
+    pad_token_id: int | None | object = UNSET,
+    max_length: int | None = None,
+    truncation: str = "error",
+    check: bool = True,
+    **from_pretrained_kwargs,
+) -> RewardModel:
+    """Load a sequence-classification reward model and its tokenizer from a folder or hub id.
+
+    The user's model is never modified: rewardlens only adds hooks, always removed, and keeps
+    fp32 copies of the head. `readout` picks the scalar of a multi-output head (an index, a label
+    or a weight per output; ArmoRM's gate by default). `pad_token_id` overrides the id the read
+    position is found by (default: the model's own, `config.pad_token_id`). `max_length` and
+    `truncation` ('error' or 'left') govern long inputs. `check` proves on a check input that the
+    architecture map's parts add up to the residual stream and the head matches the model's own.
+    """
+    model = load_model(
+        path_or_id, dtype=dtype, device=device, device_map=device_map, readout=readout,
+        attn_implementation=attn_implementation, pad_token_id=pad_token_id, max_length=max_length,
+        truncation=truncation, **from_pretrained_kwargs,
+    )
+    if check:
+        verify(model)
+    return model
+
+
+def wrap(model: nn.Module, tokenizer, **kwargs) -> RewardModel:
+    """Wrap an already loaded Hugging Face reward model (never modified) and prove its map fits.
+
+    Takes the keyword options of `RewardModel` (`arch=`, `readout=`, `pad_token_id=`,
+    `max_length=`, `truncation=`). Gemma-2 should have been loaded with
+    `attn_implementation="eager"`.
+    """
+    if getattr(model.config, "model_type", None) == "gemma2" and model.config._attn_implementation != "eager":
+        warn("Gemma-2 is only exact with attn_implementation='eager'; reload the model with it")
+    rm = RewardModel.from_model(model, tokenizer, **kwargs)
+    check_structure(rm)
+    verify(rm)
+    return rm

@@ -1,0 +1,104 @@
+"""`Part`: one term of the exact decomposition, and the one owner of part names.
+
+The residual stream at the read position is a sum of parts (docs/design.md §1): the embeddings, then
+every attention and MLP sublayer's output. A sublayer splits further into its heads (attention) or
+neurons (MLP), plus one bias part when its output projection or post-norm adds a constant. The
+public labels are strings — `embed`, `attn_L3`, `attn_L3_H2`, `attn_L3_bias`, `mlp_L3`,
+`mlp_L3_N17`, `mlp_L3_bias` — and this module is the only place they are built or parsed.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+PartKind = Literal["embed", "attn", "mlp"]
+KINDS: tuple[PartKind, ...] = ("embed", "attn", "mlp")
+_NAME = re.compile(r"(attn|mlp)_L(\d+)(?:_H(\d+)|_N(\d+)|_(bias))?")
+
+
+@dataclass(frozen=True)
+class Part:
+    """A part of the residual stream: `kind` at `layer`, optionally one `head`, one `neuron` or its `bias`.
+
+    The embeddings have `layer` 0 (they enter before layer 0; `depth` tells them apart).
+    """
+
+    kind: PartKind
+    """'embed', 'attn' or 'mlp'."""
+    layer: int = 0
+    """The layer whose sublayer writes the part (0 for the embeddings)."""
+    head: int | None = None
+    """One attention head of the sublayer, or None."""
+    neuron: int | None = None
+    """One MLP neuron of the sublayer, or None."""
+    bias: bool = False
+    """The constant the sublayer's output projection (or post-norm) adds, split off from its heads or neurons."""
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"part kind must be one of {KINDS}, got {self.kind!r}")
+        if self.layer < 0:
+            raise ValueError(f"part layer must be >= 0, got {self.layer}")
+        if self.kind == "embed" and (self.layer or self.head is not None or self.neuron is not None or self.bias):
+            raise ValueError("the embeddings part has no layer, head, neuron or bias")
+        if self.head is not None and self.kind != "attn" or self.neuron is not None and self.kind != "mlp":
+            raise ValueError(f"a head belongs to an attention part and a neuron to an MLP part, got {self!r}")
+        if self.bias and (self.head is not None or self.neuron is not None):
+            raise ValueError(f"a bias part is the sublayer's constant, not one head's or neuron's, got {self!r}")
+
+    @classmethod
+    def embed(cls) -> Self:
+        return cls("embed")
+
+    @classmethod
+    def attn(cls, layer: int, head: int | None = None, *, bias: bool = False) -> Self:
+        return cls("attn", layer, head=head, bias=bias)
+
+    @classmethod
+    def mlp(cls, layer: int, neuron: int | None = None, *, bias: bool = False) -> Self:
+        return cls("mlp", layer, neuron=neuron, bias=bias)
+
+    @classmethod
+    def parse(cls, name: str) -> Self:
+        """The part a public label names; raises ValueError naming the accepted forms."""
+        if name == "embed":
+            return cls.embed()
+        found = _NAME.fullmatch(name)
+        if found is None or (found[3] and found[1] != "attn") or (found[4] and found[1] != "mlp"):
+            raise ValueError(
+                f"{name!r} is not a part name; parts are 'embed', 'attn_L<l>', 'attn_L<l>_H<h>', "
+                "'attn_L<l>_bias', 'mlp_L<l>', 'mlp_L<l>_N<n>' or 'mlp_L<l>_bias'")
+        index = lambda g: None if g is None else int(g)  # noqa: E731
+        return cls(found[1], int(found[2]), head=index(found[3]), neuron=index(found[4]),  # type: ignore[arg-type]
+                   bias=found[5] is not None)
+
+    @property
+    def name(self) -> str:
+        """The public label, e.g. 'attn_L3_H2'."""
+        if self.kind == "embed":
+            return "embed"
+        suffix = ("_bias" if self.bias else f"_H{self.head}" if self.head is not None
+                  else f"_N{self.neuron}" if self.neuron is not None else "")
+        return f"{self.kind}_L{self.layer}{suffix}"
+
+    @property
+    def sublayer(self) -> Part:
+        """The whole sublayer this part belongs to (itself for a sublayer or the embeddings)."""
+        return Part(self.kind, self.layer)
+
+    @property
+    def depth(self) -> int:
+        """The lens depth at which the part has entered the stream: 0 for the embeddings, else `layer + 1`."""
+        return 0 if self.kind == "embed" else self.layer + 1
+
+    @property
+    def is_sublayer(self) -> bool:
+        return self.head is None and self.neuron is None and not self.bias
+
+    def __str__(self) -> str:
+        return self.name

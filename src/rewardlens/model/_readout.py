@@ -1,0 +1,144 @@
+"""The reward head as exact, per-input affine rows, kept in fp32 on copies of the user's modules.
+
+Every head rewardlens reads is affine in the final hidden state `h` once its non-linear parts
+are frozen at their value on this input:
+- linear (`score`): `r = W h + b`;
+- pooler (BERT, DeBERTa-v2): `r = W_c act(W_p h + b_p) + b_c`; writing `act(z) = g ⊙ z` with the
+  gain `g = act(z)/z` frozen gives rows `W_c diag(g) W_p` — exact at this input, like a frozen norm;
+- gated (ArmoRM): `r = W h` per objective, combined by the prompt-dependent gate into
+  `score = Σ_k g_k (r T)_k = r · (T g)`.
+A readout turns the k objective values into the scalar being explained.
+"""
+
+from __future__ import annotations
+
+import copy
+import numbers
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+from transformers.activations import ACT2FN
+
+from ..errors import HeadError
+from ._arch import ArchitectureMap, get_module
+from ._norms import resident_fp32
+
+
+def _labels(config, k: int) -> list[str]:
+    """Objective names: config.objective_names, else id2label when it names all k outputs."""
+    if k == 1:
+        return ["reward"]
+    names = getattr(config, "objective_names", None)
+    if names and len(names) == k:
+        return [str(n) for n in names]
+    id2label = getattr(config, "id2label", None) or {}
+    if len(id2label) == k:
+        return [str(id2label[i]) for i in range(k)]
+    return [f"objective_{i}" for i in range(k)]
+
+
+def _linear(model: nn.Module, path: str, what: str) -> nn.Linear:
+    module = get_module(model, path)
+    if not isinstance(module, nn.Linear):
+        raise HeadError(
+            f"the {what} {path!r} is a {type(module).__name__}, not nn.Linear; rewardlens decomposes "
+            "heads of the form r = W·h + b exactly. For a non-linear head, register a map whose head "
+            "points at its final linear layer and treat the rest as part of the backbone."
+        )
+    return module
+
+
+@dataclass
+class Head:
+    """fp32 head: `weight` [k, d], `bias` [k], optional pooler, gate and fixed readout [k]."""
+
+    weight: Tensor
+    bias: Tensor
+    labels: list[str]
+    readout: Tensor | None = None
+    pooler_weight: Tensor | None = None
+    pooler_bias: Tensor | None = None
+    pooler_act: nn.Module | None = None
+    gating: nn.Module | None = None
+    transform: Tensor | None = None
+
+    @classmethod
+    def from_model(
+        cls, model: nn.Module, arch: ArchitectureMap, readout: int | str | list | None, device: torch.device
+    ) -> Head:
+        lin = _linear(model, arch.head, "reward head")
+        f32 = lambda t: resident_fp32(t, device, "the reward head")
+        k = lin.out_features
+        bias = f32(lin.bias) if lin.bias is not None else torch.zeros(k, device=device)
+        head = cls(f32(lin.weight), bias, _labels(model.config, k))
+        if arch.head_kind == "pooler":
+            pooler = _linear(model, arch.pooler, "pooler dense layer")
+            head.pooler_weight, head.pooler_bias = f32(pooler.weight), f32(pooler.bias)
+            head.pooler_act = ACT2FN[getattr(model.config, "pooler_hidden_act", None) or arch.pooler_act]
+        if arch.head_kind == "gated":
+            head.gating = copy.deepcopy(get_module(model, arch.gate)).to(device=device, dtype=torch.float32).eval()
+            head.transform = f32(model.reward_transform_matrix)
+        head.readout = head._readout_vector(readout, arch)
+        return head
+
+    @property
+    def n_objectives(self) -> int:
+        return self.weight.shape[0]
+
+    def _readout_vector(self, readout: int | str | list | None, arch: ArchitectureMap) -> Tensor | None:
+        k = self.n_objectives
+        if isinstance(readout, (bool, np.bool_)):
+            raise HeadError(f"readout={readout!r} is a bool; pass an objective index, a label or {k} weights")
+        if isinstance(readout, numbers.Integral):
+            readout = int(readout)
+        if readout is None:
+            if k == 1 or arch.head_kind == "gated":
+                return None if arch.head_kind == "gated" else torch.ones(1, device=self.weight.device)
+            raise HeadError(
+                f"the head has {k} outputs {self.labels} and no readout says which scalar to explain; "
+                f"pass readout=<objective index or label> or readout=<list of {k} weights> to rewardlens.load"
+            )
+        if isinstance(readout, str):
+            if readout not in self.labels:
+                raise HeadError(f"readout {readout!r} is not one of the head's labels {self.labels}")
+            readout = self.labels.index(readout)
+        if isinstance(readout, int):
+            if not 0 <= readout < k:
+                raise HeadError(f"readout index {readout} out of range for a head with {k} outputs")
+            vec = torch.zeros(k)
+            vec[readout] = 1.0
+            return vec.to(self.weight.device)
+        vec = torch.as_tensor(readout, dtype=torch.float32).flatten()
+        if vec.numel() != k:
+            raise HeadError(f"readout has {vec.numel()} weights but the head has {k} outputs {self.labels}")
+        return vec.to(self.weight.device)
+
+    def rows(self, h: Tensor) -> tuple[Tensor, Tensor]:
+        """Exact affine map at `h` [n, d]: rows [n, k, d] and bias [n, k] with `head(h) = rows·h + bias`."""
+        n = h.shape[0]
+        if self.pooler_weight is None:
+            return self.weight.expand(n, -1, -1), self.bias.expand(n, -1)
+        z = h @ self.pooler_weight.T + self.pooler_bias
+        a = self.pooler_act(z)
+        safe = torch.where(z == 0, torch.ones_like(z), z)
+        gain = torch.where(z == 0, torch.ones_like(z), a / safe)  # act(0)=0, so any gain is exact there
+        scaled = self.weight[None] * gain[:, None, :]  # [n, k, d_pool]
+        return scaled @ self.pooler_weight, scaled @ self.pooler_bias + self.bias
+
+    def __call__(self, h: Tensor) -> Tensor:
+        """Objective values [n, k] at final hidden states `h` [n, d] (the head's true function)."""
+        if self.pooler_weight is not None:
+            h = self.pooler_act(h @ self.pooler_weight.T + self.pooler_bias)
+        return h @ self.weight.T + self.bias
+
+    def coefficients(self, n: int, gate_hidden: Tensor | None = None) -> Tensor:
+        """Readout weights [n, k] that turn objective values into the scalar reward."""
+        if self.readout is not None:
+            return self.readout.expand(n, -1)
+        if gate_hidden is None:
+            raise HeadError("a gated head needs the hidden state at the gate position")
+        with torch.no_grad():
+            gate = self.gating(gate_hidden)
+        return gate @ self.transform.T

@@ -1,0 +1,126 @@
+"""One forward with hooks → a Trace: every part's output, norm inputs and the residual at `t*`.
+
+Everything is captured at the read position only (one [n, width] tensor per point), in fp32, so a
+trace of an 80-layer model over a batch costs a few hundred vectors per row, never a
+[tokens × d_mlp] cache. Analyses ask a Trace, never Hugging Face modules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from torch import Tensor
+
+from ._core import RewardModel, onloaded
+from ._hooks import Point
+from ._norms import resident_fp32
+from ._tokens import Batch
+
+
+@dataclass
+class Trace:
+    """Captured activations for one batch, keyed by point name, each [n, width] fp32.
+
+    Names: `embed` (input of layer 0), `resid_{l}` (output of layer l), `attn_{l}`/`mlp_{l}` (raw
+    output of the sublayer's output projection), `attn_z_{l}`/`mlp_act_{l}` (its input: heads,
+    neurons), `attn_rnorm_{l}`/`mlp_rnorm_{l}` (post-norm layout: input of the residual norm),
+    `final` (input of the final norm, or the last layer's output) and `gate` (gated heads).
+    """
+
+    batch: Batch
+    captured: dict[str, Tensor]
+
+    def __getitem__(self, name: str) -> Tensor:
+        return self.captured[name]
+
+
+def points(
+    model: RewardModel, batch: Batch, *, heads: Iterable[int] = (), neurons: Iterable[int] = (), gate: bool = True
+) -> dict[str, Point]:
+    """Capture points for a full trace; `heads`/`neurons` name the layers whose inputs to keep."""
+    arch, at = model.arch, batch.read_index
+    pts = dict(model.final_points(batch, gate=gate))
+    pts["embed"] = Point(model.layers[0], "in", at)
+    heads, neurons = set(heads), set(neurons)
+    for layer in range(model.n_layers):
+        pts[f"resid_{layer}"] = Point(model.layers[layer], "out", at)
+        attn_out, mlp_out = model.layer_module(layer, arch.attn_out), model.layer_module(layer, arch.mlp_out)
+        pts[f"attn_{layer}"] = Point(attn_out, "out", at)
+        pts[f"mlp_{layer}"] = Point(mlp_out, "out", at)
+        if layer in heads:
+            pts[f"attn_z_{layer}"] = Point(attn_out, "in", at)
+        if layer in neurons:
+            pts[f"mlp_act_{layer}"] = Point(mlp_out, "in", at)
+        if arch.layout == "post_norm":
+            pts[f"attn_rnorm_{layer}"] = Point(model.layer_module(layer, arch.attn_residual_norm), "in", at)
+            pts[f"mlp_rnorm_{layer}"] = Point(model.layer_module(layer, arch.mlp_residual_norm), "in", at)
+    return pts
+
+
+def trace(
+    model: RewardModel, batch: Batch, *, heads: Iterable[int] = (), neurons: Iterable[int] = (), gate: bool = True
+) -> Trace:
+    """Run `batch` once and capture every point of `points`."""
+    return Trace(batch, model.run(batch, points(model, batch, heads=heads, neurons=neurons, gate=gate)))
+
+
+def sublayer_part(model: RewardModel, tr: Trace, kind: str, layer: int) -> Tensor:
+    """What sublayer `kind` ('attn'/'mlp') of `layer` adds to the residual [n, d] (post-norm applied)."""
+    post = model.arch.attn_post_norm if kind == "attn" else model.arch.mlp_post_norm
+    raw = tr[f"{kind}_{layer}"]
+    return raw if post is None else model.norm(post, layer)(raw)
+
+
+def _projection_module(model: RewardModel, kind: str, layer: int):
+    return model.layer_module(layer, model.arch.attn_out if kind == "attn" else model.arch.mlp_out)
+
+
+def out_projection(model: RewardModel, kind: str, layer: int) -> tuple[Tensor, Tensor | None]:
+    """fp32 weight [d, in] and bias [d] of a sublayer's output projection (Linear or GPT-2 Conv1D)."""
+    module = _projection_module(model, kind, layer)
+    what = f"layer {layer}'s {kind} output projection"
+    with onloaded(module):  # offloaded weights (device_map with disk/CPU offload) exist only in here
+        weight = resident_fp32(module.weight, model.device, what)
+        bias = getattr(module, "bias", None)
+        bias = None if bias is None else resident_fp32(bias, model.device, what)
+    if type(module).__name__ == "Conv1D":  # stores [in, out]
+        weight = weight.T
+    return weight, bias
+
+
+def projection_inputs(model: RewardModel, kind: str, layer: int) -> tuple[int, bool]:
+    """(input width, has bias) of a sublayer's output projection, without copying its weight."""
+    module = _projection_module(model, kind, layer)
+    weight = module.weight
+    width = weight.shape[0] if type(module).__name__ == "Conv1D" else weight.shape[1]
+    return int(width), getattr(module, "bias", None) is not None
+
+
+def bookkeeping_error(model: RewardModel, tr: Trace) -> float:
+    """Largest relative gap between the captured residual and the sum of its parts, over layers.
+
+    Zero (to float precision) when the map names every part; a map that misses a part (a post-norm,
+    a second residual branch) shows up here before any number is reported.
+    """
+    arch, worst = model.arch, 0.0
+    x = tr["embed"]
+    for layer in range(model.n_layers):
+        attn, mlp = sublayer_part(model, tr, "attn", layer), sublayer_part(model, tr, "mlp", layer)
+        if arch.layout == "post_norm":
+            worst = max(worst, _rel(tr[f"attn_rnorm_{layer}"], x + attn))
+            mid = model.norm(arch.attn_residual_norm, layer)(tr[f"attn_rnorm_{layer}"])
+            worst = max(worst, _rel(tr[f"mlp_rnorm_{layer}"], mid + mlp))
+            x = model.norm(arch.mlp_residual_norm, layer)(tr[f"mlp_rnorm_{layer}"])
+        else:
+            x = x + attn + mlp
+        worst = max(worst, _rel(tr[f"resid_{layer}"], x))
+        x = tr[f"resid_{layer}"]  # restart from the truth so errors do not compound across layers
+    if arch.final_norm is not None:
+        worst = max(worst, _rel(tr["final"], x))
+    return worst
+
+
+def _rel(actual: Tensor, expected: Tensor) -> float:
+    return float(((actual - expected).norm(dim=-1) / actual.norm(dim=-1).clamp_min(1e-12)).max())
+

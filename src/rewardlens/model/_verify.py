@@ -1,0 +1,81 @@
+"""The load-time proof: a map's parts add up to the residual stream, and our fp32 head is the model's.
+
+Every number rewardlens reports rests on two facts checked here on a check input before any
+analysis runs: the captured parts sum to the residual stream the final norm reads (bookkeeping),
+and the fp32 copy of the head, applied to that stream, equals the model's own output (docs/design.md §1).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..errors import ArchitectureError, ClosureError
+from ._core import RewardModel
+from ._hooks import eval_mode
+from ._tokens import Tokenized, tokenize
+from ._trace import Trace, bookkeeping_error, trace
+
+# fp32 closure is ~1e-6; a map that misses a part is off by O(1). Half-precision models sit between.
+BOOKKEEPING_TOLERANCE = {torch.float32: 1e-3, torch.float64: 1e-6}
+
+
+def check_bookkeeping(model: RewardModel, tr: Trace) -> None:
+    """Refuse to report numbers when the captured parts do not add up to the residual stream."""
+    dtype = next(model.model.parameters()).dtype
+    tol = BOOKKEEPING_TOLERANCE.get(dtype, 5e-2)
+    err = bookkeeping_error(model, tr)
+    if err > tol:
+        raise ClosureError(
+            f"the parts named by architecture map {model.arch.name!r} do not add up to the residual stream "
+            f"(relative gap {err:.2e} > {tol:.0e} for {dtype}); the map misses a part or a norm — "
+            "check attn_post_norm/mlp_post_norm/layout, or register a corrected map (docs/architectures.md)"
+        )
+
+
+_CHECK_TEXT = "The quick brown fox jumps over the lazy dog. Is that a good answer?"
+
+
+def _check_input(model: RewardModel) -> Tokenized:
+    tok = model.tokenizer
+    if model.arch.head_kind == "gated" and getattr(tok, "chat_template", None):
+        conv = [{"role": "user", "content": "Is that a good answer?"}, {"role": "assistant", "content": _CHECK_TEXT}]
+        return tokenize(tok, conv, encoder=model.encoder)
+    enc = tok(_CHECK_TEXT, add_special_tokens=True)
+    types = enc.get("token_type_ids") if model.encoder else None
+    return Tokenized(list(enc["input_ids"]), list(types) if types is not None else None)
+
+
+def verify(model: RewardModel) -> None:
+    """Prove on a check input that the map's parts add up and the fp32 head equals the model's own.
+
+    Raises `ClosureError` or `ArchitectureError` naming what does not fit; marks the model verified.
+    Gated heads are compared objective by objective when the model's forward returns `rewards`.
+    """
+    _, batch = next(model.batches([_check_input(model)], 1))
+    tr = trace(model, batch, gate=False)
+    check_bookkeeping(model, tr)
+    ours = model.head(model.final_hidden(tr["final"])).cpu().numpy()
+    kwargs = {"input_ids": batch.input_ids}
+    if batch.token_type_ids is not None:
+        kwargs["token_type_ids"] = batch.token_type_ids
+    try:
+        with torch.no_grad(), eval_mode(model.model):  # a model wrapped mid-training must not drop out here
+            out = model.model(**kwargs)
+    except ValueError:
+        if model.arch.head_kind != "gated":
+            raise
+        out = None  # the gate found no chat pattern in the check input; closure above still holds
+    if out is not None:
+        theirs = getattr(out, "rewards", None) if model.arch.head_kind == "gated" else out.logits
+        theirs = theirs.float().cpu().numpy()
+        scale = max(float(np.abs(theirs).max()), 1e-3)
+        dtype = next(model.model.parameters()).dtype
+        tol = 1e-3 if dtype == torch.float32 else 5e-2
+        if theirs.shape != ours.shape or np.abs(theirs - ours).max() > tol * scale:
+            raise ArchitectureError(
+                f"rewardlens' fp32 head gives {ours.ravel()[:4]} but the model's own forward gives "
+                f"{theirs.ravel()[:4]} on a check input; map {model.arch.name!r} reads the wrong final norm "
+                f"({model.arch.final_norm!r}, kind {model.arch.norm!r}), head or read position"
+            )
+    model.verified = True

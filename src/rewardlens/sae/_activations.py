@@ -1,0 +1,286 @@
+"""Activations for SAEs: streamed from a reward model at a hook point, or from a safetensors shard cache.
+
+A source yields `Activations` chunks (one model batch, or one shard) and can be iterated again
+(each pass reruns the model, or rereads the shards); nothing ever holds the whole set. Hook points
+are the Trace's names (`resid_{l}`, `attn_{l}`, `mlp_{l}`, `attn_z_{l}`, `mlp_act_{l}`, `embed`,
+`final`), read at the read position `t*` ('read') or at every non-pad token ('all').
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from ..errors import ArchitectureError, DataError, warn
+from ..model import Batch, Point, RewardModel, points, projection_inputs, rewriting
+from ._autoencoder import CONFIG, TopKSAE, sae_folders
+
+POSITIONS = ("read", "all")
+CACHE_FORMAT = "rewardlens-activations-v1"
+_NAME = re.compile(r"^(resid|attn|mlp|attn_z|mlp_act)_(\d+)$")
+
+
+@dataclass(frozen=True)
+class Activations:
+    """A chunk of activations `x` [m, d] (fp32) with the input index `seq` [m] and token `pos` [m] of each row."""
+
+    x: Tensor
+    seq: Tensor
+    pos: Tensor
+
+
+def check_point(model: RewardModel, name: str) -> int | None:
+    """Refuse a hook point the model does not have; return its layer (None for embed/final)."""
+    m = _NAME.match(name)
+    if name in ("embed", "final") or (m and int(m[2]) < model.n_layers):
+        return int(m[2]) if m else None
+    raise ArchitectureError(
+        f"the model has no hook point {name!r}; it has embed, final and, for layers 0..{model.n_layers - 1}, "
+        "resid_{l} (a layer's output: the residual stream), attn_{l}, mlp_{l}, attn_z_{l}, mlp_act_{l}"
+    )
+
+
+def point_width(model: RewardModel, name: str) -> int:
+    """Width of the activations at hook point `name`."""
+    layer = check_point(model, name)
+    if name.startswith(("attn_z_", "mlp_act_")):
+        return projection_inputs(model, "attn" if name.startswith("attn") else "mlp", layer)[0]
+    return model.d_model
+
+
+def hookpoint(model: RewardModel, point: str) -> str:
+    """The SAE folder name for `point`: sparsify's module path from `base_model` for a layer's
+    output (`layers.3` for Llama, `encoder.layer.3` for BERT, `h.3` for GPT-2), else `point` itself."""
+    layer = check_point(model, point)
+    if not point.startswith("resid_"):
+        return point
+    prefix, path = getattr(model.model, "base_model_prefix", ""), model.arch.layers
+    rel = path[len(prefix) + 1:] if prefix and path.startswith(prefix + ".") else path
+    return f"{rel}.{layer}"
+
+
+def point_of_folder(model: RewardModel, name: str) -> str | None:
+    """The hook point an SAE folder name stands for (`layers.3` or `resid_3` → `resid_3`), or None."""
+    for layer in range(model.n_layers):
+        if name in (f"resid_{layer}", hookpoint(model, f"resid_{layer}")):
+            return f"resid_{layer}"
+    return name if _NAME.match(name) or name in ("embed", "final") else None
+
+
+def _point(model: RewardModel, name: str, batch: Batch) -> Point:
+    layer = check_point(model, name)
+    heads = [layer] if name.startswith("attn_z_") else []
+    neurons = [layer] if name.startswith("mlp_act_") else []
+    return points(model, batch, heads=heads, neurons=neurons, gate=False)[name]
+
+
+@contextlib.contextmanager
+def _capture_tokens(point: Point, mask: Tensor, out: list[Tensor]) -> Iterator[None]:
+    """Record the point's value at every position where `mask` is set, in fp32; hook always removed."""
+    keep = mask.bool()
+
+    def grab(value: Tensor) -> None:
+        out.append(value[keep.to(value.device)].detach().float().to(mask.device))
+
+    with rewriting([(point.module, point.where, grab)]):
+        yield
+
+
+class ActivationSource:
+    """Activations of `model` at hook point `point` over `inputs`, one model batch at a time.
+
+    `inputs`: strings, chat conversations or Pairs (rows interleave chosen, rejected). Tokenized
+    once here; every iteration reruns the model (`n_rows` activations of width `d_in`).
+    `skip_first` (positions='all'): leave out each sequence's first tokens. Default: 1 for
+    decoders, whose first token is an attention sink with a residual norm ~100× the others
+    (95% of the variance at SmolLM2's middle layer) that would swamp the SAE's loss; 0 for
+    encoders, whose first token is the one the head reads.
+    """
+
+    def __init__(self, model: RewardModel, inputs: object, point: str, *, positions: str = "read",
+                 batch_size: int = 8, skip_first: int | None = None) -> None:
+        if positions not in POSITIONS:
+            raise ValueError(f"positions must be one of {POSITIONS}, got {positions!r}")
+        self.skip_first = (0 if model.encoder else 1) if skip_first is None else skip_first
+        if self.skip_first < 0:
+            raise ValueError(f"skip_first must be >= 0, got {skip_first}")
+        self.model, self.point, self.positions, self.batch_size = model, point, positions, batch_size
+        self.d_in = point_width(model, point)
+        self.seqs, self.is_pairs = model.encode(inputs)
+        self.n_rows = (len(self.seqs) if positions == "read"
+                       else sum(max(len(s.ids) - self.skip_first, 0) for s in self.seqs))
+
+    def tokens(self, seq: int) -> list[int]:
+        return self.seqs[seq].ids
+
+    def fingerprint(self) -> str:
+        """Identifies what this source yields: model (name, shape and a checksum of its head, which
+        tells fine-tunes saved under one path apart), point, positions and every token id."""
+        h = hashlib.sha256()
+        config = self.model.model.config
+        head = float(self.model.head.weight.double().sum())
+        h.update(json.dumps([getattr(config, "_name_or_path", ""), config.model_type, self.model.n_layers, head,
+                             self.point, self.positions, self.skip_first]).encode())
+        for s in self.seqs:
+            h.update(json.dumps(s.ids).encode())
+        return h.hexdigest()[:16]
+
+    def __iter__(self) -> Iterator[Activations]:
+        model = self.model
+        for rows, batch in model.batches(self.seqs, self.batch_size, is_pairs=self.is_pairs):
+            pt = _point(model, self.point, batch)
+            rows_t = torch.as_tensor(rows, dtype=torch.long)
+            if self.positions == "read":
+                x = model.run(batch, {"x": pt})["x"]
+                pos = batch.position_ids.gather(1, batch.read_index[:, None])[:, 0].cpu()
+                yield Activations(x, rows_t, pos)
+                continue
+            mask = batch.attention_mask.bool() & (batch.position_ids >= self.skip_first)
+            got: list[Tensor] = []
+            with _capture_tokens(pt, mask, got):
+                model.run(batch, {})
+            seq = rows_t.repeat_interleave(mask.sum(1).cpu())
+            yield Activations(got[0], seq, batch.position_ids[mask].cpu())
+
+
+class ShardedActivations:
+    """Activations cached on disk as safetensors shards (`x`, `seq`, `pos`), read one shard at a time."""
+
+    def __init__(self, folder: str | Path) -> None:
+        self.folder = Path(folder)
+        index = self.folder / "index.json"
+        if not index.is_file():
+            raise DataError(f"{self.folder} is not an activation cache (no index.json); write one with cache_activations")
+        meta = json.loads(index.read_text())
+        if meta.get("format") != CACHE_FORMAT:
+            raise DataError(f"{index} has format {meta.get('format')!r}, expected {CACHE_FORMAT!r}")
+        self.meta = meta
+        self.point, self.positions, self.d_in, self.n_rows = meta["point"], meta["positions"], meta["d_in"], meta["n_rows"]
+        missing = [s["file"] for s in meta["shards"] if not (self.folder / s["file"]).is_file()]
+        if missing:
+            raise DataError(f"activation cache {self.folder} lacks shards {missing[:3]}; delete the folder to rebuild it")
+
+    def __iter__(self) -> Iterator[Activations]:
+        from safetensors.torch import load_file
+
+        for shard in self.meta["shards"]:
+            t = load_file(str(self.folder / shard["file"]))
+            yield Activations(t["x"].float(), t["seq"], t["pos"])
+
+
+def cache_activations(source: ActivationSource, folder: str | Path, *, rows_per_shard: int = 1 << 16,
+                      dtype: torch.dtype = torch.float32) -> ShardedActivations:
+    """Write `source` to `folder` as shards of `rows_per_shard` rows, or reuse a cache of the same source.
+
+    The index (point, positions, width, rows, a fingerprint of model and tokens) is written last,
+    so an interrupted write is never mistaken for a cache. A cache of another source is refused.
+    """
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    fingerprint = source.fingerprint()
+    if (folder / "index.json").is_file():
+        cache = ShardedActivations(folder)
+        if cache.meta.get("fingerprint") != fingerprint:
+            raise DataError(
+                f"activation cache {folder} was written for another model, hook point or input set "
+                f"({cache.point}, {cache.positions}); delete it or pass another cache folder"
+            )
+        return cache
+    folder.mkdir(parents=True, exist_ok=True)
+    shards: list[dict] = []
+    pending: list[Activations] = []
+
+    def flush() -> None:
+        if not pending:
+            return
+        name = f"shard_{len(shards):05d}.safetensors"
+        save_file({"x": torch.cat([a.x for a in pending]).to(dtype).cpu().contiguous(),
+                   "seq": torch.cat([a.seq for a in pending]).contiguous(),
+                   "pos": torch.cat([a.pos for a in pending]).contiguous()}, str(folder / name))
+        shards.append({"file": name, "rows": sum(len(a.seq) for a in pending)})
+        pending.clear()
+
+    for chunk in source:
+        while len(chunk.seq):
+            room = rows_per_shard - sum(len(a.seq) for a in pending)
+            pending.append(Activations(chunk.x[:room], chunk.seq[:room], chunk.pos[:room]))
+            chunk = Activations(chunk.x[room:], chunk.seq[room:], chunk.pos[room:])
+            if sum(len(a.seq) for a in pending) >= rows_per_shard:
+                flush()
+    flush()
+    meta = {"format": CACHE_FORMAT, "point": source.point, "positions": source.positions, "d_in": source.d_in,
+            "n_rows": sum(s["rows"] for s in shards), "dtype": str(dtype).removeprefix("torch."),
+            "fingerprint": fingerprint, "shards": shards}
+    (folder / "index.json").write_text(json.dumps(meta, indent=1))
+    return ShardedActivations(folder)
+
+
+def shuffled(chunks: Iterable[Activations], batch_size: int, buffer_rows: int, gen: torch.Generator,
+             device: torch.device | None = None) -> Iterator[Tensor]:
+    """Training batches [≤ batch_size, d] drawn at random from a buffer of about `buffer_rows` rows.
+
+    Model batches are length-sorted and tokens of one sequence are alike; mixing them in a buffer
+    decorrelates consecutive optimizer steps while memory stays at `buffer_rows × d`.
+    """
+    buf: list[Tensor] = []
+    held = 0
+    for chunk in chunks:
+        buf.append(chunk.x if device is None else chunk.x.to(device))
+        held += len(chunk.x)
+        if held < buffer_rows:
+            continue
+        x = torch.cat(buf)
+        x = x[torch.randperm(len(x), generator=gen).to(x.device)]
+        n_full = len(x) // batch_size * batch_size
+        yield from x[:n_full].split(batch_size)
+        buf, held = [x[n_full:]], len(x) - n_full
+    if held:
+        x = torch.cat(buf)
+        yield from x[torch.randperm(len(x), generator=gen).to(x.device)].split(batch_size)
+
+
+def load_sae_for(model: RewardModel, path: str | Path, layer: int | None = None) -> tuple[TopKSAE, int]:
+    """Load the SAE of `model`'s residual after `layer` from a folder or a parent of hook-point folders.
+
+    With `layer`, the folder is `path` itself or `path/<hook point>` (sparsify's `layers.3` or
+    `resid_3`); without, the layer is read from the folder's name. The width must match the model's.
+    """
+    path = Path(path)
+    if layer is not None:
+        check_point(model, f"resid_{layer}")
+        names = [hookpoint(model, f"resid_{layer}"), f"resid_{layer}"]
+        if (path / CONFIG).is_file():
+            sae = TopKSAE.load(path)
+            named = point_of_folder(model, path.name)
+            if named is not None and named.startswith("resid_") and named != f"resid_{layer}":
+                warn(f"the SAE folder {path} is named for {named} but is applied at resid_{layer} as asked")
+        else:
+            found = next((n for n in names if (path / n / CONFIG).is_file()), None)
+            if found is None:
+                raise DataError(f"{path} has no SAE folder for layer {layer} ({' or '.join(names)}); "
+                                f"it holds {sae_folders(path)}")
+            sae = TopKSAE.load(path / found)
+    else:
+        sae = TopKSAE.load(path)
+        point = point_of_folder(model, sae.folder.name)
+        if point is None or not point.startswith("resid_"):
+            raise DataError(
+                f"cannot tell which layer the SAE folder {sae.folder} belongs to from its name {sae.folder.name!r}; "
+                f"name the layer (layer= or --layer), or name the folder {hookpoint(model, 'resid_0')!r}-style"
+            )
+        layer = int(point.removeprefix("resid_"))
+    if sae.d_in != model.d_model:
+        raise ArchitectureError(
+            f"the SAE in {sae.folder} reads vectors of width {sae.d_in} but this model's residual stream has width "
+            f"{model.d_model}; it was trained on another model — load the SAE made for this backbone"
+        )
+    return sae, layer

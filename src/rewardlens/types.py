@@ -1,0 +1,48 @@
+"""The option and input types the public functions take: one place, so a type checker holds every call.
+
+String options are `Literal`s (docs/design.md §2): a typo is caught by the checker before it is caught
+by the function's own `ValueError`. Input aliases name what the instruments accept in place of a
+bare `object`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Literal, TypeAlias, Union
+
+if TYPE_CHECKING:
+    from .data import Pair
+
+Message: TypeAlias = dict[str, str]
+"""One chat message: {"role": ..., "content": ...}."""
+Prompt: TypeAlias = str | list[Message]
+"""A plain string, or a list of chat messages ending with a user turn."""
+Conversation: TypeAlias = list[Message]
+"""A whole chat: messages ending with the assistant's response."""
+Text: TypeAlias = str | Conversation
+"""One sequence to score: a plain string (tokenized as it is) or a conversation (chat-templated)."""
+Inputs: TypeAlias = Union["Sequence[Pair]", Sequence[Text]]
+"""What the instruments read: preference pairs (rows alternate chosen, rejected) or single texts."""
+
+Level = Literal["sublayer", "head", "neuron"]
+"""How finely a decomposition splits the residual stream: sublayers, attention heads, MLP neurons."""
+PatchLevel = Literal["sublayer", "head"]
+"""The parts patching sweeps."""
+Mode = Literal["noising", "denoising", "ablation"]
+"""Patching direction: chosen run with rejected activations, the reverse, or zero/mean ablation."""
+Ablation = Literal["zero", "mean"]
+"""What `mode='ablation'` writes in place of a part's output."""
+Positions = Literal["read", "all"]
+"""Where a patch applies: the read token only, or every token (token-aligned pairs)."""
+Estimand = Literal["total", "direct"]
+"""Whether a patch flows through later layers (total) or later parts are held at their clean values (direct)."""
+PaddingSide = Literal["left", "right"]
+"""Which side a batch is padded on; results do not depend on it."""
+Truncation = Literal["error", "left"]
+"""What an input longer than `max_length` gets: an error, or its first tokens dropped."""
+LensKind = Literal["linear", "normed"]
+"""The two reward lenses: cumulative exact parts, or the head on the re-normalised partial residual."""
+EditMethod = Literal["project", "leace"]
+"""How `edit` removes a concept from the read-out: project it out, or erase it with LEACE."""
+SaePositions = Literal["read", "all"]
+"""Which tokens' activations an SAE trains on."""

@@ -1,0 +1,201 @@
+"""The package's shape, read from its source with `ast`: one import direction, no cycle, faces only.
+
+The layers (docs/design.md §2), top to bottom:
+
+    faces      rewardlens/__init__.py, cli/, __main__
+    workflows  audit/, compare, monitor, calibrate/
+    instruments exact/ (lowest), then causal/, hacking/, sae/ (which do not import each other);
+               zoo/ beside them (demo, tokenizer, organisms, real models: no instrument imports it)
+    model      model/
+    base       data/, stats, errors, types, _version
+
+Every import is counted, also one inside a function: a lazy import still ties two modules together.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+import rewardlens
+
+ROOT = Path(rewardlens.__file__).parent
+BASE = {"data", "stats", "errors", "types", "_version"}
+WORKFLOWS = {"audit", "compare", "monitor", "calibrate"}
+INSTRUMENTS = {"exact", "causal", "hacking", "sae"}
+# What each group may import besides itself. A workflow imports another workflow's face only where listed.
+ALLOWED: dict[str, set[str]] = {
+    "base": set(),
+    "model": {"base"},
+    "exact": {"model", "base"},
+    "causal": {"exact", "model", "base"},
+    "hacking": {"exact", "model", "base"},
+    "sae": {"exact", "model", "base"},
+    "zoo": {"model", "base"},
+    "audit": {*INSTRUMENTS, "model", "base"},
+    "compare": {*INSTRUMENTS, "model", "base"},
+    "monitor": {*INSTRUMENTS, "model", "base"},
+    "calibrate": {*INSTRUMENTS, "zoo", "model", "base"},
+    "face": {*WORKFLOWS, *INSTRUMENTS, "zoo", "model", "base"},
+}
+# Item text is prose, not code: the one module allowed past the length limit.
+LONG_TEXT = {"rewardlens.hacking._items"}
+MAX_LINES = 400
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in sorted(ROOT.rglob("*.py")):
+        parts = ["rewardlens", *path.relative_to(ROOT).with_suffix("").parts]
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = path
+    return out
+
+
+MODULES = _modules()
+
+
+def group(module: str) -> str:
+    """The layer group of a dotted module name inside rewardlens."""
+    parts = module.split(".")
+    if len(parts) == 1 or parts[1] in ("cli", "__main__"):
+        return "face"
+    top = parts[1]
+    return "base" if top in BASE else top
+
+
+def _package(module: str) -> str:
+    return module if MODULES[module].name == "__init__.py" else module.rpartition(".")[0]
+
+
+def imports(module: str) -> list[tuple[str, str, int]]:
+    """(imported module, imported name or '', line) for every rewardlens import in `module`."""
+    tree = ast.parse(MODULES[module].read_text(encoding="utf-8"))
+    # Imports only a type checker runs tie no modules together at run time.
+    typing_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If)
+                   and getattr(block.test, "id", getattr(block.test, "attr", "")) == "TYPE_CHECKING"
+                   for stmt in block.body for n in ast.walk(stmt)}
+    out = []
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = _package(module).split(".")
+                base = base[: len(base) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            elif node.module and node.module.split(".")[0] == "rewardlens":
+                target = node.module
+            else:
+                continue
+            for alias in node.names:
+                sub = f"{target}.{alias.name}"
+                out.append((sub, "", node.lineno) if sub in MODULES else (target, alias.name, node.lineno))
+        elif isinstance(node, ast.Import):
+            out += [(a.name, "", node.lineno) for a in node.names if a.name.split(".")[0] == "rewardlens"]
+    return out
+
+
+def _owner(module: str) -> str:
+    """The subpackage a private module belongs to: the part of the name before its first `_` component."""
+    parts = module.split(".")
+    private = [i for i, p in enumerate(parts) if p.startswith("_") and p not in ("__main__",)]
+    return ".".join(parts[: private[0]]) if private else module
+
+
+def test_every_module_parses_and_the_layout_is_the_documented_one():
+    groups = {group(m) for m in MODULES}
+    assert groups == set(ALLOWED), f"groups {sorted(groups)} differ from the documented {sorted(ALLOWED)}"
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_imports_point_down(module):
+    mine = group(module)
+    upward = [
+        f"line {line}: {target} ({group(target)})"
+        for target, _, line in imports(module)
+        if target in MODULES and group(target) != mine and group(target) not in ALLOWED[mine]
+    ]
+    assert not upward, f"{module} ({mine}) imports against the layer direction: {upward}"
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_other_packages_are_reached_through_their_faces(module):
+    """A private module (`pkg._x`) is imported only from inside `pkg`; a private name never."""
+    bad = []
+    for target, name, line in imports(module):
+        owner = _owner(target)
+        if target != owner and not (module == owner or module.startswith(owner + ".")):
+            bad.append(f"line {line}: private module {target} from outside {owner}")
+        if name.startswith("_") and name != "__version__":
+            bad.append(f"line {line}: private name {name} of {target}")
+    assert not bad, f"{module}: {bad}"
+
+
+def test_no_import_cycle():
+    graph = defaultdict(set)
+    for module in MODULES:
+        for target, _, _ in imports(module):
+            if target in MODULES and target != module and target != "rewardlens":
+                graph[module].add(target)
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for module in sorted(MODULES):
+        if module not in state and (cycle := visit(module)):
+            pytest.fail("import cycle: " + " → ".join(cycle))
+
+
+def test_the_cycle_finder_finds_a_planted_cycle(tmp_path, monkeypatch):
+    """The checks above would pass vacuously if `imports` saw nothing: plant an upward import and a
+    cycle in a copy of two real modules and watch both checks fail."""
+    found = {t for t, _, _ in imports("rewardlens.exact._lens")}
+    assert "rewardlens.exact._decompose" in found and "rewardlens.model" in found
+    fake = tmp_path / "fake.py"
+    fake.write_text("from ..causal import patch\nfrom ..audit import Store\n")
+    monkeypatch.setitem(MODULES, "rewardlens.model._fake", fake)
+    with pytest.raises(AssertionError, match="against the layer direction"):
+        test_imports_point_down("rewardlens.model._fake")
+    loop = tmp_path / "loop.py"
+    loop.write_text("from ..exact import _loopback\n")
+    monkeypatch.setitem(MODULES, "rewardlens.model._loop", loop)
+    monkeypatch.setitem(MODULES, "rewardlens.exact._loopback", tmp_path / "back.py")
+    (tmp_path / "back.py").write_text("from ..model import _loop\n")
+    with pytest.raises(pytest.fail.Exception, match="import cycle"):
+        test_no_import_cycle()
+
+
+@pytest.mark.parametrize("module", sorted(set(MODULES) - LONG_TEXT))
+def test_modules_stay_short(module):
+    n = len(MODULES[module].read_text(encoding="utf-8").splitlines())
+    assert n <= MAX_LINES, f"{module} has {n} lines (> {MAX_LINES}): it is two things; split it"
+
+
+def test_faces_re_export_explicitly():
+    """Every subpackage face names each public name as `from ._x import Y as Y` and lists it in __all__."""
+    for module, path in MODULES.items():
+        if path.name != "__init__.py" or module == "rewardlens.cli":
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        exported = {a.asname for n in tree.body if isinstance(n, ast.ImportFrom) for a in n.names if a.asname}
+        names = next((ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
+                      and any(getattr(t, "id", "") == "__all__" for t in n.targets)), None)
+        assert names is not None, f"{module} has no __all__"
+        missing = set(names) - exported
+        assert not missing, f"{module}: {sorted(missing)} in __all__ but not re-exported as `X as X`"
