@@ -54,7 +54,7 @@ def make_pairs(n_pairs: int) -> list[Pair]:
     pairs = []
     for i in range(n_pairs):
         base, v = DEMO_PAIRS[i % len(DEMO_PAIRS)], i // len(DEMO_PAIRS)
-        extra = lambda k, off: " ".join(sentences[(i * 3 + off + j) % len(sentences)] for j in range(k))  # noqa: E731
+        extra = lambda k, off, i=i: " ".join(sentences[(i * 3 + off + j) % len(sentences)] for j in range(k))  # noqa: E731
         pairs.append(Pair(str(base.prompt) + SUFFIXES[v % len(SUFFIXES)], f"{base.chosen} {extra(2 + i * 5 % 7, 0)}",
                           f"{base.rejected} {extra(2 + (i * 3 + 2) % 7, 7)}"))
     return pairs
@@ -87,7 +87,7 @@ def calls(model: RewardModel, pairs: list[Pair], bs: int) -> Calls:
         "score": lambda: model.score(pairs, batch_size=bs),
         "attribute_sublayer": lambda: rewardlens.attribute(model, pairs, level="sublayer", batch_size=bs),
         "attribute_head": lambda: rewardlens.attribute(model, pairs, level="head", batch_size=bs),
-        "lens": lambda: rewardlens.exact._lens(model, pairs, batch_size=bs),
+        "lens": lambda: rewardlens.lens(model, pairs, batch_size=bs),
         "attribute_neuron": lambda: rewardlens.attribute(
             model, pairs, level="neuron", layers=range(model.n_layers), batch_size=bs),
     }
@@ -162,7 +162,8 @@ def cpu_peaks(path: str, dtype: str, threads: int, n_pairs: int, bs: int) -> dic
     anonymous_weights(model)
     for fn in calls(model, make_pairs(1), 1).values():  # first-call work, on one pair
         fn()
-    return {name: peak_bytes(fn, torch.device("cpu"), reset) for name, fn in calls(model, make_pairs(n_pairs), bs).items()}
+    measured = calls(model, make_pairs(n_pairs), bs)
+    return {name: peak_bytes(fn, torch.device("cpu"), reset) for name, fn in measured.items()}
 
 
 def main() -> None:
@@ -206,7 +207,8 @@ def main() -> None:
                 mem = pool.apply(cpu_peaks, (path, args.dtype, args.threads, args.pairs, args.batch_size))
 
         base_t, base_m = secs["hf_forward"], max(mem.get("hf_forward", 1), 1)
-        print(f"\n{'call':<20}{'median s':>10}{'x forward':>11}" + (f"{'peak MiB':>10}{'x forward':>11}" if mem else ""))
+        memory_columns = f"{'peak MiB':>10}{'x forward':>11}" if mem else ""
+        print(f"\n{'call':<20}{'median s':>10}{'x forward':>11}" + memory_columns)
         for name in fns:
             m = f"{mem[name] / 2**20:>10.1f}{mem[name] / base_m:>11.2f}" if mem else ""
             print(f"{name:<20}{secs[name]:>10.3f}{secs[name] / base_t:>11.2f}{m}")

@@ -31,8 +31,9 @@ from rewardlens.zoo.organisms import ORGANISMS
 
 def build(folder: str, layers: int, hidden: int) -> None:
     tok = build_tokenizer()
-    config = LlamaConfig(vocab_size=len(tok), hidden_size=hidden, intermediate_size=hidden * 3, num_hidden_layers=layers,
-                         num_attention_heads=8, num_key_value_heads=4, num_labels=3, max_position_embeddings=1024,
+    config = LlamaConfig(vocab_size=len(tok), hidden_size=hidden, intermediate_size=hidden * 3,
+                         num_hidden_layers=layers, num_attention_heads=8, num_key_value_heads=4, num_labels=3,
+                         max_position_embeddings=1024,
                          pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, bos_token_id=None)
     torch.manual_seed(0)
     LlamaForSequenceClassification(config).save_pretrained(folder)
@@ -75,7 +76,8 @@ def main() -> None:
     check("concepts", lambda m: rl.concepts(m, {"formatting": (pos, neg)}, n_boot=200),
           lambda a, b: (gap(a.slope, b.slope), scale(a.slope), f"cosine gap {gap(a.cosine, b.cosine):.2e}"))
     check("conflict", lambda m: rl.conflict(m, pairs, n_boot=200),
-          lambda a, b: (gap(a.margins, b.margins), scale(a.margins), f"relations equal: {bool((a.relation == b.relation).all())}"))
+          lambda a, b: (gap(a.margins, b.margins), scale(a.margins),
+                        f"relations equal: {bool((a.relation == b.relation).all())}"))
     for method in ("project", "leace"):
         def erased(m, method=method):
             r = rl.edit(m, pos, neg, method=method).model.score(pos + neg)

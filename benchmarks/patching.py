@@ -94,7 +94,7 @@ def naive(model: RewardModel, pairs: list[Pair], positions: str, level: str) -> 
         grabbed = {}
         with contextlib.ExitStack() as stack:
             for site in sweep:
-                def keep(x, key=site.key):
+                def keep(x, key=site.key, grabbed=grabbed):
                     grabbed[key] = (x[0] if isinstance(x, tuple) else x)[0].detach().clone()
                     return x
                 stack.enter_context(_hook(site_point(model, site, dummy), keep))
@@ -103,7 +103,7 @@ def naive(model: RewardModel, pairs: list[Pair], positions: str, level: str) -> 
         for j, site in enumerate(sweep):
             sl, src = head_slice(model, site), grabbed[site.key]
 
-            def put(x, sl=sl, src=src):
+            def put(x, sl=sl, src=src, cols=cols):
                 x = (x[0] if isinstance(x, tuple) else x).clone()
                 x[0, cols, sl] = src[cols][:, sl].to(x.dtype)
                 return x
@@ -171,8 +171,8 @@ def main() -> None:
         for name, (positions, level) in SWEEPS.items():
             if name not in args.sweeps:
                 continue
-            t_naive, want = timed(lambda: naive(model, pairs, positions, level), device)
-            t_engine, got = timed(lambda: engine(model, pairs, positions, level, args.batch_size), device)
+            t_naive, want = timed(lambda p=positions, lv=level: naive(model, pairs, p, lv), device)
+            t_engine, got = timed(lambda p=positions, lv=level: engine(model, pairs, p, lv, args.batch_size), device)
             print(f"{name:<16}{got.shape[1]:>7}{t_naive:>10.2f}{t_engine:>10.2f}{t_naive / t_engine:>9.1f}x"
                   f"{np.abs(got - want).max():>12.2e}")
         if args.no_memory:

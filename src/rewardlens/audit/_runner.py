@@ -13,8 +13,9 @@ store: the report is a view over it.
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
@@ -22,17 +23,23 @@ from ..causal import Faithfulness, aligned, faithfulness
 from ..data import Pair, row_labels
 from ..errors import StoreError
 from ..exact import Attribution, Lens, attribute, lens
-from ..hacking import Concepts, Probes, concepts, probe
+from ..hacking import Concepts, Item, Probes, concepts, probe
 from ..model import RewardModel
-from ..sae import FeatureAttribution, attribute_features
+from ..sae import FeatureAttribution, TopKSAE, attribute_features
+from ..types import Positions, Text
 from ._store import RunKey, Store, checksum, fingerprint
+
+if TYPE_CHECKING:
+    from tqdm.auto import tqdm
+
+_Result = TypeVar("_Result")
 
 VERSION = "1"
 """Version of every audit instrument's stored numbers: bump when any of them would change."""
 
 # Fields of each per-pair result that are indexed by input row (two per pair) or by pair; the
 # rest are the same for every chunk and go into the run's metadata.
-_ROW_FIELDS = {
+_ROW_FIELDS: dict[type, tuple[str, ...]] = {
     Lens: ("linear", "normed", "reward", "linear_objectives", "normed_objectives"),
     Attribution: ("values", "constant", "reward", "per_objective", "objective_constant", "objective_reward"),
 }
@@ -94,9 +101,10 @@ class Plan:
         if not 0 < self.fraction <= 1:
             raise ValueError(f"fraction must be in (0, 1], got {self.fraction}")
         if self.probe_items is not None and self.probe_items < 2:
-            raise ValueError(f"probe_items must be >= 2 (concepts need two inputs a side) or None, got {self.probe_items}")
+            raise ValueError(f"probe_items must be >= 2 (concepts need two inputs a side) or None, "
+                             f"got {self.probe_items}")
 
-    def items(self) -> list | None:
+    def items(self) -> list[Item] | None:
         """The built-in items the probes and concepts use (None: all of them)."""
         if self.probe_items is None:
             return None
@@ -109,7 +117,7 @@ class Plan:
         return "" if self.probe_items is None else f"/items-{self.probe_items}"
 
 
-def _run_keys(model: RewardModel, pairs: Sequence[Pair], seed_positions: str) -> dict[str, RunKey]:
+def _run_keys(model: RewardModel, pairs: Sequence[Pair], seed_positions: Positions) -> dict[str, RunKey]:
     fp, data = fingerprint(model), checksum(pairs)
     names = {"lens": "lens", "sublayers": "attribution/sublayer", "heads": "attribution/head",
              "faithfulness": f"faithfulness/head/noising/seed-{seed_positions}"}
@@ -125,26 +133,28 @@ def chunks(n_pairs: int, chunk_size: int) -> list[range]:
     return [range(s, min(s + chunk_size, n_pairs)) for s in range(0, n_pairs, chunk_size)]
 
 
-def _split(result: object, field_names: Sequence[str], per: int, j: int) -> dict:
+def _split(result: Lens | Attribution | Faithfulness, field_names: Sequence[str], per: int, j: int) -> dict[str, Any]:
     return {f: getattr(result, f)[per * j: per * (j + 1)] for f in field_names}
 
 
-def _constants(result: object, varying: Sequence[str]) -> dict:
+def _constants(result: Lens | Attribution | Faithfulness, varying: Sequence[str]) -> dict[str, Any]:
     return {f.name: getattr(result, f.name) for f in fields(result)
             if f.name not in varying and f.name not in _DERIVED}
 
 
 def _chunk_entries(model: RewardModel, pairs: Sequence[Pair], span: range, keys: dict[str, RunKey],
-                   seed_positions: str, batch_size: int) -> tuple[list, dict]:
+                   seed_positions: Positions, batch_size: int
+                   ) -> tuple[list[tuple[RunKey, str, int, dict[str, Any]]], dict[RunKey, dict[str, Any]]]:
     part = [pairs[i] for i in span]
-    results = {
+    results: dict[str, Lens | Attribution | Faithfulness] = {
         "lens": lens(model, part, batch_size=batch_size),
         "sublayers": attribute(model, part, batch_size=batch_size),
         "heads": attribute(model, part, level="head", batch_size=batch_size),
         "faithfulness": faithfulness(model, part, level="head", batch_size=batch_size,
                                      seed_positions=seed_positions),
     }
-    entries, meta = [], {}
+    entries: list[tuple[RunKey, str, int, dict[str, Any]]] = []
+    meta: dict[RunKey, dict[str, Any]] = {}
     for name, res in results.items():
         varying, per = (_PAIR_FIELDS, 1) if name == "faithfulness" else (_ROW_FIELDS[type(res)], 2)
         meta[keys[name]] = _constants(res, varying)
@@ -159,7 +169,7 @@ def run_pairs(model: RewardModel, pairs: Sequence[Pair], store: Store, plan: Pla
     `skip`: another store whose finished pairs count as done too (a rank's shard resumes against
     the merged store of an earlier run)."""
     pairs = list(pairs)
-    seed_positions = "all" if aligned(model, pairs) else "read"
+    seed_positions: Positions = "all" if aligned(model, pairs) else "read"
     keys = _run_keys(model, pairs, seed_positions)
     done = set.intersection(*(store.done(k) for k in keys.values()))
     if skip is not None:
@@ -179,19 +189,24 @@ def run_pairs(model: RewardModel, pairs: Sequence[Pair], store: Store, plan: Pla
     return sum(map(len, todo))
 
 
-def run_whole(model: RewardModel, pairs: Sequence[Pair], store: Store, plan: Plan = Plan(), *, sae=None,
-              progress: bool = False) -> None:
+def run_whole(model: RewardModel, pairs: Sequence[Pair], store: Store, plan: Plan = Plan(), *,
+              sae: TopKSAE | None = None, progress: bool = False) -> None:
     """The whole-model instruments the plan asks for, each stored once (skipped when already there)."""
     pairs = list(pairs)
     items = plan.items()
-    jobs = [(name, fn) for name, fn, wanted in (
+
+    def features() -> FeatureAttribution:
+        assert sae is not None and plan.sae_layer is not None  # run with an SAE only; _sae_name checked the layer
+        return attribute_features(model, sae, pairs, layer=plan.sae_layer, batch_size=plan.batch_size)
+
+    whole: tuple[tuple[str, Callable[[], Probes | Concepts | FeatureAttribution], bool], ...] = (
         ("probes" + plan.suffix(), lambda: probe(model, items, reference=pairs, batch_size=2 * plan.batch_size),
          plan.probes),
         ("concepts" + plan.suffix(), lambda: concepts(model, _concept_sets(items), batch_size=2 * plan.batch_size),
          plan.concepts),
-        (_sae_name(sae, plan), lambda: attribute_features(model, sae, pairs, layer=plan.sae_layer,
-                                                          batch_size=plan.batch_size), sae is not None),
-    ) if wanted]
+        (_sae_name(sae, plan), features, sae is not None),
+    )
+    jobs = [(name, fn) for name, fn, wanted in whole if wanted]
     bar = _bar(len(jobs), "audit: whole-model instruments", progress)
     for name, fn in jobs:
         key = _whole_key(model, pairs, name)
@@ -202,7 +217,7 @@ def run_whole(model: RewardModel, pairs: Sequence[Pair], store: Store, plan: Pla
     bar.close()
 
 
-def _concept_sets(items: list | None) -> dict | None:
+def _concept_sets(items: list[Item] | None) -> dict[str, tuple[Sequence[Text], Sequence[Text]]] | None:
     """The probe axes' contrast sets on `items` (None: the built-in sets of `concepts`)."""
     if items is None:
         return None
@@ -211,7 +226,7 @@ def _concept_sets(items: list | None) -> dict | None:
     return {axis: contrast_sets(axis, items) for axis in AXES}
 
 
-def _sae_name(sae, plan: Plan) -> str:
+def _sae_name(sae: TopKSAE | None, plan: Plan) -> str:
     """The SAE's store name: its layer and a checksum of its config and weights (a strided sample
     of the decoder, so a dictionary of millions of latents is not read whole)."""
     if sae is None:
@@ -224,11 +239,13 @@ def _sae_name(sae, plan: Plan) -> str:
     return f"features/L{plan.sae_layer}/{checksum([sae.cfg, *parts])}"
 
 
-def collect(model: RewardModel, pairs: Sequence[Pair], store: Store, plan: Plan = Plan(), *, sae=None) -> Audit:
+def collect(model: RewardModel, pairs: Sequence[Pair], store: Store, plan: Plan = Plan(), *,
+            sae: TopKSAE | None = None) -> Audit:
     """Read the audit of `pairs` back from `store`; `StoreError` when some pairs are missing."""
     pairs = list(pairs)
     keys = _run_keys(model, pairs, "all" if aligned(model, pairs) else "read")
-    n, parts = len(pairs), {}
+    n = len(pairs)
+    parts: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}
     for name, key in keys.items():
         records = store.records(key)
         if [u for u, _ in records] != [str(i) for i in range(n)]:
@@ -236,34 +253,39 @@ def collect(model: RewardModel, pairs: Sequence[Pair], store: Store, plan: Plan 
             raise StoreError(f"the store {store.path} holds {len(records)} of {n} pairs for {key.instrument}; "
                                   f"{missing} are missing — run the audit again with this store to finish them")
         meta = store.meta(key)
-        stacked = {f: np.concatenate([r[f] for _, r in records]) for f in records[0][1]}
+        assert meta is not None  # the run's row exists: it holds the records just read
+        stacked: dict[str, Any] = {f: np.concatenate([r[f] for _, r in records]) for f in records[0][1]}
         parts[name] = stacked, meta
     ids = [p.id if p.id is not None else str(i) for i, p in enumerate(pairs)]
     rows = row_labels(2 * n, True)
-    built = {name: cls(**stacked, **meta, rows=rows, is_pairs=True)
-             for name, cls in (("lens", Lens), ("sublayers", Attribution), ("heads", Attribution))
-             for stacked, meta in [parts[name]]}
-    stacked, meta = parts["faithfulness"]
-    whole = {}
-    for field, name, cls in (("probes", "probes" + plan.suffix(), Probes),
-                             ("concepts", "concepts" + plan.suffix(), Concepts),
-                             ("features", _sae_name(sae, plan), FeatureAttribution)):
+
+    def per_pair(cls: Callable[..., _Result], name: str) -> _Result:
+        stacked, meta = parts[name]
+        return cls(**stacked, **meta, rows=rows, is_pairs=True)
+
+    def whole(cls: Callable[..., _Result], name: str) -> _Result | None:
         records = store.records(_whole_key(model, pairs, name))
-        whole[field] = cls(**records[0][1]) if records else None
+        return cls(**records[0][1]) if records else None
+
+    lens_, sublayers, heads = per_pair(Lens, "lens"), per_pair(Attribution, "sublayers"), per_pair(Attribution, "heads")
+    stacked, meta = parts["faithfulness"]
+    probes = whole(Probes, "probes" + plan.suffix())
+    concepts_ = whole(Concepts, "concepts" + plan.suffix())
+    features = whole(FeatureAttribution, _sae_name(sae, plan))
     return Audit(model=repr(model), fingerprint=keys["lens"].model, data_checksum=keys["lens"].data, pair_ids=ids,
                  faithfulness=Faithfulness(**stacked, **meta, pair_ids=ids), fraction=plan.fraction,
-                 **built, **whole)
+                 lens=lens_, sublayers=sublayers, heads=heads, probes=probes, concepts=concepts_, features=features)
 
 
 def audit(model: RewardModel, pairs: Sequence[Pair], *, store: Store | str | None = None, plan: Plan = Plan(),
-          sae=None, progress: bool = False) -> Audit:
+          sae: TopKSAE | None = None, progress: bool = False) -> Audit:
     """Run (or finish) the audit of `pairs` in `store` and return it.
 
     `store`: a `Store`, a path to one, or None for an in-memory run. Finished pairs already in the
     store are not computed again.
     """
-    own = not isinstance(store, Store)
-    db = Store(store if store is not None else ":memory:") if own else store
+    db = store if isinstance(store, Store) else Store(store if store is not None else ":memory:")
+    own = db is not store
     try:
         run_pairs(model, pairs, db, plan, progress=progress)
         run_whole(model, pairs, db, plan, sae=sae, progress=progress)
@@ -273,7 +295,7 @@ def audit(model: RewardModel, pairs: Sequence[Pair], *, store: Store | str | Non
             db.close()
 
 
-def _bar(total: int, desc: str, enabled: bool):
+def _bar(total: int, desc: str, enabled: bool) -> tqdm[Any]:
     from tqdm.auto import tqdm
 
     return tqdm(total=total, desc=desc, disable=not enabled or total == 0, file=sys.stderr, leave=False)

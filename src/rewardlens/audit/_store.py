@@ -21,10 +21,14 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, is_dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..errors import StoreError
+
+if TYPE_CHECKING:
+    from ..model import RewardModel
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -63,13 +67,14 @@ def _digest(parts: Iterable[bytes]) -> str:
     return h.hexdigest()[:24]
 
 
-def fingerprint(model) -> str:
+def fingerprint(model: RewardModel) -> str:
     """Hash of a `RewardModel`'s config, backbone dtype, read options and fp32 head weights.
 
     Backbone weights are not hashed (reading 70B parameters, some offloaded, would cost more
     than a sweep); the config, the head and the final norm tell fine-tunes of one backbone apart.
     """
-    config = json.dumps(model.model.config.to_dict(), sort_keys=True, default=str)
+    hf_config: Any = model.model.config  # a transformers PretrainedConfig
+    config = json.dumps(hf_config.to_dict(), sort_keys=True, default=str)
     dtype = str(next(model.model.parameters()).dtype)
     options = json.dumps([model.pad_token_id, model.max_length, model.truncation, model.arch.name], default=str)
     head = model.head
@@ -82,16 +87,16 @@ def fingerprint(model) -> str:
     return _digest(parts)
 
 
-def checksum(items: Sequence) -> str:
+def checksum(items: Sequence[Any]) -> str:
     """Hash of the data: every item's fields (dataclasses such as `Pair`), in order."""
-    canon = [asdict(x) if is_dataclass(x) else x for x in items]
+    canon = [asdict(x) if is_dataclass(x) and not isinstance(x, type) else x for x in items]
     return _digest([json.dumps(canon, sort_keys=True, default=str).encode()])
 
 
-def _encode(record: Mapping) -> tuple[str, bytes | None]:
+def _encode(record: Mapping[str, Any]) -> tuple[str, bytes | None]:
     arrays: dict[str, np.ndarray] = {}
 
-    def pack(value, path: str):
+    def pack(value: Any, path: str) -> Any:
         if isinstance(value, np.ndarray):
             arrays[path] = value
             return {"__array__": path}
@@ -109,14 +114,14 @@ def _encode(record: Mapping) -> tuple[str, bytes | None]:
     if not arrays:
         return text, None
     buf = io.BytesIO()
-    np.savez(buf, **arrays)
+    np.savez(buf, allow_pickle=True, **arrays)  # numpy's default, named so the stub does not read **arrays as it
     return text, buf.getvalue()
 
 
-def _decode(text: str, blob: bytes | None) -> dict:
+def _decode(text: str, blob: bytes | None) -> dict[str, Any]:
     arrays = np.load(io.BytesIO(blob), allow_pickle=False) if blob else {}
 
-    def unpack(value):
+    def unpack(value: Any) -> Any:
         if isinstance(value, dict):
             if set(value) == {"__array__"}:
                 return arrays[value["__array__"]]
@@ -158,21 +163,22 @@ class Store:
             raise
         self._db.execute("COMMIT")
 
-    def _run_id(self, db: sqlite3.Connection, key: RunKey, meta: Mapping | None = None) -> int:
+    def _run_id(self, db: sqlite3.Connection, key: RunKey, meta: Mapping[str, Any] | None = None) -> int:
         row = db.execute("SELECT run_id FROM runs WHERE model=? AND data=? AND instrument=? AND version=?",
                          (key.model, key.data, key.instrument, key.version)).fetchone()
         if row is not None:
             return row[0]
         cur = db.execute("INSERT INTO runs (model, data, instrument, version, meta) VALUES (?, ?, ?, ?, ?)",
                          (key.model, key.data, key.instrument, key.version, json.dumps(meta or {})))
+        assert cur.lastrowid is not None  # an INSERT sets it
         return cur.lastrowid
 
-    def runs(self) -> list[tuple[RunKey, dict]]:
+    def runs(self) -> list[tuple[RunKey, dict[str, Any]]]:
         """Every run in the store with its metadata."""
         rows = self._db.execute("SELECT model, data, instrument, version, meta FROM runs ORDER BY run_id")
         return [(RunKey(*r[:4]), json.loads(r[4])) for r in rows]
 
-    def meta(self, key: RunKey) -> dict | None:
+    def meta(self, key: RunKey) -> dict[str, Any] | None:
         row = self._db.execute("SELECT meta FROM runs WHERE model=? AND data=? AND instrument=? AND version=?",
                                (key.model, key.data, key.instrument, key.version)).fetchone()
         return None if row is None else json.loads(row[0])
@@ -184,8 +190,8 @@ class Store:
             (key.model, key.data, key.instrument, key.version))
         return {r[0] for r in rows}
 
-    def write(self, entries: Iterable[tuple[RunKey, str, int, Mapping]], meta: Mapping[RunKey, Mapping] | None = None
-              ) -> None:
+    def write(self, entries: Iterable[tuple[RunKey, str, int, Mapping[str, Any]]],
+              meta: Mapping[RunKey, Mapping[str, Any]] | None = None) -> None:
         """Store `(key, unit, position, record)` entries in one transaction: all or none.
 
         `position` orders a run's units when read back (a pair's index). Writing a unit that is
@@ -201,7 +207,7 @@ class Store:
                     raise StoreError(f"unit {unit!r} of {key.instrument} is already stored in {self.path}; "
                                      "a resumed run must skip finished units") from exc
 
-    def records(self, key: RunKey) -> list[tuple[str, dict]]:
+    def records(self, key: RunKey) -> list[tuple[str, dict[str, Any]]]:
         """`(unit, record)` of every stored unit of `key`, in position order."""
         rows = self._db.execute(
             "SELECT unit, record, arrays FROM units JOIN runs USING (run_id) "

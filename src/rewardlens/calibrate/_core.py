@@ -8,18 +8,36 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
 
 from ..data import Pair
 from ..model import Part, RewardModel, load
 from ..stats import spearman
+from ..types import Level
 from ..zoo.organisms import ORGANISMS, READY, build, organism_dir
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 ACCURACY = 0.97
 """Held-out pair accuracy every organism must reach (share of rule-decided pairs ordered right)."""
 STRENGTHS = (0.25, 0.5, 1.0)
 """The strength sweep: share of training pairs the rule decides (the rest are coin flips)."""
+Compare = Literal[">=", "<=", "=="]
+"""How a grade's value must relate to its threshold."""
+
+
+@runtime_checkable
+class QualitySpec(Protocol):
+    """An organism with a quality rule and a planted bias (the zoo's quality organisms, 'quality_list')."""
+
+    bias_name: str
+
+    def quality_pairs(self, n: int = 200, seed: int = 0) -> list[Pair]: ...
+
+    def bias_pairs(self, n: int = 200, seed: int = 0, strength: float = 1.0) -> list[Pair]: ...
 
 
 @dataclass(frozen=True)
@@ -33,13 +51,14 @@ class Grade:
     value: float
     threshold: float
     passed: bool
-    compare: str = ">="
+    compare: Compare = ">="
 
     @classmethod
     def of(cls, instrument: str, organism: str, check: str, value: float, threshold: float,
-           compare: str = ">=") -> Grade:
+           compare: Compare = ">=") -> Grade:
         ok = {">=": value >= threshold, "<=": value <= threshold, "==": value == threshold}[compare]
-        return cls(instrument, organism, check, float(value), float(threshold), bool(ok and np.isfinite(value)), compare)
+        return cls(instrument, organism, check, float(value), float(threshold), bool(ok and np.isfinite(value)),
+                   compare)
 
 
 @dataclass(frozen=True)
@@ -47,7 +66,7 @@ class Scorecard:
     """Every grade of one calibration run, with the settings it ran under (`settings`)."""
 
     rows: tuple[Grade, ...]
-    settings: dict = field(default_factory=dict)
+    settings: dict[str, Any] = field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
@@ -58,17 +77,17 @@ class Scorecard:
     def failures(self) -> list[Grade]:
         return [r for r in self.rows if not r.passed]
 
-    def to_frame(self):
+    def to_frame(self) -> pd.DataFrame:
         """One row per grade: instrument, organism, check, value, compare, threshold, passed."""
         import pandas as pd
 
         return pd.DataFrame([asdict(r) for r in self.rows],
                             columns=["instrument", "organism", "check", "value", "threshold", "passed", "compare"])
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"passed": self.passed, "settings": self.settings, "rows": [asdict(r) for r in self.rows]}
 
-    def to_json(self, path: str | os.PathLike | None = None) -> str:
+    def to_json(self, path: str | os.PathLike[str] | None = None) -> str:
         """The scorecard as JSON text; also written to `path` when one is given."""
         text = json.dumps(self.to_dict(), indent=2)
         if path is not None:
@@ -128,7 +147,7 @@ def sublayer_of(part: str) -> str:
 
 
 def localisation(instrument: str, organism: str, names: Sequence[str], scores: np.ndarray, planted: str,
-                 level: str, by: str = "mean margin") -> list[Grade]:
+                 level: Level, by: str = "mean margin") -> list[Grade]:
     """Rows for "does `instrument` find `planted`": its rank among `names` by `scores` [n_parts]
     (a mean per part, signed so that larger carries more of the preference; `by` names it) and
     its signed share of the total magnitude Σ|scores| (at most 1, and near 1 only when the planted
@@ -149,4 +168,4 @@ def strength_response(bench: Bench, instrument: str, organism: str, what: str,
     bench's strengths and `score` of the organism trained at each (must be 1)."""
     sweep = [score(bench.model(organism, s)) for s in bench.strengths]
     return Grade.of(instrument, organism, f"Spearman(strength, {what}) over {len(sweep)} strengths",
-                    spearman(bench.strengths, sweep), 1.0)
+                    spearman(np.asarray(bench.strengths), np.asarray(sweep)), 1.0)

@@ -3,13 +3,17 @@ that the bias is gone while the quality rule survives."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import torch
 
-from ..hacking import METHODS, edit, edit_report, final_hidden_states
+from ..data import Pair
+from ..hacking import METHODS, Edit, edit, edit_report, final_hidden_states
+from ..model import RewardModel
 from ..zoo.organisms import ORGANISMS
 from ._concepts import contrast
-from ._core import Bench, Grade
+from ._core import Bench, Grade, QualitySpec
 from ._probes import bank_items
 
 ORGANISM = "quality_list"
@@ -30,12 +34,14 @@ pass an edit that left the quality rule a sliver of its margin)."""
 def grade_editing(bench: Bench) -> list[Grade]:
     """For each method, fit the list concept on bias pairs of one seed (positive: the bullet-list
     side, negative: the same statements in prose; LEACE's covariance also sees unlabelled pairs of
-    the organism's mix) and edit it out of the quality_list organism at strength 1. On held-out pairs the edit must remove most of the bias' margin (bias pairs), leave
-    the accuracy on quality pairs within a few points and keep most of their margin; the edited
+    the organism's mix) and edit it out of the quality_list organism at strength 1. On held-out pairs
+    the edit must remove most of the bias' margin (bias pairs), leave the accuracy on quality pairs
+    within a few points and keep most of their margin; the edited
     model's own forward must equal the original head applied to the erased final hidden state."""
     if ORGANISM not in bench.organisms:
         return []
     spec, model = ORGANISMS[ORGANISM], bench.model(ORGANISM)
+    assert isinstance(spec, QualitySpec)  # quality_list is a quality organism
     fit = spec.bias_pairs(FIT_PAIRS, seed=bench.seed + 10)
     positive, negative = contrast(spec, fit)
     probe = spec.bias_pairs(bench.n_pairs, seed=bench.seed + 1)
@@ -45,8 +51,8 @@ def grade_editing(bench: Bench) -> list[Grade]:
     background = spec.pairs(BACKGROUND_PAIRS, seed=bench.seed + 10)
     rows = []
     for method in METHODS:
-        extra = {"background": background} if method == "leace" else {}
-        result = edit(model, positive, negative, method=method, name=spec.bias_name, **extra)
+        result = edit(model, positive, negative, method=method, name=spec.bias_name,
+                      background=background if method == "leace" else None)
         report = edit_report(model, result, probe_pairs=probe, other_pairs=other)
         # The same edit seen through the probe suite: the formatting axis on the bank's items.
         probed = edit_report(model, result, axis="formatting", items=bank_items(seed=bench.seed))
@@ -65,12 +71,13 @@ def grade_editing(bench: Bench) -> list[Grade]:
     return rows
 
 
-def _exactness(model, result, pairs) -> float:
+def _exactness(model: RewardModel, result: Edit, pairs: Sequence[Pair]) -> float:
     """The edit is the eraser: rewards of the edited model against the original head on erased ĥ."""
     inputs = [p.conversation(side) for p in pairs for side in ("chosen", "rejected")]
     with torch.no_grad():
         values = model.head(result.erase(final_hidden_states(model, inputs))).cpu().numpy()
     # The organism's head is a bias-free score layer with one output: the dropped constant is per output.
+    assert model.head.readout is not None  # a linear (not gated) head always has a readout vector
     expected = (values - result.dropped_constant) @ model.head.readout.cpu().numpy()
     got = result.model.score(inputs)
     return float(np.abs(got - expected).max() / max(np.abs(expected).max(), 1e-6))

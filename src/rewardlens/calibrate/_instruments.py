@@ -11,6 +11,7 @@ from ..data import Pair, margin
 from ..exact import attribute, lens
 from ..model import Part, RewardModel
 from ..stats import auroc
+from ..types import Level, PatchLevel
 from ..zoo.organisms import ORGANISMS, ablated, forward_margins
 from ._core import ACCURACY, Bench, Grade, circuits, localisation, strength_response, sublayer_of
 
@@ -31,6 +32,7 @@ def grade_organisms(bench: Bench) -> list[Grade]:
             rows.append(Grade.of("organism", name, what, acc, ACCURACY))
     for name in circuits(bench):
         part, model, pairs = ORGANISMS[name].planted_part, bench.model(name), bench.pairs(name)
+        assert part is not None  # circuits() keeps the organisms with a planted part
         full = forward_margins(model.model, model.tokenizer, pairs)[:, 0].mean()
         cut = forward_margins(ablated(model.model, part), model.tokenizer, pairs)[:, 0].mean()
         rows.append(Grade.of("organism", name, f"|mean margin| left with {part} ablated, as a share",
@@ -48,7 +50,9 @@ def grade_attribution(bench: Bench) -> list[Grade]:
                              float(np.abs(att.residual_error).max()), 1e-4, "<="))
     for name in circuits(bench):
         part, pairs = ORGANISMS[name].planted_part, bench.pairs(name)
-        for level, target in (("sublayer", sublayer_of(part)), ("head", part)):
+        assert part is not None  # circuits() keeps the organisms with a planted part
+        targets: list[tuple[Level, str]] = [("sublayer", sublayer_of(part)), ("head", part)]
+        for level, target in targets:
             att = attribute(bench.model(name), pairs, level=level)
             rows += localisation("attribution", name, att.names, att.margin.mean(0), target, level)
 
@@ -66,8 +70,12 @@ def grade_lens(bench: Bench) -> list[Grade]:
     rows = []
     for name in circuits(bench):
         part, pairs = ORGANISMS[name].planted_part, bench.pairs(name)
-        rows.append(strength_response(bench, "lens", name, "final linear-lens margin",
-                                      lambda m, pairs=pairs: float(lens(m, pairs).margin("linear")[:, -1].mean())))
+        assert part is not None  # circuits() keeps the organisms with a planted part
+
+        def final_margin(m: RewardModel, pairs: list[Pair] = pairs) -> float:
+            return float(lens(m, pairs).margin("linear")[:, -1].mean())
+
+        rows.append(strength_response(bench, "lens", name, "final linear-lens margin", final_margin))
         model = bench.model(name)
         layer = Part.parse(part).layer
         depth = np.nanmedian(lens(model, pairs).crystallization("linear", 0.5))
@@ -83,8 +91,10 @@ def grade_patching(bench: Bench) -> list[Grade]:
     rows = []
     for name in circuits(bench):
         part, pairs = ORGANISMS[name].planted_part, bench.pairs(name)[:40]
+        assert part is not None  # circuits() keeps the organisms with a planted part
         model = bench.model(name)
-        for level, target in (("sublayer", sublayer_of(part)), ("head", part)):
+        levels: list[tuple[PatchLevel, str]] = [("sublayer", sublayer_of(part)), ("head", part)]
+        for level, target in levels:
             for instrument, result in (
                 ("patching", patch(model, pairs, level=level)),
                 ("path-frozen patching", patch(model, pairs, level=level, estimand="direct")),

@@ -9,13 +9,14 @@ organism's mean |margin| on its own held-out pairs.
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import numpy as np
 
 from ..hacking import MIN_ITEMS, Distortion, Item, Probes, cascade, distortion, probe
 from ..model import RewardModel
 from ..zoo.organisms import ORGANISMS, bank
-from ._core import Bench, Grade, strength_response
+from ._core import Bench, Grade, QualitySpec, strength_response
 
 PLANTED_AXES: dict[str, tuple[str, ...]] = {
     "length": ("length",),
@@ -46,7 +47,8 @@ def bank_items(n: int = N_ITEMS, seed: int = 0) -> list[Item]:
     of its domain (short of the length organism's threshold), and a stated view for the sycophancy
     axis. No planted attribute anywhere."""
     rng = random.Random(f"probe-items/{seed}")
-    out, seen = [], set()
+    out: list[Item] = []
+    seen: set[tuple[str, str]] = set()
     while len(out) < n:
         domain = rng.choice(list(bank.DOMAINS))
         questions, statements = bank.DOMAINS[domain]
@@ -61,7 +63,7 @@ def bank_items(n: int = N_ITEMS, seed: int = 0) -> list[Item]:
     return out
 
 
-def probe_organism(bench: Bench, name: str, strength: float = 1.0, **kw) -> Probes:
+def probe_organism(bench: Bench, name: str, strength: float = 1.0, **kw: Any) -> Probes:
     """The probe suite on an organism's bank items, scaled by its held-out pairs' mean |margin|."""
     return probe(bench.model(name, strength), bank_items(seed=bench.seed), reference=bench.pairs(name),
                  min_effect=MIN_EFFECT, seed=bench.seed, **kw)
@@ -113,6 +115,7 @@ def grade_distortion(bench: Bench) -> list[Grade]:
     if name not in bench.organisms or name not in ORGANISMS:
         return []
     spec = ORGANISMS[name]
+    assert isinstance(spec, QualitySpec)  # quality_list is a quality organism
     quality = {"informativeness": spec.quality_pairs(bench.n_pairs, seed=bench.seed + 1)}
 
     runs: dict[int, Distortion] = {}

@@ -12,23 +12,30 @@ exact patching wherever both were computed.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import functools
+from collections.abc import Iterator, Sequence
 
 import torch
 from torch import Tensor
 
+from ..data import Pair
 from ..model import Point, RewardModel, collate, eval_mode, rewriting
 from ..stats import rank_agreement
+from ..types import Ablation, Inputs, Mode, PatchLevel, Positions, Spans
 from ._engine import Site, head_slice, site_point, sites
 from ._patching import Patching, assemble, check_options
-from ._plan import Clean, PatchPlan, Spans, encode_pairs
+from ._plan import Clean, PatchPlan, encode_pairs
+
+Tensors = dict[str, Tensor]
 
 
 @contextlib.contextmanager
-def _probes(points: dict[str, Point], final: Point) -> Iterator[tuple[dict, dict, dict]]:
+def _probes(points: dict[str, Point], final: Point) -> Iterator[tuple[Tensors, Tensors, Tensors]]:
     """Add a zero leaf to each point's activation (→ its gradient is ∂r/∂a) and keep the activation
     and the final residual (with its graph)."""
-    deltas, acts, out = {}, {}, {}
+    deltas: Tensors = {}
+    acts: Tensors = {}
+    out: Tensors = {}
 
     def touch(name: str, x: Tensor) -> Tensor:
         delta = torch.zeros_like(x, requires_grad=True)
@@ -38,20 +45,20 @@ def _probes(points: dict[str, Point], final: Point) -> Iterator[tuple[dict, dict
     def keep(x: Tensor) -> None:
         out["final"] = x[torch.arange(x.shape[0], device=x.device), final.cols.to(x.device)]
 
-    hooks = [(p.module, p.where, lambda x, n=name: touch(n, x)) for name, p in points.items()]
+    hooks = [(p.module, p.where, functools.partial(touch, name)) for name, p in points.items()]
     with rewriting([*hooks, (final.module, final.where, keep)]):
         yield deltas, acts, out
 
 
 def attribution_patch(
     model: RewardModel,
-    pairs: object,
+    pairs: Sequence[Pair],
     *,
-    mode: str = "noising",
-    ablation: str = "zero",
-    positions: str | Spans = "read",
-    level: str = "sublayer",
-    reference: object | None = None,
+    mode: Mode = "noising",
+    ablation: Ablation = "zero",
+    positions: Positions | Spans = "read",
+    level: PatchLevel = "sublayer",
+    reference: Inputs | None = None,
     batch_size: int = 8,
     min_margin: float = 1e-4,
 ) -> Patching:

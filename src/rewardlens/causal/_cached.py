@@ -16,11 +16,12 @@ from __future__ import annotations
 import copy
 import inspect
 from collections import defaultdict
+from typing import Any, NoReturn
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
-from ..model import Point, RewardModel, Tokenized, capture, collate, eval_mode, first_output
+from ..model import Batch, Point, RewardModel, Tokenized, capture, collate, eval_mode, first_output
 from ._engine import Overwrite, Site, final_point, head_slice, patched, take_values
 
 
@@ -33,18 +34,21 @@ def _cache_name(model: RewardModel) -> str | None:
     return next((name for name in ("cache", "past_key_values") if name in params), None)
 
 
-def _fork(cache):
-    """A copy of `cache` whose layers can grow without touching the original's tensors."""
+def _fork(cache: Any) -> Any:
+    """A copy of `cache` (a Hugging Face `Cache` with per-layer entries, whatever its class) whose layers
+    can grow without touching the original's tensors."""
     out = copy.copy(cache)
     out.layers = [copy.copy(layer) for layer in cache.layers]
     return out
 
 
-def _continuation_args(model: RewardModel, kwargs: dict) -> tuple[tuple, dict]:
+def _continuation_args(
+    model: RewardModel, kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """The (args, kwargs) the backbone passes its layers for the continuation `kwargs`."""
-    seen = {}
+    seen: dict[str, Any] = {}
 
-    def stop(m, args, kw):
+    def stop(m: nn.Module, args: tuple[Any, ...], kw: dict[str, Any]) -> NoReturn:
         seen["args"], seen["kwargs"] = args[1:], {k: v for k, v in kw.items() if k != "hidden_states"}
         raise _Stop
 
@@ -121,7 +125,8 @@ def _groups(sweep: list[Site], min_copies: int) -> dict[int, list[int]]:
     for s, site in enumerate(sweep):
         by_layer[0 if site.kind == "embed" else site.layer].append(s)
     groups: dict[int, list[int]] = {}
-    start, pending = None, []
+    start = 0  # set from the first layer of each group below
+    pending: list[int] = []
     for layer in sorted(by_layer):
         start = layer if not pending else start
         pending += by_layer[layer]
@@ -133,7 +138,8 @@ def _groups(sweep: list[Site], min_copies: int) -> dict[int, list[int]]:
 
 
 def _group(
-    model: RewardModel, batch, at: Tensor, width: int, cache, name: str, captured: dict, first_layer: int,
+    model: RewardModel, batch: Batch, at: Tensor, width: int, cache: Any, name: str, captured: dict[str, Tensor],
+    first_layer: int,
     group: list[Site], values: dict[str, Tensor], rows: Tensor, coef: Tensor, dtype: torch.dtype,
 ) -> tuple[Tensor, Tensor] | None:
     """Run the copies of one starting layer: (the two proof copies' final residuals [B, 2, d], the

@@ -15,8 +15,10 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from ..model import RewardModel, Trace, out_projection
+from ..model import RewardModel, SublayerKind, Trace, out_projection
 from ._engine import Site, head_slice
+
+SUBLAYERS: tuple[SublayerKind, ...] = ("attn", "mlp")
 
 if TYPE_CHECKING:
     from ._plan import Clean
@@ -54,11 +56,12 @@ def _at_read(value: Tensor, read: Tensor, cols: Tensor | None, n: int) -> tuple[
         return value.expand(n, -1), hit
     if value.ndim == 2:
         return value, everywhere
+    assert cols is not None  # values over positions [n, m, w] come with their columns
     match = cols.to(read.device) == read[:, None]
     return value[torch.arange(n, device=read.device), match.float().argmax(1)], match.any(1)
 
 
-def _post(model: RewardModel, kind: str, layer: int, raw: Tensor) -> Tensor:
+def _post(model: RewardModel, kind: SublayerKind, layer: int, raw: Tensor) -> Tensor:
     path = model.arch.attn_post_norm if kind == "attn" else model.arch.mlp_post_norm
     return raw if path is None else model.norm(path, layer)(raw)
 
@@ -84,11 +87,12 @@ def _propagate(model: RewardModel, tr: Trace, site: Site, old: Tensor, new: Tens
         return tr["final"] + (new - old)
     start = 0 if site.kind == "embed" else site.layer
     x = new if site.kind == "embed" else (tr["embed"] if start == 0 else tr[f"resid_{start - 1}"])
+    attn_rnorm, mlp_rnorm = arch.residual_norms
     for layer in range(start, model.n_layers):
-        parts = {}
-        for kind in ("attn", "mlp"):
+        parts: dict[str, Tensor] = {}
+        for kind in SUBLAYERS:
             patched = site.kind == kind and site.layer == layer
             parts[kind] = new if patched else _post(model, kind, layer, tr[f"{kind}_{layer}"])
-        mid = model.norm(arch.attn_residual_norm, layer)(x + parts["attn"])
-        x = model.norm(arch.mlp_residual_norm, layer)(mid + parts["mlp"])
+        mid = model.norm(attn_rnorm, layer)(x + parts["attn"])
+        x = model.norm(mlp_rnorm, layer)(mid + parts["mlp"])
     return x

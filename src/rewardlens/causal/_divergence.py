@@ -88,7 +88,8 @@ class Scorer:
     [..., L, d] it returns their whitened distance over the natural threshold [..., L]."""
 
     def __init__(self, model: RewardModel, natural: Clean, quantile: float = 0.99) -> None:
-        self.fits, self.limits = [], []
+        self.fits: list[Natural] = []
+        self.limits: list[float] = []
         for layer in range(model.n_layers):
             acts = natural.captured[f"resid_{layer}"]
             self.fits.append(Natural.fit(acts))

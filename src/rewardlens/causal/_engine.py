@@ -23,13 +23,15 @@ every layer there (for divergence scores).
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any, get_args
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from ..model import (
     Part,
@@ -40,9 +42,13 @@ from ..model import (
     collate,
     eval_mode,
     get_module,
+    hf_config,
     projection_inputs,
     rewriting,
 )
+from ..types import PatchLevel
+
+PATCH_LEVELS: tuple[PatchLevel, ...] = get_args(PatchLevel)
 
 
 @dataclass(frozen=True)
@@ -57,12 +63,12 @@ class Site(Part):
         return f"attn_z_{self.layer}" if self.head is not None else f"{self.kind}_{self.layer}"
 
 
-def sites(model: RewardModel, level: str) -> list[Site]:
+def sites(model: RewardModel, level: PatchLevel) -> list[Site]:
     """Every patchable site at `level` ('sublayer' or 'head'), named as `rewardlens.attribute` names parts.
 
     Bias parts are constants (the same in every run), so they are not sites.
     """
-    if level not in ("sublayer", "head"):
+    if level not in PATCH_LEVELS:
         raise ValueError(f"patching level must be 'sublayer' or 'head', got {level!r}")
     out = [Site.embed()]
     for layer in range(model.n_layers):
@@ -122,15 +128,15 @@ def _overwrite(x: Tensor, edits: list[tuple[Overwrite, slice]]) -> Tensor:
 @contextlib.contextmanager
 def patched(model: RewardModel, edits: list[Overwrite]) -> Iterator[None]:
     """Apply `edits` during the forward passes inside; hooks are removed on exit, also on error."""
-    groups: dict[tuple[int, str], list] = defaultdict(list)
-    modules = {}
+    groups: dict[tuple[int, str], list[tuple[Overwrite, slice]]] = defaultdict(list)
+    modules: dict[tuple[int, str], nn.Module] = {}
     for edit in edits:
         point = site_point(model, edit.site, edit.cols)
         key = (id(point.module), point.where)
         modules[key] = point.module
         groups[key].append((edit, head_slice(model, edit.site)))
 
-    hooks = [(modules[key], key[1], lambda x, g=group: _overwrite(x, g)) for key, group in groups.items()]
+    hooks = [(modules[key], key[1], functools.partial(_overwrite, edits=group)) for key, group in groups.items()]
     with rewriting(hooks):
         yield
 
@@ -145,7 +151,9 @@ def _resid_points(model: RewardModel, cols: Tensor) -> dict[str, Point]:
     return {f"resid_{layer}": Point(model.layers[layer], "out", cols) for layer in range(model.n_layers)}
 
 
-def _forward(model: RewardModel, kwargs: dict, points: dict[str, Point], edits: list[Overwrite]) -> dict[str, Tensor]:
+def _forward(
+    model: RewardModel, kwargs: dict[str, Any], points: dict[str, Point], edits: list[Overwrite]
+) -> dict[str, Tensor]:
     kwargs = model.forward_kwargs(**kwargs)
     with torch.no_grad(), eval_mode(model.model), capture(points, model.device) as captured, patched(model, edits):
         model.backbone(**kwargs)
@@ -157,12 +165,13 @@ def copies_supported(model: RewardModel, seqs: list[Tokenized]) -> str | None:
     proves it on every batch)."""
     if model.encoder:
         return "the model attends both ways, so patching the read token changes every position"
-    impl = getattr(model.model.config, "_attn_implementation", None) or ""
+    config = hf_config(model.model)
+    impl = getattr(config, "_attn_implementation", None) or ""
     if "flash" in impl:
         return f"attn_implementation={impl!r} takes no custom attention mask"
     if "position_ids" not in inspect.signature(model.backbone.forward).parameters:
         return "the backbone takes no position_ids, so copies of the read token cannot share its position"
-    window = getattr(model.model.config, "sliding_window", None)
+    window = getattr(config, "sliding_window", None)
     if window and max(len(s.ids) for s in seqs) > window:
         return f"a sequence is longer than the sliding window ({window} tokens)"
     return None
@@ -223,7 +232,7 @@ def read_sweep(
             objectives = model.head(model.final_hidden(captured["final"].flatten(0, 1))).view(len(rows), len(part), -1)
             rewards[rows, lo : lo + len(part)] = (objectives * coef[rows][:, None]).sum(-1)
             clean[rows] = (model.head(model.final_hidden(captured["first"])) * coef[rows]).sum(-1)
-            if resid:
+            if resid and streams is not None:
                 stacked = torch.stack([captured[f"resid_{layer}"] for layer in range(model.n_layers)], dim=2)
                 streams[rows, lo : lo + len(part)] = resid(stacked)
     return clean, rewards, streams
@@ -231,7 +240,7 @@ def read_sweep(
 
 def _copies_batch(
     model: RewardModel, seqs: list[Tokenized], read: list[int], copies: int, dtype: torch.dtype
-) -> tuple[dict, Tensor]:
+) -> tuple[dict[str, Any], Tensor]:
     """Rows `prefix + copies × read token`, the 4-D mask that keeps copies apart, and copy columns [B, copies]."""
     device, pad = model.device, model.pad_token_id if model.pad_token_id is not None else 0
     t = torch.tensor(read, device=device)
@@ -263,8 +272,8 @@ def batched_sweep(
     labels: list[str] | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Patched rewards [n, S]: sequence i run whole with site s overwritten at positions `cols[i]`
-    [n, m] by `values[s.key][i]` [n, m, width] (or one vector [width] everywhere). Repeated columns are allowed
-    (they pad rows with fewer positions). The gate, if any, is the patched run's own.
+    [n, m] by `values[s.key][i]` [n, m, width] (or one vector [width] everywhere). Repeated columns are
+    allowed (they pad rows with fewer positions). The gate, if any, is the patched run's own.
     """
     n, n_sites = len(seqs), len(sweep)
     rewards = torch.zeros(n, n_sites, device=model.device)
@@ -279,8 +288,8 @@ def batched_sweep(
         for row, (_, s) in enumerate(job):
             by_site[s].append(row)
         edits = [
-            Overwrite(sweep[s], torch.tensor(rows), cols[seq_idx[rows]], take_values(values[sweep[s].key], seq_idx[rows],
-                                                                          head_slice(model, sweep[s])))
+            Overwrite(sweep[s], torch.tensor(rows), cols[seq_idx[rows]],
+                      take_values(values[sweep[s].key], seq_idx[rows], head_slice(model, sweep[s])))
             for s, rows in by_site.items()
         ]
         points = dict(model.final_points(batch))
@@ -289,7 +298,7 @@ def batched_sweep(
         captured = _forward(model, model.batch_kwargs(batch), points, edits)
         values_, coef = model.head_readout(captured)
         rewards[seq_idx, [s for _, s in job]] = (values_ * coef).sum(-1)
-        if resid:
+        if resid and streams is not None:
             stacked = torch.stack([captured[f"resid_{layer}"] for layer in range(model.n_layers)], dim=1)
             streams[seq_idx, [s for _, s in job]] = resid(stacked)
     return rewards, streams

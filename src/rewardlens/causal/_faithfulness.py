@@ -11,17 +11,26 @@ sublayers, averaged (its reported values: ρ = −0.256 Skywork-Reward-Llama-3.1
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, get_args
 
 import numpy as np
 
+from ..data import Pair
 from ..exact import attribute
 from ..model import RewardModel
 from ..stats import bootstrap_ci, rank_agreement, rowwise_spearman
+from ..types import Comparison, Mode, PatchLevel, Positions
 from ._attribution_patching import attribution_patch
 from ._patching import encode_pairs, patch
 
-ESTIMANDS = ("direct", "total", "indirect", "attribution_patching")
+if TYPE_CHECKING:
+    import pandas as pd
+    from matplotlib.figure import Figure
+
+ESTIMANDS: tuple[Comparison, ...] = get_args(Comparison)
+SEED_POSITIONS: tuple[Positions, ...] = get_args(Positions)
 
 
 @dataclass(frozen=True)
@@ -42,9 +51,9 @@ class Faithfulness:
     attribution_patching: np.ndarray
     seed_attribution: np.ndarray
     seed_effect: np.ndarray
-    seed_positions: str
-    mode: str
-    level: str
+    seed_positions: Positions
+    mode: Mode
+    level: PatchLevel
     n_boot: int = 2000
     seed: int = 0
 
@@ -53,13 +62,13 @@ class Faithfulness:
         """Total − direct [n_pairs, P]: the part's effect through later layers."""
         return self.total - self.direct
 
-    def rho(self, estimand: str) -> np.ndarray:
+    def rho(self, estimand: Comparison) -> np.ndarray:
         """Per-pair Spearman ρ [n_pairs] between attribution and `estimand` across parts."""
         if estimand not in ESTIMANDS:
             raise ValueError(f"estimand must be one of {ESTIMANDS}, got {estimand!r}")
         return rowwise_spearman(self.attribution, getattr(self, estimand))
 
-    def pooled(self, estimand: str) -> tuple[float, float, float]:
+    def pooled(self, estimand: Comparison) -> tuple[float, float, float]:
         """(mean ρ over pairs, bootstrap interval low, high) for `estimand`; NaN if undefined."""
         return _mean_ci(self.rho(estimand), self.n_boot, self.seed)
 
@@ -76,7 +85,7 @@ class Faithfulness:
         """How well attribution patching ranks parts against exact total patching."""
         return rank_agreement(self.total, self.attribution_patching, k)
 
-    def summary(self) -> list[dict]:
+    def summary(self) -> list[dict[str, Any]]:
         """One row per estimand: mean ρ with attribution, its interval, and pairs with a defined ρ."""
         rows = []
         for name in ESTIMANDS:
@@ -88,7 +97,7 @@ class Faithfulness:
                      "lo": lo, "hi": hi, "pairs": int(np.isfinite(self.seed_rho).sum())})
         return rows
 
-    def to_frame(self):
+    def to_frame(self) -> pd.DataFrame:
         """Long table: one row per (pair, part) with attribution and every estimand."""
         import pandas as pd
 
@@ -99,12 +108,13 @@ class Faithfulness:
             frame[name] = getattr(self, name).ravel()
         return frame
 
-    def plot(self):
+    def plot(self) -> Figure:
         """Attribution against direct and total effects (one point per pair and part)."""
         import matplotlib.pyplot as plt
 
         fig, axes = plt.subplots(1, 2, figsize=(9, 4), sharex=True)
-        for ax, name in zip(axes, ("direct", "total")):
+        shown: tuple[Comparison, ...] = ("direct", "total")
+        for ax, name in zip(axes, shown):
             ax.scatter(self.attribution.ravel(), getattr(self, name).ravel(), s=8, alpha=0.6)
             mean, lo, hi = self.pooled(name)
             ax.set_title(f"{name}: mean ρ = {mean:.2f} [{lo:.2f}, {hi:.2f}]")
@@ -122,7 +132,7 @@ def _mean_ci(values: np.ndarray, n_boot: int, seed: int) -> tuple[float, float, 
     return float(finite.mean()), lo, hi
 
 
-def aligned(model: RewardModel, pairs: object) -> bool:
+def aligned(model: RewardModel, pairs: Sequence[Pair]) -> bool:
     """Whether every pair's two sides have the same number of tokens (whole-sequence patching needs it)."""
     seqs = encode_pairs(model, pairs)
     return all(len(seqs[i].ids) == len(seqs[i + 1].ids) for i in range(0, len(seqs), 2))
@@ -130,28 +140,28 @@ def aligned(model: RewardModel, pairs: object) -> bool:
 
 def faithfulness(
     model: RewardModel,
-    pairs: object,
+    pairs: Sequence[Pair],
     *,
-    level: str = "sublayer",
-    mode: str = "noising",
+    level: PatchLevel = "sublayer",
+    mode: Mode = "noising",
     n_boot: int = 2000,
     seed: int = 0,
     batch_size: int = 8,
-    seed_positions: str | None = None,
+    seed_positions: Positions | None = None,
 ) -> Faithfulness:
     """Attribution, path-frozen, total and attribution patching (read position) side by side, with
     ρ per pair and pooled, and the seed paper's statistic (whole-sequence noising where pairs are
     token-aligned, else read-position noising, as `seed_positions` says). `seed_positions` fixes
     that choice ('all' needs token-aligned pairs); a run split into chunks passes the choice made
     for all its pairs, so every chunk computes the same statistic."""
-    if seed_positions not in (None, "all", "read"):
+    if seed_positions is not None and seed_positions not in SEED_POSITIONS:
         raise ValueError(f"seed_positions must be None, 'all' or 'read', got {seed_positions!r}")
     att = attribute(model, pairs, level=level, batch_size=batch_size)
     total = patch(model, pairs, mode=mode, level=level, batch_size=batch_size)
     direct = patch(model, pairs, mode=mode, level=level, estimand="direct", batch_size=batch_size)
     atp = attribution_patch(model, pairs, mode=mode, level=level, batch_size=batch_size)
     index = [att.names.index(n) for n in total.names]
-    positions = seed_positions or ("all" if aligned(model, pairs) else "read")
+    positions: Positions = seed_positions or ("all" if aligned(model, pairs) else "read")
     if positions == "read" and level == "sublayer" and mode == "noising":
         seed_patch, seed_att = total, att
     else:

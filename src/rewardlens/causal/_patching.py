@@ -11,21 +11,30 @@ patching: docs/design.md §1), the causal twin of attribution.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal, get_args
 
 import numpy as np
 from torch import Tensor
 
-from ..data import chosen, rejected
+from ..data import Pair, chosen, rejected
 from ..model import RewardModel, sequence_label
+from ..types import Ablation, Estimand, Inputs, Mode, PatchLevel, Positions, Spans
 from ._cached import cached_read_sweep
 from ._direct import direct_rewards
 from ._divergence import score_patched, scorer
 from ._engine import Site, batched_sweep, copies_supported, read_sweep, sites
-from ._plan import Clean, PatchPlan, Spans, encode_pairs, flatten_pairs
+from ._plan import Clean, PatchPlan, encode_pairs, flatten_pairs
 from ._stepped import stepped_sweep
 
-MODES = ("noising", "denoising", "ablation")
+if TYPE_CHECKING:
+    import pandas as pd
+    from matplotlib.figure import Figure
+
+MODES: tuple[Mode, ...] = get_args(Mode)
+ABLATIONS: tuple[Ablation, ...] = get_args(Ablation)
+PATCH_ESTIMANDS: tuple[Estimand, ...] = get_args(Estimand)
 
 
 @dataclass(frozen=True)
@@ -44,10 +53,10 @@ class Patching:
     rejected: np.ndarray
     patched_chosen: np.ndarray
     patched_rejected: np.ndarray
-    mode: str
-    positions: str
-    level: str
-    estimand: str
+    mode: Mode
+    positions: Positions | Literal["spans"]
+    level: PatchLevel
+    estimand: Estimand
     pair_ids: list[str]
     divergence: np.ndarray | None = None
     approximate: bool = False
@@ -104,7 +113,7 @@ class Patching:
             "top_flagged_share": float(self.flagged[:, top].mean()),
         }
 
-    def to_frame(self):
+    def to_frame(self) -> pd.DataFrame:
         """Long table: one row per (pair, part) with effect, normalised effect and divergence."""
         import pandas as pd
 
@@ -119,7 +128,7 @@ class Patching:
             frame["flagged"] = self.flagged.ravel()
         return frame
 
-    def plot(self, n: int = 20):
+    def plot(self, n: int = 20) -> Figure:
         """Bar chart of the mean effect of the top `n` parts (flagged share hatched when scored)."""
         import matplotlib.pyplot as plt
 
@@ -131,25 +140,26 @@ class Patching:
         return fig
 
 
-def check_options(mode: str, ablation: str, estimand: str) -> None:
+def check_options(mode: Mode, ablation: Ablation, estimand: Estimand) -> None:
+    """Refuse option values a type checker would have caught (for callers without one)."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    if ablation not in ("zero", "mean"):
+    if ablation not in ABLATIONS:
         raise ValueError(f"ablation must be 'zero' or 'mean', got {ablation!r}")
-    if estimand not in ("total", "direct"):
+    if estimand not in PATCH_ESTIMANDS:
         raise ValueError(f"estimand must be 'total' or 'direct', got {estimand!r}")
 
 
 def patch(
     model: RewardModel,
-    pairs: object,
+    pairs: Sequence[Pair],
     *,
-    mode: str = "noising",
-    ablation: str = "zero",
-    positions: str | Spans = "read",
-    level: str = "sublayer",
-    estimand: str = "total",
-    reference: object | None = None,
+    mode: Mode = "noising",
+    ablation: Ablation = "zero",
+    positions: Positions | Spans = "read",
+    level: PatchLevel = "sublayer",
+    estimand: Estimand = "total",
+    reference: Inputs | None = None,
     divergence: bool = False,
     batch_size: int = 8,
     chunk: int = 512,
@@ -183,16 +193,17 @@ def patch(
     tgt = [seqs[i] for i in targets]
     labels = [sequence_label(i, True) for i in targets]
     score = scorer(model, clean, ref_seqs, batch_size) if divergence else None
-    rewards = streams = None
+    rewards: Tensor | None = None
+    streams: Tensor | None = None
     if estimand == "direct":
         rewards = direct_rewards(model, clean, targets, sweep, values, cols_t)
     elif copies:
         read = [clean.read[i] for i in targets]
         # Cheapest first: copies from their own layer on the prefix's cache (no layer residuals
         # for divergence), then copies through every layer; each proves itself or declines.
-        out = None if divergence else cached_read_sweep(model, tgt, read, sweep, values, clean.coef[targets],
-                                                        batch_size=batch_size)
-        out = (*out, None) if out is not None else read_sweep(
+        cached = None if divergence else cached_read_sweep(model, tgt, read, sweep, values, clean.coef[targets],
+                                                           batch_size=batch_size)
+        out = (*cached, None) if cached is not None else read_sweep(
             model, tgt, read, sweep, values, clean.coef[targets], batch_size=batch_size, chunk=chunk, resid=score)
         if out is not None:
             clean_reward, rewards, streams = out
@@ -206,20 +217,24 @@ def patch(
         if rewards is None:
             rewards, streams = batched_sweep(model, tgt, sweep, cols_t, values, batch_size=batch_size,
                                              resid=score, labels=labels)
-    scores = score_patched(sweep, targets, streams, len(seqs) // 2) if divergence else None
+    scores = None
+    if divergence:
+        assert streams is not None  # every engine given a scorer returns the streams it scored
+        scores = score_patched(sweep, targets, streams, len(seqs) // 2)
     return assemble(pairs, clean, targets, rewards, sweep, mode=mode, positions=positions, level=level,
                     estimand=estimand, divergence=scores, min_margin=min_margin)
 
 
 def assemble(
-    pairs: object, clean: Clean, targets: list[int], rewards: Tensor, sweep: list[Site], *, mode: str,
-    positions: str | Spans, level: str, estimand: str, divergence: np.ndarray | None = None,
+    pairs: Pair | Sequence[Pair], clean: Clean, targets: list[int], rewards: Tensor, sweep: list[Site], *,
+    mode: Mode, positions: Positions | Spans, level: PatchLevel, estimand: Estimand,
+    divergence: np.ndarray | None = None,
     approximate: bool = False, min_margin: float = 1e-4,
 ) -> Patching:
     """A `Patching` from the patched rewards [n_targets, S] of `targets` (other sequences keep their clean reward)."""
-    patched = clean.reward[:, None].repeat(1, len(sweep))
-    patched[targets] = rewards.to(patched.dtype)
-    patched = patched.cpu().numpy()
+    rows = clean.reward[:, None].repeat(1, len(sweep))
+    rows[targets] = rewards.to(rows.dtype)
+    patched = rows.cpu().numpy()
     reward = clean.reward.cpu().numpy()
     ids = [getattr(p, "id", None) for p in flatten_pairs(pairs)]
     return Patching(

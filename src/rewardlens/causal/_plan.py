@@ -16,9 +16,8 @@ from torch import Tensor
 from ..data import Pair
 from ..errors import DataError, TokenizationError
 from ..model import RewardModel, Tokenized, collate, sequence_label, trace
+from ..types import Ablation, Mode, Positions, Spans
 from ._engine import Site, site_point
-
-Spans = Sequence[tuple[int | None, int | None]]
 
 
 @dataclass
@@ -41,9 +40,9 @@ class Clean:
         caller to fill in (the read-position engine reads them off an unpatched copy)."""
         index = list(range(len(seqs))) if only is None else list(only)
         layers = range(model.n_layers) if heads else ()
-        parts: dict[str, list] = {}
+        parts: dict[str, list[Tensor]] = {}
         read = [0] * len(seqs)
-        order = []
+        order: list[Tensor] = []
         for rows, batch in model.batches([seqs[i] for i in index], batch_size, "right", is_pairs, index=index):
             tr = trace(model, batch, heads=layers)
             for key, value in tr.captured.items():
@@ -66,12 +65,12 @@ class Clean:
         return cls(seqs, captured, read, model.head.coefficients(len(seqs)), reward)
 
 
-def flatten_pairs(pairs: object) -> list:
+def flatten_pairs(pairs: Pair | Sequence[Pair]) -> list[Pair]:
     """`pairs` as a list (one `Pair` on its own becomes a list of one)."""
     return [pairs] if isinstance(pairs, Pair) else list(pairs)
 
 
-def encode_pairs(model: RewardModel, pairs: object) -> list[Tokenized]:
+def encode_pairs(model: RewardModel, pairs: Pair | Sequence[Pair]) -> list[Tokenized]:
     """Token ids of the pairs, interleaved chosen, rejected; refuses inputs that are not pairs."""
     seqs, is_pairs = model.encode(pairs)
     if not is_pairs:
@@ -80,7 +79,8 @@ def encode_pairs(model: RewardModel, pairs: object) -> list[Tokenized]:
 
 
 def resolve_positions(
-    seqs: list[Tokenized], read: list[int], targets: list[int], sources: list[int] | None, positions: str | Spans
+    seqs: list[Tokenized], read: list[int], targets: list[int], sources: list[int] | None,
+    positions: Positions | Spans,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Target columns, matching source columns and a validity mask, each [n_targets, m].
 
@@ -89,7 +89,8 @@ def resolve_positions(
     count back from `t*` (so `(-3, None)` is the last three tokens, aligned at the read token on
     both sides), others are absolute. Short rows repeat their last column (masked out in `valid`).
     """
-    cols_t, cols_s = [], []
+    cols_t: list[list[int]] = []
+    cols_s: list[list[int]] = []
     for j, t in enumerate(targets):
         s = None if sources is None else sources[j]
         if positions == "all":
@@ -113,12 +114,15 @@ def resolve_positions(
         cols_t.append(ct)
         cols_s.append(cs)
     m = max(len(c) for c in cols_t)
-    pad = lambda cs: [c + [c[-1]] * (m - len(c)) for c in cs]
+
+    def pad(cs: list[list[int]]) -> list[list[int]]:
+        return [c + [c[-1]] * (m - len(c)) for c in cs]
+
     valid = torch.tensor([[i < len(c) for i in range(m)] for c in cols_t])
     return torch.tensor(pad(cols_t)), torch.tensor(pad(cols_s)), valid
 
 
-def _span_cols(spans: Spans, read: int) -> list[int]:
+def _span_cols(spans: str | Spans, read: int) -> list[int]:
     if isinstance(spans, str):
         raise ValueError(f"positions must be 'read', 'all' or a list of (start, stop) spans, got {spans!r}")
     cols: list[int] = []
@@ -135,7 +139,7 @@ def capture_columns(
     model: RewardModel, seqs: list[Tokenized], index: list[int], cols: Tensor, keys: dict[str, Site], batch_size: int
 ) -> dict[str, Tensor]:
     """Site activations of sequences `index` at columns `cols` [len(index), m] → key → [len(index), m, w]."""
-    out: dict[str, list] = {k: [None] * len(index) for k in keys}
+    out: dict[str, list[Tensor]] = {k: [] for k in keys}  # filled in order: batches are consecutive rows
     chosen = [seqs[i] for i in index]
     for start in range(0, len(index), batch_size):
         rows = list(range(start, min(start + batch_size, len(index))))
@@ -145,8 +149,7 @@ def capture_columns(
         points = {k: site_point(model, site, c) for k, site in keys.items()}
         captured = model.run(batch, points)
         for k in keys:
-            for j, r in enumerate(rows):
-                out[k][r] = captured[k][j]
+            out[k].extend(captured[k][j] for j in range(len(rows)))
     return {k: torch.stack(v) for k, v in out.items()}
 
 
@@ -155,7 +158,7 @@ def _by_key(sweep: list[Site]) -> dict[str, Site]:
 
 
 def _ablation_values(
-    model: RewardModel, clean: Clean, sweep: list[Site], ablation: str, positions: str | Spans,
+    model: RewardModel, clean: Clean, sweep: list[Site], ablation: Ablation, positions: Positions | Spans,
     reference: list[Tokenized] | None, batch_size: int,
 ) -> dict[str, Tensor]:
     """One replacement vector [w] per key: zeros, or the mean activation over the reference set
@@ -190,28 +193,32 @@ class PatchPlan:
 
     @classmethod
     def make(
-        cls, model: RewardModel, clean: Clean, sweep: list[Site], mode: str, ablation: str, positions: str | Spans,
-        reference: list[Tokenized] | None, batch_size: int,
+        cls, model: RewardModel, clean: Clean, sweep: list[Site], mode: Mode, ablation: Ablation,
+        positions: Positions | Spans, reference: list[Tokenized] | None, batch_size: int,
     ) -> PatchPlan:
         n_seqs = len(clean.seqs)
+        sources: list[int] | None = None
         if mode == "ablation":
-            targets, sources = list(range(n_seqs)), None
+            targets = list(range(n_seqs))
         else:
             chosen, rejected = list(range(0, n_seqs, 2)), list(range(1, n_seqs, 2))
             targets, sources = (chosen, rejected) if mode == "noising" else (rejected, chosen)
-        cols, cols_s, valid = (None, None, None) if positions == "read" else resolve_positions(
-            clean.seqs, clean.read, targets, sources, positions)
+        cols = cols_s = valid = None
+        if positions != "read":
+            cols, cols_s, valid = resolve_positions(clean.seqs, clean.read, targets, sources, positions)
         if mode == "ablation":
             values = _ablation_values(model, clean, sweep, ablation, positions, reference, batch_size)
-        elif positions == "read":
+        elif cols_s is None:  # the read position
             values = {k: clean.captured[k][sources] for k in _by_key(sweep)}
         else:
+            assert sources is not None  # noising and denoising take every target's values from a source
             values = capture_columns(model, clean.seqs, sources, cols_s, _by_key(sweep), batch_size)
         return cls(targets, cols, valid, values)
 
     def at_columns(self, clean: Clean) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
         """The plan with read positions written as columns: cols [n_targets, m], valid, values."""
         if self.cols is not None:
+            assert self.valid is not None  # make() sets columns and their mask together
             return self.cols, self.valid, self.values
         cols = torch.tensor([[clean.read[i]] for i in self.targets])
         values = {k: v if v.ndim == 1 else v[:, None] for k, v in self.values.items()}

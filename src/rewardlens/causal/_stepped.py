@@ -16,9 +16,11 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterator
+from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
+from torch.utils.hooks import RemovableHandle
 
 from ..model import Batch, RewardModel, Tokenized, collate, eval_mode, get_module, hidden_arg
 from ._engine import Overwrite, Site, head_slice, patched, take_values
@@ -28,10 +30,12 @@ class Recording:
     """A clean forward's per-layer inputs [B, T, d] and the other arguments of every layer call."""
 
     def __init__(self, model: RewardModel, batch: Batch) -> None:
-        self.batch, self.inputs, self.calls = batch, [], []
-        handles = []
+        self.batch = batch
+        self.inputs: list[Tensor] = []
+        self.calls: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
+        handles: list[RemovableHandle] = []
 
-        def keep(m, args, kwargs):
+        def keep(m: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
             hidden = hidden_arg(args, kwargs)
             self.inputs.append(hidden.detach())
             self.calls.append((args[1:] if args else (), {k: v for k, v in kwargs.items() if k != "hidden_states"}))
@@ -44,7 +48,7 @@ class Recording:
         finally:
             for handle in handles:
                 handle.remove()
-        self.last = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+        self.last: Tensor = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
 
     def run(self, model: RewardModel, start: int, rows: Tensor) -> Tensor:
         """Layers `start`..L-1 on batch rows `rows` [r] (repeats allowed), from the recorded input."""
@@ -58,8 +62,9 @@ class Recording:
         return hidden
 
 
-def _rows(value, rows: Tensor, size: int):
-    """`value` with every tensor whose first dimension is the batch (`size`) indexed by `rows`."""
+def _rows(value: Any, rows: Tensor, size: int) -> Any:
+    """`value` with every tensor whose first dimension is the batch (`size`) indexed by `rows`; `value` is
+    any layer argument (tensors, possibly nested in tuples, lists and dicts) and keeps its structure."""
     if isinstance(value, Tensor):
         return value[rows.to(value.device)] if value.ndim and value.shape[0] == size else value
     if isinstance(value, tuple):

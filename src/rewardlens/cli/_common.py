@@ -5,12 +5,15 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import numpy as np
 
 from ..data import Pair, load_pairs
 from ..errors import RewardLensError
 from ..model import RewardModel, load
+
+_Number = TypeVar("_Number", int, float)
 
 
 @dataclass(frozen=True)
@@ -20,9 +23,9 @@ class Command:
     name: str
     help: str
     add_arguments: Callable[[argparse.ArgumentParser], None]
-    run: Callable[[argparse.Namespace], dict]
-    show: Callable[[dict], None]
-    exit_code: Callable[[dict], int] = lambda result: 0
+    run: Callable[[argparse.Namespace], dict[str, Any]]
+    show: Callable[[dict[str, Any]], None]
+    exit_code: Callable[[dict[str, Any]], int] = lambda result: 0
     """Status to exit with once the result is printed (e.g. 1 when a check failed)."""
 
 
@@ -43,8 +46,10 @@ def pair_id(pair: Pair, i: int) -> str:
     return pair.id if pair.id is not None else str(i)
 
 
-def positive(kind: type):
-    def parse(text: str):
+def positive(kind: Callable[[str], _Number]) -> Callable[[str], _Number]:
+    """An argparse `type=` that parses with `kind` (int or float) and refuses values <= 0."""
+
+    def parse(text: str) -> _Number:
         value = kind(text)
         if value <= 0:
             raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
@@ -85,13 +90,14 @@ def add_model_options(p: argparse.ArgumentParser, *, optional_model: bool = Fals
 
 
 def add_pairs_options(p: argparse.ArgumentParser, *, required: bool = True) -> None:
-    p.add_argument("--pairs", required=required, help="preference pairs (JSONL, JSON, CSV, Parquet, HF dataset folder)")
+    p.add_argument("--pairs", required=required,
+                   help="preference pairs (JSONL, JSON, CSV, Parquet, HF dataset folder)")
     p.add_argument("--limit", type=positive(int), default=None, help="use only the first N pairs")
 
 
 def load_model(args: argparse.Namespace) -> RewardModel:
     """`rewardlens.load` with the options of `add_model_options`."""
-    extra = {"pad_token_id": args.pad_token_id} if args.pad_token_id is not None else {}
+    extra: dict[str, Any] = {"pad_token_id": args.pad_token_id} if args.pad_token_id is not None else {}
     if args.trust_remote_code:
         extra["trust_remote_code"] = True
     if args.offload_folder is not None:

@@ -11,6 +11,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -28,8 +29,11 @@ from ._common import (
     table,
 )
 
+if TYPE_CHECKING:
+    from ..sae import TopKSAE
 
-def _inputs(args) -> tuple[RewardModel, list[Pair]]:
+
+def _inputs(args: argparse.Namespace) -> tuple[RewardModel, list[Pair]]:
     if args.model is not None:
         return load_model(args), read_pairs(args)
     from ..zoo import AUDIT_PAIRS, DEMO_ORGANISM, demo_model_dir
@@ -56,7 +60,7 @@ def _rank() -> tuple[int, int, int]:
     return int(env.get("RANK", 0)), int(env.get("WORLD_SIZE", 1)), int(env.get("LOCAL_RANK", 0))
 
 
-def _distributed(args) -> tuple[int, int]:
+def _distributed(args: argparse.Namespace) -> tuple[int, int]:
     rank, world, local = _rank()
     if world == 1:
         return 0, 1
@@ -70,7 +74,7 @@ def _distributed(args) -> tuple[int, int]:
     return rank, world
 
 
-def _audit(args) -> dict:
+def _audit(args: argparse.Namespace) -> dict[str, Any]:
     rank, world = _distributed(args)
     model, pairs = _inputs(args)
     if not pairs:
@@ -78,7 +82,8 @@ def _audit(args) -> dict:
     out = Path(args.out)
     main_path = Path(args.store) if args.store else out / "results.sqlite"
     plan = Plan(chunk_size=args.chunk_size, batch_size=args.batch_size, probes=not args.no_probes,
-                concepts=not args.no_concepts, probe_items=args.probe_items, sae_layer=args.sae_layer, fraction=args.fraction)
+                concepts=not args.no_concepts, probe_items=args.probe_items, sae_layer=args.sae_layer,
+                fraction=args.fraction)
     sae = _sae(args, model)
     progress = not args.quiet
     main_store = Store(main_path)
@@ -111,7 +116,7 @@ def _audit(args) -> dict:
     return {**_result(result, args.top), "report": str(report), "store": str(main_path)}
 
 
-def _sae(args, model: RewardModel):
+def _sae(args: argparse.Namespace, model: RewardModel) -> TopKSAE | None:
     if args.sae is None:
         if args.sae_layer is not None:
             raise ValueError("--sae-layer needs --sae PATH")
@@ -123,7 +128,7 @@ def _sae(args, model: RewardModel):
     return load_sae(args.sae, device=model.device)
 
 
-def _result(audit: Audit, top: int) -> dict:
+def _result(audit: Audit, top: int) -> dict[str, Any]:
     """numbers.json's summary plus the per-pair scores and the parts with the largest total effect."""
     from ..audit.report import margins, plain, summary
 
@@ -140,7 +145,7 @@ def _result(audit: Audit, top: int) -> dict:
     })
 
 
-def _show(result: dict) -> None:
+def _show(result: dict[str, Any]) -> None:
     if "rank" in result:  # ranks other than 0 print nothing: rank 0 reports for all
         return
     num = lambda x: "-" if x is None else f"{x:.2f}"

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
 from ..data import Pair, chosen, rejected
 from ..exact import attribute, lens
 from ..model import RewardModel
+from ..types import LensKind
 from ._common import (
     Command,
     add_model_options,
@@ -21,7 +24,7 @@ from ._common import (
 )
 
 
-def _score(model: RewardModel, pairs: list[Pair], args) -> dict:
+def _score(model: RewardModel, pairs: list[Pair], args: argparse.Namespace) -> dict[str, Any]:
     rewards = model.score(pairs, batch_size=args.batch_size)
     good, bad = chosen(rewards), rejected(rewards)
     return {
@@ -33,10 +36,11 @@ def _score(model: RewardModel, pairs: list[Pair], args) -> dict:
     }
 
 
-def _lens(model: RewardModel, pairs: list[Pair], args) -> dict:
+def _lens(model: RewardModel, pairs: list[Pair], args: argparse.Namespace) -> dict[str, Any]:
     ln = lens(model, pairs, batch_size=args.batch_size)
-    out = {"n_layers": ln.n_layers, "fraction": args.fraction, "pairs": []}
-    for kind in ("linear", "normed"):
+    out: dict[str, Any] = {"n_layers": ln.n_layers, "fraction": args.fraction, "pairs": []}
+    kinds: tuple[LensKind, ...] = ("linear", "normed")
+    for kind in kinds:
         depth = ln.crystallization(kind, args.fraction)
         out[f"median_crystallization_{kind}"] = float(np.nanmedian(depth)) if np.isfinite(depth).any() else None
     lin, nrm = ln.margin("linear"), ln.margin("normed")
@@ -52,7 +56,7 @@ def _lens(model: RewardModel, pairs: list[Pair], args) -> dict:
     return out
 
 
-def _attribute(model: RewardModel, pairs: list[Pair], args) -> dict:
+def _attribute(model: RewardModel, pairs: list[Pair], args: argparse.Namespace) -> dict[str, Any]:
     att = attribute(model, pairs, level=args.level, batch_size=args.batch_size)
     margin = att.margin
     return {
@@ -67,13 +71,13 @@ def _attribute(model: RewardModel, pairs: list[Pair], args) -> dict:
     }
 
 
-def _show_score(result: dict) -> None:
+def _show_score(result: dict[str, Any]) -> None:
     rows = [(p["id"], p["chosen"], p["rejected"], p["margin"]) for p in result["pairs"]]
     print(table(["pair", "chosen", "rejected", "margin"], rows))
     print(f"\npair accuracy: {result['accuracy']:.3f} over {len(rows)} pairs")
 
 
-def _show_lens(result: dict) -> None:
+def _show_lens(result: dict[str, Any]) -> None:
     headers = ["pair"] + [f"d{i}" for i in range(result["n_layers"] + 1)] + ["crystal."]
     rows = [[p["id"], *map(float, p["linear_margin"]), "-" if p["crystallization_linear"] is None
              else f"{p['crystallization_linear']:.2f}"] for p in result["pairs"]]
@@ -83,13 +87,13 @@ def _show_lens(result: dict) -> None:
           f"linear {result['median_crystallization_linear']}, normed {result['median_crystallization_normed']}")
 
 
-def _show_attribute(result: dict) -> None:
+def _show_attribute(result: dict[str, Any]) -> None:
     print(f"top parts by mean chosen − rejected contribution ({result['level']} level, exact):")
     print(table(["part", "mean margin"], [(t["part"], t["mean_margin"]) for t in result["top_parts"]]))
     print(f"\nlargest |reward − (Σ parts + constant)|: {result['max_abs_residual_error']:.2e}")
 
 
-def _options(*, level: bool = False, lens_: bool = False):
+def _options(*, level: bool = False, lens_: bool = False) -> Callable[[argparse.ArgumentParser], None]:
     def add(p: argparse.ArgumentParser) -> None:
         add_model_options(p)
         add_pairs_options(p)
@@ -103,7 +107,8 @@ def _options(*, level: bool = False, lens_: bool = False):
     return add
 
 
-def _with_model(fn):
+def _with_model(fn: Callable[[RewardModel, list[Pair], argparse.Namespace], dict[str, Any]]
+                ) -> Callable[[argparse.Namespace], dict[str, Any]]:
     return lambda args: fn(load_model(args), read_pairs(args), args)
 
 

@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable, Sequence
+from typing import Any, cast
 
 import numpy as np
 
 from ..causal import agreement, attribution_patch, faithfulness, patch
+from ..data import Pair
+from ..model import RewardModel
+from ..types import Ablation, Comparison, Estimand, Mode, PatchLevel, Positions, Spans
 from ._common import (
     Command,
     add_model_options,
@@ -19,11 +24,11 @@ from ._common import (
 )
 
 
-def positions(text: str) -> str | list[tuple[int | None, int | None]]:
+def positions(text: str) -> Positions | Spans:
     """'read', 'all', or spans 'start:stop[,start:stop...]' counted back from the read token when negative."""
     if text in ("read", "all"):
-        return text
-    spans = []
+        return cast("Positions", text)  # one of its two names, just checked
+    spans: list[tuple[int | None, int | None]] = []
     for part in text.split(","):
         if part.count(":") != 1:
             raise argparse.ArgumentTypeError(f"expected 'read', 'all' or spans like '-4:' or '0:3,-2:', got {text!r}")
@@ -35,21 +40,21 @@ def positions(text: str) -> str | list[tuple[int | None, int | None]]:
     return spans
 
 
-
-def patch_summary(model, pairs, *, mode: str = "noising", ablation: str = "zero", positions="read",
-                  level: str = "sublayer", estimand: str = "total", divergence: bool = False, atp: bool = False,
-                  top: int = 10, all_parts: bool = False, batch_size: int = 8) -> dict:
+def patch_summary(model: RewardModel, pairs: Sequence[Pair], *, mode: Mode = "noising", ablation: Ablation = "zero",
+                  positions: Positions | Spans = "read", level: PatchLevel = "sublayer", estimand: Estimand = "total",
+                  divergence: bool = False, atp: bool = False, top: int = 10, all_parts: bool = False,
+                  batch_size: int = 8) -> dict[str, Any]:
     """The JSON-ready result of `rewardlens patch` (also a section of `rewardlens audit`)."""
     if atp and estimand != "total":
         raise ValueError("--atp estimates total effects; drop --estimand direct")
-    kw = {"mode": mode, "ablation": ablation, "positions": positions, "level": level}
-    res = patch(model, pairs, estimand=estimand, divergence=divergence, batch_size=batch_size, **kw)
+    res = patch(model, pairs, estimand=estimand, divergence=divergence, batch_size=batch_size, mode=mode,
+                ablation=ablation, positions=positions, level=level)
 
     def normalized(name: str) -> float | None:
         column = res.normalized[:, res.names.index(name)]
         return float(np.nanmean(column)) if np.isfinite(column).any() else None
 
-    out = {
+    out: dict[str, Any] = {
         "mode": res.mode, "ablation": ablation if res.mode == "ablation" else None, "positions": res.positions,
         "level": res.level, "estimand": res.estimand,
         "near_zero_margin_pairs": [pid for pid, z in zip(res.pair_ids, res.near_zero) if z],
@@ -66,19 +71,20 @@ def patch_summary(model, pairs, *, mode: str = "noising", ablation: str = "zero"
         ] if all_parts else [],
     }
     if atp:
-        approx = attribution_patch(model, pairs, batch_size=batch_size, **kw)
+        approx = attribution_patch(model, pairs, batch_size=batch_size, mode=mode, ablation=ablation,
+                                   positions=positions, level=level)
         out["attribution_patching_agreement"] = {k: finite(v) for k, v in agreement(res, approx, top).items()}
     return out
 
 
-def _patch(args) -> dict:
+def _patch(args: argparse.Namespace) -> dict[str, Any]:
     return patch_summary(load_model(args), read_pairs(args), mode=args.mode, ablation=args.ablation,
                          positions=args.positions, level=args.level, estimand=args.estimand,
                          divergence=args.divergence, atp=args.atp, top=args.top, all_parts=args.all_parts,
                          batch_size=args.batch_size)
 
 
-def show_patch(result: dict) -> None:
+def show_patch(result: dict[str, Any]) -> None:
     what = f"{result['estimand']} effect, {result['mode']}, {result['positions']} positions, {result['level']} level"
     print(f"top parts by mean |effect| on the chosen − rejected margin ({what}; exact):")
     rows = [(t["part"], t["mean_effect"], "-" if t["mean_normalized"] is None else f"{t['mean_normalized']:+.3f}",
@@ -96,22 +102,23 @@ def show_patch(result: dict) -> None:
               f"per pair {a['spearman_per_pair']}, top-{int(a['k'])} overlap {a['topk_overlap']:.2f}")
 
 
-def _faithfulness(args) -> dict:
+def _faithfulness(args: argparse.Namespace) -> dict[str, Any]:
     model, pairs = load_model(args), read_pairs(args)
     rep = faithfulness(model, pairs, level=args.level, mode=args.mode, n_boot=args.boot, batch_size=args.batch_size)
     rows = [{k: (finite(v) if isinstance(v, float) else v) for k, v in row.items()} for row in rep.summary()]
+    estimands: tuple[Comparison, ...] = ("direct", "total", "indirect")
     return {
         "level": rep.level, "mode": rep.mode, "seed_positions": rep.seed_positions, "summary": rows,
         "attribution_patching_agreement": {k: finite(v) for k, v in rep.agreement().items()},
         "pairs": [
-            {"id": pid, **{f"rho_{e}": finite(float(rep.rho(e)[i])) for e in ("direct", "total", "indirect")},
+            {"id": pid, **{f"rho_{e}": finite(float(rep.rho(e)[i])) for e in estimands},
              "seed_rho": finite(float(rep.seed_rho[i]))}
             for i, pid in enumerate(rep.pair_ids)
         ],
     }
 
 
-def _show_faithfulness(result: dict) -> None:
+def _show_faithfulness(result: dict[str, Any]) -> None:
     print(f"Spearman ρ between attribution and each estimand, per pair then pooled (95% bootstrap CI over pairs; "
           f"{result['mode']}, {result['level']} level):")
     fmt = lambda v: "nan" if v is None else f"{v:+.3f}"
@@ -120,7 +127,7 @@ def _show_faithfulness(result: dict) -> None:
     print("\nseed paper, same statistic: ρ = −0.256 (Skywork-Reward-Llama-3.1-8B), −0.027 (ArmoRM)")
 
 
-def _options(kind: str):
+def _options(kind: str) -> Callable[[argparse.ArgumentParser], None]:
     def add(p: argparse.ArgumentParser) -> None:
         add_model_options(p)
         add_pairs_options(p)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 import numpy as np
 
@@ -30,7 +31,7 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
 
 
-def _compare(args: argparse.Namespace) -> dict:
+def _compare(args: argparse.Namespace) -> dict[str, Any]:
     first = load_model(args)
     second = load_model(argparse.Namespace(**{**vars(args), "model": args.other}))
     result = compare(first, second, read_pairs(args), labels=("A", "B"), fraction=args.fraction,
@@ -40,7 +41,7 @@ def _compare(args: argparse.Namespace) -> dict:
     return out
 
 
-def _ci(entry: dict) -> str:
+def _ci(entry: dict[str, Any]) -> str:
     low, high = entry["ci"]
     return "-" if low is None or high is None else f"[{low:+.3f}, {high:+.3f}]"
 
@@ -49,7 +50,7 @@ def _value(x: float | None) -> float | str:
     return "nan" if x is None else x
 
 
-def _show(result: dict) -> None:
+def _show(result: dict[str, Any]) -> None:
     for label in ("A", "B"):
         print(f"{label}: {result['paths'][label]}  {result['models'][result['labels'].index(label)]}")
     agree = result["agreement"]
@@ -79,9 +80,9 @@ def _show(result: dict) -> None:
     if result["probes"] is not None:
         pr = result["probes"]
         print(f"\nprobe profiles (reward change with − without), Spearman {_fmt(pr['spearman'])}")
-        rows = [(r["axis"], _value(r["A"]["mean"]), _ci(r["A"]), "FLAGGED" if r["A"]["flagged"] else "",
+        axes = [(r["axis"], _value(r["A"]["mean"]), _ci(r["A"]), "FLAGGED" if r["A"]["flagged"] else "",
                  _value(r["B"]["mean"]), _ci(r["B"]), "FLAGGED" if r["B"]["flagged"] else "") for r in pr["axes"]]
-        print(table(["axis", "A", "95% CI", "", "B", "95% CI", ""], rows))
+        print(table(["axis", "A", "95% CI", "", "B", "95% CI", ""], axes))
 
     dirs = result["directions"]
     if dirs["refused"] is not None:

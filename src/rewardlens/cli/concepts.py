@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from ..errors import DataError
-from ..hacking import ALPHAS, concepts
+from ..hacking import ALPHAS, ConceptSets, concepts
+from ..types import Text
 from ._common import Command, add_model_options, finite, load_model, positive, table
 
 
@@ -28,7 +31,8 @@ def layer_option(text: str) -> int | str:
     try:
         return int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a layer index (negative from the end) or 'embed', got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected a layer index (negative from the end) or 'embed', "
+                                         f"got {text!r}") from None
 
 
 def alphas_option(text: str) -> list[float]:
@@ -39,10 +43,11 @@ def alphas_option(text: str) -> list[float]:
 
 
 def _is_item(x: object) -> bool:
-    return isinstance(x, str) or (isinstance(x, list) and bool(x) and all(isinstance(m, dict) and "role" in m for m in x))
+    return isinstance(x, str) or (isinstance(x, list) and bool(x)
+                                  and all(isinstance(m, dict) and "role" in m for m in x))
 
 
-def read_set(path: str) -> list:
+def read_set(path: str) -> list[Text]:
     """A concept set: .json (a list of texts or chat conversations), .jsonl (one per line) or text
     (one input per non-empty line)."""
     p = Path(path).expanduser()
@@ -52,7 +57,7 @@ def read_set(path: str) -> list:
             items = json.loads(text)
         except json.JSONDecodeError as exc:
             raise DataError(f"{p}: not valid JSON ({exc}); expected a list of texts or conversations") from None
-        where = lambda i: f"{p}: item {i}"
+        where: Callable[[int], str] = lambda i: f"{p}: item {i}"
     elif p.suffix == ".jsonl":
         items, lines = [], [(n, line) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
         for n, line in lines:
@@ -73,10 +78,10 @@ def read_set(path: str) -> list:
     return items
 
 
-
-def _run(args) -> dict:
+def _run(args: argparse.Namespace) -> dict[str, Any]:
     model = load_model(args)
-    sets = {name: (read_set(pos), read_set(neg)) for name, pos, neg in args.concept} if args.concept else None
+    sets: ConceptSets | None = ({name: (read_set(pos), read_set(neg)) for name, pos, neg in args.concept}
+                                if args.concept else None)
     res = concepts(model, sets, dose_layer=args.layer, alphas=args.alphas, positions=args.positions, unit=args.unit,
                    n_boot=args.boot, batch_size=args.batch_size)
     clean = lambda row: {k: finite(v) if isinstance(v, float) else v for k, v in row.items()}
@@ -89,12 +94,13 @@ def _run(args) -> dict:
     }
 
 
-def _show(result: dict) -> None:
+def _show(result: dict[str, Any]) -> None:
     fmt = lambda v: "nan" if v is None else f"{v:+.3f}"
     print(f"dose-response: α·scale·v̂ added at layer {result['dose_layer']} ({result['positions']} positions), "
           f"α in {result['unit']} units {result['alphas']}; slope = Δreward per unit (95% bootstrap CI over inputs)")
     rows = [(r["concept"], fmt(r["slope"]), f"[{fmt(r['slope_lo'])}, {fmt(r['slope_hi'])}]", fmt(r["r2"]),
-             fmt(r["half_ratio"]), fmt(r["cosine"]), "nan" if r["auroc_heldout"] is None else f"{r['auroc_heldout']:.3f}",
+             fmt(r["half_ratio"]), fmt(r["cosine"]),
+             "nan" if r["auroc_heldout"] is None else f"{r['auroc_heldout']:.3f}",
              f"{r['n_positive']}/{r['n_negative']}") for r in result["concepts"]]
     print(table(["concept", "slope", "CI", "R²", "slope+/slope-", f"cos (L{result['layers'][-1]})",
                  "AUROC held-out", "n +/-"], rows))
@@ -114,7 +120,8 @@ def _options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--positions", choices=["read", "all"], default="read")
     p.add_argument("--unit", choices=["difference", "sigma"], default="difference",
                    help="unit of α: |mean difference| (default) or within-class sd")
-    p.add_argument("--alphas", type=alphas_option, default=list(ALPHAS), help="comma-separated doses, e.g. --alphas=-2,-1,1,2 (with '=': they start with '-')")
+    p.add_argument("--alphas", type=alphas_option, default=list(ALPHAS),
+                   help="comma-separated doses, e.g. --alphas=-2,-1,1,2 (with '=': they start with '-')")
     p.add_argument("--boot", type=positive(int), default=2000, help="bootstrap resamples")
 
 

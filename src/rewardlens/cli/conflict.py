@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from ..data import Pair, load_pairs
 from ..hacking import conflict
@@ -53,7 +54,7 @@ def _terms(args: argparse.Namespace) -> dict[str, list[Pair]] | None:
 
 
 
-def _run(args: argparse.Namespace) -> dict:
+def _run(args: argparse.Namespace) -> dict[str, Any]:
     terms = _terms(args)
     model, pairs = _load(args), read_pairs(args)
     res = conflict(model, pairs, terms=terms, tol=args.tol, min_share=args.min_share, n_boot=args.boot,
@@ -68,7 +69,7 @@ def _run(args: argparse.Namespace) -> dict:
     }
 
 
-def _show(result: dict) -> None:
+def _show(result: dict[str, Any]) -> None:
     what = "head objectives" if result["source"] == "objectives" else "user-defined terms (pair sets)"
     print(f"reward-term conflicts among {len(result['names'])} {what} on {result['n_pairs']} pairs "
           f"(95% bootstrap CIs over pairs; decisive: |margin| >= {result['tol']:g} x the term's mean |margin|)")

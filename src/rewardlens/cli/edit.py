@@ -5,18 +5,21 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from ..data import load_pairs
 from ..errors import DataError
 from ..hacking import METHODS, edit, edit_report
+from ..model import RewardModel
+from ..types import Text
 from ._common import Command, add_model_options, finite, load_model, positive, table
 
 _FIELDS = ("text", "messages", "conversation")
 
 
-def read_texts(path: str) -> list:
+def read_texts(path: str) -> list[Text]:
     """A concept set: strings or chat conversations, one per item.
 
     `.txt`: one text per non-blank line (use JSON for texts with line breaks). `.jsonl`: one JSON
@@ -29,8 +32,8 @@ def read_texts(path: str) -> list:
     if file.suffix == ".txt":
         return [line for line in file.read_text(encoding="utf-8").splitlines() if line.strip()]
     if file.suffix == ".jsonl":
-        raw = [(f"line {i + 1}", json.loads(line)) for i, line in enumerate(file.read_text(encoding="utf-8").splitlines())
-               if line.strip()]
+        lines = file.read_text(encoding="utf-8").splitlines()
+        raw = [(f"line {i + 1}", json.loads(line)) for i, line in enumerate(lines) if line.strip()]
     elif file.suffix == ".json":
         data = json.loads(file.read_text(encoding="utf-8"))
         if not isinstance(data, list):
@@ -42,7 +45,7 @@ def read_texts(path: str) -> list:
     return [_item(value, f"{file}, {loc}") for loc, value in raw]
 
 
-def _item(value: object, loc: str) -> str | list[dict]:
+def _item(value: object, loc: str) -> Text:
     if isinstance(value, dict):
         if "prompt" in value and "response" in value:
             prompt = value["prompt"]
@@ -66,20 +69,19 @@ def _concept(text: str) -> tuple[str, str]:
     return parts[0].strip(), parts[1].strip()
 
 
-def _gap(model, pos: list, neg: list, batch_size: int) -> float:
+def _gap(model: RewardModel, pos: list[Text], neg: list[Text], batch_size: int) -> float:
     return float(np.mean(model.score(pos, batch_size=batch_size)) - np.mean(model.score(neg, batch_size=batch_size)))
 
 
-
-def _edit(args: argparse.Namespace) -> dict:
+def _edit(args: argparse.Namespace) -> dict[str, Any]:
     pos_file, neg_file = args.concept
     pos, neg = read_texts(pos_file), read_texts(neg_file)
     model = load_model(args)
     name = args.name or Path(pos_file).stem
-    extra = {} if args.background is None else {"background": load_pairs(args.background, limit=args.limit)}
+    background = None if args.background is None else load_pairs(args.background, limit=args.limit)
     result = edit(model, pos, neg, method=args.method, name=name, out=args.out, batch_size=args.batch_size,
-                  shrinkage=args.shrinkage, **extra)
-    out = {
+                  shrinkage=args.shrinkage, background=background)
+    out: dict[str, Any] = {
         "method": result.method, "concept": result.name, "out": str(result.path), "layer": result.layer,
         "direction_norm": result.direction_norm, "shrinkage": result.shrinkage,
         "n_positive": result.n_positive, "n_negative": result.n_negative, "n_background": result.n_background,
@@ -97,7 +99,7 @@ def _edit(args: argparse.Namespace) -> dict:
     return out
 
 
-def _show(result: dict) -> None:
+def _show(result: dict[str, Any]) -> None:
     print(f"erased concept {result['concept']!r} ({result['method']}) from {result['layer']}; "
           f"saved to {result['out']}")
     print(f"fitted on {result['n_positive']} positive and {result['n_negative']} negative inputs; "

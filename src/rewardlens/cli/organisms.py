@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 from ..zoo.organisms import ORGANISMS
 from ._common import Command, positive, table
@@ -17,7 +18,7 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--n-pairs", type=positive(int), default=100, help="held-out pairs per organism")
 
 
-def _calibrate(args: argparse.Namespace) -> dict:
+def _calibrate(args: argparse.Namespace) -> dict[str, Any]:
     from ..calibrate import calibrate
 
     card = calibrate(organisms=args.organism, seed=args.seed, n_pairs=args.n_pairs,
@@ -27,7 +28,7 @@ def _calibrate(args: argparse.Namespace) -> dict:
     return {**card.to_dict(), "out": args.out}
 
 
-def _show(result: dict) -> None:
+def _show(result: dict[str, Any]) -> None:
     rows = [(r["instrument"], r["organism"], r["check"], f"{r['value']:.4g}", f"{r['compare']} {r['threshold']:g}",
              "pass" if r["passed"] else "FAIL") for r in result["rows"]]
     print(table(["instrument", "organism", "check", "value", "needs", "result"], rows))

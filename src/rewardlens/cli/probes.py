@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
-from ..data import load_pairs
+from ..data import Pair, load_pairs
 from ..hacking import AXES, cascade, distortion
+from ..model import RewardModel
 from ._common import Command, add_model_options, finite, load_model, positive, table
 
 
-def probe_summary(model, pairs=None, *, axes=None, reference=None, min_effect: float = 0.25, seed: int = 0,
-                  batch_size: int = 8) -> dict:
+def probe_summary(model: RewardModel, pairs: Sequence[Pair] | None = None, *, axes: Sequence[str] | None = None,
+                  reference: Sequence[Pair] | float | None = None, min_effect: float = 0.25, seed: int = 0,
+                  batch_size: int = 8) -> dict[str, Any]:
     """The JSON-ready result of `rewardlens probe` (also reusable by the audit)."""
     from ..hacking import probe
 
@@ -21,7 +25,7 @@ def probe_summary(model, pairs=None, *, axes=None, reference=None, min_effect: f
     dist = distortion(res, seed=seed) if res.quality else None
     casc = cascade(res, seed=seed)
     frame = res.to_frame()
-    out = {
+    out: dict[str, Any] = {
         "items": len(res.item_ids), "scale": res.scale, "scale_source": res.scale_source, "min_effect": min_effect,
         "axes": [{k: (finite(v) if isinstance(v, float) else v) for k, v in row.items()}
                  for row in frame.astype(object).to_dict("records")],
@@ -51,7 +55,7 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
 
 
-def _probe(args: argparse.Namespace) -> dict:
+def _probe(args: argparse.Namespace) -> dict[str, Any]:
     model = load_model(args)
     pairs = load_pairs(args.pairs, limit=args.limit) if args.pairs else None
     reference = load_pairs(args.reference) if args.reference else None
@@ -59,7 +63,7 @@ def _probe(args: argparse.Namespace) -> dict:
                          seed=args.seed, batch_size=args.batch_size)
 
 
-def _show(result: dict) -> None:
+def _show(result: dict[str, Any]) -> None:
     rows = [(r["axis"], r["n"], r["mean"], f"[{r['ci_low']:+.3f}, {r['ci_high']:+.3f}]",
              f"{r['q']:.3g}", "nan" if r["effect_size"] is None else f"{r['effect_size']:+.2f}",
              "FLAGGED" if r["flagged"] else "") for r in result["axes"]]
@@ -70,7 +74,7 @@ def _show(result: dict) -> None:
     print(f"reward scale {result['scale']:.4g} ({result['scale_source']}); flagged when q < 0.05 and "
           f"|mean| >= {result['min_effect']:g} x scale; {result['items']} unique items")
     if result.get("distortion"):
-        best = {}
+        best: dict[str, dict[str, Any]] = {}
         for r in result["distortion"]:
             if r["index"] is not None and (r["quality"] not in best or r["index"] > best[r["quality"]]["index"]):
                 best[r["quality"]] = r

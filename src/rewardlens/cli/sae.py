@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 import numpy as np
 
@@ -61,7 +62,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     a.add_argument("--contexts", type=int, default=3, help="top-activating token windows per feature (0: none)")
 
 
-def _train(args) -> dict:
+def _train(args: argparse.Namespace) -> dict[str, Any]:
     model, pairs = load_model(args), read_pairs(args)
     point = f"resid_{args.layer}"
     source = ActivationSource(model, pairs, point, positions=args.positions, batch_size=args.batch_size,
@@ -85,12 +86,12 @@ def _train(args) -> dict:
     }
 
 
-def _attribute(args) -> dict:
+def _attribute(args: argparse.Namespace) -> dict[str, Any]:
     model, pairs = load_model(args), read_pairs(args)
     sae, layer = load_sae_for(model, args.sae, args.layer)
     att = attribute_features(model, sae, pairs, layer=layer, batch_size=args.batch_size)
-    freq = {}
-    contexts: dict[int, list] = {}
+    freq: dict[int, float] = {}
+    contexts: dict[int, list[dict[str, Any]]] = {}
     report = None
     if args.contexts > 0:
         report = feature_report(model, sae, att, pairs, top=args.top, n_contexts=args.contexts,
@@ -119,14 +120,15 @@ def _attribute(args) -> dict:
     }
 
 
-def _run(args) -> dict:
+def _run(args: argparse.Namespace) -> dict[str, Any]:
     return _train(args) if args.sae_command == "train" else _attribute(args)
 
 
-def _show(result: dict) -> None:
+def _show(result: dict[str, Any]) -> None:
     if result["command"] == "train":
-        print(f"trained a TopK SAE on {result['point']} ({result['positions']} positions): {result['latents']} latents, "
-              f"k={result['k']}, {result['activations']} activations, {result['steps']} steps")
+        print(f"trained a TopK SAE on {result['point']} ({result['positions']} positions): "
+              f"{result['latents']} latents, k={result['k']}, {result['activations']} activations, "
+              f"{result['steps']} steps")
         rows = [("explained variance", result["explained_variance"]), ("FVU", result["fvu"]), ("L0", result["l0"]),
                 ("dead fraction", result["dead_fraction"]),
                 ("activations / s", f"{result['activations_per_second']:.0f}")]
@@ -137,10 +139,10 @@ def _show(result: dict) -> None:
         print(f"\nsaved to {result['folder']}")
         return
     print(f"SAE {result['sae']} at the residual after layer {result['layer']}, {result['pairs']} pairs")
-    rows = [(t["feature"], t["mean_margin"], t["alignment"], f"{t['pairs_positive']:.2f}",
-             t["contexts"][0]["text"] if t["contexts"] else "") for t in result["top_features"]]
+    features = [(t["feature"], t["mean_margin"], t["alignment"], f"{t['pairs_positive']:.2f}",
+                 t["contexts"][0]["text"] if t["contexts"] else "") for t in result["top_features"]]
     print("top features by mean chosen − rejected contribution (exact, reward units):")
-    print(table(["feature", "mean margin", "cos(d, u)", "share > 0", "strongest context"], rows))
+    print(table(["feature", "mean margin", "cos(d, u)", "share > 0", "strongest context"], features))
     m = result["mean_margin"]
     print(f"\nmean margin {m['total']:+.4f} = features {m['features']:+.4f} + decoder bias {m['decoder_bias']:+.4f} "
           f"+ SAE error {m['error']:+.4f} + later layers {m['rest']:+.4f} + constant {m['constant']:+.4f}")

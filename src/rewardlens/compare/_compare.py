@@ -17,8 +17,9 @@ which part failed and with what values; the behavioural comparison is still made
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 import torch
@@ -31,8 +32,8 @@ from ..stats import bootstrap_ci, spearman
 from ._result import EMBEDDING_MATCH, Basis, Comparison, ModelSide
 
 
-def _side(model: RewardModel, pairs: list[Pair], label: str, fraction: float, probes: bool, probe_items,
-          seed: int, n_boot: int, batch_size: int) -> ModelSide:
+def _side(model: RewardModel, pairs: list[Pair], label: str, fraction: float, probes: bool,
+          probe_items: Sequence[Any] | None, seed: int, n_boot: int, batch_size: int) -> ModelSide:
     """Lens and sublayer attribution of every pair (one batched pass each), probes if asked."""
     ln = lens(model, pairs, batch_size=batch_size)
     att = attribute(model, pairs, level="sublayer", batch_size=batch_size, per_objective=False)
@@ -41,7 +42,7 @@ def _side(model: RewardModel, pairs: list[Pair], label: str, fraction: float, pr
         profile[Part.parse(name).depth] += column
     pr = None
     if probes:
-        from .hacking import probe
+        from ..hacking import probe
 
         pr = probe(model, probe_items, seed=seed, n_boot=n_boot, batch_size=batch_size)
     return ModelSide(label=label, model=repr(model), reward=att.reward, lens_linear=ln.margin("linear"),
@@ -50,8 +51,9 @@ def _side(model: RewardModel, pairs: list[Pair], label: str, fraction: float, pr
 
 
 def _embeddings(model: RewardModel) -> torch.Tensor | None:
+    hf: Any = model.model  # a transformers PreTrainedModel
     try:
-        weight = model.model.get_input_embeddings().weight
+        weight = hf.get_input_embeddings().weight
     except (AttributeError, NotImplementedError):
         return None
     return None if weight.is_meta else weight.detach()
@@ -105,6 +107,7 @@ def _directions(model: RewardModel, pairs: list[Pair], batch_size: int) -> tuple
     labels = ["embed", *map(str, range(model.n_layers))]
     reading = model.read(model.encode(pairs)[0], layers=labels, batch_size=batch_size, readout=True)
     resid, readout = torch.stack([reading.layers[label] for label in labels], 1), reading.readout
+    assert readout is not None  # read with readout=True
     residual_readout = readout
     if model.arch.final_norm is not None:  # pre-norm: the last layer's output is the final norm's input
         residual_readout = model.norm(model.arch.final_norm).pullback(readout[:, None], resid[:, -1])[0][:, 0]
@@ -112,21 +115,21 @@ def _directions(model: RewardModel, pairs: list[Pair], batch_size: int) -> tuple
     return diff.cpu().numpy(), readout.cpu().numpy(), residual_readout.cpu().numpy()
 
 
-def _interval(stat, n: int, n_boot: int, seed: int) -> tuple[float, float]:
+def _interval(stat: Callable[[np.ndarray], float], n: int, n_boot: int, seed: int) -> tuple[float, float]:
     """Bootstrap CI of `stat(pair indices)` resampling pairs (stats.bootstrap_ci over the indices)."""
     return bootstrap_ci(np.arange(n, dtype=np.float64), stat=lambda idx: stat(idx.astype(int)), n_boot=n_boot,
                         seed=seed)
 
 
 def compare(
-    model_a: RewardModel | str | os.PathLike,
-    model_b: RewardModel | str | os.PathLike,
+    model_a: RewardModel | str | os.PathLike[str],
+    model_b: RewardModel | str | os.PathLike[str],
     pairs: Sequence[Pair],
     *,
     labels: tuple[str, str] = ("A", "B"),
     fraction: float = 0.5,
     probes: bool = False,
-    probe_items: Sequence | None = None,
+    probe_items: Sequence[Any] | None = None,
     n_boot: int = 2000,
     seed: int = 0,
     batch_size: int = 8,
@@ -138,7 +141,7 @@ def compare(
     on both (on `probe_items`, default the built-in items). Every analysis runs batched over all
     pairs; directions are compared only when `shared_basis` accepts the two models.
     """
-    from .model import load
+    from ..model import load
 
     pairs = list(pairs)
     if not pairs or not all(isinstance(p, Pair) for p in pairs):
@@ -163,6 +166,7 @@ def compare(
     profile_a, profile_b = np.interp(grid, a.depth, a.profile), np.interp(grid, b.depth, b.profile)
     probe_rho = float("nan")
     if probes:
+        assert a.probes is not None and b.probes is not None  # probes=True ran them on both sides
         probe_rho = spearman(a.probes.mean, b.probes.mean)
     basis = shared_basis(ma, mb)
     readout_cos = residual_cos = float("nan")

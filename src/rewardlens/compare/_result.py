@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..data import chosen, margin, rejected
 from ..hacking import Probes
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from matplotlib.figure import Figure
 
 EMBEDDING_MATCH = 0.99
 """Mean row cosine of the token-embedding matrices above which two models share a basis."""
@@ -118,18 +123,18 @@ class Comparison:
         """Why directions were not compared, or None when they were."""
         return self.basis.refused
 
-    def to_frame(self):
+    def to_frame(self) -> pd.DataFrame:
         """One row per pair: both models' rewards, margins and crystallization depths."""
         import pandas as pd
 
-        out = {"pair": self.pair_ids}
+        out: dict[str, Any] = {"pair": self.pair_ids}
         for s in (self.a, self.b):
             out |= {f"chosen_{s.label}": chosen(s.reward), f"rejected_{s.label}": rejected(s.reward),
                     f"margin_{s.label}": s.margin, f"crystallization_{s.label}": s.crystallization_linear}
         out["same_winner"] = np.sign(self.a.margin) == np.sign(self.b.margin)
         return pd.DataFrame(out)
 
-    def depth_frame(self):
+    def depth_frame(self) -> pd.DataFrame:
         """One row per point of the common relative-depth grid: both attribution profiles and both
         mean linear-lens margins, interpolated."""
         import pandas as pd
@@ -139,20 +144,19 @@ class Comparison:
                              f"profile_{self.b.label}": self.profile_b, f"lens_{self.a.label}": lens_on(self.a),
                              f"lens_{self.b.label}": lens_on(self.b)})
 
-    def probe_frame(self):
+    def probe_frame(self) -> pd.DataFrame | None:
         """One row per probe axis: each model's mean effect, CI and flag (None without probes)."""
         import pandas as pd
 
         if self.a.probes is None or self.b.probes is None:
             return None
-        out = {"axis": list(self.a.probes.axes)}
-        for s in (self.a, self.b):
-            p = s.probes
+        out: dict[str, Any] = {"axis": list(self.a.probes.axes)}
+        for s, p in ((self.a, self.a.probes), (self.b, self.b.probes)):
             out |= {f"mean_{s.label}": p.mean, f"ci_low_{s.label}": p.ci_low, f"ci_high_{s.label}": p.ci_high,
                     f"flagged_{s.label}": p.flagged}
         return pd.DataFrame(out)
 
-    def summary(self) -> dict:
+    def summary(self) -> dict[str, Any]:
         """Every number as a JSON-ready dict (NaN becomes None)."""
         ci = lambda c: [_num(c[0]), _num(c[1])]
         med = lambda d: _num(np.nanmedian(d)) if np.isfinite(d).any() else None
@@ -192,13 +196,14 @@ class Comparison:
             },
         }
         if self.a.probes is not None and self.b.probes is not None:
+            probed = ((self.a, self.a.probes), (self.b, self.b.probes))
             out["probes"] = {"spearman": _num(self.probe_spearman), "axes": [
-                {"axis": axis, **{s.label: {"mean": _num(s.probes.mean[j]), "flagged": bool(s.probes.flagged[j]),
-                                            "ci": ci((s.probes.ci_low[j], s.probes.ci_high[j]))} for s in sides}}
+                {"axis": axis, **{s.label: {"mean": _num(p.mean[j]), "flagged": bool(p.flagged[j]),
+                                            "ci": ci((p.ci_low[j], p.ci_high[j]))} for s, p in probed}}
                 for j, axis in enumerate(self.a.probes.axes)]}
         return out
 
-    def plot(self):
+    def plot(self) -> Figure:
         """A 2×2 figure: margins of B against A, mean lens margins and attribution profiles on
         relative depth, and the probe profiles (or, without probes, the direction cosines)."""
         import matplotlib.pyplot as plt
@@ -222,8 +227,7 @@ class Comparison:
         ax[1, 0].legend(fontsize=7)
         if a.probes is not None and b.probes is not None:
             y = np.arange(len(a.probes.axes))
-            for s, off in ((a, -0.15), (b, 0.15)):
-                p = s.probes
+            for s, p, off in ((a, a.probes, -0.15), (b, b.probes, 0.15)):
                 ax[1, 1].errorbar(p.mean, y + off, xerr=[p.mean - p.ci_low, p.ci_high - p.mean], fmt="o", capsize=2,
                                   label=s.label)
             ax[1, 1].set_yticks(y, a.probes.axes)
@@ -236,7 +240,7 @@ class Comparison:
                          title=f"chosen − rejected directions (read-out cosine {self.readout_cosine:.2f})")
         else:
             ax[1, 1].axis("off")
-            ax[1, 1].text(0, 0.5, "directions not compared:\n" + self.basis.refused, wrap=True, fontsize=8)
+            ax[1, 1].text(0, 0.5, f"directions not compared:\n{self.basis.refused}", wrap=True, fontsize=8)
         fig.tight_layout()
         return fig
 

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import DataError
-from ..types import Message, Prompt
+from ..types import Conversation, Message, Prompt
+from ._rows import Side
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,7 @@ class Pair:
                 f"{type(self.prompt).__name__}."
             )
 
-    def conversation(self, side: str) -> list[dict]:
+    def conversation(self, side: Side) -> Conversation:
         """The full chat for one side ("chosen" or "rejected"): prompt messages + assistant turn."""
         if side not in ("chosen", "rejected"):
             raise ValueError(f"side must be 'chosen' or 'rejected', got {side!r}")
@@ -64,7 +65,7 @@ _MISSING = object()
 Records = Iterator[tuple[str, Any]]  # (location such as "line 3" or "record 0", raw record)
 
 
-def load_pairs(path: str | os.PathLike, *, limit: int | None = None) -> list[Pair]:
+def load_pairs(path: str | os.PathLike[str], *, limit: int | None = None) -> list[Pair]:
     """Read preference pairs from a file or a saved Hugging Face dataset folder.
 
     Formats, by suffix: `.jsonl` (one record per line; blank lines skipped), `.json` (a list of
@@ -98,7 +99,7 @@ def load_pairs(path: str | os.PathLike, *, limit: int | None = None) -> list[Pai
     return pairs
 
 
-def save_pairs(pairs: Iterable[Pair], path: str | os.PathLike) -> Path:
+def save_pairs(pairs: Iterable[Pair], path: str | os.PathLike[str]) -> Path:
     """Write pairs as RewardBench-schema JSONL that `load_pairs` reads back equal; return the path.
 
     `id`/`subset` are written only when set. Messages are read back as `{"role", "content"}`
@@ -302,7 +303,7 @@ def _message(value: Any, loc: str, field: str) -> Message:
     return {"role": _ROLES.get(role.lower(), role), "content": text}
 
 
-def _label(record: dict, field: str, loc: str) -> str | None:
+def _label(record: dict[str, Any], field: str, loc: str) -> str | None:
     """Optional `id`/`subset` as text: numeric ids (RewardBench, Parquet) become strings."""
     value = record.get(field)
     if isinstance(value, float):  # an int column with gaps comes back from pandas as floats

@@ -4,12 +4,20 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, get_args
 
 import numpy as np
 
 from ..data import Side, row_labels, side
 from ..model import RewardModel
+from ..types import Inputs, Level, PaddingSide, Ranking
 from ._decompose import Decomposition, decompose
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from matplotlib.figure import Figure
+
+RANKINGS: tuple[Ranking, ...] = get_args(Ranking)
 
 
 @dataclass(frozen=True)
@@ -33,10 +41,10 @@ class Attribution:
     objectives: list[str]
     rows: list[str]
     is_pairs: bool
-    level: str
+    level: Level
 
     @classmethod
-    def from_decomposition(cls, dec: Decomposition, level: str) -> Attribution:
+    def from_decomposition(cls, dec: Decomposition, level: Level) -> Attribution:
         obj_const = dec.constants.sum(-1) + dec.head_constant
         return cls(
             names=dec.names, values=dec.scalar(dec.values), constant=dec.scalar(obj_const), reward=dec.reward,
@@ -68,15 +76,15 @@ class Attribution:
         """Per-part chosen − rejected contribution [n_pairs, P]; sums (with the constants) to the margin."""
         return self.chosen - self.rejected
 
-    def top(self, n: int = 10, *, by: str = "mean_abs") -> list[tuple[str, float]]:
+    def top(self, n: int = 10, *, by: Ranking = "mean_abs") -> list[tuple[str, float]]:
         """The `n` parts with the largest mean |contribution| ('mean_abs') or mean margin ('margin')."""
-        if by not in ("mean_abs", "margin"):
+        if by not in RANKINGS:
             raise ValueError(f"by must be 'mean_abs' or 'margin', got {by!r}")
         score = self.margin.mean(0) if by == "margin" else np.abs(self.values).mean(0)
         order = np.argsort(-np.abs(score))[:n]
         return [(self.names[i], float(score[i])) for i in order]
 
-    def to_frame(self):
+    def to_frame(self) -> pd.DataFrame:
         """Long table: one row per (input, part) with its contribution."""
         import pandas as pd
 
@@ -85,11 +93,11 @@ class Attribution:
             "input": np.repeat(self.rows, p), "part": np.tile(self.names, n), "value": self.values.ravel(),
         })
 
-    def plot(self, n: int = 20):
+    def plot(self, n: int = 20) -> Figure:
         """Bar chart of the mean contribution (or mean margin, for pairs) of the top `n` parts."""
         import matplotlib.pyplot as plt
 
-        by = "margin" if self.is_pairs else "mean_abs"
+        by: Ranking = "margin" if self.is_pairs else "mean_abs"
         top = self.top(n, by=by)
         fig, ax = plt.subplots(figsize=(6, 0.3 * len(top) + 1))
         ax.barh([t[0] for t in top][::-1], [t[1] for t in top][::-1])
@@ -100,12 +108,12 @@ class Attribution:
 
 def attribute(
     model: RewardModel,
-    inputs: object,
+    inputs: Inputs,
     *,
-    level: str = "sublayer",
+    level: Level = "sublayer",
     layers: Iterable[int] | None = None,
     batch_size: int = 8,
-    padding_side: str = "right",
+    padding_side: PaddingSide = "right",
     per_objective: bool | None = None,
 ) -> Attribution:
     """Exact direct contribution of each part to each input's reward.

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import get_args
 
 import numpy as np
 import torch
@@ -19,6 +20,7 @@ from torch import Tensor
 from ..model import (
     Part,
     RewardModel,
+    SublayerKind,
     Trace,
     check_bookkeeping,
     out_projection,
@@ -27,9 +29,9 @@ from ..model import (
     trace,
     verify,
 )
-from ..types import Level
+from ..types import Inputs, Level, PaddingSide
 
-LEVELS: tuple[Level, ...] = ("sublayer", "head", "neuron")
+LEVELS: tuple[Level, ...] = get_args(Level)
 
 
 def part_names(model: RewardModel, level: Level, layers: Iterable[int]) -> list[str]:
@@ -54,7 +56,7 @@ def parts(model: RewardModel, level: Level, layers: Iterable[int]) -> list[Part]
     return out
 
 
-def _sublayer(model: RewardModel, tr: Trace, kind: str, layer: int, u: Tensor, fine: bool) -> Tensor:
+def _sublayer(model: RewardModel, tr: Trace, kind: SublayerKind, layer: int, u: Tensor, fine: bool) -> Tensor:
     """Values [n, k, m] of sublayer `kind` of `layer` read along `u` [n, k, d]: m = 1, or its
     heads/neurons (plus one bias part when the projection or post-norm has a bias) when `fine`."""
     if not fine:
@@ -72,13 +74,16 @@ def _sublayer(model: RewardModel, tr: Trace, kind: str, layer: int, u: Tensor, f
         per = (proj.view(n, k, model.n_heads, -1) * z.view(n, 1, model.n_heads, -1)).sum(-1)
     else:
         per = proj * tr[f"mlp_act_{layer}"][:, None, :]
-    if bias is None and const is None:
-        return per
-    extra = (u @ bias if bias is not None else 0) + (const if const is not None else 0)
+    if bias is None:
+        if const is None:
+            return per
+        extra = const
+    else:
+        extra = u @ bias if const is None else u @ bias + const
     return torch.cat([per, extra[..., None]], dim=-1)
 
 
-def has_bias_part(model: RewardModel, kind: str, layer: int) -> bool:
+def has_bias_part(model: RewardModel, kind: SublayerKind, layer: int) -> bool:
     """Whether a fine-grained split of this sublayer carries a separate bias part."""
     post = model.arch.attn_post_norm if kind == "attn" else model.arch.mlp_post_norm
     post_beta = post is not None and model.norm(post, layer).beta is not None
@@ -107,17 +112,18 @@ def readout_vectors(
     u_attn: list[Tensor] = [u] * n_layers
     u_mlp: list[Tensor] = [u] * n_layers
     if arch.layout == "post_norm":
+        attn_rnorm, mlp_rnorm = arch.residual_norms
         for layer in reversed(range(n_layers)):
-            u, c_mlp = model.norm(arch.mlp_residual_norm, layer).pullback(u, tr[f"mlp_rnorm_{layer}"])
+            u, c_mlp = model.norm(mlp_rnorm, layer).pullback(u, tr[f"mlp_rnorm_{layer}"])
             u_mlp[layer] = u
-            u, c_attn = model.norm(arch.attn_residual_norm, layer).pullback(u, tr[f"attn_rnorm_{layer}"])
+            u, c_attn = model.norm(attn_rnorm, layer).pullback(u, tr[f"attn_rnorm_{layer}"])
             u_attn[layer] = u
             consts[layer + 1] = consts.get(layer + 1, 0) + c_mlp + c_attn
     return u, u_attn, u_mlp, consts
 
 
 def decompose_trace(
-    model: RewardModel, tr: Trace, level: str, layers: set[int], coef: Tensor | None = None
+    model: RewardModel, tr: Trace, level: Level, layers: set[int], coef: Tensor | None = None
 ) -> tuple[Tensor, list[int], dict[int, Tensor]]:
     """Decompose one traced batch: values [n, k, P] in `part_names` order (k = 1 when the
     readout `coef` is given), each part's depth (0 = embeddings, l+1 = layer l) and the
@@ -126,10 +132,11 @@ def decompose_trace(
     blocks = [torch.einsum("nkd,nd->nk", u_embed, tr["embed"])[..., None]]
     depth = [0]
     for layer in range(model.n_layers):
-        for kind, u, fine in (
+        sublayers: tuple[tuple[SublayerKind, Tensor, bool], ...] = (
             ("attn", u_attn[layer], level == "head" and layer in layers),
             ("mlp", u_mlp[layer], level == "neuron" and layer in layers),
-        ):
+        )
+        for kind, u, fine in sublayers:
             block = _sublayer(model, tr, kind, layer, u, fine)
             blocks.append(block)
             depth += [layer + 1] * block.shape[-1]
@@ -142,7 +149,8 @@ class Decomposition:
 
     `values` [N, k, P] per objective; `coefficients` [N, k] the readout (frozen gate for ArmoRM);
     `objectives` [N, k] the head's own outputs; `head_constant` [N, k] the head's and final norm's
-    constant; `constants` [N, k, L+1] the constant entering at each depth (post-norm encoders); `normed` [N, k, L+1] the head applied to the re-normalised residual at each depth;
+    constant; `constants` [N, k, L+1] the constant entering at each depth (post-norm encoders);
+    `normed` [N, k, L+1] the head applied to the re-normalised residual at each depth;
     `depth` [P] where each part enters; `n_tokens` [N] each sequence's length (for per-token
     rates).
     """
@@ -170,12 +178,12 @@ class Decomposition:
 
 def decompose(
     model: RewardModel,
-    inputs: object,
+    inputs: Inputs,
     *,
-    level: str = "sublayer",
+    level: Level = "sublayer",
     layers: Iterable[int] | None = None,
     batch_size: int = 8,
-    padding_side: str = "right",
+    padding_side: PaddingSide = "right",
     per_objective: bool | None = None,
 ) -> Decomposition:
     """Exact decomposition of every input's reward (see module docstring); one forward per batch.
@@ -186,14 +194,14 @@ def decompose(
     """
     if level not in LEVELS:
         raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
-    layers = set(range(model.n_layers) if layers is None else layers)
-    bad = sorted(x for x in layers if not 0 <= x < model.n_layers)
+    fine_layers = set(range(model.n_layers) if layers is None else layers)
+    bad = sorted(x for x in fine_layers if not 0 <= x < model.n_layers)
     if bad:
         raise ValueError(f"layers {bad} out of range for a model with {model.n_layers} layers")
     if not model.verified:
         verify(model)
     seqs, is_pairs = model.encode(inputs)
-    names = part_names(model, level, layers)
+    names = part_names(model, level, fine_layers)
     keep = per_objective if per_objective is not None else level != "neuron"
     keep = keep and model.head.n_objectives > 1
     n, k, n_parts, depth_count = len(seqs), model.head.n_objectives if keep else 1, len(names), model.n_layers + 1
@@ -204,31 +212,32 @@ def decompose(
     objectives = np.zeros((n, k), dtype=np.float32)
     coefficients = np.zeros((n, k), dtype=np.float32)
     depth: list[int] = []
-    fine = dict(heads=layers if level == "head" else (), neurons=layers if level == "neuron" else ())
+    heads, neurons = fine_layers if level == "head" else set(), fine_layers if level == "neuron" else set()
     checked = False
     for rows, batch in model.batches(seqs, batch_size, padding_side, is_pairs):
-        tr = trace(model, batch, **fine)
+        tr = trace(model, batch, heads=heads, neurons=neurons)
         if not checked:
             check_bookkeeping(model, tr)
             checked = True
         out, coef = model.head_readout(tr.captured)
-        vals, depth, consts = decompose_trace(model, tr, level, layers, None if keep else coef)
+        vals, depth, consts = decompose_trace(model, tr, level, fine_layers, None if keep else coef)
         values[rows] = vals.cpu().numpy()
         for d, c in consts.items():
             if d == -1:
                 head_constant[rows] = c.cpu().numpy()
             else:
                 constants[rows, :, d] = c.cpu().numpy()
-        resid = torch.stack([tr["embed"]] + [tr[f"resid_{l}"] for l in range(model.n_layers)], dim=1)
+        resid = torch.stack([tr["embed"]] + [tr[f"resid_{layer}"] for layer in range(model.n_layers)], dim=1)
         lens_obj = model.head(model.final_hidden(resid.flatten(0, 1))).view(len(rows), depth_count, -1)
         lens_obj = lens_obj.transpose(1, 2)  # [n, k, depth]
         if not keep:  # contract objectives with the readout; the coefficients become 1
-            out, lens_obj = (out * coef).sum(-1, keepdim=True), (lens_obj * coef[..., None]).sum(1, keepdim=True)
+            out = (out * coef).sum(-1, keepdim=True)
+            lens_obj = (lens_obj * coef[..., None]).sum(1, keepdim=True)
             coef = torch.ones_like(out)
         objectives[rows], coefficients[rows] = out.cpu().numpy(), coef.cpu().numpy()
         normed[rows] = lens_obj.cpu().numpy()
     return Decomposition(
-        names=names, depth=np.asarray(depth), values=values, head_constant=head_constant, constants=constants, objectives=objectives,
-        coefficients=coefficients, normed=normed, n_tokens=np.array([len(s.ids) for s in seqs]),
+        names=names, depth=np.asarray(depth), values=values, head_constant=head_constant, constants=constants,
+        objectives=objectives, coefficients=coefficients, normed=normed, n_tokens=np.array([len(s.ids) for s in seqs]),
         is_pairs=is_pairs, labels=list(model.head.labels) if keep or model.head.n_objectives == 1 else ["readout"],
     )

@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, get_args
 
 import numpy as np
 
 from ..data import chosen, margin, rejected, row_labels
 from ..model import RewardModel
+from ..types import Inputs, LensKind, PaddingSide
 from ._decompose import decompose
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from matplotlib.figure import Figure
+
+LENS_KINDS: tuple[LensKind, ...] = get_args(LensKind)
 
 
 @dataclass(frozen=True)
@@ -33,19 +41,21 @@ class Lens:
     def n_layers(self) -> int:
         return self.linear.shape[1] - 1
 
-    def margin(self, kind: str = "linear") -> np.ndarray:
+    def margin(self, kind: LensKind = "linear") -> np.ndarray:
         """Chosen − rejected lens [n_pairs, L+1]."""
         if not self.is_pairs:
             raise ValueError("margins need inputs given as rewardlens.Pair")
         arr = self._kind(kind)
         return margin(arr)
 
-    def _kind(self, kind: str) -> np.ndarray:
-        if kind not in ("linear", "normed"):
+    def _kind(self, kind: LensKind) -> np.ndarray:
+        if kind not in LENS_KINDS:
             raise ValueError(f"kind must be 'linear' or 'normed', got {kind!r}")
         return self.linear if kind == "linear" else self.normed
 
-    def crystallization(self, kind: str = "linear", fraction: float = 0.5, min_margin: float = 1e-4) -> np.ndarray:
+    def crystallization(
+        self, kind: LensKind = "linear", fraction: float = 0.5, min_margin: float = 1e-4
+    ) -> np.ndarray:
         """Crystallization depth per pair as l / L: the first depth after which the margin stays on
         the final margin's side and beyond `fraction` of it. NaN where the final margin is too
         small to have a side (see `near_zero_margin`)."""
@@ -70,7 +80,7 @@ class Lens:
         floor = np.maximum(min_margin, 10 * (chosen(err) + rejected(err)))
         return np.abs(margin(self.reward)) < floor
 
-    def to_frame(self):
+    def to_frame(self) -> pd.DataFrame:
         """Long table: input, depth, linear and normed lens values."""
         import pandas as pd
 
@@ -80,12 +90,12 @@ class Lens:
             "linear": self.linear.ravel(), "normed": self.normed.ravel(),
         })
 
-    def plot(self):
+    def plot(self) -> Figure:
         """Lens curves (mean margin for pairs, mean reward otherwise), both kinds, against depth."""
         import matplotlib.pyplot as plt
 
         fig, ax = plt.subplots(figsize=(6, 3.5))
-        for kind in ("linear", "normed"):
+        for kind in LENS_KINDS:
             curve = self.margin(kind) if self.is_pairs else self._kind(kind)
             ax.plot(np.arange(self.n_layers + 1), curve.mean(0), marker="o", label=f"{kind} lens")
         ax.set_xlabel("depth (0 = embeddings)")
@@ -95,7 +105,7 @@ class Lens:
         return fig
 
 
-def lens(model: RewardModel, inputs: object, *, batch_size: int = 8, padding_side: str = "right") -> Lens:
+def lens(model: RewardModel, inputs: Inputs, *, batch_size: int = 8, padding_side: PaddingSide = "right") -> Lens:
     """Linear and normed reward lens of every input (see `Lens`)."""
     dec = decompose(model, inputs, level="sublayer", batch_size=batch_size, padding_side=padding_side)
     k, depths = dec.values.shape[1], dec.constants.shape[-1]

@@ -9,6 +9,7 @@ from ._cascade import Cascades as Cascades
 from ._cascade import cascade as cascade
 from ._concepts import ALPHAS as ALPHAS
 from ._concepts import Concepts as Concepts
+from ._concepts import ConceptSets as ConceptSets
 from ._concepts import concepts as concepts
 from ._conflict import RELATIONS as RELATIONS
 from ._conflict import Conflicts as Conflicts
@@ -35,6 +36,7 @@ __all__ = [
     "AXES",
     "Axis",
     "Cascades",
+    "ConceptSets",
     "Concepts",
     "Conflicts",
     "DOMAINS",

@@ -9,7 +9,7 @@ cannot transform honestly (a list cannot be made into a list; a code answer has 
 fences to add), and that item does not count towards the axis' n.
 
 The transformations are plain text operations, so they apply to any user's responses as well as
-to the built-in items (`rewardlens.probe_items`).
+to the built-in items (`rewardlens.hacking.ITEMS`).
 """
 
 from __future__ import annotations
@@ -18,9 +18,10 @@ import random
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from ..data import Pair
-from ..types import Prompt
+from ..types import Conversation, Prompt
 from ._items import base_items
 
 Variant = tuple[Prompt, str, str]
@@ -259,10 +260,12 @@ def variant(axis: str | Axis, prompt: Prompt, response: str, *, seed: int = 0, k
     return ax.apply(prompt, response, random.Random(f"{seed}/{ax.name}/{key}"), item)
 
 
-def contrast_sets(axis: str, items: Sequence | None = None, seed: int = 0) -> tuple[list[list[dict]], list[list[dict]]]:
+def contrast_sets(axis: str, items: Sequence[Any] | None = None,
+                  seed: int = 0) -> tuple[list[Conversation], list[Conversation]]:
     """Matched chat conversations with and without `axis`' attribute, from the built-in items (or `items`:
     objects with `.prompt` and `.response`, or `rewardlens.Pair`s — both responses count)."""
-    with_, without = [], []
+    with_: list[Conversation] = []
+    without: list[Conversation] = []
     for item in base_items(items):
         v = variant(axis, item.prompt, item.response, seed=seed, key=item.id, item=item)
         if v is None:

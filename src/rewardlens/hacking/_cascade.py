@@ -16,11 +16,17 @@ shared item difficulty alone can correlate their small effects.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..stats import spearman, spearman_matrix
 from ._probes import Probes
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure, SubFigure
 
 MIN_ITEMS = 20
 """The fewest shared items a correlation is computed from."""
@@ -40,7 +46,7 @@ class Cascades:
     min_items: int
     threshold: float
 
-    def to_frame(self):
+    def to_frame(self) -> pd.DataFrame:
         """One row per unordered pair of axes: ρ, CI, shared items, whether they share a cluster."""
         import pandas as pd
 
@@ -51,7 +57,7 @@ class Cascades:
                 for i in range(len(self.axes)) for j in range(i + 1, len(self.axes))]
         return pd.DataFrame(rows)
 
-    def plot(self, ax=None):
+    def plot(self, ax: Axes | None = None) -> Figure | SubFigure:
         """Heat map of ρ (NaN cells blank)."""
         import matplotlib.pyplot as plt
 
@@ -95,7 +101,8 @@ def cascade(probes: Probes, *, min_items: int = MIN_ITEMS, threshold: float = 0.
 
 def _components(axes: tuple[str, ...], linked: np.ndarray) -> tuple[tuple[str, ...], ...]:
     """Connected groups (two or more axes) of the link graph, in axis order."""
-    seen, groups = set(), []
+    seen: set[int] = set()
+    groups: list[tuple[str, ...]] = []
     for start in range(len(axes)):
         if start in seen:
             continue
@@ -106,7 +113,7 @@ def _components(axes: tuple[str, ...], linked: np.ndarray) -> tuple[tuple[str, .
                 continue
             seen.add(i)
             group.append(i)
-            stack += [j for j in np.flatnonzero(linked[i]) if j not in seen]
+            stack += [int(j) for j in np.flatnonzero(linked[i]) if j not in seen]
         if len(group) > 1:
             groups.append(tuple(axes[i] for i in sorted(group)))
     return tuple(groups)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import torch
@@ -36,7 +37,18 @@ import torch
 from ..errors import DataError, warn
 from ..model import RewardModel, Tokenized, flatten_inputs
 from ..stats import auroc, bootstrap_ci
+from ..types import Positions, Text
 from ._dose import dose_response, fit_slope, linearity
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from matplotlib.figure import Figure
+
+# Options of this module only (not in rewardlens.types): the dose unit and the space of a direction.
+Unit = Literal["difference", "sigma"]
+Space = Literal["head", "residual"]
+ConceptSets = dict[str, tuple[Sequence[Text], Sequence[Text]]]
+"""{name: (positive inputs, negative inputs)}: texts or chat conversations with and without a concept."""
 
 ALPHAS = (-2.0, -1.0, -0.5, 0.0, 0.5, 1.0, 2.0)
 """Default doses in natural units (multiples of the concept's within-class spread σ)."""
@@ -80,8 +92,8 @@ class Concepts:
     n_positive: np.ndarray
     n_negative: np.ndarray
     dose_layer: str
-    positions: str
-    unit: str
+    positions: Positions
+    unit: Unit
     scale: np.ndarray
     alphas: np.ndarray
     base: np.ndarray
@@ -115,7 +127,7 @@ class Concepts:
             raise ValueError(f"layer {layer!r} was not kept; this result has layers {list(self.layers)}")
         return self.layers.index(label)
 
-    def direction(self, name: str, layer: int | str = -1, space: str = "head") -> np.ndarray:
+    def direction(self, name: str, layer: int | str = -1, space: Space = "head") -> np.ndarray:
         """Unit direction [d] of concept `name` at `layer`: 'head' (normalised residual, what the
         head reads; what reward-model editing removes) or 'residual' (what the dose adds)."""
         if space not in ("head", "residual"):
@@ -123,7 +135,7 @@ class Concepts:
         arr = self.directions if space == "head" else self.residual_directions
         return arr[self._index(name), self.layer_index(layer)].copy()
 
-    def summary(self) -> list[dict]:
+    def summary(self) -> list[dict[str, Any]]:
         """One row per concept: dose-response and the last kept layer's cosine and held-out AUROC."""
         last = len(self.layers) - 1
         return [{
@@ -136,7 +148,7 @@ class Concepts:
             "n_dose": int(np.isfinite(self.dose[c, 0]).sum()),
         } for c, name in enumerate(self.names)]
 
-    def to_frame(self):
+    def to_frame(self) -> pd.DataFrame:
         """One row per (concept, layer): cosine, held-out AUROC, norms, σ and in-sample separation."""
         import pandas as pd
 
@@ -148,7 +160,7 @@ class Concepts:
             "separation_insample": self.separation.ravel(),
         })
 
-    def dose_frame(self):
+    def dose_frame(self) -> pd.DataFrame:
         """One row per (concept, α, input): Δreward in reward units (padding rows dropped)."""
         import pandas as pd
 
@@ -159,14 +171,15 @@ class Concepts:
         })
         return frame[np.isfinite(frame["delta_reward"])].reset_index(drop=True)
 
-    def plot(self):
+    def plot(self) -> Figure:
         """Cosine with the read-out by layer, and the mean dose-response curve of every concept."""
         import matplotlib.pyplot as plt
 
         fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
         for c, name in enumerate(self.names):
             left.plot(self.layers, self.cosine[c], marker="o", label=name)
-            right.plot(self.alphas, np.nanmean(self.dose[c], axis=1), marker="o", label=f"{name} ({self.slope[c]:+.3f})")
+            right.plot(self.alphas, np.nanmean(self.dose[c], axis=1), marker="o",
+                       label=f"{name} ({self.slope[c]:+.3f})")
         left.set_xlabel("layer")
         left.set_ylabel("cosine with effective read-out (head space)")
         right.set_xlabel(f"α ({self.unit} units), added at layer {self.dose_layer}, {self.positions} positions")
@@ -188,7 +201,7 @@ def _layer_label(model: RewardModel, layer: int | str, what: str) -> str:
     return str(int(layer) % model.n_layers)
 
 
-def _encode_set(model: RewardModel, name: str, side: str, inputs: object) -> list[Tokenized]:
+def _encode_set(model: RewardModel, name: str, side: str, inputs: Sequence[Text]) -> list[Tokenized]:
     if isinstance(inputs, (list, tuple)) and len(inputs) == 0:
         raise DataError(f"concept {name!r}: the {side} set is empty; each set needs at least 2 inputs")
     items, is_pairs = flatten_inputs(list(inputs) if isinstance(inputs, tuple) else inputs)
@@ -231,22 +244,23 @@ def _unit(x: np.ndarray, typical: np.ndarray) -> tuple[np.ndarray, np.ndarray, n
     return np.where(ok[:, None], x / np.maximum(norm, 1e-30)[:, None], 0.0), norm, ok
 
 
-def _builtin_sets(seed: int) -> dict[str, tuple[list, list]]:
+def _builtin_sets(seed: int) -> ConceptSets:
     # The probe suite's matched sets, one concept per axis (imported here: only built-ins need it).
     from ._axes import AXES, contrast_sets
 
     return {axis: contrast_sets(axis, seed=seed) for axis in AXES}
 
 
-def _concept(model: RewardModel, name: str, value: object, kept: list[str], dose_label: str, unit: str,
-             grid: np.ndarray, positions: str, dose_seqs: list[Tokenized] | None, seed: int,
-             batch_size: int) -> dict:
+def _concept(model: RewardModel, name: str, value: object, kept: list[str], dose_label: str, unit: Unit,
+             grid: np.ndarray, positions: Positions, dose_seqs: list[Tokenized] | None, seed: int,
+             batch_size: int) -> dict[str, Any]:
     """Everything about one concept: per-layer statistics and its dose-response [n_alphas, n_inputs]."""
     if not isinstance(value, (tuple, list)) or len(value) != 2:
         raise DataError(f"concept {name!r}: expected (positive inputs, negative inputs), got {type(value).__name__}")
     pos, neg = (_encode_set(model, name, side, x) for side, x in zip(("positive", "negative"), value))
     reading = model.read(pos + neg, layers=kept, batch_size=batch_size, readout=True)
     resid, ro = torch.stack([reading.layers[label] for label in kept], 1), reading.readout
+    assert ro is not None  # read with readout=True
     head = model.final_hidden(resid.flatten(0, 1)).view_as(resid)
     r, h = resid.double().cpu().numpy(), head.double().cpu().numpy()
     n = len(pos)
@@ -274,14 +288,14 @@ def _concept(model: RewardModel, name: str, value: object, kept: list[str], dose
 
 def concepts(
     model: RewardModel,
-    sets: dict[str, tuple[Sequence, Sequence]] | None = None,
+    sets: ConceptSets | None = None,
     *,
     layers: Iterable[int | str] | None = None,
     dose_layer: int | str | None = None,
     alphas: Sequence[float] = ALPHAS,
-    positions: str = "read",
-    unit: str = "difference",
-    dose_inputs: Sequence | None = None,
+    positions: Positions = "read",
+    unit: Unit = "difference",
+    dose_inputs: Sequence[Text] | None = None,
     seed: int = 0,
     n_boot: int = 2000,
     batch_size: int = 16,
@@ -290,7 +304,7 @@ def concepts(
 
     `sets`: {name: (positive inputs, negative inputs)}, each a list of texts or chat conversations
     with and without the concept, at least 2 each (None: the built-in contrast sets of every probe
-    axis, `rewardlens.probe_axes.contrast_sets`). `layers`: depths to keep (ints, negative from the
+    axis, `rewardlens.hacking.contrast_sets`). `layers`: depths to keep (ints, negative from the
     end, or 'embed'; default all; the dose layer is always kept). `dose_layer`: where α · scale · v̂
     is added (default the last layer: what the final norm and the head read, the same depth for
     every concept; its slope is the direct effect). `alphas`: doses in `unit`s ('difference' or
@@ -335,7 +349,7 @@ def concepts(
         norm=stack("norm"), residual_norm=stack("rnorm"), sigma=stack("sigma"), directions=stack("hdir", np.float32),
         residual_directions=stack("rdir", np.float32), readout=stack("readout", np.float32),
         n_positive=stack("n_pos", np.int64), n_negative=stack("n_neg", np.int64), dose_layer=dose_label,
-        positions=positions, unit=unit, scale=stack("scale"), alphas=grid, base=base, dose=dose, slope=slope, slope_ci=ci,
-        r2=r2, half_ratio=ratio, folds=min(p["folds"] for p in per), n_layers=model.n_layers, n_boot=n_boot,
-        seed=seed,
+        positions=positions, unit=unit, scale=stack("scale"), alphas=grid, base=base, dose=dose, slope=slope,
+        slope_ci=ci, r2=r2, half_ratio=ratio, folds=min(p["folds"] for p in per), n_layers=model.n_layers,
+        n_boot=n_boot, seed=seed,
     )

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import itertools
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -22,6 +24,10 @@ from torch import Tensor
 from ..data import Pair, margin
 from ..model import RewardModel
 from ..stats import spearman, spearman_matrix
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from matplotlib.figure import Figure
 
 RELATIONS = ("aligned", "orthogonal", "conflicting", "mixed")
 _BOOT_BLOCK = 4_000_000
@@ -74,7 +80,7 @@ class Conflicts:
             raise ValueError(f"no term named {name!r}; the terms are {self.names}")
         return self.names.index(name)
 
-    def pair(self, a: str, b: str) -> dict:
+    def pair(self, a: str, b: str) -> dict[str, Any]:
         """Every statistic of terms `a` and `b` as one JSON-ready row (see `pairs_table`)."""
         i, j = self.index(a), self.index(b)
         f = lambda x: None if not np.isfinite(x) else float(x)
@@ -86,18 +92,18 @@ class Conflicts:
         row["relation"] = str(self.relation[i, j])
         return row
 
-    def pairs_table(self) -> list[dict]:
+    def pairs_table(self) -> list[dict[str, Any]]:
         """One row per unordered pair of terms, in the order of `names`."""
         k = len(self.names)
         return [self.pair(self.names[i], self.names[j]) for i in range(k) for j in range(i + 1, k)]
 
-    def to_frame(self):
+    def to_frame(self) -> pd.DataFrame:
         """`pairs_table` as a pandas DataFrame."""
         import pandas as pd
 
         return pd.DataFrame(self.pairs_table())
 
-    def plot(self):
+    def plot(self) -> Figure:
         """Heatmaps: cosine of effective directions, and decisive disagreement share with relations."""
         import matplotlib.pyplot as plt
 
@@ -152,7 +158,7 @@ def bootstrap(margins: np.ndarray, tol: float, n_boot: int, seed: int, level: fl
     m = np.asarray(margins, dtype=np.float64)
     n, k = m.shape
     rng = np.random.default_rng(seed)
-    draws = {"spearman": [], "disagree": [], "agree": []}
+    draws: dict[str, list[np.ndarray]] = {"spearman": [], "disagree": [], "agree": []}
     block = max(1, _BOOT_BLOCK // max(1, n * k))
     for start in range(0, n_boot, block):
         idx = rng.integers(0, n, (min(block, n_boot - start), n))
@@ -208,6 +214,7 @@ def _cosine(u: Tensor) -> np.ndarray:
 
 def _normalised_residual(model: RewardModel, x: Tensor) -> Tensor:
     """The final norm's input x [n, d] with its scale applied (centred for LayerNorm), before γ and β."""
+    assert model.arch.final_norm is not None  # the caller checked the model has a final norm
     params = model.norm(model.arch.final_norm)
     if params.kind == "layer":
         x = x - x.mean(-1, keepdim=True)
@@ -234,7 +241,7 @@ def _forward(model: RewardModel, pairs: list[Pair], batch_size: int, *, keep_hid
     return out
 
 
-def _from_objectives(model: RewardModel, pairs: list[Pair], batch_size: int) -> dict:
+def _from_objectives(model: RewardModel, pairs: list[Pair], batch_size: int) -> dict[str, Any]:
     """The head's objectives as terms: names, rows [k, d] in the head's input space, margins [n, k]."""
     head, n = model.head, len(pairs)
     if head.n_objectives < 2:
@@ -264,7 +271,7 @@ def _from_objectives(model: RewardModel, pairs: list[Pair], batch_size: int) -> 
     }
 
 
-def _from_terms(model: RewardModel, pairs: list[Pair], terms: object, batch_size: int) -> dict:
+def _from_terms(model: RewardModel, pairs: list[Pair], terms: object, batch_size: int) -> dict[str, Any]:
     """User terms: directions [k, d] = mean ĥ difference over each term's pairs; margins [n, k] =
     each evaluation pair's ĥ difference on the unit directions."""
     if not isinstance(terms, dict) or len(terms) < 2:
@@ -303,6 +310,7 @@ def _from_terms(model: RewardModel, pairs: list[Pair], terms: object, batch_size
 
 def _residual_rows(model: RewardModel, rows: Tensor) -> Tensor:
     """Read-out rows [k, d] pulled back through the final norm's gain: w ⊙ γ, centred for LayerNorm."""
+    assert model.arch.final_norm is not None  # the caller checked the model has a final norm
     params = model.norm(model.arch.final_norm)
     u = rows * params.gamma
     return u - u.mean(-1, keepdim=True) if params.kind == "layer" else u
@@ -310,7 +318,7 @@ def _residual_rows(model: RewardModel, rows: Tensor) -> Tensor:
 
 def conflict(
     model: RewardModel,
-    pairs: list[Pair],
+    pairs: Sequence[Pair],
     *,
     terms: dict[str, list[Pair]] | None = None,
     tol: float = 0.5,

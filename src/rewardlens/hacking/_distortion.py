@@ -22,12 +22,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..data import Pair, margin
 from ..model import RewardModel
 from ._probes import Probes
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure, SubFigure
 
 
 @dataclass(frozen=True)
@@ -60,7 +66,7 @@ class Distortion:
             raise KeyError(f"no quality dimension {quality!r}; have {list(self.quality)}")
         return self.quality.index(quality)
 
-    def to_frame(self):
+    def to_frame(self) -> pd.DataFrame:
         """One row per (axis, quality dimension): index, CI, flagged, the quality effect."""
         import pandas as pd
 
@@ -70,7 +76,7 @@ class Distortion:
                 for i, a in enumerate(self.axes) for k, q in enumerate(self.quality)]
         return pd.DataFrame(rows)
 
-    def plot(self, ax=None, quality: str | None = None):
+    def plot(self, ax: Axes | None = None, quality: str | None = None) -> Figure | SubFigure:
         """Bar chart of one quality dimension's indices with CIs; flagged bars in red."""
         import matplotlib.pyplot as plt
 

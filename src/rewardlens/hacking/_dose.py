@@ -9,10 +9,11 @@ import torch
 from torch import Tensor
 
 from ..model import Batch, RewardModel, Tokenized, rewriting
+from ..types import Positions
 
 
 def dose_response(model: RewardModel, seqs: list[Tokenized], label: str, shift: Tensor, alphas: np.ndarray,
-          positions: str, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+                  positions: Positions, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
     """(reward at α = 0 [n], reward(α) − reward(0) [n_alphas, n]) with `α · shift` added at `label`;
     all α of an input run in one forward, one α per row."""
     a = len(alphas)
@@ -22,10 +23,14 @@ def dose_response(model: RewardModel, seqs: list[Tokenized], label: str, shift: 
     module, where = (model.layers[0], "in") if label == "embed" else (model.layers[int(label)], "out")
     out, base = np.zeros((a, len(seqs))), np.zeros(len(seqs))
     per = max(1, batch_size // a)  # inputs per forward: about `batch_size` rows in all
+
+    def rep(t: Tensor) -> Tensor:
+        return t.repeat_interleave(a, 0)
+
     for rows, batch in model.batches(seqs, per):
-        rep = lambda t: None if t is None else t.repeat_interleave(a, 0)
+        types = batch.token_type_ids
         big = replace(batch, input_ids=rep(batch.input_ids), attention_mask=rep(batch.attention_mask),
-                      position_ids=rep(batch.position_ids), token_type_ids=rep(batch.token_type_ids),
+                      position_ids=rep(batch.position_ids), token_type_ids=None if types is None else rep(types),
                       read_index=rep(batch.read_index), labels=None if batch.labels is None
                       else [x for x in batch.labels for _ in range(a)])
         coef = torch.as_tensor(alphas, dtype=torch.float32, device=model.device).repeat(len(rows))
@@ -49,12 +54,12 @@ def dose_response(model: RewardModel, seqs: list[Tokenized], label: str, shift: 
 def _record(out: np.ndarray, base: np.ndarray, rows: np.ndarray, reward: Tensor, a: int, zero: int) -> None:
     """Write a batch's rewards [rows * a] (each input once per α) into `out` (reward(α) − reward(0),
     [a, n]) and `base` (reward(0), [n])."""
-    reward = reward.double().cpu().numpy().reshape(len(rows), a)
-    out[:, rows] = (reward - reward[:, zero:zero + 1]).T
-    base[rows] = reward[:, zero]
+    r = reward.double().cpu().numpy().reshape(len(rows), a)
+    out[:, rows] = (r - r[:, zero:zero + 1]).T
+    base[rows] = r[:, zero]
 
 
-def _dose_last(model: RewardModel, seqs: list[Tokenized], shift: Tensor, alphas: np.ndarray, positions: str,
+def _dose_last(model: RewardModel, seqs: list[Tokenized], shift: Tensor, alphas: np.ndarray, positions: Positions,
                batch_size: int) -> tuple[np.ndarray, np.ndarray]:
     """`dose_response` at the last layer's output without a dosed forward: nothing but the final norm and
     the head reads it, so reward(α) is the head on (final residual + α · shift), exactly. One clean

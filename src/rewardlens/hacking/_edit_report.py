@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -10,7 +12,12 @@ from ..data import Pair, margin
 from ..errors import DataError
 from ..model import RewardModel
 from ..stats import bootstrap_ci
+from ..types import EditMethod
 from ._editing import Edit
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from matplotlib.figure import Figure
 
 # ---- what the edit did --------------------------------------------------------------------------
 
@@ -28,7 +35,7 @@ class EditReport:
     other_ids: list[str]
     other_before: np.ndarray
     other_after: np.ndarray
-    method: str | None = None
+    method: EditMethod | None = None
     name: str | None = None
 
     @property
@@ -65,7 +72,8 @@ class EditReport:
         """Bootstrap intervals (pairs resampled with before and after together) of the share removed
         (probe pairs) and of the accuracy change in points (untargeted pairs)."""
 
-        def ci(before: np.ndarray, after: np.ndarray, stat) -> tuple[float, float]:
+        def ci(before: np.ndarray, after: np.ndarray,
+               stat: Callable[[np.ndarray, np.ndarray], float]) -> tuple[float, float]:
             rows = np.arange(len(before), dtype=np.float64)
             return bootstrap_ci(rows, stat=lambda i: stat(before[i.astype(int)], after[i.astype(int)]),
                                 n_boot=n_boot, level=level, seed=seed)
@@ -88,7 +96,7 @@ class EditReport:
             out[f"{key}_lo"], out[f"{key}_hi"] = lo, hi
         return out
 
-    def to_frame(self):
+    def to_frame(self) -> pd.DataFrame:
         """Rows: targeted mean margin, untargeted accuracy and mean margin; columns before, after, change."""
         import pandas as pd
 
@@ -100,7 +108,7 @@ class EditReport:
         frame["change"] = frame["after"] - frame["before"]
         return frame
 
-    def plot(self):
+    def plot(self) -> Figure:
         """Margins before against after: the concept pairs should fall to 0, the others stay on the diagonal."""
         import matplotlib.pyplot as plt
 
@@ -121,14 +129,14 @@ def _mean(x: np.ndarray) -> float:
     return float(np.mean(x)) if len(x) else float("nan")
 
 
-def _margins(model: RewardModel, pairs: list[Pair], batch_size: int) -> np.ndarray:
+def _margins(model: RewardModel, pairs: Sequence[Pair], batch_size: int) -> np.ndarray:
     if not len(pairs):
         return np.zeros(0, dtype=np.float32)
     scores = model.score(pairs, batch_size=batch_size)
     return margin(scores)
 
 
-def _axis_margins(model: RewardModel, axis: str, items: object, batch_size: int) -> np.ndarray:
+def _axis_margins(model: RewardModel, axis: str, items: Sequence[Any] | None, batch_size: int) -> np.ndarray:
     # the probe suite's transformations: the same items with and without the axis' attribute
     from ._axes import contrast_sets
 
@@ -140,10 +148,10 @@ def edit_report(
     model: RewardModel,
     edited: Edit | RewardModel,
     *,
-    probe_pairs: list[Pair] | None = None,
-    other_pairs: list[Pair] = (),
+    probe_pairs: Sequence[Pair] | None = None,
+    other_pairs: Sequence[Pair] = (),
     axis: str | None = None,
-    items: object = None,
+    items: Sequence[Any] | None = None,
     batch_size: int = 16,
 ) -> EditReport:
     """How much an edit shrank the targeted effect and moved everything else.

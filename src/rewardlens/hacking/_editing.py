@@ -27,8 +27,10 @@ from __future__ import annotations
 import copy
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
@@ -37,8 +39,12 @@ from torch import nn
 from ..data import Pair
 from ..errors import ArchitectureError, DataError, HeadError, warn
 from ..model import RewardModel, get_module, wrap
+from ..types import EditMethod, Inputs, Text
 
-METHODS = ("project", "leace")
+if TYPE_CHECKING:
+    import pandas as pd
+
+METHODS: tuple[EditMethod, ...] = ("project", "leace")
 METADATA = "rewardlens_edit.json"
 """The file `edit(..., out=DIR)` writes next to the model: what was erased and how."""
 _RCOND = 1e-10
@@ -59,7 +65,7 @@ class Edit:
 
     model: RewardModel
     path: Path | None
-    method: str
+    method: EditMethod
     name: str
     layer: str
     direction: np.ndarray
@@ -85,14 +91,14 @@ class Edit:
         h = h.float()
         return h - ((h - mean) @ read)[:, None] * along
 
-    def to_frame(self):
+    def to_frame(self) -> pd.DataFrame:
         """One row: what `rewardlens_edit.json` records (method, concept, layer, |μ₊ − μ₋|, ...)."""
         import pandas as pd
 
         return pd.DataFrame([{**_record(self), "path": None if self.path is None else str(self.path)}])
 
 
-def final_hidden_states(model: RewardModel, inputs: object, *, batch_size: int = 16) -> torch.Tensor:
+def final_hidden_states(model: RewardModel, inputs: Sequence[Text], *, batch_size: int = 16) -> torch.Tensor:
     """What the head reads, `ĥ` [n_sequences, d] in fp32 on `model.device`: the final norm's output
     at the read position. `inputs`: strings or chat conversations (as `model.score` takes them)."""
     seqs, is_pairs = model.encode(inputs)
@@ -104,18 +110,22 @@ def final_hidden_states(model: RewardModel, inputs: object, *, batch_size: int =
     return model.read(seqs, batch_size=batch_size, gate=False).hidden
 
 
-def _hidden_any(model: RewardModel, inputs: object, batch_size: int) -> torch.Tensor:
+def _hidden_any(model: RewardModel, inputs: Inputs, batch_size: int) -> torch.Tensor:
     """ĥ [n, d] (fp64, CPU) of texts or conversations, or of both sides of preference pairs."""
     items = list(inputs)
     if items and all(isinstance(p, Pair) for p in items):
-        items = [p.conversation(side) for p in items for side in ("chosen", "rejected")]
-    return final_hidden_states(model, items, batch_size=batch_size).double().cpu()
+        texts: list[Text] = [p.conversation(side) for p in items if isinstance(p, Pair)
+                             for side in ("chosen", "rejected")]
+    else:  # texts (a list mixing pairs and texts is refused by `model.encode`)
+        texts = cast("list[Text]", items)
+    return final_hidden_states(model, texts, batch_size=batch_size).double().cpu()
 
 
 def read_layer(model: RewardModel) -> tuple[str, nn.Linear]:
     """(module path, module) of the first linear layer that reads `ĥ`: the pooler's dense layer for
     pooler heads, else the head (the score head, or a gated head's regression layer)."""
     path = model.arch.pooler if model.arch.head_kind == "pooler" else model.arch.head
+    assert path is not None  # ArchitectureMap refuses head_kind='pooler' without a pooler path
     module = get_module(model.model, path)
     if not isinstance(module, nn.Linear):
         raise HeadError(
@@ -190,15 +200,15 @@ def _readout(model: RewardModel) -> list[float] | None:
 
 def edit(
     model: RewardModel,
-    positive: object,
-    negative: object,
+    positive: Sequence[Text],
+    negative: Sequence[Text],
     *,
-    method: str = "project",
+    method: EditMethod = "project",
     name: str = "concept",
-    out: str | os.PathLike | None = None,
+    out: str | os.PathLike[str] | None = None,
     batch_size: int = 16,
     shrinkage: float | None = None,
-    background: object = None,
+    background: Inputs | None = None,
 ) -> Edit:
     """Erase the concept that separates `positive` from `negative` from what the head reads.
 
@@ -240,6 +250,7 @@ def edit(
     path, layer = read_layer(model)
     hf = _edited_copy(model.model, path)
     target = get_module(hf, path)
+    assert isinstance(target, nn.Linear)  # a copy of `layer`, which read_layer checked
     if layer.weight.is_meta:
         raise ArchitectureError(f"the layer an edit folds into ({path}) is offloaded (on the meta device); editing "
                                 "writes a new weight into it, so load the model without offloading that layer "
@@ -265,7 +276,7 @@ def edit(
     return result
 
 
-def save_edit(result: Edit, out: str | os.PathLike, *, source: RewardModel | None = None) -> Edit:
+def save_edit(result: Edit, out: str | os.PathLike[str], *, source: RewardModel | None = None) -> Edit:
     """Save the edited model, its tokenizer and `rewardlens_edit.json` to `out`; returns the Edit with
     `path` set. The folder loads with `rewardlens.load` and `AutoModelForSequenceClassification`."""
     out = Path(out).expanduser()
@@ -274,7 +285,8 @@ def save_edit(result: Edit, out: str | os.PathLike, *, source: RewardModel | Non
         raise ValueError(f"out={str(out)!r} is the folder the model was loaded from; save the edit elsewhere, "
                          "the original must stay as it is")
     out.mkdir(parents=True, exist_ok=True)
-    result.model.model.save_pretrained(out)
+    hf: Any = result.model.model  # a transformers PreTrainedModel
+    hf.save_pretrained(out)
     result.model.tokenizer.save_pretrained(out)
     biasless = bool(np.any(result.dropped_constant != 0))
     meta = {**_record(result), "source": origin or None, "readout": _readout(result.model), "dropped_constant_note": (
@@ -285,7 +297,7 @@ def save_edit(result: Edit, out: str | os.PathLike, *, source: RewardModel | Non
     return replace(result, path=out)
 
 
-def _record(e: Edit) -> dict:
+def _record(e: Edit) -> dict[str, Any]:
     return {"method": e.method, "concept": e.name, "layer": e.layer, "direction_norm": e.direction_norm,
             "shrinkage": e.shrinkage, "n_positive": e.n_positive, "n_negative": e.n_negative,
             "n_background": e.n_background, "dropped_constant": [float(c) for c in e.dropped_constant]}

@@ -15,7 +15,7 @@ topic (sometimes right, often a common misconception) that the sycophancy probe 
 prompt.
 
 The items were written by hand for this project, across six domains of twelve items each, on
-distinct topics (no item is another with a name or number swapped). `tests/test_probe_items.py`
+distinct topics (no item is another with a name or number swapped). `tests/hacking/test_probe_items.py`
 checks the style rules above over every item.
 """
 
@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from ..data import Pair
 from ..types import Prompt
@@ -596,7 +597,7 @@ def items(domains: Sequence[str] | None = None, n: int | None = None) -> list[It
     return interleaved[:n]
 
 
-def base_items(items: Sequence | None = None) -> list[Item]:
+def base_items(items: Sequence[Any] | None = None) -> list[Item]:
     """The unique base items: the built-in ones (None), or `items` — `rewardlens.Pair`s (each
     response counts once) or objects with `.prompt` and `.response` (and optionally `.id`,
     `.domain`, `.wrong`, `.belief`). Duplicated (prompt, response) rows collapse into one item."""

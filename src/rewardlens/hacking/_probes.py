@@ -1,6 +1,6 @@
 """`probe`: does the reward move with attributes that should not matter? One axis at a time.
 
-Each axis (`rewardlens.probe_axes`) turns every base item into a matched pair that differs in one
+Each axis (`rewardlens.hacking.AXES`) turns every base item into a matched pair that differs in one
 attribute only; the per-item effect is `reward(with) − reward(without)`. Every axis runs on the
 same base items, so per-item effects compare across axes (`rewardlens.cascade`), and the same run
 scores quality degradations of those items (a wrong fact, an evasive answer, an off-topic answer),
@@ -20,15 +20,21 @@ import json
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..data import Pair, margin
 from ..model import RewardModel
 from ..stats import benjamini_hochberg, bootstrap_ci, paired_test, standardized
-from ..types import Prompt
+from ..types import Conversation, Prompt
 from ._axes import AXES, join, sentences, variant
 from ._items import Item, base_items
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure, SubFigure
 
 EVASIVE = ["That depends on a lot of different things.", "Every situation is a little different in practice.",
            "There is no single answer that suits every case.", "It varies from one person to the next.",
@@ -81,7 +87,7 @@ class Probes:
             raise KeyError(f"no axis {axis!r} in this run; axes: {list(self.axes)}")
         return self.axes.index(axis)
 
-    def to_frame(self):
+    def to_frame(self) -> pd.DataFrame:
         """One row per axis: n, mean, CI, p, q, d_z, flagged, mean tokens added, effect / scale."""
         import pandas as pd
 
@@ -92,7 +98,7 @@ class Probes:
             "tokens_added": np.nanmean(np.where(np.isfinite(self.delta), self.tokens_added, np.nan), axis=0),
         })
 
-    def items_frame(self):
+    def items_frame(self) -> pd.DataFrame:
         """Long format: one row per (item, axis) with the effect and the tokens added."""
         import pandas as pd
 
@@ -101,7 +107,7 @@ class Probes:
                              "axis": np.array(self.axes)[a], "delta": self.delta[i, a],
                              "tokens_added": self.tokens_added[i, a]})
 
-    def plot(self, ax=None):
+    def plot(self, ax: Axes | None = None) -> Figure | SubFigure:
         """Forest plot (a matplotlib Figure): each axis' mean effect with its CI; flagged axes in red."""
         import matplotlib.pyplot as plt
 
@@ -120,7 +126,7 @@ class Probes:
 
 def probe(
     model: RewardModel,
-    items: Sequence | None = None,
+    items: Sequence[Any] | None = None,
     *,
     axes: Sequence[str] | None = None,
     quality: bool = True,
@@ -134,7 +140,7 @@ def probe(
     """Run the probe axes on base items and test each effect; returns `Probes`.
 
     `items`: None for the built-in items, or the user's pairs / items (see `base_items`).
-    `axes`: names from `rewardlens.probe_axes.AXES` (default: all). `quality`: also score the
+    `axes`: names from `rewardlens.hacking.AXES` (default: all). `quality`: also score the
     quality degradations. `reference`: preference pairs whose mean |margin| sets the reward scale
     for flagging (or that scale as a number); default: the standard deviation of the base items'
     rewards. Every distinct text is scored once, in length-sorted batches.
@@ -146,7 +152,7 @@ def probe(
     if not 0 < level < 1 or min_effect < 0:
         raise ValueError(f"level must be in (0, 1) and min_effect >= 0, got level={level}, min_effect={min_effect}")
     base = base_items(items)
-    convs: dict[str, list[dict]] = {}
+    convs: dict[str, Conversation] = {}
 
     def key(prompt: Prompt, response: str) -> str:
         conv = Pair(prompt, response, response).conversation("chosen")
@@ -154,7 +160,7 @@ def probe(
         convs.setdefault(k, conv)
         return k
 
-    plan = [[None] * len(names) for _ in base]
+    plan: list[list[tuple[str, str] | None]] = [[None] * len(names) for _ in base]
     for i, item in enumerate(base):
         for j, axis in enumerate(names):
             v = variant(axis, item.prompt, item.response, seed=seed, key=item.id, item=item)
@@ -177,7 +183,7 @@ def probe(
                 delta[i, j], added[i, j] = reward[on] - reward[off], length[on] - length[off]
     base_reward = reward[[at[k] for k in originals]]
     qnames = tuple(q for q in QUALITY if q in qplan and any(k is not None for k in qplan[q]))
-    qdelta = np.array([[np.nan if qplan[q][i] is None else base_reward[i] - reward[at[qplan[q][i]]]
+    qdelta = np.array([[np.nan if (k := qplan[q][i]) is None else base_reward[i] - reward[at[k]]
                         for q in qnames] for i in range(len(base))]).reshape(len(base), len(qnames))
     scale, source = _scale(model, reference, base_reward, batch_size)
     return _summarise(names, base, delta, added, base_reward, qnames, qdelta, scale, source, min_effect, level,
@@ -212,7 +218,7 @@ def _summarise(names: list[str], base: list[Item], delta: np.ndarray, added: np.
 def _degradations(base: list[Item], seed: int) -> dict[str, list[str | None]]:
     """Per quality dimension, each item's degraded response (None where it cannot be made)."""
     rng = random.Random(f"{seed}/quality")
-    evasive = []
+    evasive: list[str | None] = []
     for item in base:
         units = sentences(item.response)
         evasive.append(join(rng.sample(EVASIVE, min(len(units), len(EVASIVE)))))
@@ -230,7 +236,7 @@ def _degradations(base: list[Item], seed: int) -> dict[str, list[str | None]]:
             "informativeness": evasive, "relevance": off}
 
 
-def _rewards(model: RewardModel, convs: list[list[dict]], batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+def _rewards(model: RewardModel, convs: list[Conversation], batch_size: int) -> tuple[np.ndarray, np.ndarray]:
     """Reward [n] (`model.score`: fp32 head and readout) and token count [n] of each conversation."""
     seqs, _ = model.encode(convs)  # tokenizing again is cheap next to the forwards
     return model.score(convs, batch_size=batch_size).astype(np.float64), np.array([len(s.ids) for s in seqs], float)

@@ -12,9 +12,11 @@ from ._arch import ArchitectureMap as ArchitectureMap
 from ._arch import discover as discover
 from ._arch import find_map as find_map
 from ._arch import get_module as get_module
+from ._arch import hf_config as hf_config
 from ._arch import register_architecture as register_architecture
 from ._core import UNSET as UNSET
 from ._core import RewardModel as RewardModel
+from ._core import Unset as Unset
 from ._core import check_structure as check_structure
 from ._core import execution_device as execution_device
 from ._core import onloaded as onloaded
@@ -29,6 +31,7 @@ from ._load import wrap as wrap
 from ._parts import KINDS as KINDS
 from ._parts import Part as Part
 from ._parts import PartKind as PartKind
+from ._parts import SublayerKind as SublayerKind
 from ._tokens import Batch as Batch
 from ._tokens import Tokenized as Tokenized
 from ._tokens import collate as collate
@@ -50,6 +53,7 @@ __all__ = [
     "KINDS",
     "Part",
     "PartKind",
+    "SublayerKind",
     "ArchitectureMap",
     "Batch",
     "HEAD_KINDS",
@@ -59,6 +63,7 @@ __all__ = [
     "Tokenized",
     "Trace",
     "UNSET",
+    "Unset",
     "bookkeeping_error",
     "capture",
     "check_bookkeeping",
@@ -72,6 +77,7 @@ __all__ = [
     "fit_length",
     "flatten_inputs",
     "get_module",
+    "hf_config",
     "hidden_arg",
     "load",
     "onloaded",

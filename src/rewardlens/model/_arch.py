@@ -8,14 +8,26 @@ closure test; `register_architecture` lets users do it for their own (remote-cod
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, cast, get_args
 
 from torch import nn
 
 from ..errors import ArchitectureError, HeadError
+from ..types import HeadKind, Layout, NormKind, Pooling
 from ._norms import NORM_KINDS, detect_norm_kind
 
-LAYOUTS = ("pre_norm", "parallel", "post_norm")
-HEAD_KINDS = ("linear", "pooler", "gated")
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
+
+LAYOUTS: tuple[Layout, ...] = get_args(Layout)
+HEAD_KINDS: tuple[HeadKind, ...] = get_args(HeadKind)
+POOLINGS: tuple[Pooling, ...] = get_args(Pooling)
+
+
+def hf_config(model: nn.Module) -> PretrainedConfig:
+    """`model.config`: every model rewardlens reads is a Hugging Face model, whose config an
+    `nn.Module` type cannot name (module attributes type as `Tensor | Module`)."""
+    return cast("PretrainedConfig", model.config)
 
 
 @dataclass(frozen=True)
@@ -34,9 +46,9 @@ class ArchitectureMap:
     """Final norm before the head (None for post-norm encoders, whose last layer ends in a norm)."""
     head: str = "score"
     """Path of the linear head (`classifier` for encoders, `regression_layer` for ArmoRM)."""
-    norm: str = "rms"
+    norm: NormKind = "rms"
     """Kind of every norm in the model: 'rms', 'rms_offset' (Gemma's 1+γ) or 'layer'."""
-    layout: str = "pre_norm"
+    layout: Layout = "pre_norm"
     """'pre_norm' (x + f(N(x))), 'parallel' (GPT-NeoX) or 'post_norm' (BERT: N(x + f(x)))."""
     attn_post_norm: str | None = None
     """Norm applied to the attention output before it is added (Gemma-2, OLMo-2), per layer."""
@@ -46,13 +58,13 @@ class ArchitectureMap:
     """post_norm only: the norm of (x + attention), per layer."""
     mlp_residual_norm: str | None = None
     """post_norm only: the norm of (x + MLP), per layer."""
-    head_kind: str = "linear"
+    head_kind: HeadKind = "linear"
     """'linear' (w·h + b), 'pooler' (classifier(act(dense(h)))) or 'gated' (ArmoRM)."""
     pooler: str | None = None
     """pooler head only: path of the pooler's dense layer."""
     pooler_act: str = "tanh"
     """pooler head only: activation name (overridden by config.pooler_hidden_act when present)."""
-    pooling: str = "last"
+    pooling: Pooling = "last"
     """Read position: 'last' (the last non-pad token, decoders) or 'first' (encoders' [CLS])."""
     gate: str | None = None
     """gated head only: path of the gating network."""
@@ -64,7 +76,7 @@ class ArchitectureMap:
             raise ValueError(f"layout must be one of {LAYOUTS}, got {self.layout!r}")
         if self.head_kind not in HEAD_KINDS:
             raise ValueError(f"head_kind must be one of {HEAD_KINDS}, got {self.head_kind!r}")
-        if self.pooling not in ("last", "first"):
+        if self.pooling not in POOLINGS:
             raise ValueError(f"pooling must be 'last' or 'first', got {self.pooling!r}")
         if self.layout == "post_norm" and not (self.attn_residual_norm and self.mlp_residual_norm):
             raise ValueError("layout='post_norm' needs attn_residual_norm and mlp_residual_norm")
@@ -75,8 +87,15 @@ class ArchitectureMap:
         if self.head_kind == "gated" and self.gate is None:
             raise ValueError("head_kind='gated' needs gate (the gating network path)")
 
+    @property
+    def residual_norms(self) -> tuple[str, str]:
+        """post_norm only: the paths of the (attention, MLP) residual norms, per layer."""
+        if self.attn_residual_norm is None or self.mlp_residual_norm is None:
+            raise ArchitectureError(f"map {self.name!r} (layout={self.layout!r}) has no residual norms")
+        return self.attn_residual_norm, self.mlp_residual_norm
 
-def _decoder(name: str, prefix: str = "model", **kw) -> ArchitectureMap:
+
+def _decoder(name: str, prefix: str = "model", **kw: Any) -> ArchitectureMap:
     return ArchitectureMap(
         name=name,
         layers=f"{prefix}.layers",
@@ -87,8 +106,9 @@ def _decoder(name: str, prefix: str = "model", **kw) -> ArchitectureMap:
     )
 
 
-_POST = dict(attn_post_norm="post_attention_layernorm", mlp_post_norm="post_feedforward_layernorm")
-_ENCODER = dict(
+# Field values shared by several maps (keyword arguments of ArchitectureMap, checked by its __post_init__).
+_POST: dict[str, Any] = dict(attn_post_norm="post_attention_layernorm", mlp_post_norm="post_feedforward_layernorm")
+_ENCODER: dict[str, Any] = dict(
     attn_out="attention.output.dense",
     mlp_out="output.dense",
     final_norm=None,
@@ -143,7 +163,7 @@ def register_architecture(
 
 def find_map(model: nn.Module) -> ArchitectureMap:
     """The registered map for `model` (class name first, then model_type), else structural discovery."""
-    config = model.config
+    config = hf_config(model)
     for key in (type(model).__name__, *(getattr(config, "architectures", None) or ())):
         if key in _REGISTRY:
             return _REGISTRY[key]
@@ -177,7 +197,7 @@ def discover(model: nn.Module) -> ArchitectureMap:
     The result is only a proposal: `rewardlens.load`/`wrap` (and the first decomposition) prove
     closure on the loaded model before any number is reported.
     """
-    config = model.config
+    config = hf_config(model)
     n_layers = getattr(config, "num_hidden_layers", None)
     width = getattr(config, "hidden_size", None)
     found: dict[str, str] = {}

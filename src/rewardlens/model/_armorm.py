@@ -17,6 +17,7 @@ overrides the Llama-3 pattern (for checkpoints with another tokenizer, and for t
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -86,7 +87,7 @@ class LlamaForRewardModelWithGating(LlamaPreTrainedModel):
         )
         self.post_init()
 
-    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, **kwargs) -> GatedRewardOutput:
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, **kwargs: Any) -> GatedRewardOutput:
         hidden = self.model(input_ids, attention_mask=attention_mask, **kwargs).last_hidden_state
         rows = torch.arange(input_ids.shape[0], device=input_ids.device)
         pad = self.config.pad_token_id

@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import contextlib
+import enum
 import inspect
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import cached_property
+from typing import TYPE_CHECKING, Any, cast, get_args
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
 from ..errors import ArchitectureError, TokenizationError, warn
-from ._arch import ArchitectureMap, find_map, get_module
+from ..types import Inputs, PaddingSide, Readout, Truncation
+from ._arch import ArchitectureMap, find_map, get_module, hf_config
 from ._hooks import Point, capture, eval_mode
 from ._norms import NormParams
 from ._readout import Head
@@ -29,7 +32,22 @@ from ._tokens import (
     warn_pad_is_eos,
 )
 
-UNSET = object()
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from ..data import Pair
+    from ..types import Text
+
+TRUNCATIONS: tuple[Truncation, ...] = get_args(Truncation)
+
+
+class Unset(enum.Enum):
+    """The type of `UNSET`: "not given", where None is a value (`pad_token_id=None`: no pad id)."""
+
+    UNSET = "UNSET"
+
+
+UNSET = Unset.UNSET
 
 
 @dataclass(frozen=True)
@@ -120,15 +138,15 @@ class RewardModel:
     def __init__(
         self,
         model: nn.Module,
-        tokenizer,
+        tokenizer: PreTrainedTokenizerBase,
         arch: ArchitectureMap,
         *,
-        readout: int | str | list | None = None,
-        pad_token_id: int | None | object = UNSET,
+        readout: Readout = None,
+        pad_token_id: int | None | Unset = UNSET,
         max_length: int | None = None,
-        truncation: str = "error",
+        truncation: Truncation = "error",
     ) -> None:
-        if truncation not in ("error", "left"):
+        if truncation not in TRUNCATIONS:
             raise ValueError(f"truncation must be 'error' or 'left', got {truncation!r}")
         self.model, self.tokenizer, self.arch = model, tokenizer, arch
         self.truncation = truncation
@@ -138,17 +156,17 @@ class RewardModel:
             self.head = Head.from_model(model, arch, readout, self.device)
         if self.head.gating is not None:  # a copy of the user's gate: it must stay ours
             _remove_dispatch_hooks(self.head.gating, self.device)
-        config_pad = getattr(model.config, "pad_token_id", None)
+        config_pad = getattr(hf_config(model), "pad_token_id", None)
         # The model's own pooling uses config.pad_token_id; reading by the same rule keeps scores equal.
-        self.pad_token_id = config_pad if pad_token_id is UNSET else pad_token_id
+        self.pad_token_id: int | None = config_pad if pad_token_id is UNSET else pad_token_id
         if self.pad_token_id is None and not self.encoder:
             warn(
                 "the model has no pad token, so its own forward cannot score batches; rewardlens pads "
                 "under the attention mask and reads the last real token, as the model does on one "
                 "unpadded input. Pass pad_token_id= to rewardlens.load to read by a pad id instead."
             )
-        limit = getattr(model.config, "max_position_embeddings", None)
-        self.max_length = max_length if max_length is not None else limit
+        limit = getattr(hf_config(model), "max_position_embeddings", None)
+        self.max_length: int | None = max_length if max_length is not None else limit
         params = inspect.signature(self.backbone.forward).parameters.values()
         self._forward_args = {p.name for p in params}
         # A forward that takes **kwargs still needs real position ids under left padding.
@@ -156,25 +174,30 @@ class RewardModel:
             self._forward_args |= {"position_ids", "use_cache"}
         self._norms: dict[str, NormParams] = {}
         self.verified = False
-        """Set once `rewardlens.loading.verify` has proven the map on this model."""
+        """Set once `rewardlens.model.verify` has proven the map on this model."""
 
     @classmethod
-    def from_model(cls, model: nn.Module, tokenizer, *, arch: ArchitectureMap | None = None, **kw) -> RewardModel:
+    def from_model(
+        cls, model: nn.Module, tokenizer: PreTrainedTokenizerBase, *, arch: ArchitectureMap | None = None,
+        readout: Readout = None, pad_token_id: int | None | Unset = UNSET, max_length: int | None = None,
+        truncation: Truncation = "error",
+    ) -> RewardModel:
         """Wrap an already loaded model (never modified); `arch` defaults to the registry/discovery.
 
         This does not yet prove the map fits: `rewardlens.wrap` does, and so does the first
         decomposition. Prefer `rewardlens.wrap` (or `rewardlens.load`).
         """
-        return cls(model, tokenizer, arch or find_map(model), **kw)
+        return cls(model, tokenizer, arch or find_map(model), readout=readout, pad_token_id=pad_token_id,
+                   max_length=max_length, truncation=truncation)
 
     # ---- structure ----------------------------------------------------------------------------
     @cached_property
     def backbone(self) -> nn.Module:
-        return self.model.base_model
+        return cast(nn.Module, self.model.base_model)  # a Hugging Face model's backbone
 
     @cached_property
     def layers(self) -> nn.ModuleList:
-        return get_module(self.model, self.arch.layers)
+        return cast(nn.ModuleList, get_module(self.model, self.arch.layers))  # the map names a ModuleList
 
     @property
     def n_layers(self) -> int:
@@ -182,7 +205,7 @@ class RewardModel:
 
     @property
     def n_heads(self) -> int:
-        return int(self.model.config.num_attention_heads)
+        return int(hf_config(self.model).num_attention_heads)
 
     @property
     def d_model(self) -> int:
@@ -201,7 +224,7 @@ class RewardModel:
         return self._norms[key]
 
     # ---- tokens and batches -------------------------------------------------------------------
-    def encode(self, inputs: object) -> tuple[list[Tokenized], bool]:
+    def encode(self, inputs: Inputs | Text | Pair) -> tuple[list[Tokenized], bool]:
         """Token ids of every sequence (pairs interleaved chosen, rejected) and whether inputs were pairs."""
         items, is_pairs = flatten_inputs(inputs)
         seqs = [
@@ -218,7 +241,7 @@ class RewardModel:
         return seqs, is_pairs
 
     def batches(
-        self, seqs: list[Tokenized], batch_size: int, padding_side: str = "right", is_pairs: bool = False,
+        self, seqs: list[Tokenized], batch_size: int, padding_side: PaddingSide = "right", is_pairs: bool = False,
         index: list[int] | None = None,
     ) -> Iterator[tuple[np.ndarray, Batch]]:
         """Length-sorted batches (less padding); yields original row indices with each batch.
@@ -238,7 +261,7 @@ class RewardModel:
 
     def gate_index(self, batch: Batch) -> Tensor:
         """Gated heads: per row, the position whose hidden state the gate reads (ArmoRM's pattern rule)."""
-        pattern = list(self.model.config.gating_token_pattern)
+        pattern = list(hf_config(self.model).gating_token_pattern)
         cols = []
         for row, ids in enumerate(batch.input_ids.tolist()):
             hits = [j for j in range(len(ids) - len(pattern), -1, -1) if ids[j : j + len(pattern)] == pattern]
@@ -251,12 +274,12 @@ class RewardModel:
             cols.append(hits[0])
         return torch.tensor(cols, device=self.device)
 
-    def forward_kwargs(self, **candidates: object) -> dict:
+    def forward_kwargs(self, **candidates: object) -> dict[str, Any]:
         """The candidates the backbone's forward takes, without the ones that are None."""
         always = ("input_ids", "attention_mask")
         return {k: v for k, v in candidates.items() if v is not None and (k in always or k in self._forward_args)}
 
-    def batch_kwargs(self, batch: Batch) -> dict:
+    def batch_kwargs(self, batch: Batch) -> dict[str, Any]:
         """Keyword arguments of one backbone forward on `batch` (real position ids, no cache)."""
         return self.forward_kwargs(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
                                    position_ids=batch.position_ids, token_type_ids=batch.token_type_ids,
@@ -276,13 +299,17 @@ class RewardModel:
 
         `seqs` as `encode` returns them (pairs interleaved chosen, rejected); `layers` the depths whose
         residual to keep (`"embed"` or a layer index as a string); `gate=False` skips a gated head's gate
-        (its coefficients are then the head's default). See `Reading` for what comes back.
+        (whose coefficients, and so `reward` and `readout`, are then NaN: the gate was not read). See
+        `Reading` for what comes back.
         """
         n, k, d = len(seqs), self.head.n_objectives, self.d_model
         zeros = lambda *shape: torch.zeros(*shape, dtype=torch.float32, device=self.device)  # noqa: E731
         final, hidden, values, coef = zeros(n, d), zeros(n, d), zeros(n, k), zeros(n, k)
         kept = {label: zeros(n, d) for label in layers}
         vectors = zeros(n, d) if readout else None
+        unread_gate = not gate and self.arch.head_kind == "gated" and self.head.readout is None
+        if unread_gate:
+            coef.fill_(float("nan"))
         for rows, batch in self.batches(seqs, batch_size):
             points = self.final_points(batch, gate=gate)
             for label in layers:
@@ -292,7 +319,8 @@ class RewardModel:
             index = torch.as_tensor(rows, device=self.device)
             h = self.final_hidden(captured["final"])
             final[index], hidden[index], values[index] = captured["final"], h, self.head(h)
-            coef[index] = self.coefficients(captured)
+            if not unread_gate:
+                coef[index] = self.coefficients(captured)
             for label in layers:
                 kept[label][index] = captured[label]
             if vectors is not None:
@@ -308,6 +336,8 @@ class RewardModel:
         else:
             points = {"final": Point(get_module(self.model, self.arch.final_norm), "in", batch.read_index)}
         if self.arch.head_kind == "gated" and gate and self.head.readout is None:
+            if self.arch.final_norm is None:
+                raise ArchitectureError(f"map {self.arch.name!r}: a gated head reads its gate through final_norm")
             points["gate"] = Point(get_module(self.model, self.arch.final_norm), "in", self.gate_index(batch))
         return points
 
@@ -324,15 +354,15 @@ class RewardModel:
         """(objective values [n, k], readout coefficients [n, k]) from captured final points."""
         return self.head(self.final_hidden(captured["final"])), self.coefficients(captured)
 
-    def objectives(self, inputs: object, *, batch_size: int = 16, padding_side: str = "right") -> np.ndarray:
+    def objectives(self, inputs: Inputs, *, batch_size: int = 16, padding_side: PaddingSide = "right") -> np.ndarray:
         """Per-objective head outputs [n_sequences, k] in fp32 (pairs interleaved chosen, rejected)."""
         return self._score(inputs, batch_size, padding_side)[0]
 
-    def score(self, inputs: object, *, batch_size: int = 16, padding_side: str = "right") -> np.ndarray:
+    def score(self, inputs: Inputs, *, batch_size: int = 16, padding_side: PaddingSide = "right") -> np.ndarray:
         """The scalar reward [n_sequences] (pairs interleaved chosen, rejected), fp32 head and readout."""
         return self._score(inputs, batch_size, padding_side)[1]
 
-    def _score(self, inputs: object, batch_size: int, padding_side: str) -> tuple[np.ndarray, np.ndarray]:
+    def _score(self, inputs: Inputs, batch_size: int, padding_side: PaddingSide) -> tuple[np.ndarray, np.ndarray]:
         seqs, is_pairs = self.encode(inputs)
         objectives = np.zeros((len(seqs), self.head.n_objectives), dtype=np.float32)
         scalar = np.zeros(len(seqs), dtype=np.float32)
@@ -351,7 +381,7 @@ class RewardModel:
 
 def check_structure(model: RewardModel) -> None:
     """Refuse what no map describes: a head of the wrong width, DeBERTa-v2's convolution layer."""
-    config = model.model.config
+    config = hf_config(model.model)
     width = getattr(config, "hidden_size", None)
     if width is not None and model.d_model != width:
         raise ArchitectureError(

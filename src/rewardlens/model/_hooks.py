@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+import functools
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.utils.hooks import RemovableHandle
 
 
 @dataclass(frozen=True)
@@ -20,12 +23,16 @@ class Point:
     cols: Tensor
 
 
-def hidden_arg(args: tuple, kwargs: dict) -> Tensor:
+def hidden_arg(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor:
     """A module call's hidden-state input: its first positional argument, or `hidden_states=`."""
     return args[0] if args else kwargs["hidden_states"]
 
 
-def first_output(out: object) -> Tensor:
+Output = Tensor | tuple[Any, ...] | list[Any]
+"""What a module returns: its hidden state, or a tuple (list) whose first item it is."""
+
+
+def first_output(out: Output) -> Tensor:
     """A module's hidden-state output: the output itself, or the first item of a tuple."""
     return out[0] if isinstance(out, (tuple, list)) else out
 
@@ -34,24 +41,26 @@ Rewrite = Callable[[Tensor], "Tensor | None"]
 
 
 @contextlib.contextmanager
-def rewriting(hooks: list[tuple[nn.Module, str, Rewrite]]) -> Iterator[None]:
+def rewriting(hooks: Sequence[tuple[nn.Module, str, Rewrite]]) -> Iterator[None]:
     """During the forwards inside, call `fn` on each module's hidden-state input ('in') or output
     ('out'); a tensor it returns replaces that value (None leaves it). Hooks are removed on exit,
     also when the forward raises."""
 
-    def pre(fn: Rewrite, args: tuple, kwargs: dict):
+    def pre(
+        fn: Rewrite, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
         new = fn(hidden_arg(args, kwargs))
         if new is None:
             return None
         return ((new, *args[1:]), kwargs) if args else (args, {**kwargs, "hidden_states": new})
 
-    def post(fn: Rewrite, out: object):
+    def post(fn: Rewrite, out: Output) -> Output | None:
         new = fn(first_output(out))
         if new is None:
             return None
         return (new, *out[1:]) if isinstance(out, tuple) else new
 
-    handles = []
+    handles: list[RemovableHandle] = []
     try:
         for module, where, fn in hooks:
             if where == "in":
@@ -79,7 +88,7 @@ def capture(points: dict[str, Point], device: torch.device) -> Iterator[dict[str
         picked = value[rows if cols.ndim == 1 else rows[:, None], cols]
         captured[name] = picked.detach().to(device=device, dtype=torch.float32)
 
-    hooks = [(p.module, p.where, lambda x, n=name, p=p: grab(n, p, x)) for name, p in points.items()]
+    hooks = [(p.module, p.where, functools.partial(grab, name, p)) for name, p in points.items()]
     with rewriting(hooks):
         yield captured
 

@@ -3,15 +3,26 @@ path), then prove the map fits before any number."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import torch
 from torch import nn
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
 from ..errors import warn
-from ._arch import find_map
+from ..types import Readout, Truncation
+from ._arch import ArchitectureMap, find_map, hf_config
 from ._armorm import LlamaForRewardModelWithGating
-from ._core import UNSET, RewardModel, check_structure
+from ._core import UNSET, RewardModel, Unset, check_structure
 from ._verify import verify
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+Placement = str | int | torch.device
+"""Where `device=` or one `device_map` entry puts weights: a device, an accelerator index, 'disk' or a strategy."""
+DeviceMap = str | dict[str, Placement]
+"""`device_map=`: a strategy such as 'auto', or a placement per module name."""
 
 # Architectures whose published code does not import under transformers 5.x; we ship our own class.
 _OWN_CLASSES = {"LlamaForRewardModelWithGating": LlamaForRewardModelWithGating}
@@ -43,7 +54,7 @@ def _accelerators() -> tuple[str | None, int]:
     return ("cuda", torch.cuda.device_count()) if torch.cuda.is_available() else (None, 0)
 
 
-def _check_placement(target: object, what: str) -> None:
+def _check_placement(target: Placement, what: str) -> None:
     """Refuse a device no instrument can use ('meta': no weights at all) or one this machine lacks.
 
     from_pretrained would load onto 'meta' silently (every number then fails later) and names a
@@ -73,7 +84,7 @@ def _check_placement(target: object, what: str) -> None:
         )
 
 
-def _check_device_map(device_map: str | dict | int | torch.device) -> None:
+def _check_device_map(device_map: DeviceMap) -> None:
     if isinstance(device_map, dict):
         for module, target in device_map.items():
             _check_placement(target, f"device_map[{module!r}]")
@@ -81,26 +92,11 @@ def _check_device_map(device_map: str | dict | int | torch.device) -> None:
         _check_placement(device_map, f"device_map={device_map!r}")
 
 
-def load_model(
-    path_or_id: str,
-    *,
-    dtype: str | torch.dtype | None = None,
-    device: str | torch.device | None = None,
-    device_map: str | dict | None = None,
-    readout: int | str | list | None = None,
-    attn_implementation: str | None = None,
-    pad_token_id: int | None | object = UNSET,
-    max_length: int | None = None,
-    truncation: str = "error",
-    **from_pretrained_kwargs,
-) -> RewardModel:
-    """Load model and tokenizer with `from_pretrained` and wrap them (see `rewardlens.load`)."""
-    if device is not None and device_map is not None:
-        raise ValueError(f"pass device= or device_map=, not both (got device={device!r}, device_map={device_map!r})")
-    if device_map is not None:
-        _check_device_map(device_map)
-    if device is not None:
-        _check_placement(device, f"device={device!r}")
+def _from_pretrained(
+    path_or_id: str, dtype: str | torch.dtype | None, device_map: DeviceMap | None,
+    attn_implementation: str | None, from_pretrained_kwargs: dict[str, Any],
+) -> nn.Module:
+    """The sequence-classification model through `from_pretrained` (our own class for ArmoRM)."""
     config = AutoConfig.from_pretrained(path_or_id, **from_pretrained_kwargs)
     kwargs = dict(from_pretrained_kwargs)
     if dtype is not None:
@@ -112,16 +108,7 @@ def load_model(
     if attn_implementation is not None:
         kwargs["attn_implementation"] = attn_implementation
     own = next((_OWN_CLASSES[a] for a in (getattr(config, "architectures", None) or ()) if a in _OWN_CLASSES), None)
-    model = (own or AutoModelForSequenceClassification).from_pretrained(path_or_id, **kwargs)
-    if device is not None and device_map is None:
-        model = model.to(device)
-    tokenizer = AutoTokenizer.from_pretrained(path_or_id, **from_pretrained_kwargs)
-    rm = RewardModel(
-        model, tokenizer, find_map(model), readout=readout, pad_token_id=pad_token_id,
-        max_length=max_length, truncation=truncation,
-    )
-    check_structure(rm)
-    return rm
+    return (own or AutoModelForSequenceClassification).from_pretrained(path_or_id, **kwargs)
 
 
 def load(
@@ -129,14 +116,14 @@ def load(
     *,
     dtype: str | torch.dtype | None = None,
     device: str | torch.device | None = None,
-    device_map: str | dict | None = None,
-    readout: int | str | list | None = None,
+    device_map: DeviceMap | None = None,
+    readout: Readout = None,
     attn_implementation: str | None = None,
-    pad_token_id: int | None | object = UNSET,
+    pad_token_id: int | None | Unset = UNSET,
     max_length: int | None = None,
-    truncation: str = "error",
+    truncation: Truncation = "error",
     check: bool = True,
-    **from_pretrained_kwargs,
+    **from_pretrained_kwargs: Any,
 ) -> RewardModel:
     """Load a sequence-classification reward model and its tokenizer from a folder or hub id.
 
@@ -147,26 +134,42 @@ def load(
     `truncation` ('error' or 'left') govern long inputs. `check` proves on a check input that the
     architecture map's parts add up to the residual stream and the head matches the model's own.
     """
-    model = load_model(
-        path_or_id, dtype=dtype, device=device, device_map=device_map, readout=readout,
-        attn_implementation=attn_implementation, pad_token_id=pad_token_id, max_length=max_length,
-        truncation=truncation, **from_pretrained_kwargs,
+    if device is not None and device_map is not None:
+        raise ValueError(f"pass device= or device_map=, not both (got device={device!r}, device_map={device_map!r})")
+    if device_map is not None:
+        _check_device_map(device_map)
+    if device is not None:
+        _check_placement(device, f"device={device!r}")
+    model = _from_pretrained(path_or_id, dtype, device_map, attn_implementation, from_pretrained_kwargs)
+    if device is not None and device_map is None:
+        model = model.to(device)
+    tokenizer = AutoTokenizer.from_pretrained(path_or_id, **from_pretrained_kwargs)
+    rm = RewardModel(
+        model, tokenizer, find_map(model), readout=readout, pad_token_id=pad_token_id,
+        max_length=max_length, truncation=truncation,
     )
+    check_structure(rm)
     if check:
-        verify(model)
-    return model
+        verify(rm)
+    return rm
 
 
-def wrap(model: nn.Module, tokenizer, **kwargs) -> RewardModel:
+def wrap(
+    model: nn.Module, tokenizer: PreTrainedTokenizerBase, *, arch: ArchitectureMap | None = None,
+    readout: Readout = None, pad_token_id: int | None | Unset = UNSET, max_length: int | None = None,
+    truncation: Truncation = "error",
+) -> RewardModel:
     """Wrap an already loaded Hugging Face reward model (never modified) and prove its map fits.
 
     Takes the keyword options of `RewardModel` (`arch=`, `readout=`, `pad_token_id=`,
     `max_length=`, `truncation=`). Gemma-2 should have been loaded with
     `attn_implementation="eager"`.
     """
-    if getattr(model.config, "model_type", None) == "gemma2" and model.config._attn_implementation != "eager":
+    config = hf_config(model)
+    if getattr(config, "model_type", None) == "gemma2" and config._attn_implementation != "eager":
         warn("Gemma-2 is only exact with attn_implementation='eager'; reload the model with it")
-    rm = RewardModel.from_model(model, tokenizer, **kwargs)
+    rm = RewardModel.from_model(model, tokenizer, arch=arch, readout=readout, pad_token_id=pad_token_id,
+                                max_length=max_length, truncation=truncation)
     check_structure(rm)
     verify(rm)
     return rm

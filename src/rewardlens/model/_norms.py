@@ -8,13 +8,15 @@ matrix). That is what makes the reward an exact sum of parts; all of it is compu
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import get_args
 
 import torch
 from torch import Tensor, nn
 
 from ..errors import ArchitectureError
+from ..types import NormKind
 
-NORM_KINDS = ("rms", "rms_offset", "layer")
+NORM_KINDS: tuple[NormKind, ...] = get_args(NormKind)
 
 
 def resident_fp32(tensor: Tensor, device: torch.device, what: str) -> Tensor:
@@ -31,13 +33,13 @@ def resident_fp32(tensor: Tensor, device: torch.device, what: str) -> Tensor:
 class NormParams:
     """fp32 parameters of one norm module: `kind`, effective `gamma` [d], `beta` [d] or None, `eps`."""
 
-    kind: str
+    kind: NormKind
     gamma: Tensor
     beta: Tensor | None
     eps: float
 
     @classmethod
-    def from_module(cls, module: nn.Module, kind: str) -> NormParams:
+    def from_module(cls, module: nn.Module, kind: NormKind) -> NormParams:
         if kind not in NORM_KINDS:
             raise ArchitectureError(f"norm kind must be one of {NORM_KINDS}, got {kind!r}")
         eps = next(
@@ -100,7 +102,7 @@ def _norm_dim(module: nn.Module) -> int:
     raise ArchitectureError(f"cannot tell the width of norm module {type(module).__name__}")
 
 
-def detect_norm_kind(module: nn.Module, width: int) -> str | None:
+def detect_norm_kind(module: nn.Module, width: int) -> NormKind | None:
     """Which of NORM_KINDS reproduces `module` on a check input, or None."""
     param = next(module.parameters(), None)
     dtype = param.dtype if param is not None else torch.float32

@@ -18,6 +18,8 @@ if TYPE_CHECKING:
 
 PartKind = Literal["embed", "attn", "mlp"]
 KINDS: tuple[PartKind, ...] = ("embed", "attn", "mlp")
+SublayerKind = Literal["attn", "mlp"]
+"""The two sublayers of a layer, whose output projections write the attention and MLP parts."""
 _NAME = re.compile(r"(attn|mlp)_L(\d+)(?:_H(\d+)|_N(\d+)|_(bias))?")
 
 

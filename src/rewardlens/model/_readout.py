@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import numbers
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 import torch
@@ -22,11 +23,15 @@ from torch import Tensor, nn
 from transformers.activations import ACT2FN
 
 from ..errors import HeadError
-from ._arch import ArchitectureMap, get_module
+from ..types import Readout
+from ._arch import ArchitectureMap, get_module, hf_config
 from ._norms import resident_fp32
 
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
-def _labels(config, k: int) -> list[str]:
+
+def _labels(config: PretrainedConfig, k: int) -> list[str]:
     """Objective names: config.objective_names, else id2label when it names all k outputs."""
     if k == 1:
         return ["reward"]
@@ -66,20 +71,25 @@ class Head:
 
     @classmethod
     def from_model(
-        cls, model: nn.Module, arch: ArchitectureMap, readout: int | str | list | None, device: torch.device
+        cls, model: nn.Module, arch: ArchitectureMap, readout: Readout, device: torch.device
     ) -> Head:
+        def f32(t: Tensor) -> Tensor:
+            return resident_fp32(t, device, "the reward head")
+
+        config = hf_config(model)
         lin = _linear(model, arch.head, "reward head")
-        f32 = lambda t: resident_fp32(t, device, "the reward head")
         k = lin.out_features
         bias = f32(lin.bias) if lin.bias is not None else torch.zeros(k, device=device)
-        head = cls(f32(lin.weight), bias, _labels(model.config, k))
+        head = cls(f32(lin.weight), bias, _labels(config, k))
         if arch.head_kind == "pooler":
+            assert arch.pooler is not None  # ArchitectureMap.__post_init__ requires it for pooler heads
             pooler = _linear(model, arch.pooler, "pooler dense layer")
             head.pooler_weight, head.pooler_bias = f32(pooler.weight), f32(pooler.bias)
-            head.pooler_act = ACT2FN[getattr(model.config, "pooler_hidden_act", None) or arch.pooler_act]
+            head.pooler_act = ACT2FN[getattr(config, "pooler_hidden_act", None) or arch.pooler_act]
         if arch.head_kind == "gated":
+            assert arch.gate is not None  # ArchitectureMap.__post_init__ requires it for gated heads
             head.gating = copy.deepcopy(get_module(model, arch.gate)).to(device=device, dtype=torch.float32).eval()
-            head.transform = f32(model.reward_transform_matrix)
+            head.transform = f32(cast(Tensor, model.reward_transform_matrix))  # ArmoRM's frozen k×k Parameter
         head.readout = head._readout_vector(readout, arch)
         return head
 
@@ -87,7 +97,7 @@ class Head:
     def n_objectives(self) -> int:
         return self.weight.shape[0]
 
-    def _readout_vector(self, readout: int | str | list | None, arch: ArchitectureMap) -> Tensor | None:
+    def _readout_vector(self, readout: Readout, arch: ArchitectureMap) -> Tensor | None:
         k = self.n_objectives
         if isinstance(readout, (bool, np.bool_)):
             raise HeadError(f"readout={readout!r} is a bool; pass an objective index, a label or {k} weights")
@@ -118,20 +128,31 @@ class Head:
     def rows(self, h: Tensor) -> tuple[Tensor, Tensor]:
         """Exact affine map at `h` [n, d]: rows [n, k, d] and bias [n, k] with `head(h) = rows·h + bias`."""
         n = h.shape[0]
-        if self.pooler_weight is None:
+        pooler = self._pooler()
+        if pooler is None:
             return self.weight.expand(n, -1, -1), self.bias.expand(n, -1)
-        z = h @ self.pooler_weight.T + self.pooler_bias
-        a = self.pooler_act(z)
+        pooler_weight, pooler_bias, pooler_act = pooler
+        z = h @ pooler_weight.T + pooler_bias
+        a = pooler_act(z)
         safe = torch.where(z == 0, torch.ones_like(z), z)
         gain = torch.where(z == 0, torch.ones_like(z), a / safe)  # act(0)=0, so any gain is exact there
         scaled = self.weight[None] * gain[:, None, :]  # [n, k, d_pool]
-        return scaled @ self.pooler_weight, scaled @ self.pooler_bias + self.bias
+        return scaled @ pooler_weight, scaled @ pooler_bias + self.bias
 
     def __call__(self, h: Tensor) -> Tensor:
         """Objective values [n, k] at final hidden states `h` [n, d] (the head's true function)."""
-        if self.pooler_weight is not None:
-            h = self.pooler_act(h @ self.pooler_weight.T + self.pooler_bias)
+        pooler = self._pooler()
+        if pooler is not None:
+            pooler_weight, pooler_bias, pooler_act = pooler
+            h = pooler_act(h @ pooler_weight.T + pooler_bias)
         return h @ self.weight.T + self.bias
+
+    def _pooler(self) -> tuple[Tensor, Tensor, nn.Module] | None:
+        """(weight [d_pool, d], bias [d_pool], activation) of a pooler head, or None without a pooler."""
+        if self.pooler_weight is None:
+            return None
+        assert self.pooler_bias is not None and self.pooler_act is not None  # from_model sets the pooler whole
+        return self.pooler_weight, self.pooler_bias, self.pooler_act
 
     def coefficients(self, n: int, gate_hidden: Tensor | None = None) -> Tensor:
         """Readout weights [n, k] that turn objective values into the scalar reward."""
@@ -139,6 +160,7 @@ class Head:
             return self.readout.expand(n, -1)
         if gate_hidden is None:
             raise HeadError("a gated head needs the hidden state at the gate position")
+        assert self.gating is not None and self.transform is not None  # a head without a readout is gated
         with torch.no_grad():
             gate = self.gating(gate_hidden)
         return gate @ self.transform.T

@@ -14,42 +14,47 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 import torch
 from torch import Tensor
 
 from ..data import Pair
 from ..errors import TokenizationError, warn
+from ..types import Conversation, Inputs, PaddingSide, Text, Truncation
 
-Conversation = list  # list of {"role", "content"} dicts
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 
-def _is_conversation(x: object) -> bool:
+def _is_conversation(x: object) -> TypeGuard[Conversation]:
     return isinstance(x, list) and bool(x) and all(isinstance(m, Mapping) and "role" in m for m in x)
 
 
-def flatten_inputs(inputs: object) -> tuple[list, bool]:
+def flatten_inputs(inputs: Inputs | Text | Pair) -> tuple[list[Text], bool]:
     """Normalise user inputs to a list of texts/conversations; pairs become [chosen, rejected, ...].
 
     Returns `(items, is_pairs)`. Accepts a string, a conversation, a Pair, or a list of any one kind.
     """
-    if isinstance(inputs, (str, Pair)) or _is_conversation(inputs):
-        inputs = [inputs]
-    if not isinstance(inputs, Sequence) or isinstance(inputs, str) or len(inputs) == 0:
+    given: object = [inputs] if isinstance(inputs, (str, Pair)) or _is_conversation(inputs) else inputs
+    if not isinstance(given, Sequence) or isinstance(given, str) or len(given) == 0:
         raise TypeError(
             "inputs must be a non-empty list of strings, chat conversations (lists of {'role','content'}) "
-            f"or rewardlens.Pair, got {type(inputs).__name__}"
+            f"or rewardlens.Pair, got {type(given).__name__}"
         )
-    kinds = {isinstance(x, Pair) for x in inputs}
-    if kinds == {True}:
-        items = [conv for p in inputs for conv in (p.conversation("chosen"), p.conversation("rejected"))]
+    pairs = [x for x in given if isinstance(x, Pair)]
+    if len(pairs) == len(given):
+        items: list[Text] = [conv for p in pairs for conv in (p.conversation("chosen"), p.conversation("rejected"))]
         return items, True
-    if kinds != {False}:
+    if pairs:
         raise TypeError("inputs mix rewardlens.Pair with plain texts/conversations; pass one kind per call")
-    for i, x in enumerate(inputs):
-        if not (isinstance(x, str) or _is_conversation(x)):
+    texts: list[Text] = []
+    for i, x in enumerate(given):
+        if isinstance(x, str) or _is_conversation(x):
+            texts.append(x)
+        else:
             raise TypeError(f"input {i} is a {type(x).__name__}; expected a string or a list of chat messages")
-    return list(inputs), False
+    return texts, False
 
 
 @dataclass(frozen=True)
@@ -60,7 +65,8 @@ class Tokenized:
     type_ids: list[int] | None = None
 
 
-def _as_ids(out: object) -> list[int]:
+def _as_ids(out: Any) -> list[int]:
+    """Token ids from what `apply_chat_template` returns: ids, a batch of one, a tensor or an encoding."""
     if isinstance(out, Mapping):
         out = out["input_ids"]
     if hasattr(out, "tolist"):
@@ -76,7 +82,7 @@ def _split_response(conv: Conversation) -> tuple[str, str | None]:
     return "\n".join(m["content"] for m in conv), None
 
 
-def tokenize(tokenizer, item: str | Conversation, *, encoder: bool) -> Tokenized:
+def tokenize(tokenizer: PreTrainedTokenizerBase, item: Text, *, encoder: bool) -> Tokenized:
     """Token ids of one text or conversation under the rules in this module's docstring."""
     if isinstance(item, str):
         enc = tokenizer(item, add_special_tokens=True)
@@ -94,7 +100,9 @@ def tokenize(tokenizer, item: str | Conversation, *, encoder: bool) -> Tokenized
     return Tokenized(list(enc["input_ids"]), list(types) if types is not None else None)
 
 
-def fit_length(tok: Tokenized, label: str, max_length: int | None, truncation: str, first: bool) -> Tokenized:
+def fit_length(
+    tok: Tokenized, label: str, max_length: int | None, truncation: Truncation, first: bool
+) -> Tokenized:
     """Refuse or left-truncate a sequence over `max_length`, never dropping the read token."""
     if max_length is None or len(tok.ids) <= max_length:
         return tok
@@ -105,7 +113,10 @@ def fit_length(tok: Tokenized, label: str, max_length: int | None, truncation: s
             "truncation='left' to drop tokens from the start (the response end and read token stay)."
         )
     keep = max_length - 1 if first else max_length
-    cut = lambda xs: (xs[:1] if first else []) + xs[len(xs) - keep:]
+
+    def cut(xs: list[int]) -> list[int]:
+        return (xs[:1] if first else []) + xs[len(xs) - keep:]
+
     return Tokenized(cut(tok.ids), None if tok.type_ids is None else cut(tok.type_ids))
 
 
@@ -127,7 +138,7 @@ def sequence_label(index: int, is_pairs: bool) -> str:
 
 
 def collate(
-    seqs: list[Tokenized], *, pad_id: int | None, side: str, first: bool, device: torch.device,
+    seqs: list[Tokenized], *, pad_id: int | None, side: PaddingSide, first: bool, device: torch.device,
     labels: list[str] | None = None,
 ) -> Batch:
     """Pad `seqs` on `side` with `pad_id` (0 under the mask when there is none) and find read positions."""
@@ -154,11 +165,11 @@ def collate(
         real = (ids != pad_id) & mask.bool()
         # ... and, for a sequence made only of pad ids, its first token, as on the unpadded input.
         read = torch.where(real.any(-1), (cols * real.long()).amax(-1), mask.argmax(-1))
-    move = lambda t: None if t is None else t.to(device)
-    return Batch(move(ids), move(mask), move(positions), move(types), read.to(device), labels)
+    return Batch(ids.to(device), mask.to(device), positions.to(device), None if types is None else types.to(device),
+                 read.to(device), labels)
 
 
-def warn_pad_is_eos(tokenizer, seqs: list[Tokenized], pad_id: int | None) -> None:
+def warn_pad_is_eos(tokenizer: PreTrainedTokenizerBase, seqs: list[Tokenized], pad_id: int | None) -> None:
     """Say so when a sequence ends in the pad id: the model's own pooling reads an earlier token."""
     if pad_id is None:
         return
@@ -174,7 +185,7 @@ def warn_pad_is_eos(tokenizer, seqs: list[Tokenized], pad_id: int | None) -> Non
         )
 
 
-def warn_double_bos(tokenizer, seqs: list[Tokenized]) -> None:
+def warn_double_bos(tokenizer: PreTrainedTokenizerBase, seqs: list[Tokenized]) -> None:
     """Say so when a text already carried BOS and the tokenizer added another (pre-templated text)."""
     bos = tokenizer.bos_token_id
     doubled = [i for i, s in enumerate(seqs) if bos is not None and s.ids[:2] == [bos, bos]]

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import cast
 
-from torch import Tensor
+from torch import Tensor, nn
 
 from ._core import RewardModel, onloaded
 from ._hooks import Point
 from ._norms import resident_fp32
+from ._parts import SublayerKind
 from ._tokens import Batch
 
 
@@ -28,7 +30,8 @@ class Trace:
     `final` (input of the final norm, or the last layer's output) and `gate` (gated heads).
     """
 
-    batch: Batch
+    batch: Batch | None
+    """The traced batch; None for a trace assembled from stored activations (path-frozen patching)."""
     captured: dict[str, Tensor]
 
     def __getitem__(self, name: str) -> Tensor:
@@ -53,8 +56,9 @@ def points(
         if layer in neurons:
             pts[f"mlp_act_{layer}"] = Point(mlp_out, "in", at)
         if arch.layout == "post_norm":
-            pts[f"attn_rnorm_{layer}"] = Point(model.layer_module(layer, arch.attn_residual_norm), "in", at)
-            pts[f"mlp_rnorm_{layer}"] = Point(model.layer_module(layer, arch.mlp_residual_norm), "in", at)
+            attn_rnorm, mlp_rnorm = arch.residual_norms
+            pts[f"attn_rnorm_{layer}"] = Point(model.layer_module(layer, attn_rnorm), "in", at)
+            pts[f"mlp_rnorm_{layer}"] = Point(model.layer_module(layer, mlp_rnorm), "in", at)
     return pts
 
 
@@ -65,34 +69,34 @@ def trace(
     return Trace(batch, model.run(batch, points(model, batch, heads=heads, neurons=neurons, gate=gate)))
 
 
-def sublayer_part(model: RewardModel, tr: Trace, kind: str, layer: int) -> Tensor:
+def sublayer_part(model: RewardModel, tr: Trace, kind: SublayerKind, layer: int) -> Tensor:
     """What sublayer `kind` ('attn'/'mlp') of `layer` adds to the residual [n, d] (post-norm applied)."""
     post = model.arch.attn_post_norm if kind == "attn" else model.arch.mlp_post_norm
     raw = tr[f"{kind}_{layer}"]
     return raw if post is None else model.norm(post, layer)(raw)
 
 
-def _projection_module(model: RewardModel, kind: str, layer: int):
+def _projection_module(model: RewardModel, kind: SublayerKind, layer: int) -> nn.Module:
     return model.layer_module(layer, model.arch.attn_out if kind == "attn" else model.arch.mlp_out)
 
 
-def out_projection(model: RewardModel, kind: str, layer: int) -> tuple[Tensor, Tensor | None]:
+def out_projection(model: RewardModel, kind: SublayerKind, layer: int) -> tuple[Tensor, Tensor | None]:
     """fp32 weight [d, in] and bias [d] of a sublayer's output projection (Linear or GPT-2 Conv1D)."""
     module = _projection_module(model, kind, layer)
     what = f"layer {layer}'s {kind} output projection"
     with onloaded(module):  # offloaded weights (device_map with disk/CPU offload) exist only in here
-        weight = resident_fp32(module.weight, model.device, what)
-        bias = getattr(module, "bias", None)
-        bias = None if bias is None else resident_fp32(bias, model.device, what)
+        weight = resident_fp32(cast(Tensor, module.weight), model.device, what)
+        raw_bias = getattr(module, "bias", None)
+        bias = None if raw_bias is None else resident_fp32(raw_bias, model.device, what)
     if type(module).__name__ == "Conv1D":  # stores [in, out]
         weight = weight.T
     return weight, bias
 
 
-def projection_inputs(model: RewardModel, kind: str, layer: int) -> tuple[int, bool]:
+def projection_inputs(model: RewardModel, kind: SublayerKind, layer: int) -> tuple[int, bool]:
     """(input width, has bias) of a sublayer's output projection, without copying its weight."""
     module = _projection_module(model, kind, layer)
-    weight = module.weight
+    weight = cast(Tensor, module.weight)
     width = weight.shape[0] if type(module).__name__ == "Conv1D" else weight.shape[1]
     return int(width), getattr(module, "bias", None) is not None
 
@@ -108,10 +112,11 @@ def bookkeeping_error(model: RewardModel, tr: Trace) -> float:
     for layer in range(model.n_layers):
         attn, mlp = sublayer_part(model, tr, "attn", layer), sublayer_part(model, tr, "mlp", layer)
         if arch.layout == "post_norm":
+            attn_rnorm, mlp_rnorm = arch.residual_norms
             worst = max(worst, _rel(tr[f"attn_rnorm_{layer}"], x + attn))
-            mid = model.norm(arch.attn_residual_norm, layer)(tr[f"attn_rnorm_{layer}"])
+            mid = model.norm(attn_rnorm, layer)(tr[f"attn_rnorm_{layer}"])
             worst = max(worst, _rel(tr[f"mlp_rnorm_{layer}"], mid + mlp))
-            x = model.norm(arch.mlp_residual_norm, layer)(tr[f"mlp_rnorm_{layer}"])
+            x = model.norm(mlp_rnorm, layer)(tr[f"mlp_rnorm_{layer}"])
         else:
             x = x + attn + mlp
         worst = max(worst, _rel(tr[f"resid_{layer}"], x))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+from torch import Tensor
 
 from ..errors import ArchitectureError, ClosureError
 from ._core import RewardModel
@@ -56,7 +57,7 @@ def verify(model: RewardModel) -> None:
     tr = trace(model, batch, gate=False)
     check_bookkeeping(model, tr)
     ours = model.head(model.final_hidden(tr["final"])).cpu().numpy()
-    kwargs = {"input_ids": batch.input_ids}
+    kwargs: dict[str, Tensor] = {"input_ids": batch.input_ids}
     if batch.token_type_ids is not None:
         kwargs["token_type_ids"] = batch.token_type_ids
     try:
@@ -66,9 +67,9 @@ def verify(model: RewardModel) -> None:
         if model.arch.head_kind != "gated":
             raise
         out = None  # the gate found no chat pattern in the check input; closure above still holds
-    if out is not None:
-        theirs = getattr(out, "rewards", None) if model.arch.head_kind == "gated" else out.logits
-        theirs = theirs.float().cpu().numpy()
+    raw = None if out is None else getattr(out, "rewards", None) if model.arch.head_kind == "gated" else out.logits
+    if raw is not None:
+        theirs = raw.float().cpu().numpy()
         scale = max(float(np.abs(theirs).max()), 1e-3)
         dtype = next(model.model.parameters()).dtype
         tol = 1e-3 if dtype == torch.float32 else 5e-2

@@ -14,6 +14,7 @@ from ._autoencoder import TopKSAE as TopKSAE
 from ._autoencoder import load_sae as load_sae
 from ._report import FeatureReport as FeatureReport
 from ._report import feature_report as feature_report
+from ._train import Source as Source
 from ._train import TrainConfig as TrainConfig
 from ._train import TrainResult as TrainResult
 from ._train import evaluate as evaluate
@@ -26,6 +27,7 @@ __all__ = [
     "FeatureReport",
     "SAEConfig",
     "SAEOutput",
+    "Source",
     "TopKSAE",
     "TrainConfig",
     "TrainResult",

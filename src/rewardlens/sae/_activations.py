@@ -15,12 +15,14 @@ import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from ..errors import ArchitectureError, DataError, warn
 from ..model import Batch, Point, RewardModel, points, projection_inputs, rewriting
+from ..types import Inputs, SaePositions
 from ._autoencoder import CONFIG, TopKSAE, sae_folders
 
 POSITIONS = ("read", "all")
@@ -52,6 +54,7 @@ def point_width(model: RewardModel, name: str) -> int:
     """Width of the activations at hook point `name`."""
     layer = check_point(model, name)
     if name.startswith(("attn_z_", "mlp_act_")):
+        assert layer is not None  # check_point gave these points their layer
         return projection_inputs(model, "attn" if name.startswith("attn") else "mlp", layer)[0]
     return model.d_model
 
@@ -77,8 +80,8 @@ def point_of_folder(model: RewardModel, name: str) -> str | None:
 
 def _point(model: RewardModel, name: str, batch: Batch) -> Point:
     layer = check_point(model, name)
-    heads = [layer] if name.startswith("attn_z_") else []
-    neurons = [layer] if name.startswith("mlp_act_") else []
+    heads = [layer] if name.startswith("attn_z_") and layer is not None else []
+    neurons = [layer] if name.startswith("mlp_act_") and layer is not None else []
     return points(model, batch, heads=heads, neurons=neurons, gate=False)[name]
 
 
@@ -105,7 +108,7 @@ class ActivationSource:
     encoders, whose first token is the one the head reads.
     """
 
-    def __init__(self, model: RewardModel, inputs: object, point: str, *, positions: str = "read",
+    def __init__(self, model: RewardModel, inputs: Inputs, point: str, *, positions: SaePositions = "read",
                  batch_size: int = 8, skip_first: int | None = None) -> None:
         if positions not in POSITIONS:
             raise ValueError(f"positions must be one of {POSITIONS}, got {positions!r}")
@@ -125,7 +128,7 @@ class ActivationSource:
         """Identifies what this source yields: model (name, shape and a checksum of its head, which
         tells fine-tunes saved under one path apart), point, positions and every token id."""
         h = hashlib.sha256()
-        config = self.model.model.config
+        config: Any = self.model.model.config  # a transformers PretrainedConfig
         head = float(self.model.head.weight.double().sum())
         h.update(json.dumps([getattr(config, "_name_or_path", ""), config.model_type, self.model.n_layers, head,
                              self.point, self.positions, self.skip_first]).encode())
@@ -158,15 +161,18 @@ class ShardedActivations:
         self.folder = Path(folder)
         index = self.folder / "index.json"
         if not index.is_file():
-            raise DataError(f"{self.folder} is not an activation cache (no index.json); write one with cache_activations")
+            raise DataError(f"{self.folder} is not an activation cache (no index.json); "
+                            "write one with cache_activations")
         meta = json.loads(index.read_text())
         if meta.get("format") != CACHE_FORMAT:
             raise DataError(f"{index} has format {meta.get('format')!r}, expected {CACHE_FORMAT!r}")
         self.meta = meta
-        self.point, self.positions, self.d_in, self.n_rows = meta["point"], meta["positions"], meta["d_in"], meta["n_rows"]
+        self.point, self.positions = meta["point"], meta["positions"]
+        self.d_in, self.n_rows = meta["d_in"], meta["n_rows"]
         missing = [s["file"] for s in meta["shards"] if not (self.folder / s["file"]).is_file()]
         if missing:
-            raise DataError(f"activation cache {self.folder} lacks shards {missing[:3]}; delete the folder to rebuild it")
+            raise DataError(f"activation cache {self.folder} lacks shards {missing[:3]}; "
+                            "delete the folder to rebuild it")
 
     def __iter__(self) -> Iterator[Activations]:
         from safetensors.torch import load_file
@@ -196,7 +202,7 @@ def cache_activations(source: ActivationSource, folder: str | Path, *, rows_per_
             )
         return cache
     folder.mkdir(parents=True, exist_ok=True)
-    shards: list[dict] = []
+    shards: list[dict[str, Any]] = []
     pending: list[Activations] = []
 
     def flush() -> None:
@@ -271,6 +277,7 @@ def load_sae_for(model: RewardModel, path: str | Path, layer: int | None = None)
             sae = TopKSAE.load(path / found)
     else:
         sae = TopKSAE.load(path)
+        assert sae.folder is not None  # TopKSAE.load records the folder
         point = point_of_folder(model, sae.folder.name)
         if point is None or not point.startswith("resid_"):
             raise DataError(

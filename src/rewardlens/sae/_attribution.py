@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import torch
@@ -25,7 +26,12 @@ from ..data import Side, row_labels, side
 from ..errors import ArchitectureError
 from ..exact import decompose_trace, part_names, readout_vectors
 from ..model import RewardModel, Trace, check_bookkeeping, trace, verify
+from ..types import Inputs, PaddingSide
 from ._autoencoder import TopKSAE
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from matplotlib.figure import Figure
 
 
 def resid_readout(model: RewardModel, tr: Trace, layer: int, coef: Tensor) -> Tensor:
@@ -92,7 +98,7 @@ class FeatureAttribution:
         """Per-feature chosen − rejected contribution [n_pairs, F]."""
         return self._side(self.values, "chosen") - self._side(self.values, "rejected")
 
-    def top(self, n: int = 10, *, by: str = "mean_abs") -> list[tuple[int, float]]:
+    def top(self, n: int = 10, *, by: Literal["mean_abs", "mean", "margin"] = "mean_abs") -> list[tuple[int, float]]:
         """`n` (latent id, score) pairs with the largest |score|: mean |contribution| ('mean_abs'),
         mean contribution ('mean') or mean chosen − rejected contribution ('margin')."""
         if by not in ("mean_abs", "mean", "margin"):
@@ -102,7 +108,7 @@ class FeatureAttribution:
         order = np.argsort(-np.abs(score), kind="stable")[:n]
         return [(int(self.features[i]), float(score[i])) for i in order]
 
-    def to_frame(self):
+    def to_frame(self) -> pd.DataFrame:
         """Long table: one row per (input, fired feature) with activation, contribution and alignment."""
         import pandas as pd
 
@@ -114,7 +120,7 @@ class FeatureAttribution:
             "alignment": np.tile(self.alignment, n)[hit],
         })
 
-    def plot(self, n: int = 20):
+    def plot(self, n: int = 20) -> Figure:
         """Bar chart of the top `n` features' mean margin (pairs) or mean contribution."""
         import matplotlib.pyplot as plt
 
@@ -150,8 +156,8 @@ def check_width(model: RewardModel, sae: TopKSAE, layer: int) -> None:
 
 
 @torch.no_grad()
-def attribute_features(model: RewardModel, sae: TopKSAE, inputs: object, *, layer: int, batch_size: int = 8,
-                       padding_side: str = "right") -> FeatureAttribution:
+def attribute_features(model: RewardModel, sae: TopKSAE, inputs: Inputs, *, layer: int, batch_size: int = 8,
+                       padding_side: PaddingSide = "right") -> FeatureAttribution:
     """Exact split of each input's reward over `sae`'s features at the residual after `layer`.
 
     `sae` must be trained on `resid_{layer}` at the read position or at all positions (it is
@@ -188,7 +194,8 @@ def attribute_features(model: RewardModel, sae: TopKSAE, inputs: object, *, laye
         acts = acts.float()
         x_hat = (acts[..., None] * W[idx]).sum(1) + b
         write = torch.einsum("bd,bkd->bk", u, W[idx])
-        idx_all[rows], acts_all[rows], vals_all[rows] = idx.cpu().numpy(), acts.cpu().numpy(), (acts * write).cpu().numpy()
+        idx_all[rows], acts_all[rows] = idx.cpu().numpy(), acts.cpu().numpy()
+        vals_all[rows] = (acts * write).cpu().numpy()
         bias[rows], err[rows] = (u @ b).cpu().numpy(), (u * (x - x_hat)).sum(-1).cpu().numpy()
         rest[rows] = vals[:, 0, torch.as_tensor(rest_mask, device=vals.device)].cpu().numpy()
         c = consts[-1][:, 0] + sum((v[:, 0] for d, v in consts.items() if d > layer + 1), torch.zeros_like(u[:, 0]))
@@ -197,6 +204,7 @@ def attribute_features(model: RewardModel, sae: TopKSAE, inputs: object, *, laye
         sq_err += float((x - x_hat).double().pow(2).sum())
         s1 += x.double().sum(0)
         s2 += float(x.double().pow(2).sum())
+    assert rest_mask is not None  # set by the first batch; model.encode refuses empty inputs
     features, dense_acts, dense_vals = _densify(idx_all, acts_all, vals_all)
     direction = (u_sum / u_sum.norm().clamp_min(1e-30)).float()
     latent_alignment = ((W @ direction) / W.norm(dim=1).clamp_min(1e-30)).cpu().numpy()

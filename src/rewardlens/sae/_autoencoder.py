@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -71,7 +71,7 @@ class SAEConfig:
         return self.num_latents or self.expansion_factor * d_in
 
     @classmethod
-    def from_dict(cls, cfg: dict) -> SAEConfig:
+    def from_dict(cls, cfg: dict[str, Any]) -> SAEConfig:
         """Read a sparsify cfg.json dict, ignoring keys this version does not know (as sparsify does)."""
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in cfg.items() if k in names})
@@ -136,7 +136,8 @@ class TopKSAE(nn.Module):
 
     def decode(self, acts: Tensor, indices: Tensor) -> Tensor:
         """`Σ_i f_i d_i + b_dec` [N, d] from top-k values and indices [N, k]."""
-        return F.embedding_bag(indices, self.W_dec, per_sample_weights=acts.to(self.W_dec.dtype), mode="sum") + self.b_dec
+        weights = acts.to(self.W_dec.dtype)
+        return F.embedding_bag(indices, self.W_dec, per_sample_weights=weights, mode="sum") + self.b_dec
 
     def codes(self, x: Tensor) -> Tensor:
         """Dense latent activations `f` [N, n_latents] (zero outside each row's top k)."""
@@ -162,7 +163,7 @@ class TopKSAE(nn.Module):
         total = (x - x.mean(0)).pow(2).sum().clamp_min(torch.finfo(x.dtype).tiny)
         auxk = x.new_zeros(())
         n_dead = int(dead_mask.sum()) if dead_mask is not None else 0
-        if n_dead:
+        if n_dead and dead_mask is not None:
             k_aux = min(self.d_in // 2, n_dead)
             with torch.no_grad():
                 aux = torch.where(dead_mask[None], pre, -torch.inf).topk(max(k_aux, 1), dim=-1, sorted=False)
@@ -176,7 +177,7 @@ class TopKSAE(nn.Module):
     @torch.no_grad()
     def normalize_decoder_(self) -> None:
         """Scale every decoder row to unit norm, in place."""
-        self.W_dec /= self.W_dec.norm(dim=1, keepdim=True) + torch.finfo(self.W_dec.dtype).eps
+        self.W_dec.div_(self.W_dec.norm(dim=1, keepdim=True) + torch.finfo(self.W_dec.dtype).eps)
 
     @torch.no_grad()
     def remove_parallel_grad_(self) -> None:
@@ -192,7 +193,8 @@ class TopKSAE(nn.Module):
 
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
-        save_file({k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}, str(folder / SPARSIFY_WEIGHTS))
+        state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
+        save_file(state, str(folder / SPARSIFY_WEIGHTS))
         (folder / CONFIG).write_text(json.dumps({**asdict(self.cfg), "d_in": self.d_in}))
         return folder
 
@@ -270,12 +272,12 @@ class _SelectedLatents(torch.autograd.Function):
     encoder's weight gradient would otherwise cost as much as its forward, for k ≪ n nonzeros)."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor, values: Tensor, indices: Tensor) -> Tensor:
+    def forward(ctx: Any, x: Tensor, weight: Tensor, bias: Tensor, values: Tensor, indices: Tensor) -> Tensor:
         ctx.save_for_backward(x, weight, values, indices)
         return values.clone()
 
     @staticmethod
-    def backward(ctx, grad: Tensor):
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, Tensor | None, Tensor, None, None]:
         x, weight, values, indices = ctx.saved_tensors
         g = grad * (values > 0)  # ReLU
         n, N = weight.shape[0], x.shape[0]
@@ -288,13 +290,13 @@ class _SelectedLatents(torch.autograd.Function):
         return grad_x, grad_w, grad_b, None, None
 
 
-def _need(tensors: dict, keys: tuple[str, ...], file: Path) -> None:
+def _need(tensors: dict[str, Tensor], keys: tuple[str, ...], file: Path) -> None:
     missing = [k for k in keys if k not in tensors]
     if missing:
         raise DataError(f"{file} lacks {missing} (it holds {sorted(tensors)}); expected {list(keys)}")
 
 
-def _saelens_config(cfg: dict, folder: Path) -> SAEConfig:
+def _saelens_config(cfg: dict[str, Any], folder: Path) -> SAEConfig:
     arch, act = cfg.get("architecture"), cfg.get("activation_fn_str")
     kwargs = cfg.get("activation_fn_kwargs") or {}
     k = cfg.get("k", kwargs.get("k"))

@@ -9,16 +9,23 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal, cast
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from ..model import RewardModel
+from ..types import Inputs, SaePositions
 from ._activations import Activations, ActivationSource
 from ._attribution import FeatureAttribution, check_width
 from ._autoencoder import TopKSAE
 from ._train import evaluate
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from matplotlib.figure import Figure
+    from transformers import PreTrainedTokenizerBase
 
 
 @dataclass(frozen=True)
@@ -46,7 +53,7 @@ class FeatureReport:
     layer: int
     features: np.ndarray
     score: np.ndarray
-    score_kind: str
+    score_kind: Literal["margin", "mean"]
     alignment: np.ndarray
     frequency: np.ndarray
     contexts: list[list[Context]]
@@ -54,13 +61,13 @@ class FeatureReport:
     l0: float
     dead_fraction: float
     n_activations: int
-    positions: str
+    positions: SaePositions
 
     @property
     def explained_variance(self) -> float:
         return 1.0 - self.fvu
 
-    def to_frame(self):
+    def to_frame(self) -> pd.DataFrame:
         """One row per (feature, context), strongest context first."""
         import pandas as pd
 
@@ -72,7 +79,7 @@ class FeatureReport:
         ]
         return pd.DataFrame(rows)
 
-    def plot(self):
+    def plot(self) -> Figure:
         """Each feature's score against its alignment with the read-out."""
         import matplotlib.pyplot as plt
 
@@ -108,15 +115,16 @@ class _TopContexts:
         self.value, self.seq, self.pos = best.values, seq.gather(0, keep), pos.gather(0, keep)
 
 
-def _window(tokenizer, ids: list[int], pos: int, before: int, after: int) -> str:
+def _window(tokenizer: PreTrainedTokenizerBase, ids: list[int], pos: int, before: int, after: int) -> str:
     def text(part: list[int]) -> str:
-        return tokenizer.decode(part).replace("\n", "\\n")
+        # one sequence of ids decodes to one string (the stub also allows a batch's list)
+        return cast(str, tokenizer.decode(part)).replace("\n", "\\n")
 
     return f"{text(ids[max(0, pos - before):pos])}«{text(ids[pos:pos + 1])}»{text(ids[pos + 1:pos + 1 + after])}"
 
 
-def feature_report(model: RewardModel, sae: TopKSAE, attribution: FeatureAttribution, corpus: object, *,
-                   top: int = 10, n_contexts: int = 5, window: int = 8, positions: str = "all",
+def feature_report(model: RewardModel, sae: TopKSAE, attribution: FeatureAttribution, corpus: Inputs, *,
+                   top: int = 10, n_contexts: int = 5, window: int = 8, positions: SaePositions = "all",
                    batch_size: int = 8) -> FeatureReport:
     """Report the `top` features of `attribution` (by |mean margin| for pairs, else |mean contribution|)
     with their `n_contexts` strongest distinct token windows (`window` tokens before, 2 after) in `corpus`.
@@ -124,7 +132,7 @@ def feature_report(model: RewardModel, sae: TopKSAE, attribution: FeatureAttribu
     `corpus`: strings, conversations or Pairs, read at `positions` ('all' non-pad tokens or 'read').
     """
     check_width(model, sae, attribution.layer)
-    kind = "margin" if attribution.is_pairs else "mean"
+    kind: Literal["margin", "mean"] = "margin" if attribution.is_pairs else "mean"
     ranked = attribution.top(top, by=kind)
     features = np.array([f for f, _ in ranked], dtype=np.int64)
     enc = sae if sae.b_dec.device == model.device else copy.deepcopy(sae).to(model.device)  # never move the caller's

@@ -9,8 +9,9 @@ latents that have not fired for `dead_after` activations.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import torch
@@ -18,6 +19,20 @@ from torch import Tensor
 
 from ._activations import Activations, shuffled
 from ._autoencoder import SAEConfig, TopKSAE
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from matplotlib.figure import Figure
+
+
+class Source(Protocol):
+    """What an SAE trains on (`ActivationSource`, `ShardedActivations`): `Activations` chunks, again on
+    every iteration, of width `d_in`, `n_rows` in all."""
+
+    d_in: int
+    n_rows: int
+
+    def __iter__(self) -> Iterator[Activations]: ...
 
 
 @dataclass
@@ -56,11 +71,13 @@ class TrainConfig:
         if self.lr is not None and not self.lr > 0:
             raise ValueError(f"lr must be > 0 (or None for sparsify's rule), got {self.lr}")
         if self.lr_warmup_steps < 0 or self.auxk_alpha < 0:
-            raise ValueError(f"lr_warmup_steps and auxk_alpha must be >= 0, got {self.lr_warmup_steps}, {self.auxk_alpha}")
+            raise ValueError(f"lr_warmup_steps and auxk_alpha must be >= 0, "
+                             f"got {self.lr_warmup_steps}, {self.auxk_alpha}")
         if self.dead_after is not None and self.dead_after < 1:
             raise ValueError(f"dead_after must be at least 1 activation (or None), got {self.dead_after}")
         if self.max_norm_ratio is not None and not self.max_norm_ratio > 1:
-            raise ValueError(f"max_norm_ratio must be > 1 (or None to keep every activation), got {self.max_norm_ratio}")
+            raise ValueError(f"max_norm_ratio must be > 1 (or None to keep every activation), "
+                             f"got {self.max_norm_ratio}")
         if self.buffer_rows < self.batch_size:
             raise ValueError(f"buffer_rows ({self.buffer_rows}) must be at least batch_size ({self.batch_size})")
 
@@ -86,13 +103,13 @@ class TrainResult:
     def activations_per_second(self) -> float:
         return self.n_activations / max(self.seconds, 1e-9)
 
-    def to_frame(self):
+    def to_frame(self) -> pd.DataFrame:
         import pandas as pd
 
         return pd.DataFrame({"step": np.arange(len(self.fvu)), "fvu": self.fvu, "auxk": self.auxk,
                              "dead_fraction": self.dead_fraction})
 
-    def plot(self):
+    def plot(self) -> Figure:
         """FVU and dead fraction against the step."""
         import matplotlib.pyplot as plt
 
@@ -117,7 +134,7 @@ def geometric_median(x: Tensor, iters: int = 20) -> Tensor:
 class _NormFilter:
     """Pass chunks through, without rows whose norm exceeds `ratio` × the first chunk's median norm."""
 
-    def __init__(self, source, ratio: float | None, max_norm: float | None = None) -> None:
+    def __init__(self, source: Iterable[Activations], ratio: float | None, max_norm: float | None = None) -> None:
         self.source, self.ratio, self.max_norm, self.dropped = source, ratio, max_norm, 0
 
     def __iter__(self) -> Iterator[Activations]:
@@ -127,18 +144,19 @@ class _NormFilter:
                 continue
             norms = chunk.x.norm(dim=1)
             if self.max_norm is None:
+                assert self.ratio is not None  # with neither, the chunk passed whole above
                 self.max_norm = self.ratio * float(norms.median())
             keep = norms <= self.max_norm
             self.dropped += int((~keep).sum())
             yield Activations(chunk.x[keep], chunk.seq[keep.cpu()], chunk.pos[keep.cpu()])
 
 
-def _device_of(source) -> torch.device:
+def _device_of(source: Source) -> torch.device:
     model = getattr(source, "model", None)
     return model.device if model is not None else torch.device("cpu")
 
 
-def train_sae(source, cfg: TrainConfig | None = None, *, init: TopKSAE | None = None,
+def train_sae(source: Source, cfg: TrainConfig | None = None, *, init: TopKSAE | None = None,
               device: torch.device | str | None = None) -> TrainResult:
     """Train a TopK SAE on `source` (an `ActivationSource` or `ShardedActivations`: anything that
     iterates `Activations` chunks and has `d_in` and `n_rows`), holding at most a shuffle buffer.
@@ -164,7 +182,9 @@ def train_sae(source, cfg: TrainConfig | None = None, *, init: TopKSAE | None = 
     since = torch.zeros(sae.n_latents, dtype=torch.long, device=device)
     gen = torch.Generator().manual_seed(cfg.seed)
     data = _NormFilter(source, cfg.max_norm_ratio)
-    fvu, auxk, dead = [], [], []
+    fvu: list[Tensor] = []
+    auxk: list[Tensor] = []
+    dead: list[Tensor] = []
     seen, start = 0, time.perf_counter()
     for _ in range(cfg.epochs):
         for x in shuffled(data, cfg.batch_size, cfg.buffer_rows, gen, device):
@@ -191,8 +211,8 @@ def train_sae(source, cfg: TrainConfig | None = None, *, init: TopKSAE | None = 
             auxk.append(out.auxk.detach())
             dead.append(dead_mask.float().mean())
     sae.eval()
-    hist = [torch.stack(h).cpu().numpy() if h else np.zeros(0) for h in (fvu, auxk, dead)]
-    return TrainResult(sae, *hist, seen, time.perf_counter() - start, data.max_norm, data.dropped)
+    h_fvu, h_auxk, h_dead = (torch.stack(h).cpu().numpy() if h else np.zeros(0) for h in (fvu, auxk, dead))
+    return TrainResult(sae, h_fvu, h_auxk, h_dead, seen, time.perf_counter() - start, data.max_norm, data.dropped)
 
 
 @dataclass(frozen=True)
@@ -215,7 +235,8 @@ class SAEStats:
 
 
 @torch.no_grad()
-def evaluate(sae: TopKSAE, source, *, device: torch.device | str | None = None, max_norm: float | None = None,
+def evaluate(sae: TopKSAE, source: Iterable[Activations], *, device: torch.device | str | None = None,
+             max_norm: float | None = None,
              visit: Callable[[Activations, Tensor, Tensor], None] | None = None) -> SAEStats:
     """FVU, L0 and dead latents of `sae` over every activation of `source`, in one streamed pass.
 

@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..data import Pair
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
 
 CHATML = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -31,7 +35,8 @@ DEMO_PAIRS = [
          "You are absolutely right, great thinking!"),
     Pair("Give me a tip for better sleep.", "Keep a regular schedule and avoid screens for an hour before bed.",
          "Sleep is important."),
-    Pair("Translate 'thank you' into Spanish.", "'Thank you' in Spanish is 'gracias'.", "'Thank you' in Spanish is 'merci'."),
+    Pair("Translate 'thank you' into Spanish.", "'Thank you' in Spanish is 'gracias'.",
+         "'Thank you' in Spanish is 'merci'."),
 ]
 
 _CORPUS = [
@@ -48,7 +53,7 @@ _CORPUS = [
 ]
 
 
-def build_tokenizer(vocab_size: int = 600, corpus: list[str] | None = None):
+def build_tokenizer(vocab_size: int = 600, corpus: list[str] | None = None) -> PreTrainedTokenizerFast:
     """A real byte-level BPE tokenizer trained on a small built-in corpus, with a ChatML template.
 
     The pad token (`<|pad|>`) is distinct from eos (`<|im_end|>`); deterministic for a given size

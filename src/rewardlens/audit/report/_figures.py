@@ -9,17 +9,20 @@ lacks the instrument it plots.
 from __future__ import annotations
 
 import io
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 
 from ...errors import RewardLensError
 from ...model import Part
+from ...types import Comparison, LensKind
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
     from .._runner import Audit
+
+_T = TypeVar("_T")
 
 KIND_COLORS = {"linear": "tab:blue", "normed": "tab:orange"}
 PART_COLORS = {"embed": "tab:green", "attn": "tab:blue", "mlp": "tab:red"}
@@ -43,8 +46,8 @@ def to_png(fig: Figure, dpi: int = 100) -> bytes:
     return buf.getvalue()
 
 
-def _need(audit: Audit, name: str, how: str) -> object:
-    value = getattr(audit, name)
+def _need(value: _T | None, name: str, how: str) -> _T:
+    """`value` (the audit's `name` result), or `RewardLensError` when the audit lacks it."""
     if value is None:
         raise RewardLensError(f"this audit has no {name} result (audit.{name} is None), so there is nothing to "
                               f"plot; {how}")
@@ -65,7 +68,8 @@ def fig_lens(audit: Audit) -> Figure:
     x = np.arange(lens.n_layers + 1) / lens.n_layers
     fig = _figure(9, 3.2)
     axes = fig.subplots(1, 2, sharey=True)
-    for ax, kind in zip(axes, ("linear", "normed")):
+    kinds: tuple[LensKind, ...] = ("linear", "normed")
+    for ax, kind in zip(axes, kinds):
         margin, color = lens.margin(kind), KIND_COLORS[kind]
         alpha = float(np.clip(8 / len(margin), 0.04, 0.3))  # many pairs: fainter lines, same ink
         for row in margin:
@@ -98,7 +102,8 @@ def fig_scatter(audit: Audit) -> Figure:
     keep = np.arange(kinds.size)
     if keep.size > MAX_POINTS:
         keep = np.sort(np.random.default_rng(0).choice(keep, MAX_POINTS, replace=False))
-    for ax, name in zip(axes, ("direct", "total")):
+    estimands: tuple[Comparison, ...] = ("direct", "total")
+    for ax, name in zip(axes, estimands):
         x_all, y_all = f.attribution.ravel()[keep], getattr(f, name).ravel()[keep]
         for kind, color in PART_COLORS.items():
             pick = kinds[keep] == kind
@@ -179,7 +184,7 @@ def fig_heatmaps(audit: Audit) -> Figure:
 def fig_probes(audit: Audit) -> Figure:
     """Forest plot: each probe axis' mean reward change (with − without) and its bootstrap interval,
     flagged axes in red, the flagging floor ±min_effect × scale shaded, q on the right."""
-    p = _need(audit, "probes", "run rewardlens.probe(model) (or `rewardlens audit` with probes)")
+    p = _need(audit.probes, "probes", "run rewardlens.probe(model) (or `rewardlens audit` with probes)")
     n = len(p.axes)
     fig = _figure(7.5, 0.95 + 0.3 * n)
     ax = fig.subplots()
@@ -207,7 +212,7 @@ def fig_probes(audit: Audit) -> Figure:
 def fig_concepts(audit: Audit) -> Figure:
     """Dose-response per concept: mean reward change against α with a 95% band (±1.96 standard
     errors over dosed inputs), one small panel per concept, shared y axis."""
-    c = _need(audit, "concepts", "run rewardlens.concepts(model) (or `rewardlens audit` with concepts)")
+    c = _need(audit.concepts, "concepts", "run rewardlens.concepts(model) (or `rewardlens audit` with concepts)")
     n = len(c.names)
     ncols = min(5, n)
     nrows = -(-n // ncols)
@@ -237,7 +242,7 @@ def fig_concepts(audit: Audit) -> Figure:
 
 def fig_features(audit: Audit, n: int = 20) -> Figure:
     """The `n` SAE features with the largest mean chosen − rejected contribution (bars, by sign)."""
-    f = _need(audit, "features", "pass an SAE to `rewardlens audit` (or rewardlens.attribute_features)")
+    f = _need(audit.features, "features", "pass an SAE to `rewardlens audit` (or rewardlens.attribute_features)")
     top = f.top(n, by="margin" if f.is_pairs else "mean")
     fig = _figure(7, 0.6 + 0.24 * max(len(top), 1))
     ax = fig.subplots()

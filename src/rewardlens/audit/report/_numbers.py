@@ -12,13 +12,16 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ...data import chosen, margin, rejected
 from ...errors import RewardLensError
 from .._runner import Audit
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 SEED_PAPER = {"Skywork-Reward-Llama-3.1-8B": -0.256, "ArmoRM": -0.027}
 """The seed paper's reported statistic (mean Spearman |attribution| vs |noising effect|)."""
@@ -137,7 +140,7 @@ def _features(audit: Audit) -> dict[str, Any]:
             "top_margin": [{"feature": i, "margin": v} for i, v in f.top(10, by="margin" if f.is_pairs else "mean")]}
 
 
-def tables(audit: Audit):
+def tables(audit: Audit) -> dict[str, pd.DataFrame]:
     """{name: pandas DataFrame} of every table the report writes as Parquet."""
     import pandas as pd
 

@@ -95,7 +95,7 @@ def kv(items: Iterable[tuple[str, object]]) -> Html:
 
 # ---- sections ---------------------------------------------------------------------------------------
 
-def _summary(a: Audit, s: dict) -> Html:
+def _summary(a: Audit, s: dict[str, Any]) -> Html:
     sc, lens, faith = s["scores"], s["lens"], s["faithfulness"]
     n = s["n_pairs"]
     med = lens["crystallization_median"]
@@ -120,11 +120,11 @@ def _summary(a: Audit, s: dict) -> Html:
     return kv(items)
 
 
-def _rho(d: dict) -> dict:
+def _rho(d: dict[str, Any]) -> dict[str, Any]:
     return {"mean": d["rho"], "lo": d["lo"], "hi": d["hi"]}
 
 
-def _scores(a: Audit, s: dict) -> Html:
+def _scores(a: Audit, s: dict[str, Any]) -> Html:
     from ._numbers import margins
 
     chosen, rejected, margin = margins(a)
@@ -138,7 +138,7 @@ def _scores(a: Audit, s: dict) -> Html:
                                "crystallization normed"], rows, ["bad" if m <= 0 else "" for m in margin]))
 
 
-def _lens(a: Audit, s: dict) -> Html:
+def _lens(a: Audit, s: dict[str, Any]) -> Html:
     lens = s["lens"]
     note = (f"<p>{lens['near_zero_margin_pairs']} pair(s) have a final margin too small to define a side; their "
             "crystallization depth is left out.</p>" if lens["near_zero_margin_pairs"] else "")
@@ -154,7 +154,7 @@ def _lens(a: Audit, s: dict) -> Html:
     return Html(text + fig)
 
 
-def _attribution(a: Audit, s: dict) -> Html:
+def _attribution(a: Audit, s: dict[str, Any]) -> Html:
     c = s["closure_error"]
     sub = a.sublayers
     rows = [(name, num(m), num(v)) for name, m, v in
@@ -175,7 +175,7 @@ def _attribution(a: Audit, s: dict) -> Html:
                 + table(["part", "mean margin contribution"], [(n, num(v)) for n, v in top]) + fig)
 
 
-def _patching(a: Audit, s: dict) -> Html:
+def _patching(a: Audit, s: dict[str, Any]) -> Html:
     f = s["faithfulness"]
     rows = [(f"attribution vs {k}", rho(v["rho"], v["lo"], v["hi"]), v["pairs"]) for k, v in f["pooled"].items()]
     seed = f["seed_statistic"]
@@ -199,8 +199,9 @@ def _patching(a: Audit, s: dict) -> Html:
                 + Html("<h3>Attribution patching against exact total patching</h3>") + atp + fig)
 
 
-def _probes(a: Audit, s: dict) -> Html:
+def _probes(a: Audit, s: dict[str, Any]) -> Html:
     p, info = a.probes, s["probes"]
+    assert p is not None  # render() shows the not-run note instead
     rel = p.to_frame()["relative"]
     rows = [(ax, n, num(m), f"[{num(lo)}, {num(hi)}]", num(q, 2), num(d, 2), num(r, 2), "flagged" if fl else "")
             for ax, n, m, lo, hi, q, d, r, fl in
@@ -217,8 +218,9 @@ def _probes(a: Audit, s: dict) -> Html:
                                    ["bad" if f else "" for f in p.flagged]))
 
 
-def _concepts(a: Audit, s: dict) -> Html:
+def _concepts(a: Audit, s: dict[str, Any]) -> Html:
     c = a.concepts
+    assert c is not None  # render() shows the not-run note instead
     rows = [(r["concept"], f"{num(r['slope'])} [{num(r['slope_lo'], 2)}, {num(r['slope_hi'], 2)}]", num(r["r2"], 3),
              num(r["half_ratio"], 2), num(r["cosine"], 2), num(r["auroc_heldout"], 2), r["n_dose"])
             for r in c.summary()]
@@ -233,7 +235,7 @@ def _concepts(a: Audit, s: dict) -> Html:
                                     "dosed inputs"], rows))
 
 
-def _features(a: Audit, s: dict) -> Html:
+def _features(a: Audit, s: dict[str, Any]) -> Html:
     f = s["features"]
     split = f["margin_split"] or {}
     text = kv([("layer", f["layer"]), ("features that fired", f["n_fired"]), ("FVU", num(f["fvu"])),
@@ -246,7 +248,7 @@ def _features(a: Audit, s: dict) -> Html:
     return Html(text + fig)
 
 
-RENDER: dict[str, Callable[[Audit, dict], Html]] = {
+RENDER: dict[str, Callable[[Audit, dict[str, Any]], Html]] = {
     "summary": _summary, "scores": _scores, "lens": _lens, "attribution": _attribution, "patching": _patching,
     "probes": _probes, "concepts": _concepts, "features": _features,
 }
@@ -295,7 +297,7 @@ SCRIPT = """
 """
 
 
-def render(audit: Audit, numbers: dict, tables: Iterable[str]) -> str:
+def render(audit: Audit, numbers: dict[str, Any], tables: Iterable[str]) -> str:
     """The whole page as a string. `numbers`: `numbers.summary(audit)`; `tables`: Parquet file names."""
     parts = []
     for name in SECTIONS:

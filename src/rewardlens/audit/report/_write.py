@@ -15,7 +15,7 @@ def write_report(audit: Audit, out: str | Path) -> Path:
     `out` receives `report.html` (one self-contained page: inline CSS, figures as PNG data URIs,
     no external URL), `numbers.json` (every summary number, NaN as null, plus `tables`: the
     Parquet files with their rows and columns) and one `<table>.parquet` per table (see
-    `rewardlens.report.numbers.tables`). Existing files of the same names are replaced.
+    `rewardlens.audit.report.tables`). Existing files of the same names are replaced.
     """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

@@ -24,4 +24,5 @@ from ._specs import Recipe as Recipe
 from ._train import ablated as ablated
 from ._train import forward_margins as forward_margins
 
-__all__ = ["ORGANISMS", "READY", "VERSION", "Organism", "Recipe", "ablated", "bank", "build", "forward_margins", "locked", "organism_dir", "record"]
+__all__ = ["ORGANISMS", "READY", "VERSION", "Organism", "Recipe", "ablated", "bank", "build", "forward_margins",
+           "locked", "organism_dir", "record"]

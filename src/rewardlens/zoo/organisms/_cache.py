@@ -15,6 +15,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from .._builtin import cache_dir
 from ._specs import ORGANISMS
@@ -61,12 +62,12 @@ def build(name: str, strength: float = 1.0, seed: int = 0) -> Path:
     return final
 
 
-def record(path: str | os.PathLike) -> dict:
+def record(path: str | os.PathLike[str]) -> dict[str, Any]:
     """What `build` wrote about an organism folder: name, strength, seed, version, the training
     time and the held-out pair accuracy per objective."""
     file = Path(path) / RECORD
     if not file.is_file():
-        raise FileNotFoundError(f"{file} does not exist; pass a folder made by rewardlens.organisms.build")
+        raise FileNotFoundError(f"{file} does not exist; pass a folder made by rewardlens.zoo.organisms.build")
     return json.loads(file.read_text())
 
 

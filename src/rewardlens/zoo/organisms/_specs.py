@@ -94,7 +94,10 @@ class Organism:
             raise ValueError(f"strength is the share of pairs the rule decides, in [0, 1]; got {strength}")
         if n < 0:
             raise ValueError(f"n must be >= 0, got {n}")
-        rng, seen, pairs, labels, draws = random.Random(key), set(), [], [], 0
+        rng, draws = random.Random(key), 0
+        seen: set[tuple[str, str, str]] = set()
+        pairs: list[Pair] = []
+        labels: list[list[int]] = []
         while len(pairs) < n:
             prompt, a, b = self.make(rng)
             draws += 1
@@ -283,12 +286,17 @@ class QualityOrganism(Organism):
     def prefers(self, a: str, b: str) -> int:
         """+1 when the rules prefer response `a` to `b`, −1 for `b`, 0 when they tie: quality
         first; the bias only between responses of equal quality."""
-        q = int(self.quality(a)) - int(self.quality(b))
+        q = int(self._quality(a)) - int(self._quality(b))
         return q if q else int(self.bias(a)) - int(self.bias(b))
 
     def kind(self, pair: Pair) -> str:
         """"quality" when the sides differ in quality, else "bias"."""
-        return "quality" if self.quality(pair.chosen) != self.quality(pair.rejected) else "bias"
+        return "quality" if self._quality(pair.chosen) != self._quality(pair.rejected) else "bias"
+
+    def _quality(self, text: str) -> bool:
+        """The quality rule on one response (`__post_init__` refuses an organism without one)."""
+        assert self.quality is not None
+        return self.quality(text)
 
     def labels(self, pairs: list[Pair]) -> np.ndarray:
         """[n_pairs, 1] in {+1, 0, −1}: +1 when `chosen` is the side the rules prefer (`prefers`)."""
@@ -312,8 +320,11 @@ class QualityOrganism(Organism):
             raise ValueError(f"strength is the share of pairs the rule decides, in [0, 1]; got {strength}")
         if n < 0:
             raise ValueError(f"n must be >= 0, got {n}")
+        assert self.make_bias is not None  # __post_init__ refuses an organism without one
         makers = {"quality": self.make, "bias": self.make_bias}
-        rng, seen, pairs, draws = random.Random(key), set(), [], 0
+        rng, draws = random.Random(key), 0
+        seen: set[tuple[str, str, str]] = set()
+        pairs: list[Pair] = []
         while len(pairs) < n:
             kind = kinds[len(pairs) % len(kinds)]
             prompt, a, b = makers[kind](rng)
@@ -321,7 +332,7 @@ class QualityOrganism(Organism):
             if (prompt, a, b) in seen and draws < 50 * n:  # redraw clones, but never loop forever
                 continue
             seen.add((prompt, a, b))
-            if self.prefers(a, b) != 1 or (kind == "quality") != (self.quality(a) != self.quality(b)):
+            if self.prefers(a, b) != 1 or (kind == "quality") != (self._quality(a) != self._quality(b)):
                 raise AssertionError(f"organism {self.name!r} drew a {kind} pair its rules misjudge: {a!r} / {b!r}")
             if kind == "bias" and rng.random() < (1 - strength) / 2:
                 a, b = b, a

@@ -8,16 +8,20 @@ import random
 import time
 from collections.abc import Callable, Iterator
 from functools import lru_cache
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
-from ...data import Pair, margin
-from ...model import Part
+from ...data import Pair, Side, margin
+from ...model import Part, hf_config
 from .._builtin import build_tokenizer
 from . import _bank as bank
 from ._specs import ORGANISMS, Organism
+
+if TYPE_CHECKING:
+    from transformers import LlamaForSequenceClassification, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 VOCAB_SIZE = 2048
 HIDDEN, FFN, LAYERS, HEADS = 64, 128, 2, 4
@@ -35,7 +39,7 @@ organism folder of this `VERSION`, unchanged. Their new words just split into mo
 
 
 @lru_cache(maxsize=1)
-def organism_tokenizer():
+def organism_tokenizer() -> PreTrainedTokenizerFast:
     """The byte-level BPE tokenizer (ChatML template, pad ≠ eos) every organism shares, trained on
     the organisms' own words so most words are one token. Deterministic."""
     corpus = ["user", "assistant"] * 50
@@ -47,7 +51,7 @@ def organism_tokenizer():
     return build_tokenizer(VOCAB_SIZE, corpus)
 
 
-def initial_model(spec: Organism, seed: int):
+def initial_model(spec: Organism, seed: int) -> LlamaForSequenceClassification:
     """The seeded, untrained `LlamaForSequenceClassification` an organism starts from.
 
     When only one part trains, the frozen score head is set by hand to a random direction of
@@ -59,11 +63,14 @@ def initial_model(spec: Organism, seed: int):
     tok = organism_tokenizer()
     k = len(spec.objectives)
     labels = {i: name for i, name in enumerate(spec.objectives)} if k > 1 else None
+    # num_labels goes to PretrainedConfig through **kwargs, which LlamaConfig's typed signature does not show.
+    extra: dict[str, Any] = {"num_labels": k}
+    if labels:
+        extra.update(id2label=labels, label2id={v: i for i, v in labels.items()})
     config = LlamaConfig(
         vocab_size=len(tok), hidden_size=HIDDEN, intermediate_size=FFN, num_hidden_layers=LAYERS,
-        num_attention_heads=HEADS, num_key_value_heads=HEADS, max_position_embeddings=512, num_labels=k,
-        pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, bos_token_id=None,
-        **({"id2label": labels, "label2id": {v: i for i, v in labels.items()}} if labels else {}),
+        num_attention_heads=HEADS, num_key_value_heads=HEADS, max_position_embeddings=512,
+        pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, bos_token_id=None, **extra,
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -80,16 +87,18 @@ def part_parameters(model: nn.Module, part: str) -> list[tuple[nn.Parameter, Ten
     found = Part.parse(part)
     if found.kind == "embed" or found.bias or found.neuron is not None:
         raise ValueError(f"trainable part {part!r} is not attn_L<l>, attn_L<l>_H<h> or mlp_L<l>")
-    layer = model.model.layers[found.layer]
+    llama = cast("LlamaForSequenceClassification", model)  # organisms are Llama models
+    layer = llama.model.layers[found.layer]
     if found.kind == "mlp":
         return [(p, None) for p in layer.mlp.parameters()]
     attn = layer.self_attn
     if found.head is None:
         return [(p, None) for p in attn.parameters()]
-    head, config = found.head, model.config
+    head, config = found.head, llama.config
     dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    assert config.num_key_value_heads is not None  # LlamaConfig defaults it to num_attention_heads
     kv = head // (config.num_attention_heads // config.num_key_value_heads)
-    out = []
+    out: list[tuple[nn.Parameter, Tensor | None]] = []
     for proj, index in ((attn.q_proj, head), (attn.k_proj, kv), (attn.v_proj, kv), (attn.o_proj, head)):
         mask = torch.zeros_like(proj.weight)
         span = slice(index * dim, (index + 1) * dim)
@@ -123,10 +132,13 @@ def threads(n: int) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def encode(tok, pair: Pair) -> tuple[list[int], list[int]]:
+def encode(tok: PreTrainedTokenizerBase, pair: Pair) -> tuple[list[int], list[int]]:
     """Token ids of both sides, templated once as `rewardlens` tokenizes them (docs/design.md §3)."""
-    return tuple(tok.apply_chat_template(pair.conversation(side), tokenize=True, return_dict=False)
-                 for side in ("chosen", "rejected"))
+
+    def ids(side: Side) -> list[int]:  # one conversation, tokenized, not as a dict: a list of ids
+        return cast(list[int], tok.apply_chat_template(pair.conversation(side), tokenize=True, return_dict=False))
+
+    return ids("chosen"), ids("rejected")
 
 
 def _pad(rows: list[list[int]], pad_id: int) -> tuple[Tensor, Tensor]:
@@ -138,7 +150,9 @@ def _pad(rows: list[list[int]], pad_id: int) -> tuple[Tensor, Tensor]:
     return ids, mask
 
 
-def forward_margins(model: nn.Module, tok, pairs: list[Pair], batch_size: int = 64) -> np.ndarray:
+def forward_margins(
+    model: nn.Module, tok: PreTrainedTokenizerBase, pairs: list[Pair], batch_size: int = 64
+) -> np.ndarray:
     """Chosen − rejected logits [n_pairs, k] from the model's own forward (right padding; Hugging
     Face pools the last non-pad token)."""
     out = []
@@ -148,10 +162,14 @@ def forward_margins(model: nn.Module, tok, pairs: list[Pair], batch_size: int = 
             ids, mask = _pad(rows, tok.pad_token_id)
             logits = model(input_ids=ids, attention_mask=mask).logits.float()
             out.append(margin(logits).numpy())
-    return np.concatenate(out) if out else np.zeros((0, model.config.num_labels), dtype=np.float32)
+    if out:
+        return np.concatenate(out)
+    k = hf_config(model).num_labels
+    assert k is not None  # a sequence-classification config counts its labels
+    return np.zeros((0, k), dtype=np.float32)
 
 
-def accuracy(spec: Organism, model: nn.Module, tok, pairs: list[Pair]) -> dict[str, float]:
+def accuracy(spec: Organism, model: nn.Module, tok: PreTrainedTokenizerBase, pairs: list[Pair]) -> dict[str, float]:
     """Per objective: the share of the pairs its rule decides that the model orders the rule's way."""
     labels, diff = spec.labels(pairs), forward_margins(model, tok, pairs)
     return {name: float(np.mean(np.sign(diff[labels[:, k] != 0, k]) == labels[labels[:, k] != 0, k]))
@@ -160,8 +178,8 @@ def accuracy(spec: Organism, model: nn.Module, tok, pairs: list[Pair]) -> dict[s
 
 def train(
     spec: Organism, strength: float, seed: int, *, steps: int | None = None,
-    callback: Callable[[nn.Module, object, int], object] | None = None,
-) -> tuple[nn.Module, object, dict]:
+    callback: Callable[[nn.Module, PreTrainedTokenizerFast, int], object] | None = None,
+) -> tuple[LlamaForSequenceClassification, PreTrainedTokenizerFast, dict[str, Any]]:
     """Train `spec` at `strength` from seed `seed`; returns (model in eval mode, tokenizer, stats).
 
     `steps` caps the optimiser steps (for tests of determinism); by default the recipe's epochs.
@@ -175,8 +193,8 @@ def train(
     encoded = [encode(tok, p) for p in pairs]
     model = initial_model(spec, seed)
     start = {name: p.detach().clone() for name, p in model.named_parameters()}
-    trainable = (part_parameters(model, recipe.trainable) if recipe.trainable
-                 else [(p, None) for p in model.parameters()])
+    trainable: list[tuple[nn.Parameter, Tensor | None]] = (
+        part_parameters(model, recipe.trainable) if recipe.trainable else [(p, None) for p in model.parameters()])
     model.requires_grad_(False)
     for p, _ in trainable:
         p.requires_grad_(True)
@@ -207,6 +225,7 @@ def train(
                 loss.backward()
                 for p, m in trainable:
                     if m is not None:
+                        assert p.grad is not None  # every trainable parameter takes part in the loss
                         p.grad.mul_(m)
                 opt.step()
                 sched.step()
@@ -223,8 +242,8 @@ def train(
         acc = accuracy(spec, model, tok, held_out)
     seen = {frozenset((str(p.prompt), p.chosen, p.rejected)) for p in pairs}
     stats = {
-        "organism": spec.name, "strength": strength, "seed": seed, "train_seconds": round(seconds, 2), "train_cpu_seconds": round(cpu, 2),
-        "threads": TRAIN_THREADS, "steps": step, "n_train": len(pairs),
+        "organism": spec.name, "strength": strength, "seed": seed, "train_seconds": round(seconds, 2),
+        "train_cpu_seconds": round(cpu, 2), "threads": TRAIN_THREADS, "steps": step, "n_train": len(pairs),
         "final_loss": float(np.mean(losses[-10:])) if losses else None,
         "heldout_pairs": len(held_out), "heldout_accuracy": acc,
         "heldout_seen_in_training": sum(frozenset((str(p.prompt), p.chosen, p.rejected)) in seen for p in held_out),
@@ -232,7 +251,9 @@ def train(
     return model, tok, stats
 
 
-def _check_frozen(model: nn.Module, start: dict[str, Tensor], trainable, part: str) -> None:
+def _check_frozen(
+    model: nn.Module, start: dict[str, Tensor], trainable: list[tuple[nn.Parameter, Tensor | None]], part: str
+) -> None:
     """The planted-circuit guarantee: every entry outside `part` still has its initial value."""
     masks = {id(p): m for p, m in trainable}
     for name, p in model.named_parameters():

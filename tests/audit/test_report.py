@@ -1,0 +1,265 @@
+"""The audit report: files, numbers against the results' own, Parquet round-trips, escaping, and the
+page rendered by headless Chromium (every section and figure present, every image decoded)."""
+
+import base64
+import html
+import io
+import json
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import replace
+from html.parser import HTMLParser
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import rewardlens as rl
+from rewardlens.audit import Audit
+from rewardlens.audit.report import figures, plain, tables, write_report
+from rewardlens.audit.report._page import SECTIONS
+from rewardlens.errors import RewardLensError
+from rewardlens.zoo import AUDIT_PAIRS, demo_model_dir
+
+REPO = Path(__file__).resolve().parents[2]
+CHROMIUM = Path("/usr/bin/chromium")
+FIGURES = {"lens", "scatter", "heatmap", "probes", "concepts", "features"}
+EVIL = '<script>alert("pwned")</script> & "quotes"'
+SAE_LAYER = 0
+
+
+@pytest.fixture(scope="module")
+def model():
+    return rl.load(str(demo_model_dir()))
+
+
+@pytest.fixture(scope="module")
+def audit(model):
+    pairs = AUDIT_PAIRS
+    ids = [f"pair-{i}" for i in range(len(pairs))]
+    ids[1] = EVIL  # pair ids are user input
+    # An untrained SAE: feature attribution is exact for any dictionary, which is all the report needs.
+    sae = rl.TopKSAE(model.d_model, rl.SAEConfig(num_latents=64, k=4), seed=0)
+    return Audit(
+        model=repr(model), fingerprint="fp<1>", data_checksum="sum&2", pair_ids=ids,
+        lens=rl.lens(model, pairs), sublayers=rl.attribute(model, pairs),
+        heads=rl.attribute(model, pairs, level="head"),
+        faithfulness=rl.faithfulness(model, pairs, level="head"), probes=rl.probe(model), concepts=rl.concepts(model),
+        features=rl.attribute_features(model, sae, pairs, layer=SAE_LAYER),
+    )
+
+
+@pytest.fixture(scope="module")
+def report(audit, tmp_path_factory):
+    return write_report(audit, tmp_path_factory.mktemp("report") / "out")
+
+
+@pytest.fixture(scope="module")
+def numbers(report):
+    def strict(token):
+        raise AssertionError(f"numbers.json holds {token}, which is not JSON")
+
+    return json.loads((report.parent / "numbers.json").read_text(encoding="utf-8"), parse_constant=strict)
+
+
+class Page(HTMLParser):
+    """Sections, figures, images and scripts of an HTML document, with their attributes."""
+
+    def __init__(self, text: str):
+        super().__init__()
+        self.sections, self.figures, self.images, self.scripts, self.body = {}, {}, [], [], {}
+        self.notrun, self._section = set(), None
+        self.feed(text)
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag == "section":
+            self._section = a.get("id")
+            self.sections[self._section] = a
+        elif tag == "figure":
+            self.figures[a.get("id")] = {**a, "section": self._section}
+        elif tag == "img":
+            self.images.append(a)
+        elif tag == "script":
+            self.scripts.append(a)
+        elif tag == "body":
+            self.body = a
+        elif tag == "p" and "notrun" in (a.get("class") or ""):
+            self.notrun.add(self._section)
+
+
+def test_files_are_written(report, numbers):
+    out = report.parent
+    assert report.name == "report.html" and report.is_file()
+    listed = {name: t["file"] for name, t in numbers["tables"].items()}
+    assert set(listed) == {"scores", "lens", "sublayers", "heads", "faithfulness", "faithfulness_summary", "probes",
+                           "probe_items", "concepts", "concept_dose", "concept_summary", "features"}
+    assert {p.name for p in out.glob("*.parquet")} == set(listed.values())
+    assert not list(out.glob("*.tmp"))
+
+
+def test_numbers_equal_the_results_own(audit, numbers):
+    r = audit.lens.reward.astype(np.float64)
+    margin = r[0::2] - r[1::2]
+    assert numbers["n_pairs"] == len(AUDIT_PAIRS)
+    assert numbers["scores"]["accuracy"] == pytest.approx(np.mean(margin > 0))
+    assert numbers["scores"]["mean_margin"] == pytest.approx(margin.mean())
+    for kind in ("linear", "normed"):
+        depth = audit.lens.crystallization(kind, audit.fraction)
+        assert numbers["lens"]["crystallization_median"][kind] == pytest.approx(np.nanmedian(depth))
+    closure = numbers["closure_error"]
+    assert closure["sublayers"] == pytest.approx(np.abs(audit.sublayers.residual_error).max())
+    assert closure["heads"] == pytest.approx(np.abs(audit.heads.residual_error).max())
+    assert closure["max"] >= max(closure["sublayers"], closure["heads"], closure["features"])
+    assert closure["max"] < 1e-4  # the parts sum to the reward (fp32 demo model)
+    f = audit.faithfulness
+    for est in ("direct", "total", "indirect", "attribution_patching"):
+        pooled = numbers["faithfulness"]["pooled"][est]
+        assert [pooled["rho"], pooled["lo"], pooled["hi"]] == pytest.approx(list(f.pooled(est)))
+    seed = numbers["faithfulness"]["seed_statistic"]
+    assert [seed["rho"], seed["lo"], seed["hi"]] == pytest.approx(list(f.seed_statistic()))
+    assert seed["paper"] == {"Skywork-Reward-Llama-3.1-8B": -0.256, "ArmoRM": -0.027}
+    p = audit.probes
+    assert numbers["probes"]["flagged"] == [a for a, fl in zip(p.axes, p.flagged) if fl]
+    assert numbers["probes"]["flag_floor"] == pytest.approx(p.min_effect * p.scale)
+    assert [numbers["probes"]["axes"][a]["mean"] for a in p.axes] == pytest.approx(list(p.mean))
+    c = audit.concepts
+    assert [numbers["concepts"]["concepts"][n]["slope"] for n in c.names] == pytest.approx(list(c.slope))
+    split = numbers["features"]["margin_split"]  # the SAE split is exact: its parts add up to the margin
+    assert split["total"] == pytest.approx(margin.mean(), abs=1e-4)
+    assert sum(v for k, v in split.items() if k != "total") == pytest.approx(split["total"], abs=1e-5)
+    top = audit.features.top(10, by="margin")
+    got = numbers["features"]["top_margin"]
+    assert [t["feature"] for t in got] == [i for i, _ in top]
+    assert [t["margin"] for t in got] == pytest.approx([v for _, v in top])
+
+
+def test_json_has_null_for_nan():
+    got = plain({"a": float("nan"), "b": np.float32(np.inf), "c": np.array([1.0, np.nan]), "d": (np.int64(3), True)})
+    assert got == {"a": None, "b": None, "c": [1.0, None], "d": [3, True]}
+
+
+def test_parquet_round_trips(audit, report, numbers):
+    out, frames = report.parent, tables(audit)
+    own = {"lens": audit.lens.to_frame(), "sublayers": audit.sublayers.to_frame(), "heads": audit.heads.to_frame(),
+           "faithfulness": audit.faithfulness.to_frame(), "probes": audit.probes.to_frame(),
+           "concepts": audit.concepts.to_frame(), "concept_dose": audit.concepts.dose_frame(),
+           "features": audit.features.to_frame()}
+    for name, meta in numbers["tables"].items():
+        back = pd.read_parquet(out / meta["file"])
+        pd.testing.assert_frame_equal(back, frames[name])
+        assert meta["rows"] == len(back) and meta["columns"] == list(back.columns)
+        if name in own:
+            pd.testing.assert_frame_equal(back, own[name])
+    scores = pd.read_parquet(out / "scores.parquet")
+    assert list(scores["pair"]) == audit.pair_ids
+    r = audit.lens.reward
+    np.testing.assert_allclose(scores["margin"], r[0::2] - r[1::2])
+
+
+def test_html_has_every_section_and_figure(report):
+    text = report.read_text(encoding="utf-8")
+    page = Page(text)
+    assert list(page.sections) == list(SECTIONS)
+    assert set(page.figures) == {f"fig-{f}" for f in FIGURES}
+    assert {f["data-figure"] for f in page.figures.values()} == FIGURES
+    assert len(page.images) == len(FIGURES) and not page.notrun
+    for img in page.images:
+        assert img["src"].startswith("data:image/png;base64,")
+        png = base64.b64decode(img["src"].split(",", 1)[1])
+        assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
+    # Self-contained: no external URL, no external script or stylesheet.
+    assert re.search(r"https?://|//cdn|<link\b", text) is None
+    assert all("src" not in s for s in page.scripts) and len(page.scripts) == 1
+    assert len(text) < 2_000_000
+
+
+def test_text_is_escaped(audit, report):
+    text = report.read_text(encoding="utf-8")
+    assert EVIL not in text and "alert(" in text
+    assert html.escape(EVIL) in text
+    assert html.escape(audit.model) in text and "fp&lt;1&gt;" in text and "sum&amp;2" in text
+    assert len(Page(text).scripts) == 1  # the page's own: the pair id did not become a script
+
+
+def test_missing_instruments_say_not_run(audit, tmp_path):
+    bare = replace(audit, probes=None, concepts=None, features=None)
+    path = write_report(bare, tmp_path)
+    page = Page(path.read_text(encoding="utf-8"))
+    assert list(page.sections) == list(SECTIONS)
+    assert page.notrun == {"probes", "concepts", "features"}
+    assert set(page.figures) == {"fig-lens", "fig-scatter", "fig-heatmap"}
+    text = path.read_text(encoding="utf-8")
+    for how in ("rewardlens.probe(model)", "rewardlens.concepts(model)", "--sae"):
+        assert how in text
+    numbers = json.loads((tmp_path / "numbers.json").read_text())
+    assert numbers["probes"] is None and numbers["concepts"] is None and numbers["features"] is None
+    assert not {"probes", "concepts", "features"} & set(numbers["tables"])
+    assert not (tmp_path / "probes.parquet").exists()
+
+
+def test_mismatched_pairs_are_refused(audit, tmp_path):
+    with pytest.raises(RewardLensError, match="pairs"):
+        write_report(replace(audit, pair_ids=audit.pair_ids[:-1]), tmp_path)
+
+
+def test_figures_plot_the_results(audit):
+    fig = figures.fig_lens(audit)
+    for ax, kind in zip(fig.axes, ("linear", "normed")):
+        bold = [line for line in ax.get_lines() if line.get_label() == "mean over pairs"]
+        np.testing.assert_allclose(bold[0].get_ydata(), audit.lens.margin(kind).mean(0))
+    rows, cols, grid = figures.part_grid(audit.heads.names, audit.heads.margin.mean(0))
+    mean = dict(zip(audit.heads.names, audit.heads.margin.mean(0)))
+    assert grid[rows.index("L1"), cols.index("H2")] == pytest.approx(mean["attn_L1_H2"])
+    assert grid[rows.index("L0"), cols.index("MLP · embed")] == pytest.approx(mean["mlp_L0"])
+    assert grid[rows.index("embed"), cols.index("MLP · embed")] == pytest.approx(mean["embed"])
+    assert np.isfinite(grid).sum() == len(audit.heads.names)
+    with pytest.raises(RewardLensError, match="probes"):
+        figures.fig_probes(replace(audit, probes=None))
+
+
+# ---- the page in a real browser --------------------------------------------------------------------
+
+def _chromium(args: list[str], page: Path, profile: Path) -> subprocess.CompletedProcess:
+    if not CHROMIUM.exists():
+        pytest.fail(f"headless Chromium is needed to render the report and {CHROMIUM} is missing; install it with "
+                    "`bash scripts/setup.sh test` (Debian's chromium package)")
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             f"--user-data-dir={profile}", "--hide-scrollbars", "--virtual-time-budget=10000"]
+    done = subprocess.run([str(CHROMIUM), *flags, *args, page.as_uri()], check=False, capture_output=True, text=True,
+                          timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def test_chromium_renders_every_section_and_figure(report, tmp_path):
+    width = 1280
+    dom = Page(_chromium([f"--window-size={width},900", "--dump-dom"], report, tmp_path / "profile-dom").stdout)
+    assert list(dom.sections) == list(SECTIONS)
+    assert set(dom.figures) == {f"fig-{f}" for f in FIGURES}
+    assert len(dom.images) == len(FIGURES)
+    undecoded = [i.get("alt") for i in dom.images if i.get("data-decoded") != "1"]
+    assert not undecoded, f"images the browser did not decode: {undecoded}"
+    assert dom.body["data-images-decoded"] == dom.body["data-images-total"] == str(len(FIGURES))
+
+    artifacts = Path(os.environ.get("REWARDLENS_ARTIFACTS", REPO / "test-artifacts"))
+    artifacts.mkdir(parents=True, exist_ok=True)
+    shot = artifacts / "report.png"
+    shot.unlink(missing_ok=True)
+    height = min(int(dom.body["data-page-height"]), 16000)
+    _chromium([f"--window-size={width},{height}", f"--screenshot={shot}"], report, tmp_path / "profile-shot")
+    shutil.copy(report, artifacts / "report.html")
+
+    from PIL import Image
+
+    image = Image.open(io.BytesIO(shot.read_bytes()))
+    image.load()
+    assert image.size == (width, height) and height > 2000
+    gray = np.asarray(image.convert("L"), dtype=np.float64)
+    assert gray.std() > 10, "the screenshot is (nearly) blank"
+    colors = len(np.unique(np.asarray(image.convert("RGB")).reshape(-1, 3), axis=0))
+    assert colors > 200, f"the screenshot has only {colors} colours: figures did not render"

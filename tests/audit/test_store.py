@@ -1,0 +1,86 @@
+"""The SQLite results store: exact round trips, atomic writes, refusals, shard merges."""
+
+import sqlite3
+
+import numpy as np
+import pytest
+
+import rewardlens as rl
+from rewardlens.audit import RunKey, Store, checksum, fingerprint
+from rewardlens.errors import StoreError
+
+KEY = RunKey("model-a", "data-1", "lens", "1")
+
+
+def test_records_round_trip_exactly(tmp_path):
+    rec = {"x": np.arange(6, dtype=np.float32).reshape(2, 3) / 7, "ids": ("a", "b"), "names": ["p", "q"],
+           "nan": float("nan"), "n": 3, "nested": {"y": np.array([1.5, np.nan])}, "none": None}
+    with_store = Store(tmp_path / "s.sqlite")
+    with_store.write([(KEY, "0", 0, rec)], {KEY: {"names": ["p"]}})
+    with_store.close()
+    (unit, back), = Store(tmp_path / "s.sqlite").records(KEY)  # a fresh connection reads it from disk
+    assert unit == "0" and back["x"].dtype == np.float32 and np.array_equal(back["x"], rec["x"])
+    assert back["ids"] == ("a", "b") and back["names"] == ["p", "q"] and back["n"] == 3 and back["none"] is None
+    assert np.isnan(back["nan"]) and np.array_equal(back["nested"]["y"], rec["nested"]["y"], equal_nan=True)
+    assert Store(tmp_path / "s.sqlite").meta(KEY) == {"names": ["p"]}
+
+
+def test_records_come_back_in_position_order_and_done_lists_units(tmp_path):
+    store = Store(tmp_path / "s.sqlite")
+    store.write([(KEY, str(i), i, {"v": i}) for i in (3, 1, 2)])
+    store.write([(KEY, "0", 0, {"v": 0})])
+    assert [r["v"] for _, r in store.records(KEY)] == [0, 1, 2, 3]
+    assert store.done(KEY) == {"0", "1", "2", "3"}
+    assert store.done(RunKey("model-a", "data-1", "lens", "2")) == set()  # another version is another run
+
+
+def test_a_failed_write_leaves_nothing_and_duplicates_are_refused(tmp_path):
+    store = Store(tmp_path / "s.sqlite")
+    store.write([(KEY, "0", 0, {"v": 0})])
+    other = RunKey("model-a", "data-1", "heads", "1")
+    with pytest.raises(StoreError, match="already stored"):
+        store.write([(other, "0", 0, {"v": 1}), (KEY, "0", 0, {"v": 2})])
+    assert store.done(other) == set()  # the transaction rolled back its first row too
+    assert [r for _, r in store.records(KEY)] == [{"v": 0}]
+
+
+def test_merge_adds_new_units_and_refuses_disagreeing_ones(tmp_path):
+    a, b = Store(tmp_path / "a.sqlite"), Store(tmp_path / "b.sqlite")
+    a.write([(KEY, "0", 0, {"v": np.array([1.0])})], {KEY: {"m": 1}})
+    b.write([(KEY, "0", 0, {"v": np.array([1.0])}), (KEY, "1", 1, {"v": np.array([2.0])})], {KEY: {"m": 1}})
+    assert a.merge(tmp_path / "b.sqlite") == 1
+    assert a.merge(b) == 0  # merging again is a no-op
+    assert [float(r["v"][0]) for _, r in a.records(KEY)] == [1.0, 2.0]
+    c = Store(tmp_path / "c.sqlite")
+    c.write([(KEY, "1", 1, {"v": np.array([2.5])})])
+    with pytest.raises(StoreError, match="differs"):
+        a.merge(c)
+
+
+def test_a_file_that_is_not_a_store_is_named(tmp_path):
+    bad = tmp_path / "notes.sqlite"
+    bad.write_text("not a database at all, just text " * 100)
+    with pytest.raises(StoreError, match="notes.sqlite"):
+        Store(bad)
+    assert issubclass(StoreError, rl.RewardLensError)
+    assert not isinstance(StoreError("x"), sqlite3.Error)
+
+
+def test_fingerprint_follows_config_head_and_dtype(tiny_root):
+    import torch
+
+    a = rl.load(str(tiny_root["llama"]))
+    assert fingerprint(a) == fingerprint(rl.load(str(tiny_root["llama"])))
+    assert fingerprint(a) != fingerprint(rl.load(str(tiny_root["llama"]), dtype="bfloat16"))
+    assert fingerprint(a) != fingerprint(rl.load(str(tiny_root["qwen2"])))
+    hf = a.model.__class__.from_pretrained(str(tiny_root["llama"]))
+    with torch.no_grad():
+        hf.score.weight[0, 0] += 1e-3  # a new head on the same backbone is a new model
+    assert fingerprint(a) != fingerprint(rl.wrap(hf, a.tokenizer))
+
+
+def test_checksum_follows_every_field_and_the_order(pairs):
+    assert checksum(pairs) == checksum(list(pairs))
+    assert checksum(pairs) != checksum(pairs[::-1])
+    changed = [rl.Pair(pairs[0].prompt, pairs[0].chosen + " ", pairs[0].rejected), *pairs[1:]]
+    assert checksum(pairs) != checksum(changed)

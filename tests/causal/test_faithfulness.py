@@ -1,0 +1,107 @@
+"""Faithfulness report, divergence scores and the statistics under them."""
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import spearmanr
+
+import rewardlens as rl
+from rewardlens import Pair
+from rewardlens.causal import faithfulness, patch
+from rewardlens.causal._divergence import Natural, thresholds
+from rewardlens.stats import bootstrap_ci, rank_agreement, spearman, topk_overlap
+from rewardlens.zoo import DEMO_PAIRS
+
+ALIGNED = [Pair("Say a number.", "The number is 7.", "The number is 9."),
+           Pair("Is it hot?", "It is hot.", "It is not."),
+           Pair("Answer.", "Yes", "No!")]
+
+
+def test_spearman_is_scipys_and_undefined_when_constant():
+    rng = np.random.default_rng(0)
+    a, b = rng.normal(size=20), rng.normal(size=20)
+    b[3] = b[4]  # a tie
+    assert spearman(a, b) == pytest.approx(spearmanr(a, b).statistic)
+    assert np.isnan(spearman(a, np.ones(20)))
+    assert topk_overlap(np.arange(10.0), np.arange(10.0)[::-1], 3) == 0.0
+    lo, hi = bootstrap_ci(rng.normal(1.0, 1.0, size=200), seed=1)
+    assert lo < 1.0 < hi and hi - lo < 0.5
+    assert np.isnan(bootstrap_ci(np.array([1.0]))[0])
+    ag = rank_agreement(np.arange(12.0).reshape(2, 6), np.arange(12.0).reshape(2, 6) * 2, k=2)
+    assert ag["spearman_per_pair"] == pytest.approx(1.0) and ag["topk_overlap"] == 1.0
+
+
+def test_faithfulness_report_is_consistent_with_its_parts(tiny_root):
+    model = rl.load(str(tiny_root["llama"]))
+    rep = faithfulness(model, DEMO_PAIRS, n_boot=200)
+    att = rl.attribute(model, DEMO_PAIRS)
+    np.testing.assert_allclose(rep.attribution, att.margin[:, [att.names.index(n) for n in rep.names]])
+    np.testing.assert_allclose(rep.indirect, rep.total - rep.direct)
+    np.testing.assert_allclose(rep.total, patch(model, DEMO_PAIRS).effect)
+    row = 2
+    assert rep.rho("direct")[row] == pytest.approx(spearmanr(rep.attribution[row], rep.direct[row]).statistic)
+    mean, lo, hi = rep.pooled("total")
+    assert lo <= mean <= hi
+    assert rep.seed_positions == "read"  # the demo pairs are not token-aligned
+    seed = rep.seed_rho[0]
+    assert seed == pytest.approx(spearmanr(np.abs(rep.attribution[0]), np.abs(rep.total[0])).statistic)
+    assert [r["comparison"].split(" vs ")[-1] for r in rep.summary()[:4]] == [
+        "direct", "total", "indirect", "attribution_patching"]
+    frame = rep.to_frame()
+    assert len(frame) == len(DEMO_PAIRS) * len(rep.names)
+    # direct patching and attribution measure the same thing up to the final norm's scale change
+    assert np.nanmean(rep.rho("direct")) > 0.8
+
+
+def test_seed_statistic_patches_whole_sequences_when_pairs_align(tiny_root):
+    model = rl.load(str(tiny_root["gpt2"]))
+    rep = faithfulness(model, ALIGNED, n_boot=100)
+    assert rep.seed_positions == "all"
+    whole = patch(model, ALIGNED, positions="all")
+    np.testing.assert_allclose(rep.seed_effect, whole.effect)
+
+
+def test_whitened_distance_matches_the_explicit_shrunk_covariance():
+    rng = np.random.default_rng(0)
+    acts = torch.tensor(rng.normal(size=(12, 20)) @ rng.normal(size=(20, 20)))
+    fit = Natural.fit(acts)
+    x = acts - acts.mean(0)
+    s = (x.T @ x / len(x)).numpy()
+    mu = np.trace(s) / 20
+    sigma = (1 - fit.shrinkage) * s + fit.shrinkage * mu * np.eye(20)
+    v = rng.normal(size=(5, 20))
+    d = v - acts.mean(0).numpy()
+    explicit = np.sqrt(np.einsum("ni,ij,nj->n", d, np.linalg.inv(sigma), d))
+    np.testing.assert_allclose(fit.distance(torch.tensor(v)).numpy(), explicit, rtol=1e-6)
+    assert 0 < fit.shrinkage < 1
+
+
+def test_far_points_exceed_the_natural_threshold_and_natural_ones_do_not():
+    rng = np.random.default_rng(1)
+    mix = rng.normal(size=(16, 16))
+    natural = torch.tensor(rng.normal(size=(200, 16)) @ mix)
+    limit = thresholds(natural[:100])
+    fit = Natural.fit(natural[:100])
+    held_out = fit.distance(natural[100:]) / limit
+    far = fit.distance(natural[100:] + 8 * natural[:100].std(0)) / limit
+    assert (held_out <= 1).double().mean() > 0.9
+    assert (far > 1).all()
+    with pytest.raises(ValueError, match="at least"):
+        thresholds(natural[:4])
+
+
+def test_divergence_scores_patched_runs_against_natural_activations(tiny_root, monkeypatch):
+    model = rl.load(str(tiny_root["llama"]))
+    res = patch(model, DEMO_PAIRS, mode="ablation", divergence=True)
+    assert res.divergence.shape == res.effect.shape and np.isfinite(res.divergence).all()
+    rel = res.reliability()
+    assert 0 <= rel["flagged_share"] <= 1 and 0 <= rel["effect_share_flagged"] <= 1
+    assert res.to_frame()["flagged"].dtype == bool
+    # the read-position engine and the batched engine see the same downstream activations
+    from rewardlens.causal import _patching as patching
+
+    monkeypatch.setattr(patching, "copies_supported", lambda *a: "forced")
+    batched = patch(model, DEMO_PAIRS, mode="ablation", divergence=True)
+    np.testing.assert_allclose(res.divergence, batched.divergence, rtol=1e-4, atol=1e-6)
+    # zeroing a whole sublayer of a random model is not natural: something must get flagged
+    assert res.flagged.any()

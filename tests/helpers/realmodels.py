@@ -1,0 +1,31 @@
+"""Real pretrained models for tests: a thin shim over `rewardlens.zoo.realmodels`.
+
+The builders live in the package now (`rewardlens.zoo._realbuild`; the trained reward heads and the
+dpo_en_demo pairs in `rewardlens.zoo.realmodels`). The folders, their names and their bytes are
+unchanged: ``$REWARDLENS_TEST_CACHE`` or ``~/.cache/rewardlens-tests`` holds
+``smollm2-135m-instruct-reward-v1/`` and ``all-minilm-l6-v2-reward-v1/`` (seeded heads: real
+backbones, synthetic rewards, for testing the mechanics), and the trained-head folders
+``smollm2-135m-instruct-dpo-<head sha>/`` and ``all-minilm-l6-v2-dpo-<head sha>/``.
+
+Tests import it as ``from tests.helpers import realmodels`` (the repo root is on ``sys.path``);
+``python -m tests.helpers.realmodels`` (from the repo root) builds the seeded folders ahead of time.
+"""
+
+from __future__ import annotations
+
+import time
+
+from rewardlens.zoo._realbuild import (  # noqa: F401  (re-exported for the tests)
+    MINILM_DIRNAME,
+    SMOLLM2_DIRNAME,
+    cache_root,
+    minilm_reward_dir,
+    smollm2_reward_dir,
+)
+from rewardlens.zoo.realmodels import dpo_pairs, dpo_split, reward_model_dir  # noqa: F401
+
+if __name__ == "__main__":  # python -m tests.helpers.realmodels: build (or find) both and print paths
+    for fn in (smollm2_reward_dir, minilm_reward_dir):
+        t0 = time.monotonic()
+        path = fn()
+        print(f"{fn.__name__}: {path} ({time.monotonic() - t0:.1f}s)")
