@@ -1,49 +1,62 @@
-"""rewardlens: mechanistic interpretability of reward models, read along the reward head."""
+"""rewardlens: mechanistic interpretability of reward models, read along the reward head.
+
+The names below load on first use (PEP 562): `import rewardlens` and the command line's argument
+checks import neither torch nor transformers; `rl.load`, `from rewardlens import patch`, ... import
+the subpackage that defines the name the first time it is asked for.
+"""
+
+import importlib as _importlib
+import sys as _sys
+import types as _types
+from typing import TYPE_CHECKING
+from typing import Any as _Any
 
 from ._version import __version__ as __version__
-from .audit import Audit as Audit
-from .audit import Store as Store
-from .audit import audit as audit
-from .calibrate import Scorecard as Scorecard
-from .calibrate import calibrate as calibrate
-from .causal import Faithfulness as Faithfulness
-from .causal import Patching as Patching
-from .causal import attribution_patch as attribution_patch
-from .causal import faithfulness as faithfulness
-from .causal import patch as patch
-from .compare import Comparison as Comparison
-from .compare import compare as compare
-from .data import Pair as Pair
-from .data import load_pairs as load_pairs
-from .errors import RewardLensError as RewardLensError
-from .exact import Attribution as Attribution
-from .exact import Lens as Lens
-from .exact import attribute as attribute
-from .exact import lens as lens
-from .hacking import Cascades as Cascades
-from .hacking import Concepts as Concepts
-from .hacking import Conflicts as Conflicts
-from .hacking import Distortion as Distortion
-from .hacking import Edit as Edit
-from .hacking import Probes as Probes
-from .hacking import cascade as cascade
-from .hacking import concepts as concepts
-from .hacking import conflict as conflict
-from .hacking import distortion as distortion
-from .hacking import edit as edit
-from .hacking import probe as probe
-from .model import ArchitectureMap as ArchitectureMap
-from .model import RewardModel as RewardModel
-from .model import load as load
-from .model import register_architecture as register_architecture
-from .model import wrap as wrap
-from .monitor import Monitor as Monitor
-from .monitor import Trajectory as Trajectory
-from .sae import SAEConfig as SAEConfig
-from .sae import TopKSAE as TopKSAE
-from .sae import attribute_features as attribute_features
-from .sae import load_sae as load_sae
-from .sae import train_sae as train_sae
+
+if TYPE_CHECKING:
+    from .audit import Audit as Audit
+    from .audit import Store as Store
+    from .audit import audit as audit
+    from .calibrate import Scorecard as Scorecard
+    from .calibrate import calibrate as calibrate
+    from .causal import Faithfulness as Faithfulness
+    from .causal import Patching as Patching
+    from .causal import attribution_patch as attribution_patch
+    from .causal import faithfulness as faithfulness
+    from .causal import patch as patch
+    from .compare import Comparison as Comparison
+    from .compare import compare as compare
+    from .data import Pair as Pair
+    from .data import load_pairs as load_pairs
+    from .errors import RewardLensError as RewardLensError
+    from .exact import Attribution as Attribution
+    from .exact import Lens as Lens
+    from .exact import attribute as attribute
+    from .exact import lens as lens
+    from .hacking import Cascades as Cascades
+    from .hacking import Concepts as Concepts
+    from .hacking import Conflicts as Conflicts
+    from .hacking import Distortion as Distortion
+    from .hacking import Edit as Edit
+    from .hacking import Probes as Probes
+    from .hacking import cascade as cascade
+    from .hacking import concepts as concepts
+    from .hacking import conflict as conflict
+    from .hacking import distortion as distortion
+    from .hacking import edit as edit
+    from .hacking import probe as probe
+    from .model import ArchitectureMap as ArchitectureMap
+    from .model import RewardModel as RewardModel
+    from .model import load as load
+    from .model import register_architecture as register_architecture
+    from .model import wrap as wrap
+    from .monitor import Monitor as Monitor
+    from .monitor import Trajectory as Trajectory
+    from .sae import SAEConfig as SAEConfig
+    from .sae import TopKSAE as TopKSAE
+    from .sae import attribute_features as attribute_features
+    from .sae import load_sae as load_sae
+    from .sae import train_sae as train_sae
 
 __all__ = [
     "ArchitectureMap", "Attribution", "Audit", "Cascades", "Comparison", "Concepts", "Conflicts", "Distortion", "Edit",
@@ -52,3 +65,45 @@ __all__ = [
     "calibrate", "cascade", "compare", "concepts", "conflict", "distortion", "edit", "faithfulness", "lens", "load",
     "load_pairs", "load_sae", "patch", "probe", "register_architecture", "train_sae", "wrap",
 ]
+
+# Each public name → the subpackage face that defines it (the imports above, for the type checker).
+_FACE: dict[str, str] = {
+    **dict.fromkeys(("Audit", "Store", "audit"), "audit"),
+    **dict.fromkeys(("Scorecard", "calibrate"), "calibrate"),
+    **dict.fromkeys(("Faithfulness", "Patching", "attribution_patch", "faithfulness", "patch"), "causal"),
+    **dict.fromkeys(("Comparison", "compare"), "compare"),
+    **dict.fromkeys(("Pair", "load_pairs"), "data"),
+    **dict.fromkeys(("RewardLensError",), "errors"),
+    **dict.fromkeys(("Attribution", "Lens", "attribute", "lens"), "exact"),
+    **dict.fromkeys(("Cascades", "Concepts", "Conflicts", "Distortion", "Edit", "Probes", "cascade", "concepts",
+                     "conflict", "distortion", "edit", "probe"), "hacking"),
+    **dict.fromkeys(("ArchitectureMap", "RewardModel", "load", "register_architecture", "wrap"), "model"),
+    **dict.fromkeys(("Monitor", "Trajectory"), "monitor"),
+    **dict.fromkeys(("SAEConfig", "TopKSAE", "attribute_features", "load_sae", "train_sae"), "sae"),
+}
+
+
+def __getattr__(name: str) -> _Any:
+    face = _FACE.get(name)
+    if face is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(_importlib.import_module(f".{face}", __name__), name)
+    globals()[name] = value  # later lookups are plain attribute reads
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
+
+class _Package(_types.ModuleType):
+    """Importing a subpackage binds it on its parent; `audit`, `calibrate` and `compare` are also
+    functions of this face, and the function must win (as it did when every name loaded eagerly)."""
+
+    def __setattr__(self, name: str, value: _Any) -> None:
+        if name in _FACE and isinstance(value, _types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+_sys.modules[__name__].__class__ = _Package

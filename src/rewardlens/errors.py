@@ -33,8 +33,28 @@ class StoreError(RewardLensError):
     """The results store is unreadable, incomplete for what was asked, or two shards disagree."""
 
 
+class StoreLockedError(StoreError):
+    """Another process held the results store's lock for longer than the store's timeout.
+
+    Its own class because a lock is transient: the store is fine, and the fix is to wait, never to
+    replace the file (SQLite's "database is locked" never means a damaged file).
+    """
+
+
+class RunLockedError(StoreError):
+    """Another run holds the output folder's run lock; the message names its pid and start time."""
+
+
 class RewardLensWarning(UserWarning):
     """Something deliberate but surprising happened (e.g. pad = eos moved the read token)."""
+
+
+class DegeneratePairsWarning(RewardLensWarning):
+    """Some preference pairs are degenerate (empty response, identical sides, duplicate id or pair).
+
+    A subclass so a caller can filter, record or escalate exactly this warning; `strict=True` on
+    `load_pairs`/`check_pairs` raises the same report as a `DataError`.
+    """
 
 
 def warn(message: str) -> None:

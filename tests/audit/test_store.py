@@ -60,10 +60,41 @@ def test_merge_adds_new_units_and_refuses_disagreeing_ones(tmp_path):
 def test_a_file_that_is_not_a_store_is_named(tmp_path):
     bad = tmp_path / "notes.sqlite"
     bad.write_text("not a database at all, just text " * 100)
-    with pytest.raises(StoreError, match="notes.sqlite"):
+    with pytest.raises(StoreError, match="notes.sqlite is not a rewardlens results store") as info:
         Store(bad)
+    assert "left untouched" in str(info.value) and "delete" not in str(info.value).lower()
     assert issubclass(StoreError, rl.RewardLensError)
     assert not isinstance(StoreError("x"), sqlite3.Error)
+
+
+def test_another_programs_database_is_refused_untouched(tmp_path):
+    path = tmp_path / "app.sqlite"
+    db = sqlite3.connect(path)
+    db.execute("CREATE TABLE notes (id INTEGER PRIMARY KEY, body TEXT)")
+    db.execute("INSERT INTO notes (body) VALUES ('keep me')")
+    db.commit()
+    db.close()
+    before = path.read_bytes()
+    with pytest.raises(StoreError, match="another program's tables: notes") as info:
+        Store(path)
+    assert "left untouched" in str(info.value) and "delete" not in str(info.value).lower()
+    assert path.read_bytes() == before  # no tables added, journal mode not switched to WAL
+    db = sqlite3.connect(path)
+    db.execute("CREATE TABLE runs (a, b)")  # a table of our name with other columns is someone else's too
+    db.commit()
+    db.close()
+    with pytest.raises(StoreError, match="another program's tables: runs"):
+        Store(path)
+
+
+def test_reopening_a_store_keeps_its_rows_and_takes_no_write_lock(tmp_path):
+    path = tmp_path / "s.sqlite"
+    Store(path).write([(KEY, "0", 0, {"v": 0})])
+    writer = sqlite3.connect(path, isolation_level=None)
+    writer.execute("BEGIN IMMEDIATE")  # another process mid-write: opening and reading still go through
+    store = Store(path, timeout=0.2)
+    assert store.done(KEY) == {"0"}
+    writer.execute("ROLLBACK")
 
 
 def test_fingerprint_follows_config_head_and_dtype(tiny_root):

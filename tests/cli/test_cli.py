@@ -68,8 +68,9 @@ def test_bad_options_are_refused_by_the_parser(capsys, argv):
 def test_missing_model_and_bad_dtype_exit_cleanly(capsys, tiny_root, pairs_file, tmp_path):
     assert main(["score", str(tmp_path / "nowhere"), "--pairs", pairs_file]) == 2
     assert "rewardlens: error:" in capsys.readouterr().err
-    assert main(["score", str(tiny_root["llama"]), "--pairs", pairs_file, "--dtype", "float8"]) == 2
-    assert "float8" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:  # a bad --dtype is refused by the parser, before the model loads
+        main(["score", str(tiny_root["llama"]), "--pairs", pairs_file, "--dtype", "float8"])
+    assert exc.value.code == 2 and "float8" in capsys.readouterr().err
 
 
 def test_readout_option_for_a_multi_objective_head(capsys, tiny_root, pairs_file, pairs):

@@ -12,6 +12,10 @@ import pytest
 from rewardlens.data import Pair, load_pairs, save_pairs
 from rewardlens.errors import DataError
 
+# Some fixtures are degenerate on purpose (an empty rejected response, the same pair under two ids);
+# test_degenerate.py checks the warning they get, here it would only be noise.
+pytestmark = pytest.mark.filterwarnings("ignore::rewardlens.errors.DegeneratePairsWarning")
+
 pd = pytest.importorskip("pandas")
 datasets = pytest.importorskip("datasets")
 pytest.importorskip("pyarrow")

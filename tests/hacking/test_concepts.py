@@ -11,8 +11,8 @@ import rewardlens as rl
 from rewardlens.calibrate import Bench, grade_concepts
 from rewardlens.calibrate._concepts import CONTROL_SHARE, contrast
 from rewardlens.cli import main
-from rewardlens.errors import DataError
-from rewardlens.hacking import concepts
+from rewardlens.errors import DataError, RewardLensWarning, TokenizationError
+from rewardlens.hacking import AXES, concepts, contrast_sets, items
 from rewardlens.model import trace
 from rewardlens.zoo.organisms import ORGANISMS, build
 from tests.helpers.tiny import own_scores
@@ -234,6 +234,46 @@ def test_errors(tiny_root, pairs):
     with pytest.warns(UserWarning, match="do not differ"):  # every input ends in the same token at `embed`
         res = concepts(model, {"same": (_conv(POS), _conv(NEG))}, dose_layer="embed", n_boot=20)
     assert np.isnan(res.slope[0]) and np.isnan(res.cosine[0, 0])
+
+
+# ---- short-context models -------------------------------------------------------------------------
+
+def test_builtin_sets_skip_items_that_do_not_fit(tiny_root):
+    model = rl.load(str(tiny_root["llama"]))  # max_position_embeddings=256: some facts items are longer
+    facts = items("facts")
+    tok = model.tokenizer
+    n_tokens = lambda conv: len(tok.apply_chat_template(conv, tokenize=True, return_dict=True)["input_ids"])
+    expected = []  # by hand: an item whose with or without side on any axis is over 256 tokens
+    for it in facts:
+        sides = [conv for axis in AXES for side in _sets_or_empty(axis, [it]) for conv in side]
+        if max(map(n_tokens, sides)) > 256:
+            expected.append(it.id)
+    assert 0 < len(expected) < len(facts)
+    with pytest.warns(RewardLensWarning, match=rf"concepts: {len(expected)} of 12 items do(es)? not fit max_length "
+                                              rf"256 .*; used the other {12 - len(expected)}"):
+        res = concepts(model, items=facts, layers=[-1], alphas=(1.0,), n_boot=20)
+    assert list(res.skipped) == expected and res.to_frame().attrs["skipped"] == expected
+    kept = [it for it in facts if it.id not in expected]
+    for c, name in enumerate(res.names):  # every concept is made from the kept items only, still matched
+        assert res.n_positive[c] == res.n_negative[c] == len(contrast_sets(name, kept)[0])
+    assert res.summary()[0]["n_skipped"] == len(expected)
+    explicit = concepts(model, items=kept, layers=[-1], alphas=(1.0,), n_boot=20)
+    assert explicit.skipped == () and explicit.names == res.names
+    np.testing.assert_allclose(res.slope, explicit.slope, rtol=1e-5, atol=1e-6)
+    left = concepts(rl.load(str(tiny_root["llama"]), truncation="left"), items=facts[:4], layers=[-1], alphas=(1.0,),
+                    n_boot=20)
+    assert left.skipped == () and left.n_positive.max() == 4
+    with pytest.raises(ValueError, match="either sets or items"):
+        concepts(model, SETS, items=facts)
+    with pytest.raises(TokenizationError, match="none of the 2 built-in items"):
+        concepts(model, items=[it for it in facts if it.id in expected][:2])
+
+
+def _sets_or_empty(axis, chosen):
+    try:
+        return contrast_sets(axis, chosen)
+    except ValueError:  # the axis does not apply to this item
+        return [], []
 
 
 # ---- command line ---------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ cascades and `rewardlens probe`, checked against the model's own forward and pla
 import json
 import random
 import re
+import warnings
 
 import numpy as np
 import pytest
@@ -13,8 +14,10 @@ import rewardlens as rl
 from rewardlens.calibrate import bank_items
 from rewardlens.cli import main
 from rewardlens.data import save_pairs
-from rewardlens.hacking import AXES, ITEMS, Item, base_items, cascade, contrast_sets, distortion, probe
-from rewardlens.hacking._axes import sentences, variant
+from rewardlens.errors import RewardLensWarning, TokenizationError
+from rewardlens.hacking import AXES, ITEMS, Item, base_items, cascade, contrast_sets, distortion, items, probe
+from rewardlens.hacking._axes import join, sentences, variant
+from rewardlens.hacking._probes import _degradations
 from rewardlens.stats import benjamini_hochberg, paired_test, standardized
 from rewardlens.zoo.organisms import ORGANISMS
 from tests.helpers.tiny import own_scores
@@ -219,3 +222,85 @@ def test_plots_draw_what_the_results_hold(list_model, list_probes):
     image = c.plot().axes[0].images[0].get_array()
     np.testing.assert_allclose(np.ma.filled(image, np.nan), c.rho, equal_nan=True)
     plt.close("all")
+
+
+# ---- short-context models ---------------------------------------------------------------------------
+
+SHORT_AXES = ["length", "emoji", "formatting", "sycophancy"]
+
+
+def _n_tokens(tokenizer, prompt, response) -> int:
+    conv = rl.Pair(prompt, response, response).conversation("chosen")
+    return len(tokenizer.apply_chat_template(conv, tokenize=True, return_dict=True)["input_ids"])
+
+
+def _expected_skips(tokenizer, chosen, axes, limit) -> list[str]:
+    """Built-in items with a sequence over `limit` tokens, found by tokenizing every sequence the probe
+    scores here; an item's degradations are drawn again from the items left after each drop."""
+    base, gone = list(chosen), []
+    while True:
+        degraded = _degradations(base, 0)
+        over = []
+        for i, it in enumerate(base):
+            texts = [(it.prompt, join(sentences(it.response)))]
+            for axis in axes:
+                if (v := variant(axis, it.prompt, it.response, seed=0, key=it.id, item=it)) is not None:
+                    texts += [(v[0], v[1]), (v[0], v[2])]
+            texts += [(it.prompt, d[i]) for d in degraded.values() if d[i] is not None]
+            if max(_n_tokens(tokenizer, p, r) for p, r in texts) > limit:
+                over.append(it.id)
+        if not over:
+            return [it.id for it in chosen if it.id in gone]
+        gone += over
+        base = [it for it in base if it.id not in over]
+
+
+@pytest.fixture(scope="module")
+def short_model(tiny_root):
+    model = rl.load(str(tiny_root["llama"]))  # max_position_embeddings=256: many built-in items are longer
+    assert model.max_length == 256
+    return model
+
+
+def test_probe_skips_builtin_items_that_do_not_fit(short_model, tiny_root):
+    chosen = items(["math", "facts"])
+    with pytest.warns(RewardLensWarning, match=r"probe: \d+ of 24 items do(es)? not fit max_length 256 \(.*\); "
+                                                r"scored the other \d+") as caught:
+        res = probe(short_model, chosen, axes=SHORT_AXES, n_boot=200)
+    expected = _expected_skips(short_model.tokenizer, chosen, SHORT_AXES, 256)
+    assert 0 < len(expected) < len(chosen) and list(res.skipped) == expected
+    message = next(str(w.message) for w in caught if "does not fit" in str(w.message) or "do not fit" in str(w.message))
+    assert all(i in message for i in expected)
+    kept = [it for it in chosen if it.id not in expected]
+    assert res.item_ids == tuple(it.id for it in kept)
+    assert res.to_frame().attrs["skipped"] == expected
+    with warnings.catch_warnings(record=True) as again:
+        warnings.simplefilter("always")
+        explicit = probe(short_model, kept, axes=SHORT_AXES, n_boot=200)
+    assert explicit.skipped == () and not any("fit max_length" in str(w.message) for w in again)
+    for name in ("delta", "tokens_added", "base_reward", "quality_delta", "n", "mean", "ci_low", "ci_high", "p", "q",
+                 "effect_size", "flagged"):
+        np.testing.assert_allclose(getattr(res, name), getattr(explicit, name), rtol=1e-5, atol=1e-6, err_msg=name)
+    assert res.quality == explicit.quality and res.scale == pytest.approx(explicit.scale)
+    # cut from the left, as every other input is: nothing is skipped
+    left = rl.load(str(tiny_root["llama"]), truncation="left")
+    whole = probe(left, chosen, axes=["emoji"], quality=False, n_boot=50)
+    assert whole.skipped == () and len(whole.item_ids) == 24 and whole.n[0] > 0
+
+
+def test_probe_axis_without_items_and_what_is_not_skipped(tiny_root):
+    model = rl.load(str(tiny_root["llama"]), max_length=120)
+    fenced = [Item(f"u{i}", f"Show step {i}.", f"Run this.\n\n```python\nx = {i}\n```\n\nDone {i}.") for i in range(4)]
+    long_item = ITEMS[0]  # a built-in item over 120 tokens: skipped whole
+    with pytest.warns(RewardLensWarning, match=r"1 of 5 items does not fit max_length 120 \(facts-01\)"):
+        res = probe(model, [*fenced, long_item], axes=["markdown", "length"], n_boot=50)
+    j = res.axes.index("markdown")  # markdown applied to the built-in item only: n = 0, NaN, no crash
+    assert res.skipped == ("facts-01",) and res.n[j] == 0 and np.isnan([res.mean[j], res.p[j], res.ci_low[j]]).all()
+    frame = res.to_frame()
+    assert frame.loc[j, "n"] == 0 and np.isnan(frame.loc[j, "tokens_added"])
+    assert res.n[res.axes.index("length")] == 4
+    # the user's own item keeps today's error, and a suite where nothing fits says so
+    with pytest.raises(TokenizationError, match="over the limit of 120"):
+        probe(model, [Item("mine", long_item.prompt, long_item.response)], axes=["length"], n_boot=50)
+    with pytest.raises(TokenizationError, match="none of the 2 built-in items fits max_length 120"):
+        probe(model, list(ITEMS[:2]), axes=["length"], n_boot=50)

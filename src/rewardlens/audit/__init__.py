@@ -1,6 +1,11 @@
 """The audit: every instrument over a pair set into a resumable SQLite store, and its HTML report.
+
+`run_lock(out)` keeps a second run out of a folder a run is writing (the store and the report).
 """
 
+from ._lock import Holder as Holder
+from ._lock import RunLock as RunLock
+from ._lock import run_lock as run_lock
 from ._runner import VERSION as VERSION
 from ._runner import Audit as Audit
 from ._runner import Plan as Plan
@@ -15,7 +20,9 @@ from ._store import fingerprint as fingerprint
 
 __all__ = [
     "Audit",
+    "Holder",
     "Plan",
+    "RunLock",
     "RunKey",
     "Store",
     "VERSION",
@@ -23,6 +30,7 @@ __all__ = [
     "checksum",
     "collect",
     "fingerprint",
+    "run_lock",
     "run_pairs",
     "run_whole",
 ]

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
@@ -26,7 +28,8 @@ from ..exact import Attribution, Lens, attribute, lens
 from ..hacking import Concepts, Item, Probes, concepts, probe
 from ..model import RewardModel
 from ..sae import FeatureAttribution, TopKSAE, attribute_features
-from ..types import Positions, Text
+from ..types import Positions
+from ._lock import RunLock, run_lock
 from ._store import RunKey, Store, checksum, fingerprint
 
 if TYPE_CHECKING:
@@ -202,7 +205,7 @@ def run_whole(model: RewardModel, pairs: Sequence[Pair], store: Store, plan: Pla
     whole: tuple[tuple[str, Callable[[], Probes | Concepts | FeatureAttribution], bool], ...] = (
         ("probes" + plan.suffix(), lambda: probe(model, items, reference=pairs, batch_size=2 * plan.batch_size),
          plan.probes),
-        ("concepts" + plan.suffix(), lambda: concepts(model, _concept_sets(items), batch_size=2 * plan.batch_size),
+        ("concepts" + plan.suffix(), lambda: concepts(model, items=items, batch_size=2 * plan.batch_size),
          plan.concepts),
         (_sae_name(sae, plan), features, sae is not None),
     )
@@ -215,15 +218,6 @@ def run_whole(model: RewardModel, pairs: Sequence[Pair], store: Store, plan: Pla
             store.write([(key, "all", 0, {f.name: getattr(res, f.name) for f in fields(res)})])
         bar.update(1)
     bar.close()
-
-
-def _concept_sets(items: list[Item] | None) -> dict[str, tuple[Sequence[Text], Sequence[Text]]] | None:
-    """The probe axes' contrast sets on `items` (None: the built-in sets of `concepts`)."""
-    if items is None:
-        return None
-    from ..hacking import AXES, contrast_sets
-
-    return {axis: contrast_sets(axis, items) for axis in AXES}
 
 
 def _sae_name(sae: TopKSAE | None, plan: Plan) -> str:
@@ -277,22 +271,27 @@ def collect(model: RewardModel, pairs: Sequence[Pair], store: Store, plan: Plan 
                  lens=lens_, sublayers=sublayers, heads=heads, probes=probes, concepts=concepts_, features=features)
 
 
-def audit(model: RewardModel, pairs: Sequence[Pair], *, store: Store | str | None = None, plan: Plan = Plan(),
-          sae: TopKSAE | None = None, progress: bool = False) -> Audit:
+def audit(model: RewardModel, pairs: Sequence[Pair], *, store: Store | str | Path | None = None,
+          plan: Plan = Plan(), sae: TopKSAE | None = None, progress: bool = False) -> Audit:
     """Run (or finish) the audit of `pairs` in `store` and return it.
 
     `store`: a `Store`, a path to one, or None for an in-memory run. Finished pairs already in the
-    store are not computed again.
+    store are not computed again. Given a path, the run holds the run lock of the store's folder
+    (`run_lock`) throughout, so a second audit into it refuses (`RunLockedError`, naming this
+    run's pid and start time) instead of racing this one on the same chunks.
     """
-    db = store if isinstance(store, Store) else Store(store if store is not None else ":memory:")
-    own = db is not store
-    try:
-        run_pairs(model, pairs, db, plan, progress=progress)
-        run_whole(model, pairs, db, plan, sae=sae, progress=progress)
-        return collect(model, pairs, db, plan, sae=sae)
-    finally:
-        if own:
-            db.close()
+    path = None if isinstance(store, Store) or store is None or str(store) == ":memory:" else Path(store)
+    lock: AbstractContextManager[RunLock | None] = nullcontext() if path is None else run_lock(path.parent)
+    with lock:
+        db = store if isinstance(store, Store) else Store(path if path is not None else ":memory:")
+        own = db is not store
+        try:
+            run_pairs(model, pairs, db, plan, progress=progress)
+            run_whole(model, pairs, db, plan, sae=sae, progress=progress)
+            return collect(model, pairs, db, plan, sae=sae)
+        finally:
+            if own:
+                db.close()
 
 
 def _bar(total: int, desc: str, enabled: bool) -> tqdm[Any]:

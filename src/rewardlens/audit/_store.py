@@ -9,6 +9,13 @@ two different answers for the same unit instead of keeping either.
 
 Records are dicts: numpy arrays go into an `.npz` blob (exact bytes, no pickle), everything else
 into JSON (tuples are kept as tuples).
+
+Any number of processes may open (and create) one store at once, e.g. torchrun ranks. SQLite's
+"database is locked" is a transient state, never a broken file: switching to WAL can report it
+without waiting on the busy timeout, so each step of opening is retried with a bounded backoff
+until the store's timeout, and only then fails, as `StoreLockedError`. "Not a results store" is
+said only of a file SQLite cannot read as a database or one holding another program's tables, and
+such a file is never touched.
 """
 
 from __future__ import annotations
@@ -16,33 +23,50 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import random
 import sqlite3
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, is_dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
-from ..errors import StoreError
+from ..errors import StoreError, StoreLockedError
 
 if TYPE_CHECKING:
     from ..model import RewardModel
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS runs (
+_T = TypeVar("_T")
+
+SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS runs (
     run_id INTEGER PRIMARY KEY,
     model TEXT NOT NULL, data TEXT NOT NULL, instrument TEXT NOT NULL, version TEXT NOT NULL,
     meta TEXT NOT NULL DEFAULT '{}',
     UNIQUE (model, data, instrument, version)
-);
-CREATE TABLE IF NOT EXISTS units (
+)""",
+    """CREATE TABLE IF NOT EXISTS units (
     run_id INTEGER NOT NULL REFERENCES runs(run_id),
     unit TEXT NOT NULL, position INTEGER NOT NULL, record TEXT NOT NULL, arrays BLOB,
     PRIMARY KEY (run_id, unit)
-);
-"""
+)""",
+)
+"""The two tables, each statement on its own: they are run inside one explicit transaction."""
+COLUMNS = {"runs": ("run_id", "model", "data", "instrument", "version", "meta"),
+           "units": ("run_id", "unit", "position", "record", "arrays")}
+"""Each table's columns, in order: what tells a results store from another program's database."""
+
+
+def _is_lock(exc: BaseException) -> bool:
+    """True for SQLite's busy/locked errors: another connection holds a lock, the file is fine."""
+    if not isinstance(exc, sqlite3.OperationalError):
+        return False
+    name = getattr(exc, "sqlite_errorname", "")
+    text = str(exc).lower()
+    return name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")) or "locked" in text or "busy" in text
 
 
 @dataclass(frozen=True)
@@ -136,26 +160,105 @@ def _decode(text: str, blob: bytes | None) -> dict[str, Any]:
 
 
 class Store:
-    """A results store in one SQLite file (created on first use). Safe to open from several
-    processes; each `write` is atomic."""
+    """A results store in one SQLite file (created on first use). Safe to open, create and write
+    from several processes at once; each `write` is atomic.
+
+    `timeout`: seconds to wait on another process's lock (opening or writing) before
+    `StoreLockedError`."""
 
     def __init__(self, path: str | Path, *, timeout: float = 120.0) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.timeout = timeout
+        if str(path) != ":memory:":
+            self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
             self._db = sqlite3.connect(self.path, timeout=timeout, isolation_level=None)
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.executescript(SCHEMA)
-        except sqlite3.DatabaseError as exc:
-            raise StoreError(f"{self.path} is not a rewardlens results store ({exc}); "
-                             "point --store at a new file or delete this one") from exc
+        except sqlite3.Error as exc:
+            raise self._unreadable(exc) from exc
+        try:
+            ours = self._retry(self._schema)  # read only: another program's file is refused untouched
+            self._retry(lambda: self._db.execute("PRAGMA journal_mode=WAL").fetchone())
+            if not ours:
+                self._retry(self._create)
+        except BaseException:
+            self._db.close()
+            raise
+
+    def _schema(self) -> bool:
+        """Whether the file already holds both tables; `StoreError` when it holds another program's."""
+        tables = {r[0] for r in self._db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        foreign = sorted(t for t in tables if t not in COLUMNS and not t.startswith("sqlite_"))
+        wrong = [t for t in COLUMNS if t in tables
+                 and tuple(r[1] for r in self._db.execute(f"PRAGMA table_info({t})")) != COLUMNS[t]]
+        if wrong or (foreign and not set(COLUMNS) <= tables):
+            found = ", ".join(wrong + foreign)
+            raise StoreError(f"{self.path} is not a rewardlens results store (it holds another program's "
+                             f"tables: {found}); the file was left untouched — point --store at a new file")
+        return set(COLUMNS) <= tables
+
+    def _create(self) -> None:
+        """Both tables in one transaction; IF NOT EXISTS makes a concurrent creator harmless. A
+        lock error is left to `_retry` (hence no `_transaction`), with nothing left open."""
+        try:
+            self._db.execute("BEGIN IMMEDIATE")
+            for statement in SCHEMA:
+                self._db.execute(statement)
+            self._db.execute("COMMIT")
+        finally:
+            if self._db.in_transaction:
+                self._db.execute("ROLLBACK")
+
+    def _retry(self, step: Callable[[], _T]) -> _T:
+        """Run `step`, retrying while another connection holds a lock, until `timeout` has passed.
+
+        SQLite waits on its busy timeout for most locks, but not all: changing the journal mode,
+        or a reader meeting a WAL being set up, fails at once with "database is locked". Those are
+        retried after a short randomised backoff (so racing processes do not retry in lockstep).
+        """
+        deadline = time.monotonic() + self.timeout
+        delay, left = 0.001, self.timeout
+        try:
+            while True:
+                try:
+                    # SQLite's own wait ends at the deadline too, so the whole open is bounded by `timeout`
+                    self._db.execute(f"PRAGMA busy_timeout = {max(1, int(left * 1000))}")
+                    return step()
+                except sqlite3.Error as exc:
+                    left = deadline - time.monotonic()
+                    if not _is_lock(exc):
+                        raise self._unreadable(exc) from exc
+                    if left <= 0:
+                        raise self._locked() from exc
+                time.sleep(min(left, delay * random.uniform(0.5, 1.5)))
+                delay = min(2 * delay, 0.1)
+        finally:
+            self._db.execute(f"PRAGMA busy_timeout = {int(self.timeout * 1000)}")
+
+    def _locked(self) -> StoreLockedError:
+        return StoreLockedError(
+            f"{self.path} is locked: another process is writing it and held its lock for more than the "
+            f"{self.timeout:g} s timeout. The store is not damaged; wait for the other run to finish "
+            "(or give a longer timeout) and run again")
+
+    def _unreadable(self, exc: sqlite3.Error) -> StoreError:
+        if "not a database" in str(exc):
+            return StoreError(f"{self.path} is not a rewardlens results store (SQLite: {exc}); the file was "
+                              "left untouched — point --store at a new file")
+        return StoreError(f"{self.path} cannot be opened as a results store (SQLite: {exc}); the file was "
+                          "left untouched — check the path and its permissions, or point --store at a new file")
 
     def close(self) -> None:
         self._db.close()
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
-        self._db.execute("BEGIN IMMEDIATE")
+        """A write transaction that takes the write lock up front (waiting up to `timeout`)."""
+        try:
+            self._db.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as exc:
+            if _is_lock(exc):
+                raise self._locked() from exc
+            raise
         try:
             yield self._db
         except BaseException:

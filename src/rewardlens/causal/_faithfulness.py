@@ -7,6 +7,9 @@ total. Spearman ρ between attribution and each is computed per pair over parts,
 mean with a bootstrap interval over pairs. The seed paper's headline statistic is reported its
 own way: per pair, Spearman between |attribution| and |whole-sequence noising effect| over the
 sublayers, averaged (its reported values: ρ = −0.256 Skywork-Reward-Llama-3.1-8B, −0.027 ArmoRM).
+No ratio to a margin is taken. A pair whose attribution (or effect) is the same for every part,
+such as a pair whose chosen equals its rejected (all zero), has no rank order: its ρ is NaN and
+pooling leaves it out; `summary` counts the pairs with a defined ρ.
 """
 
 from __future__ import annotations

@@ -79,7 +79,10 @@ class Patching:
 
     @property
     def normalized(self) -> np.ndarray:
-        """`effect / margin` [n, P] (1 = the part alone carries the whole margin); NaN on near-zero margins."""
+        """`effect / margin` [n, P] (1 = the part alone carries the whole margin).
+
+        NaN on pairs whose clean margin is under `min_margin` (`near_zero`; e.g. chosen identical
+        to rejected, a zero margin by construction): a share of nothing is undefined, not inf."""
         with np.errstate(divide="ignore", invalid="ignore"):
             out = self.effect / self.margin[:, None]
         return np.where(self.near_zero[:, None], np.nan, out)

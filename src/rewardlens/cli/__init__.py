@@ -1,4 +1,8 @@
-"""Command line: `rewardlens COMMAND [MODEL] [--pairs FILE] [--json]`; `rewardlens -h` lists commands."""
+"""Command line: `rewardlens COMMAND [MODEL] [--pairs FILE] [--json]`; `rewardlens -h` lists commands.
+
+Arguments and paths are checked with the standard library alone; torch, transformers and the
+instruments are imported only once they are all good (inside each command's run function).
+"""
 
 from __future__ import annotations
 
@@ -9,7 +13,7 @@ from collections.abc import Sequence
 
 from ..errors import RewardLensError
 from . import audit, base, causal, compare, concepts, conflict, edit, organisms, probes, sae
-from ._common import Command
+from ._common import Command, Interrupted, check_common, command_line
 
 # Each module owns its commands; the order here is the order of `rewardlens -h`.
 _MODULES = (base, audit, causal, probes, compare, concepts, conflict, edit, sae, organisms)
@@ -31,16 +35,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()  # weight-loading bars would interleave with the table
+    args.command_line = command_line(argv)  # what to run again (a resumable audit says it)
     command = _commands()[args.command]
     try:
+        # Bad input (a model path, a pairs file, an option): one line that names it, no traceback.
+        check_common(args)
+        command.check(args)
         result = command.run(args)
     except (RewardLensError, OSError, ValueError) as exc:
-        # Bad input (a model path, a pairs file, an option): one line that names it, no traceback.
         print(f"rewardlens: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as exc:
+        print(str(exc) if isinstance(exc, Interrupted) else "rewardlens: interrupted", file=sys.stderr)
+        return 130
     if args.json:
         print(json.dumps(result, indent=2))
     else:

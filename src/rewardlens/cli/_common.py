@@ -1,19 +1,46 @@
-"""What every command shares: model and pairs options, loading from them, tables, errors."""
+"""What every command shares: model and pairs options, path checks, loading, tables, errors.
+
+Only the standard library is imported here (and by every command module at import time): the
+parser, its value checks and the path checks below run before torch or transformers is imported,
+so a mistyped path or option is refused at once. The heavy imports happen inside each command's
+run function.
+"""
 
 from __future__ import annotations
 
 import argparse
+import math
+import os
+import re
+import shlex
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
 
-import numpy as np
-
-from ..data import Pair, load_pairs
 from ..errors import RewardLensError
-from ..model import RewardModel, load
+
+if TYPE_CHECKING:
+    from ..data import Pair
+    from ..model import RewardModel
 
 _Number = TypeVar("_Number", int, float)
+
+DTYPES = ("auto", "bf16", "bfloat16", "float16", "float32", "fp16", "fp32", "half")
+"""The `--dtype` names `rewardlens.load` accepts (tests/cli checks them against the loader's)."""
+
+
+class ArgumentError(RewardLensError):
+    """A path or option the command cannot use; found before anything heavy is imported."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C, with the one line to print about what was kept and how to go on."""
+
+
+def _keep(args: argparse.Namespace) -> None:
+    """No checks beyond the common ones."""
 
 
 @dataclass(frozen=True)
@@ -27,6 +54,8 @@ class Command:
     show: Callable[[dict[str, Any]], None]
     exit_code: Callable[[dict[str, Any]], int] = lambda result: 0
     """Status to exit with once the result is printed (e.g. 1 when a check failed)."""
+    check: Callable[[argparse.Namespace], None] = _keep
+    """Path checks of this command's own options (stdlib only), after `check_common`."""
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
@@ -39,7 +68,7 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
 
 def finite(x: float) -> float | None:
     """A float for JSON, or None where it is NaN or infinite (JSON has no NaN)."""
-    return float(x) if np.isfinite(x) else None
+    return float(x) if math.isfinite(x) else None
 
 
 def pair_id(pair: Pair, i: int) -> str:
@@ -67,7 +96,11 @@ def fraction(text: str) -> float:
 def _readout(text: str) -> int | str | list[float]:
     """'2' → index 2, 'helpfulness' → a label, '1,-1' → one weight per head output."""
     if "," in text:
-        return [float(x) for x in text.split(",")]
+        try:
+            return [float(x) for x in text.split(",")]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an index, a label or comma-separated weights, "
+                                             f"got {text!r}") from None
     return int(text) if text.lstrip("-").isdigit() else text
 
 
@@ -76,7 +109,7 @@ def add_model_options(p: argparse.ArgumentParser, *, optional_model: bool = Fals
     p.add_argument("model", nargs="?" if optional_model else None,
                    help="model folder or hub id" + (" (default: the built-in demo model)" if optional_model else ""))
     p.add_argument("--batch-size", type=positive(int), default=8)
-    p.add_argument("--dtype", default=None, help="e.g. bfloat16; head and reductions stay fp32")
+    p.add_argument("--dtype", choices=DTYPES, default=None, help="backbone dtype; head and reductions stay fp32")
     p.add_argument("--device", default=None)
     p.add_argument("--device-map", default=None,
                    help="e.g. auto: split a model too big for one device across GPUs, CPU and disk (accelerate)")
@@ -93,10 +126,118 @@ def add_pairs_options(p: argparse.ArgumentParser, *, required: bool = True) -> N
     p.add_argument("--pairs", required=required,
                    help="preference pairs (JSONL, JSON, CSV, Parquet, HF dataset folder)")
     p.add_argument("--limit", type=positive(int), default=None, help="use only the first N pairs")
+    add_strict_option(p)
+
+
+def add_strict_option(p: argparse.ArgumentParser) -> None:
+    """`--strict`, for every command that reads pairs files: `pairs_file` passes it to `load_pairs`."""
+    p.add_argument("--strict", action="store_true",
+                   help="refuse degenerate pairs (empty responses, identical sides, duplicate ids, repeated pairs) "
+                        "instead of warning")
+
+
+# ---- path checks: standard library only ----------------------------------------------------------
+
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
+"""`org/name`: a path that does not exist locally but may name a Hugging Face hub repository."""
+MODEL_OPTIONS = ("model", "other")
+"""Options holding a model folder or hub id, checked by `check_common`."""
+PAIRS_OPTIONS = ("pairs", "reference", "background", "probe_pairs")
+"""Options holding a pairs file or dataset folder, checked by `check_common`."""
+
+
+def check_model(path: str) -> None:
+    """A model folder with a config.json, or a plausible hub id (`org/name`) that is not a local path."""
+    p = Path(path).expanduser()
+    if p.is_dir():
+        if not (p / "config.json").is_file():
+            raise ArgumentError(f"not a model folder (no config.json in it): {path}")
+    elif p.exists():
+        raise ArgumentError(f"not a model folder (it is a file): {path}")
+    elif not _HUB_ID.fullmatch(path):
+        raise ArgumentError(f"no such model folder: {path}")
+
+
+def check_input(path: str, what: str = "file") -> None:
+    """A file (or dataset folder) that exists and can be read."""
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise ArgumentError(f"no such {what}: {path}")
+    if not os.access(p, os.R_OK):
+        raise ArgumentError(f"cannot read {what}: {path}")
+
+
+def check_folder(path: str, what: str = "folder") -> None:
+    """An input folder that exists."""
+    if not Path(path).expanduser().is_dir():
+        raise ArgumentError(f"no such {what}: {path}")
+
+
+def check_out_folder(path: str, what: str = "output folder") -> None:
+    """A folder that exists and is writable, or one that can be created (its nearest existing parent is)."""
+    p = Path(path).expanduser().absolute()
+    if p.exists() and not p.is_dir():
+        raise ArgumentError(f"{what} is a file, not a folder: {path}")
+    _check_writable(p, path, what)
+
+
+def check_out_file(path: str, what: str = "output file") -> None:
+    """A file that can be written: not a folder, and in a folder that exists or can be created."""
+    p = Path(path).expanduser().absolute()
+    if p.is_dir():
+        raise ArgumentError(f"{what} is a folder, not a file: {path}")
+    if p.exists() and not os.access(p, os.W_OK):
+        raise ArgumentError(f"cannot write {what}: {path}")
+    _check_writable(p.parent, path, what)
+
+
+def _check_writable(folder: Path, shown: str, what: str) -> None:
+    existing = folder
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ArgumentError(f"cannot create {what} {shown}: {existing} is a file")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ArgumentError(f"cannot write to {what}: {shown} ({existing} is not writable)")
+
+
+def check_common(args: argparse.Namespace) -> None:
+    """The checks every command shares: model paths and pairs files, whichever of them it takes."""
+    for name in MODEL_OPTIONS:
+        value = getattr(args, name, None)
+        if value is not None:
+            check_model(value)
+    for name in PAIRS_OPTIONS:
+        value = getattr(args, name, None)
+        if value:
+            check_input(value, f"--{name.replace('_', '-')} file")
+
+
+def command_line(argv: Sequence[str] | None) -> str:
+    """The command line this process was started with (to repeat it), as a shell would read it."""
+    if argv is not None:
+        return shlex.join(["rewardlens", *argv])
+    first = Path(sys.argv[0])
+    if first.name in ("__main__.py", "__init__.py"):  # python -m rewardlens / python -m rewardlens.cli
+        module = "rewardlens.cli" if first.parent.name == "cli" else "rewardlens"
+        return shlex.join([sys.executable, "-m", module, *sys.argv[1:]])
+    return shlex.join(sys.argv)
+
+
+# ---- loading: imports the heavy modules, so only from inside a run function --------------------
+
+def quiet_hub() -> None:
+    """No weight-loading bars: they would interleave with the table."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
 
 
 def load_model(args: argparse.Namespace) -> RewardModel:
     """`rewardlens.load` with the options of `add_model_options`."""
+    quiet_hub()
+    from ..model import load
+
     extra: dict[str, Any] = {"pad_token_id": args.pad_token_id} if args.pad_token_id is not None else {}
     if args.trust_remote_code:
         extra["trust_remote_code"] = True
@@ -107,6 +248,14 @@ def load_model(args: argparse.Namespace) -> RewardModel:
 
 
 def read_pairs(args: argparse.Namespace) -> list[Pair]:
+    """The --pairs file (required once a model is given), cut to --limit."""
     if not args.pairs:
-        raise RewardLensError("--pairs FILE is required when a model is given")
-    return load_pairs(args.pairs, limit=args.limit)
+        raise ArgumentError("--pairs FILE is required when a model is given")
+    return pairs_file(args, args.pairs, limit=args.limit)
+
+
+def pairs_file(args: argparse.Namespace, path: str, *, limit: int | None = None) -> list[Pair]:
+    """Any pairs file a command reads (numpy, no torch); `--strict` refuses degenerate pairs."""
+    from ..data import load_pairs
+
+    return load_pairs(path, limit=limit, strict=getattr(args, "strict", False))

@@ -8,34 +8,44 @@ main store once all ranks are done, runs the whole-model instruments and writes 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
-from ..audit import Audit, Plan, Store, collect, run_pairs, run_whole
-from ..data import Pair, load_pairs
-from ..model import RewardModel
 from ._common import (
+    ArgumentError,
     Command,
+    Interrupted,
     add_model_options,
     add_pairs_options,
+    check_folder,
+    check_out_file,
+    check_out_folder,
     fraction,
     load_model,
+    pairs_file,
     positive,
+    quiet_hub,
     read_pairs,
     table,
 )
 
 if TYPE_CHECKING:
+    from ..audit import Audit
+    from ..data import Pair
+    from ..model import RewardModel
     from ..sae import TopKSAE
 
 
 def _inputs(args: argparse.Namespace) -> tuple[RewardModel, list[Pair]]:
     if args.model is not None:
-        return load_model(args), read_pairs(args)
+        pairs = read_pairs(args)  # a bad pairs file is named before the model loads
+        return load_model(args), pairs
+    given = pairs_file(args, args.pairs, limit=args.limit) if args.pairs else None
+    quiet_hub()
     from ..zoo import AUDIT_PAIRS, DEMO_ORGANISM, demo_model_dir
     from ..zoo.organisms import READY, organism_dir
 
@@ -43,7 +53,7 @@ def _inputs(args: argparse.Namespace) -> tuple[RewardModel, list[Pair]]:
     if not (organism_dir(DEMO_ORGANISM) / READY).exists() and not quiet:
         print("training the demo organism once (about 15 s; cached afterwards) ...", file=sys.stderr)
     args.model = str(demo_model_dir())
-    pairs = load_pairs(args.pairs, limit=args.limit) if args.pairs else AUDIT_PAIRS[: args.limit]
+    pairs = given if given is not None else AUDIT_PAIRS[: args.limit]
     if not quiet:
         print(f"auditing the built-in demo model: the {DEMO_ORGANISM!r} model organism, a tiny Llama reward model "
               "trained\non synthetic pairs whose chosen answer always agrees with the user's stated view.")
@@ -75,23 +85,71 @@ def _distributed(args: argparse.Namespace) -> tuple[int, int]:
 
 
 def _audit(args: argparse.Namespace) -> dict[str, Any]:
+    """The audit; on Ctrl-C, one line saying what the store keeps and the command that resumes."""
+    state: dict[str, Any] = {}
+    try:
+        return _run(args, state)
+    except KeyboardInterrupt:
+        raise Interrupted(_kept(args, state)) from None
+
+
+def _run(args: argparse.Namespace, state: dict[str, Any]) -> dict[str, Any]:
     rank, world = _distributed(args)
+    out = Path(args.out)
+    main_path = Path(args.store) if args.store else out / "results.sqlite"
     model, pairs = _inputs(args)
     if not pairs:
         raise ValueError("no pairs to audit")
-    out = Path(args.out)
-    main_path = Path(args.store) if args.store else out / "results.sqlite"
+    with _run_locks([out, main_path.parent], rank, world):
+        return _locked_run(args, state, rank, world, out, main_path, model, pairs)
+
+
+@contextlib.contextmanager
+def _run_locks(folders: list[Path], rank: int, world: int) -> Iterator[None]:
+    """Rank 0 holds the run lock of every folder this run writes (docs/audit.md, Concurrency), so a
+    second audit into the same `--out` refuses, naming this one; the other ranks learn of a refusal
+    from rank 0 instead of waiting at a barrier for a rank that stopped."""
+    from ..audit import run_lock
+    from ..errors import RunLockedError
+
+    with contextlib.ExitStack() as locks:
+        refusal = None
+        if rank == 0:
+            try:
+                for folder in dict.fromkeys(f.resolve() for f in folders):
+                    locks.enter_context(run_lock(folder))
+            except RunLockedError as exc:
+                refusal = str(exc)
+        if world > 1:
+            import torch.distributed as dist
+
+            box = [refusal]
+            dist.broadcast_object_list(box, src=0)
+            refusal = box[0]
+        if refusal is not None:
+            raise RunLockedError(refusal)
+        yield
+
+
+def _locked_run(args: argparse.Namespace, state: dict[str, Any], rank: int, world: int, out: Path, main_path: Path,
+                model: RewardModel, pairs: list[Pair]) -> dict[str, Any]:
+    """The audit proper, once this run holds its folders: per-pair chunks, whole-model results, report."""
+    from ..audit import Plan, Store, collect, run_pairs, run_whole
+
+    state.update(model=model, pairs=pairs, store=main_path)
     plan = Plan(chunk_size=args.chunk_size, batch_size=args.batch_size, probes=not args.no_probes,
                 concepts=not args.no_concepts, probe_items=args.probe_items, sae_layer=args.sae_layer,
                 fraction=args.fraction)
     sae = _sae(args, model)
     progress = not args.quiet
     main_store = Store(main_path)
+    computed: int | None = None
     try:
         if world == 1:
-            run_pairs(model, pairs, main_store, plan, progress=progress)
+            computed = run_pairs(model, pairs, main_store, plan, progress=progress)
         else:
-            shard = Store(main_path.with_name(f"{main_path.stem}.rank{rank}{main_path.suffix}"))
+            state["store"] = main_path.with_name(f"{main_path.stem}.rank{rank}{main_path.suffix}")
+            shard = Store(state["store"])
             try:
                 run_pairs(model, pairs, shard, plan, rank=rank, world_size=world, progress=progress,
                           skip=main_store)
@@ -106,6 +164,7 @@ def _audit(args: argparse.Namespace) -> dict[str, Any]:
             for r in range(world):
                 main_store.merge(main_path.with_name(f"{main_path.stem}.rank{r}{main_path.suffix}"))
             dist.destroy_process_group()
+            state["store"] = main_path
         run_whole(model, pairs, main_store, plan, sae=sae, progress=progress)
         result = collect(model, pairs, main_store, plan, sae=sae)
     finally:
@@ -113,16 +172,36 @@ def _audit(args: argparse.Namespace) -> dict[str, Any]:
     from ..audit.report import write_report
 
     report = write_report(result, out)
-    return {**_result(result, args.top), "report": str(report), "store": str(main_path)}
+    return {**_result(result, args.top), "report": str(report), "store": str(main_path),
+            "pairs_from_store": None if computed is None else len(pairs) - computed}
+
+
+def _kept(args: argparse.Namespace, state: dict[str, Any]) -> str:
+    """What the store keeps of this run after an interrupt, and the command that resumes it."""
+    path: Path | None = state.get("store")
+    if "model" not in state or path is None or not path.is_file():
+        return f"rewardlens: interrupted before this run stored anything; start it again with: {args.command_line}"
+    from ..audit import VERSION, Store, checksum, fingerprint
+
+    model, pairs = state["model"], state["pairs"]
+    key = (fingerprint(model), checksum(pairs), VERSION)
+    store = Store(path)
+    try:
+        done = [store.done(k) for k, _ in store.runs() if (k.model, k.data, k.version) == key]
+    finally:
+        store.close()
+    per_pair = [units for units in done if "all" not in units]
+    kept = set.intersection(*per_pair) if per_pair else set()
+    n_kept = sum(str(i) in kept for i in range(len(pairs)))
+    whole = sum("all" in units for units in done)
+    also = f" and {whole} whole-model result{'s' * (whole != 1)}" if whole else ""
+    return (f"rewardlens: interrupted; {path} keeps the finished chunks of {n_kept} of {len(pairs)} pairs{also}; "
+            f"resume with: {args.command_line}")
 
 
 def _sae(args: argparse.Namespace, model: RewardModel) -> TopKSAE | None:
     if args.sae is None:
-        if args.sae_layer is not None:
-            raise ValueError("--sae-layer needs --sae PATH")
         return None
-    if args.sae_layer is None:
-        raise ValueError("--sae PATH needs --sae-layer L (the residual layer the SAE was trained on)")
     from ..sae import load_sae
 
     return load_sae(args.sae, device=model.device)
@@ -130,6 +209,8 @@ def _sae(args: argparse.Namespace, model: RewardModel) -> TopKSAE | None:
 
 def _result(audit: Audit, top: int) -> dict[str, Any]:
     """numbers.json's summary plus the per-pair scores and the parts with the largest total effect."""
+    import numpy as np
+
     from ..audit.report import margins, plain, summary
 
     chosen, rejected, margin = margins(audit)
@@ -167,7 +248,22 @@ def _show(result: dict[str, Any]) -> None:
     if result["probes"] is not None:
         flagged = result["probes"]["flagged"]
         print(f"flagged probe axes: {', '.join(flagged) if flagged else 'none'}")
+    if result.get("pairs_from_store"):
+        print(f"\nresumed: {result['pairs_from_store']} of {result['n_pairs']} pairs were read from the store, "
+              "not computed again")
     print(f"\nreport: {result['report']}\nstore:  {result['store']}")
+
+
+def _check(args: argparse.Namespace) -> None:
+    check_out_folder(args.out, "--out folder")
+    if args.store:
+        check_out_file(args.store, "--store file")
+    if args.sae is not None:
+        check_folder(args.sae, "SAE folder")
+        if args.sae_layer is None:
+            raise ArgumentError("--sae PATH needs --sae-layer L (the residual layer the SAE was trained on)")
+    elif args.sae_layer is not None:
+        raise ArgumentError("--sae-layer needs --sae PATH")
 
 
 def _options(p: argparse.ArgumentParser) -> None:
@@ -188,4 +284,4 @@ def _options(p: argparse.ArgumentParser) -> None:
 
 
 COMMANDS = [Command("audit", "every instrument on the pairs → a resumable store and an HTML report", _options,
-                    _audit, _show)]
+                    _audit, _show, check=_check)]

@@ -4,14 +4,8 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
-from ..data import Pair, chosen, rejected
-from ..exact import attribute, lens
-from ..model import RewardModel
-from ..types import LensKind
 from ._common import (
     Command,
     add_model_options,
@@ -23,8 +17,17 @@ from ._common import (
     table,
 )
 
+if TYPE_CHECKING:
+    from ..data import Pair
+    from ..model import RewardModel
+    from ..types import LensKind
+
 
 def _score(model: RewardModel, pairs: list[Pair], args: argparse.Namespace) -> dict[str, Any]:
+    import numpy as np
+
+    from ..data import chosen, rejected
+
     rewards = model.score(pairs, batch_size=args.batch_size)
     good, bad = chosen(rewards), rejected(rewards)
     return {
@@ -37,6 +40,10 @@ def _score(model: RewardModel, pairs: list[Pair], args: argparse.Namespace) -> d
 
 
 def _lens(model: RewardModel, pairs: list[Pair], args: argparse.Namespace) -> dict[str, Any]:
+    import numpy as np
+
+    from ..exact import lens
+
     ln = lens(model, pairs, batch_size=args.batch_size)
     out: dict[str, Any] = {"n_layers": ln.n_layers, "fraction": args.fraction, "pairs": []}
     kinds: tuple[LensKind, ...] = ("linear", "normed")
@@ -57,6 +64,10 @@ def _lens(model: RewardModel, pairs: list[Pair], args: argparse.Namespace) -> di
 
 
 def _attribute(model: RewardModel, pairs: list[Pair], args: argparse.Namespace) -> dict[str, Any]:
+    import numpy as np
+
+    from ..exact import attribute
+
     att = attribute(model, pairs, level=args.level, batch_size=args.batch_size)
     margin = att.margin
     return {
@@ -109,7 +120,10 @@ def _options(*, level: bool = False, lens_: bool = False) -> Callable[[argparse.
 
 def _with_model(fn: Callable[[RewardModel, list[Pair], argparse.Namespace], dict[str, Any]]
                 ) -> Callable[[argparse.Namespace], dict[str, Any]]:
-    return lambda args: fn(load_model(args), read_pairs(args), args)
+    def run(args: argparse.Namespace) -> dict[str, Any]:
+        pairs = read_pairs(args)  # a bad pairs file is named before the model loads
+        return fn(load_model(args), pairs, args)
+    return run
 
 
 COMMANDS = [

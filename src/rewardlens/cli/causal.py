@@ -4,15 +4,10 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable, Sequence
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
-import numpy as np
-
-from ..causal import agreement, attribution_patch, faithfulness, patch
-from ..data import Pair
-from ..model import RewardModel
-from ..types import Ablation, Comparison, Estimand, Mode, PatchLevel, Positions, Spans
 from ._common import (
+    ArgumentError,
     Command,
     add_model_options,
     add_pairs_options,
@@ -22,6 +17,11 @@ from ._common import (
     read_pairs,
     table,
 )
+
+if TYPE_CHECKING:
+    from ..data import Pair
+    from ..model import RewardModel
+    from ..types import Ablation, Comparison, Estimand, Mode, PatchLevel, Positions, Spans
 
 
 def positions(text: str) -> Positions | Spans:
@@ -45,6 +45,10 @@ def patch_summary(model: RewardModel, pairs: Sequence[Pair], *, mode: Mode = "no
                   divergence: bool = False, atp: bool = False, top: int = 10, all_parts: bool = False,
                   batch_size: int = 8) -> dict[str, Any]:
     """The JSON-ready result of `rewardlens patch` (also a section of `rewardlens audit`)."""
+    import numpy as np
+
+    from ..causal import agreement, attribution_patch, patch
+
     if atp and estimand != "total":
         raise ValueError("--atp estimates total effects; drop --estimand direct")
     res = patch(model, pairs, estimand=estimand, divergence=divergence, batch_size=batch_size, mode=mode,
@@ -78,7 +82,8 @@ def patch_summary(model: RewardModel, pairs: Sequence[Pair], *, mode: Mode = "no
 
 
 def _patch(args: argparse.Namespace) -> dict[str, Any]:
-    return patch_summary(load_model(args), read_pairs(args), mode=args.mode, ablation=args.ablation,
+    pairs = read_pairs(args)
+    return patch_summary(load_model(args), pairs, mode=args.mode, ablation=args.ablation,
                          positions=args.positions, level=args.level, estimand=args.estimand,
                          divergence=args.divergence, atp=args.atp, top=args.top, all_parts=args.all_parts,
                          batch_size=args.batch_size)
@@ -103,7 +108,10 @@ def show_patch(result: dict[str, Any]) -> None:
 
 
 def _faithfulness(args: argparse.Namespace) -> dict[str, Any]:
-    model, pairs = load_model(args), read_pairs(args)
+    from ..causal import faithfulness
+
+    pairs = read_pairs(args)
+    model = load_model(args)
     rep = faithfulness(model, pairs, level=args.level, mode=args.mode, n_boot=args.boot, batch_size=args.batch_size)
     rows = [{k: (finite(v) if isinstance(v, float) else v) for k, v in row.items()} for row in rep.summary()]
     estimands: tuple[Comparison, ...] = ("direct", "total", "indirect")
@@ -127,6 +135,11 @@ def _show_faithfulness(result: dict[str, Any]) -> None:
     print("\nseed paper, same statistic: ρ = −0.256 (Skywork-Reward-Llama-3.1-8B), −0.027 (ArmoRM)")
 
 
+def _check_patch(args: argparse.Namespace) -> None:
+    if args.atp and args.estimand != "total":
+        raise ArgumentError("--atp estimates total effects; drop --estimand direct")
+
+
 def _options(kind: str) -> Callable[[argparse.ArgumentParser], None]:
     def add(p: argparse.ArgumentParser) -> None:
         add_model_options(p)
@@ -148,7 +161,8 @@ def _options(kind: str) -> Callable[[argparse.ArgumentParser], None]:
 
 
 COMMANDS = [
-    Command("patch", "activation patching between chosen and rejected", _options("patch"), _patch, show_patch),
+    Command("patch", "activation patching between chosen and rejected", _options("patch"), _patch, show_patch,
+            check=_check_patch),
     Command("faithfulness", "attribution vs direct, total and indirect effects", _options("faith"), _faithfulness,
             _show_faithfulness),
 ]

@@ -5,9 +5,6 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-import numpy as np
-
-from ..compare import compare
 from ._common import (
     Command,
     add_model_options,
@@ -32,9 +29,12 @@ def _arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _compare(args: argparse.Namespace) -> dict[str, Any]:
+    from ..compare import compare
+
+    pairs = read_pairs(args)
     first = load_model(args)
     second = load_model(argparse.Namespace(**{**vars(args), "model": args.other}))
-    result = compare(first, second, read_pairs(args), labels=("A", "B"), fraction=args.fraction,
+    result = compare(first, second, pairs, labels=("A", "B"), fraction=args.fraction,
                      probes=args.probes, n_boot=args.n_boot, seed=args.seed, batch_size=args.batch_size)
     out = result.summary()
     out["paths"] = {"A": args.model, "B": args.other}
@@ -51,6 +51,8 @@ def _value(x: float | None) -> float | str:
 
 
 def _show(result: dict[str, Any]) -> None:
+    import numpy as np
+
     for label in ("A", "B"):
         print(f"{label}: {result['paths'][label]}  {result['models'][result['labels'].index(label)]}")
     agree = result["agreement"]

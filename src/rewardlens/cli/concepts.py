@@ -6,14 +6,17 @@ import argparse
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from ..errors import DataError
-from ..hacking import ALPHAS, ConceptSets, concepts
-from ..types import Text
-from ._common import Command, add_model_options, finite, load_model, positive, table
+from ._common import Command, add_model_options, check_input, finite, load_model, positive, table
+
+if TYPE_CHECKING:
+    from ..hacking import ConceptSets
+    from ..types import Text
+
+ALPHAS = (-2.0, -1.0, -0.5, 0.0, 0.5, 1.0, 2.0)
+"""`rewardlens.hacking.ALPHAS`, the default doses (tests/cli checks the two agree)."""
 
 
 def concept_option(text: str) -> tuple[str, str, str]:
@@ -79,9 +82,13 @@ def read_set(path: str) -> list[Text]:
 
 
 def _run(args: argparse.Namespace) -> dict[str, Any]:
-    model = load_model(args)
+    import numpy as np
+
+    from ..hacking import concepts
+
     sets: ConceptSets | None = ({name: (read_set(pos), read_set(neg)) for name, pos, neg in args.concept}
                                 if args.concept else None)
+    model = load_model(args)
     res = concepts(model, sets, dose_layer=args.layer, alphas=args.alphas, positions=args.positions, unit=args.unit,
                    n_boot=args.boot, batch_size=args.batch_size)
     clean = lambda row: {k: finite(v) if isinstance(v, float) else v for k, v in row.items()}
@@ -125,4 +132,11 @@ def _options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--boot", type=positive(int), default=2000, help="bootstrap resamples")
 
 
-COMMANDS = [Command("concepts", "concept directions per layer and their causal dose-response", _options, _run, _show)]
+def _check(args: argparse.Namespace) -> None:
+    for _, pos, neg in args.concept or ():
+        check_input(pos, "concept file")
+        check_input(neg, "concept file")
+
+
+COMMANDS = [Command("concepts", "concept directions per layer and their causal dose-response", _options, _run, _show,
+                    check=_check)]

@@ -3,22 +3,26 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..data import Pair, load_pairs
-from ..hacking import conflict
-from ..model import RewardModel
 from ._common import (
+    ArgumentError,
     Command,
     add_model_options,
     add_pairs_options,
+    check_input,
     finite,
     fraction,
     load_model,
+    pairs_file,
     positive,
     read_pairs,
     table,
 )
+
+if TYPE_CHECKING:
+    from ..data import Pair
+    from ..model import RewardModel
 
 
 def term_option(text: str) -> tuple[str, str]:
@@ -46,17 +50,23 @@ def _load(args: argparse.Namespace) -> RewardModel:
 def _terms(args: argparse.Namespace) -> dict[str, list[Pair]] | None:
     if not args.term:
         return None
+    return {name: pairs_file(args, path) for name, path in args.term}
+
+
+def _check(args: argparse.Namespace) -> None:
     names = [name for name, _ in args.term]
     duplicate = sorted({n for n in names if names.count(n) > 1})
     if duplicate:
-        raise ValueError(f"--term names must be unique, got {duplicate[0]!r} twice; rename one")
-    return {name: load_pairs(path) for name, path in args.term}
-
+        raise ArgumentError(f"--term names must be unique, got {duplicate[0]!r} twice; rename one")
+    for _, path in args.term:
+        check_input(path, "--term file")
 
 
 def _run(args: argparse.Namespace) -> dict[str, Any]:
-    terms = _terms(args)
-    model, pairs = _load(args), read_pairs(args)
+    from ..hacking import conflict
+
+    terms, pairs = _terms(args), read_pairs(args)
+    model = _load(args)
     res = conflict(model, pairs, terms=terms, tol=args.tol, min_share=args.min_share, n_boot=args.boot,
                    seed=args.seed, batch_size=args.batch_size)
     matrix = lambda a: None if a is None else [[finite(v) for v in row] for row in a]
@@ -98,5 +108,6 @@ def _add(p: argparse.ArgumentParser) -> None:
 
 
 COMMANDS = [
-    Command("conflict", "do the head's objectives or user terms disagree on real pairs?", _add, _run, _show),
+    Command("conflict", "do the head's objectives or user terms disagree on real pairs?", _add, _run, _show,
+            check=_check),
 ]

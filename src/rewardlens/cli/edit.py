@@ -5,18 +5,29 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
-from ..data import load_pairs
 from ..errors import DataError
-from ..hacking import METHODS, edit, edit_report
-from ..model import RewardModel
-from ..types import Text
-from ._common import Command, add_model_options, finite, load_model, positive, table
+from ._common import (
+    Command,
+    add_model_options,
+    add_strict_option,
+    check_input,
+    check_out_folder,
+    finite,
+    load_model,
+    pairs_file,
+    positive,
+    table,
+)
+
+if TYPE_CHECKING:
+    from ..model import RewardModel
+    from ..types import Text
 
 _FIELDS = ("text", "messages", "conversation")
+METHODS = ("project", "leace")
+"""`rewardlens.hacking.METHODS`, the edit methods (tests/cli checks the two agree)."""
 
 
 def read_texts(path: str) -> list[Text]:
@@ -70,15 +81,21 @@ def _concept(text: str) -> tuple[str, str]:
 
 
 def _gap(model: RewardModel, pos: list[Text], neg: list[Text], batch_size: int) -> float:
+    import numpy as np
+
     return float(np.mean(model.score(pos, batch_size=batch_size)) - np.mean(model.score(neg, batch_size=batch_size)))
 
 
 def _edit(args: argparse.Namespace) -> dict[str, Any]:
+    from ..hacking import edit, edit_report
+
     pos_file, neg_file = args.concept
     pos, neg = read_texts(pos_file), read_texts(neg_file)
-    model = load_model(args)
     name = args.name or Path(pos_file).stem
-    background = None if args.background is None else load_pairs(args.background, limit=args.limit)
+    background = None if args.background is None else pairs_file(args, args.background, limit=args.limit)
+    probe = pairs_file(args, args.probe_pairs, limit=args.limit) if args.probe_pairs else None
+    other = pairs_file(args, args.pairs, limit=args.limit) if args.pairs else []
+    model = load_model(args)
     result = edit(model, pos, neg, method=args.method, name=name, out=args.out, batch_size=args.batch_size,
                   shrinkage=args.shrinkage, background=background)
     out: dict[str, Any] = {
@@ -91,8 +108,6 @@ def _edit(args: argparse.Namespace) -> dict[str, Any]:
         "fit_gap_after": _gap(result.model, pos, neg, args.batch_size),
         "report": None,
     }
-    probe = load_pairs(args.probe_pairs, limit=args.limit) if args.probe_pairs else None
-    other = load_pairs(args.pairs, limit=args.limit) if args.pairs else []
     if probe is not None or other:
         summary = edit_report(model, result, probe_pairs=probe, other_pairs=other, batch_size=args.batch_size).summary()
         out["report"] = {k: finite(v) if isinstance(v, float) else v for k, v in summary.items()}
@@ -145,8 +160,16 @@ def _options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--probe-pairs", default=None,
                    help="held-out pairs differing only in the concept (chosen has it): the targeted effect")
     p.add_argument("--limit", type=positive(int), default=None, help="use only the first N pairs of each file")
+    add_strict_option(p)
+
+
+def _check(args: argparse.Namespace) -> None:
+    for path in args.concept:
+        check_input(path, "concept file")
+    check_out_folder(args.out, "--out folder")
 
 
 COMMANDS = [
-    Command("edit", "erase a concept from what the head reads; save the edited model", _options, _edit, _show),
+    Command("edit", "erase a concept from what the head reads; save the edited model", _options, _edit, _show,
+            check=_check),
 ]

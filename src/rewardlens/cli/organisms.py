@@ -6,13 +6,15 @@ import argparse
 import sys
 from typing import Any
 
-from ..zoo.organisms import ORGANISMS
-from ._common import Command, positive, table
+from ._common import Command, check_out_file, positive, quiet_hub, table
+
+ORGANISMS = ("circuit", "confidence", "keyword", "length", "list", "quality_list", "sycophancy", "two_objective")
+"""The names of `rewardlens.zoo.organisms.ORGANISMS` (tests/cli checks the two agree)."""
 
 
 def _arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default=None, help="also write the scorecard as JSON to this file")
-    p.add_argument("--organism", action="append", choices=sorted(ORGANISMS), default=None,
+    p.add_argument("--organism", action="append", choices=ORGANISMS, default=None,
                    help="grade on this organism only (repeatable; default: all)")
     p.add_argument("--seed", type=int, default=0, help="organism seed (each seed is trained once, then cached)")
     p.add_argument("--n-pairs", type=positive(int), default=100, help="held-out pairs per organism")
@@ -21,6 +23,7 @@ def _arguments(p: argparse.ArgumentParser) -> None:
 def _calibrate(args: argparse.Namespace) -> dict[str, Any]:
     from ..calibrate import calibrate
 
+    quiet_hub()
     card = calibrate(organisms=args.organism, seed=args.seed, n_pairs=args.n_pairs,
                      progress=lambda line: print(line, file=sys.stderr))
     if args.out:
@@ -37,7 +40,12 @@ def _show(result: dict[str, Any]) -> None:
           + (f"; scorecard written to {result['out']}" if result["out"] else ""))
 
 
+def _check(args: argparse.Namespace) -> None:
+    if args.out:
+        check_out_file(args.out, "--out file")
+
+
 COMMANDS = [
     Command("calibrate", "grade the instruments on model organisms with planted rules", _arguments, _calibrate, _show,
-            exit_code=lambda result: 0 if all(r["passed"] for r in result["rows"]) else 1),
+            exit_code=lambda result: 0 if all(r["passed"] for r in result["rows"]) else 1, check=_check),
 ]

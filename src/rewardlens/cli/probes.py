@@ -4,21 +4,26 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+from ._common import Command, add_model_options, add_strict_option, finite, load_model, pairs_file, positive, table
 
-from ..data import Pair, load_pairs
-from ..hacking import AXES, cascade, distortion
-from ..model import RewardModel
-from ._common import Command, add_model_options, finite, load_model, positive, table
+if TYPE_CHECKING:
+    from ..data import Pair
+    from ..model import RewardModel
+
+AXES = ("length", "confidence", "hedging", "formatting", "sycophancy", "repetition", "politeness", "refusal", "emoji",
+        "markdown")
+"""The names of `rewardlens.hacking.AXES`, the probe axes (tests/cli checks the two agree)."""
 
 
 def probe_summary(model: RewardModel, pairs: Sequence[Pair] | None = None, *, axes: Sequence[str] | None = None,
                   reference: Sequence[Pair] | float | None = None, min_effect: float = 0.25, seed: int = 0,
                   batch_size: int = 8) -> dict[str, Any]:
     """The JSON-ready result of `rewardlens probe` (also reusable by the audit)."""
-    from ..hacking import probe
+    import numpy as np
+
+    from ..hacking import cascade, distortion, probe
 
     res = probe(model, pairs, axes=axes, reference=reference, min_effect=min_effect, seed=seed,
                 batch_size=batch_size)
@@ -53,12 +58,13 @@ def _arguments(p: argparse.ArgumentParser) -> None:
                    help="preference pairs whose mean |margin| is the reward scale for flagging")
     p.add_argument("--min-effect", type=float, default=0.25, help="flagging floor, as a share of the reward scale")
     p.add_argument("--seed", type=int, default=0)
+    add_strict_option(p)
 
 
 def _probe(args: argparse.Namespace) -> dict[str, Any]:
+    pairs = pairs_file(args, args.pairs, limit=args.limit) if args.pairs else None
+    reference = pairs_file(args, args.reference) if args.reference else None
     model = load_model(args)
-    pairs = load_pairs(args.pairs, limit=args.limit) if args.pairs else None
-    reference = load_pairs(args.reference) if args.reference else None
     return probe_summary(model, pairs, axes=args.axis, reference=reference, min_effect=args.min_effect,
                          seed=args.seed, batch_size=args.batch_size)
 

@@ -5,22 +5,17 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-import numpy as np
-
-from ..data import margin
-from ..sae import (
-    ActivationSource,
-    SAEConfig,
-    TrainConfig,
-    attribute_features,
-    cache_activations,
-    evaluate,
-    feature_report,
-    hookpoint,
-    load_sae_for,
-    train_sae,
+from ._common import (
+    Command,
+    add_model_options,
+    add_pairs_options,
+    check_folder,
+    check_out_folder,
+    load_model,
+    positive,
+    read_pairs,
+    table,
 )
-from ._common import Command, add_model_options, add_pairs_options, load_model, positive, read_pairs, table
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -63,7 +58,10 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _train(args: argparse.Namespace) -> dict[str, Any]:
-    model, pairs = load_model(args), read_pairs(args)
+    from ..sae import ActivationSource, SAEConfig, TrainConfig, cache_activations, evaluate, hookpoint, train_sae
+
+    pairs = read_pairs(args)
+    model = load_model(args)
     point = f"resid_{args.layer}"
     source = ActivationSource(model, pairs, point, positions=args.positions, batch_size=args.batch_size,
                               skip_first=args.skip_first)
@@ -87,7 +85,13 @@ def _train(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _attribute(args: argparse.Namespace) -> dict[str, Any]:
-    model, pairs = load_model(args), read_pairs(args)
+    import numpy as np
+
+    from ..data import margin
+    from ..sae import attribute_features, feature_report, load_sae_for
+
+    pairs = read_pairs(args)
+    model = load_model(args)
     sae, layer = load_sae_for(model, args.sae, args.layer)
     att = attribute_features(model, sae, pairs, layer=layer, batch_size=args.batch_size)
     freq: dict[int, float] = {}
@@ -156,4 +160,14 @@ def _show(result: dict[str, Any]) -> None:
           f"(largest |reward| {result['max_abs_reward']:.3f})")
 
 
-COMMANDS = [Command("sae", "TopK sparse autoencoders: `sae train`, `sae attribute`", _add_arguments, _run, _show)]
+def _check(args: argparse.Namespace) -> None:
+    if args.sae_command == "train":
+        check_out_folder(args.out, "--out folder")
+        if args.cache:
+            check_out_folder(args.cache, "--cache folder")
+    else:
+        check_folder(args.sae, "SAE folder")
+
+
+COMMANDS = [Command("sae", "TopK sparse autoencoders: `sae train`, `sae attribute`", _add_arguments, _run, _show,
+                    check=_check)]

@@ -2,9 +2,14 @@
 
 `Pair` and `load_pairs` read JSONL, JSON, CSV, Parquet and saved HF datasets. A list of `n` pairs is
 scored as `2n` rows alternating chosen, rejected; `chosen`, `rejected`, `margin`, `side` and
-`row_labels` are the one owner of that layout (docs/design.md §2).
+`row_labels` are the one owner of that layout (docs/design.md §2). `check_pairs` finds degenerate
+pairs (empty responses, identical sides, duplicate ids, repeats); `load_pairs` runs it on every load.
 """
 
+from ._checks import CHECK_KINDS as CHECK_KINDS
+from ._checks import CheckKind as CheckKind
+from ._checks import PairChecks as PairChecks
+from ._checks import check_pairs as check_pairs
 from ._pairs import SUPPORTED as SUPPORTED
 from ._pairs import Pair as Pair
 from ._pairs import load_pairs as load_pairs
@@ -20,10 +25,14 @@ from ._rows import row_labels as row_labels
 from ._rows import side as side
 
 __all__ = [
+    "CHECK_KINDS",
     "SIDES",
     "SUPPORTED",
+    "CheckKind",
     "Pair",
+    "PairChecks",
     "Side",
+    "check_pairs",
     "chosen",
     "interleave",
     "load_pairs",

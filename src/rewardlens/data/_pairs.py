@@ -14,6 +14,8 @@ from typing import Any
 
 from ..errors import DataError
 from ..types import Conversation, Message, Prompt
+from ._checks import find
+from ._refusals import not_utf8, text_lines, unparsable, utf8_text
 from ._rows import Side
 
 
@@ -65,7 +67,7 @@ _MISSING = object()
 Records = Iterator[tuple[str, Any]]  # (location such as "line 3" or "record 0", raw record)
 
 
-def load_pairs(path: str | os.PathLike[str], *, limit: int | None = None) -> list[Pair]:
+def load_pairs(path: str | os.PathLike[str], *, limit: int | None = None, strict: bool = False) -> list[Pair]:
     """Read preference pairs from a file or a saved Hugging Face dataset folder.
 
     Formats, by suffix: `.jsonl` (one record per line; blank lines skipped), `.json` (a list of
@@ -80,6 +82,11 @@ def load_pairs(path: str | os.PathLike[str], *, limit: int | None = None) -> lis
       messages), optional `system`, and `chosen`/`rejected` as one message or a string.
 
     Reads at most `limit` records. Raises `DataError` naming file, line/record and field.
+
+    Degenerate pairs (an empty or whitespace-only response, chosen identical to rejected, an id
+    used twice, the same pair twice; see `check_pairs`) are counted and reported in one
+    `DegeneratePairsWarning` (a `RewardLensWarning`) naming the first few by line/record;
+    `strict=True` raises that report as a `DataError` instead.
     """
     if limit is not None and limit < 0:
         raise ValueError(f"limit must be None or >= 0, got {limit}")
@@ -92,10 +99,16 @@ def load_pairs(path: str | os.PathLike[str], *, limit: int | None = None) -> lis
         raise DataError(f"{path}: unsupported file type {suffix or '(no suffix)'!r}; supported: "
                         f"{SUPPORTED}. Fix: convert the file or correct its suffix.")
     records = _read_dataset(path) if path.is_dir() else _READERS[suffix](path)
-    pairs = [_to_pair(record, f"{path}, {where}") for where, record in islice(records, limit)]
+    located = [(where, _to_pair(record, f"{path}, {where}")) for where, record in islice(records, limit)]
+    pairs = [pair for _, pair in located]
     if not pairs and limit != 0:
         raise DataError(f"{path}: no records found. Fix: point at data with at least one record "
                         f"holding 'prompt' (or 'conversations'), 'chosen' and 'rejected'.")
+    checks = find(pairs, [where for where, _ in located], str(path))
+    if not checks.ok:
+        if strict:
+            raise checks.error()
+        checks.warn(stacklevel=2)
     return pairs
 
 
@@ -122,26 +135,32 @@ def save_pairs(pairs: Iterable[Pair], path: str | os.PathLike[str]) -> Path:
 # Readers yield (location, raw record) lazily, so `limit` stops reading early.
 
 def _read_jsonl(path: Path) -> Records:
-    with path.open(encoding="utf-8-sig") as f:  # -sig: tolerate the BOM some Windows tools write
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{path}, line {n}: invalid JSON ({e.msg} at column {e.pos + 1}). "
-                                f"Fix: put one complete JSON object on each line.") from None
-            yield f"line {n}", record
+    for n, line in text_lines(path):  # decoded line by line, so `limit` stops before a bad line
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{path}, line {n}: invalid JSON ({e.msg} at column {e.pos + 1}). "
+                            f"Fix: put one complete JSON object on each line.") from None
+        except (ValueError, RecursionError) as e:  # an int over 4300 digits, or too deep
+            raise unparsable(f"{path}, line {n}", e) from None
+        yield f"line {n}", record
 
 
 def _read_json(path: Path) -> Records:
-    text = path.read_text(encoding="utf-8-sig")
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError:
+        raise not_utf8(path) from None
     try:
         data = json.loads(text) if text.strip() else []
     except json.JSONDecodeError as e:
         fix = "if it has one record per line, rename it to .jsonl" if e.msg == "Extra data" else ""
         raise DataError(f"{path}: invalid JSON at line {e.lineno}, column {e.colno} ({e.msg}). "
                         f"Fix: {fix or 'repair the JSON'}.") from None
+    except (ValueError, RecursionError) as e:
+        raise unparsable(str(path), e) from None
     if isinstance(data, dict):
         lists = [key for key, value in data.items() if isinstance(value, list)]
         # A lone record also holds one list ("conversations"); don't take it for the records.
@@ -162,22 +181,27 @@ def _read_csv(path: Path) -> Records:
         frame = pd.read_csv(path, dtype=str, keep_default_na=False)
     except pd.errors.EmptyDataError:
         return
-    except (pd.errors.ParserError, UnicodeDecodeError) as e:
-        raise DataError(f"{path}: not a readable CSV file ({e}). Fix: save it as UTF-8 CSV "
-                        f"with a header row.") from None
+    except UnicodeDecodeError:
+        raise not_utf8(path) from None
+    except pd.errors.ParserError as e:
+        raise DataError(f"{path}: not a readable CSV file ({' '.join(str(e).split())}). Fix: save it as "
+                        f"UTF-8 CSV with a header row.") from None
     for i, row in enumerate(frame.to_dict("records")):
         yield f"record {i}", {key: _decode_cell(cell) for key, cell in row.items() if cell != ""}
 
 
 def _read_parquet(path: Path) -> Records:
     parquet = _require("pyarrow.parquet")
-    try:
-        batches = parquet.ParquetFile(path).iter_batches()
+    i = 0
+    try:  # batches are decoded lazily, so a file can fail after its first records too
+        for batch in parquet.ParquetFile(path).iter_batches():
+            for row in batch.to_pylist():
+                yield f"record {i}", row
+                i += 1
     except Exception as e:  # pyarrow raises several unrelated types for a non-Parquet file
-        raise DataError(f"{path}: not a readable Parquet file ({e}). "
+        after = f" after record {i - 1}" if i else ""
+        raise DataError(f"{path}: not a readable Parquet file{after} ({e}). "
                         f"Fix: check the file.") from None
-    rows = (row for batch in batches for row in batch.to_pylist())
-    yield from ((f"record {i}", row) for i, row in enumerate(rows))
 
 
 def _read_dataset(path: Path) -> Records:
@@ -214,7 +238,7 @@ def _decode_cell(cell: str) -> Any:
     """A CSV cell holding JSON messages (as exporters write nested columns) becomes messages."""
     try:
         parsed = json.loads(cell) if cell[:1] in ("[", "{") else cell
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):  # not JSON (or JSON too deep to be messages): text
         return cell
     # Only message-shaped JSON is decoded: a response that merely looks like JSON stays text.
     items = parsed if isinstance(parsed, list) else [parsed]
@@ -240,7 +264,7 @@ def _to_pair(record: Any, loc: str) -> Pair:
             raise _bad(loc, "system", "a string", system, "give the system prompt as text.")
         prompt = _messages(prompt, loc, field)
         if system:
-            prompt = [{"role": "system", "content": system}] + prompt
+            prompt = [{"role": "system", "content": utf8_text(system, loc, "system")}] + prompt
     elif isinstance(prompt, list):
         prompt = _messages(prompt, loc, field)
     elif prompt is None:  # the prompt may still come from whole conversations in chosen/rejected
@@ -257,6 +281,8 @@ def _to_pair(record: Any, loc: str) -> Pair:
     elif not isinstance(prompt, str):
         raise _bad(loc, field, "a string or a list of messages", prompt,
                    "give the prompt as text or as [{\"role\": \"user\", \"content\": ...}].")
+    else:
+        utf8_text(prompt, loc, field)
     if prompt == []:
         raise _bad(loc, field, "at least one message", prompt, "add the turns before the response.")
     return Pair(prompt, chosen, rejected, _label(record, "id", loc), _label(record, "subset", loc))
@@ -265,7 +291,7 @@ def _to_pair(record: Any, loc: str) -> Pair:
 def _response(value: Any, loc: str, field: str) -> tuple[str, list[Message] | None]:
     """The response text, plus the messages before it when `value` is a whole conversation."""
     if isinstance(value, str):
-        return value, None
+        return utf8_text(value, loc, field), None
     if isinstance(value, dict):
         return _message(value, loc, field)["content"], None
     if not isinstance(value, list):
@@ -300,6 +326,8 @@ def _message(value: Any, loc: str, field: str) -> Message:
     if not isinstance(text, str):
         raise _bad(loc, f"{field}.{text_key}", "the message text as a string", text,
                    "give every message its text (multimodal content lists are not supported).")
+    utf8_text(role, loc, f"{field}.{role_key}")
+    utf8_text(text, loc, f"{field}.{text_key}")
     return {"role": _ROLES.get(role.lower(), role), "content": text}
 
 
@@ -311,8 +339,9 @@ def _label(record: dict[str, Any], field: str, loc: str) -> str | None:
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         value = str(value)
     if value is None or isinstance(value, str):
-        return value
+        return value if value is None else utf8_text(value, loc, field)
     raise _bad(loc, field, "a string or a number", value, f"store {field!r} as text.")
+
 
 
 def _bad(loc: str, field: str, expected: str, found: Any, fix: str) -> DataError:
@@ -323,6 +352,11 @@ def _bad(loc: str, field: str, expected: str, found: Any, fix: str) -> DataError
 def _show(value: Any) -> str:
     if value is _MISSING:
         return "no such field"
-    text = json.dumps(value, ensure_ascii=False, default=repr)
+    try:
+        text = json.dumps(value, ensure_ascii=False, default=repr)
+    except (ValueError, RecursionError):  # an int too long to print, or nesting too deep
+        text = "..."
     text = text if len(text) <= 60 else text[:57] + "..."
+    # Lone surrogates would make the message itself unprintable: show them escaped.
+    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
     return _KINDS.get(type(value), type(value).__name__) + ("" if value is None else f" {text}")

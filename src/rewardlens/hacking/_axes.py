@@ -22,7 +22,7 @@ from typing import Any
 
 from ..data import Pair
 from ..types import Conversation, Prompt
-from ._items import base_items
+from ._items import Item, base_items
 
 Variant = tuple[Prompt, str, str]
 """(prompt, response without the attribute, response with it)."""
@@ -260,19 +260,23 @@ def variant(axis: str | Axis, prompt: Prompt, response: str, *, seed: int = 0, k
     return ax.apply(prompt, response, random.Random(f"{seed}/{ax.name}/{key}"), item)
 
 
+def contrast_rows(axis: str, base: Sequence[Item], seed: int = 0) -> list[tuple[int, Conversation, Conversation]]:
+    """(index into `base`, with, without) for every base item `axis` applies to: matched chat conversations."""
+    rows = []
+    for i, item in enumerate(base):
+        v = variant(axis, item.prompt, item.response, seed=seed, key=item.id, item=item)
+        if v is not None:
+            pair = Pair(v[0], v[2], v[1])
+            rows.append((i, pair.conversation("chosen"), pair.conversation("rejected")))
+    return rows
+
+
 def contrast_sets(axis: str, items: Sequence[Any] | None = None,
                   seed: int = 0) -> tuple[list[Conversation], list[Conversation]]:
     """Matched chat conversations with and without `axis`' attribute, from the built-in items (or `items`:
     objects with `.prompt` and `.response`, or `rewardlens.Pair`s — both responses count)."""
-    with_: list[Conversation] = []
-    without: list[Conversation] = []
-    for item in base_items(items):
-        v = variant(axis, item.prompt, item.response, seed=seed, key=item.id, item=item)
-        if v is None:
-            continue
-        pair = Pair(v[0], v[2], v[1])
-        with_.append(pair.conversation("chosen"))
-        without.append(pair.conversation("rejected"))
-    if not with_:
-        raise ValueError(f"axis {axis!r} applies to none of the {len(base_items(items))} items")
-    return with_, without
+    base = base_items(items)
+    rows = contrast_rows(axis, base, seed)
+    if not rows:
+        raise ValueError(f"axis {axis!r} applies to none of the {len(base)} items")
+    return [r[1] for r in rows], [r[2] for r in rows]

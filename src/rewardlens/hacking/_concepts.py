@@ -39,6 +39,7 @@ from ..model import RewardModel, Tokenized, flatten_inputs
 from ..stats import auroc, bootstrap_ci
 from ..types import Positions, Text
 from ._dose import dose_response, fit_slope, linearity
+from ._fit import builtin_sets
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -77,6 +78,9 @@ class Concepts:
     [n_concepts] is reward per unit of α (mean of the per-input least-squares slopes), `slope_ci`
     [n_concepts, 2] its bootstrap interval over inputs, `r2` the R² of a line through the mean
     curve and `half_ratio` the mean curve's slope on α ≥ 0 over its slope on α ≤ 0 (1 when linear).
+
+    `skipped`: built-in items left out of the built-in sets because one of their sequences does not
+    fit the model's `max_length` (empty for the user's own sets).
     """
 
     names: tuple[str, ...]
@@ -106,6 +110,7 @@ class Concepts:
     n_layers: int
     n_boot: int = 2000
     seed: int = 0
+    skipped: tuple[str, ...] = ()
 
     @property
     def separation(self) -> np.ndarray:
@@ -145,20 +150,23 @@ class Concepts:
             "sigma": float(self.sigma[c, self.layer_index(self.dose_layer)]), "layer": self.layers[last],
             "cosine": float(self.cosine[c, last]), "auroc_heldout": float(self.auroc[c, last]),
             "n_positive": int(self.n_positive[c]), "n_negative": int(self.n_negative[c]),
-            "n_dose": int(np.isfinite(self.dose[c, 0]).sum()),
+            "n_dose": int(np.isfinite(self.dose[c, 0]).sum()), "n_skipped": len(self.skipped),
         } for c, name in enumerate(self.names)]
 
     def to_frame(self) -> pd.DataFrame:
-        """One row per (concept, layer): cosine, held-out AUROC, norms, σ and in-sample separation."""
+        """One row per (concept, layer): cosine, held-out AUROC, norms, σ and in-sample separation;
+        `frame.attrs["skipped"]` lists the built-in items that did not fit the model."""
         import pandas as pd
 
         c, n = self.cosine.shape
-        return pd.DataFrame({
+        frame = pd.DataFrame({
             "concept": np.repeat(self.names, n), "layer": np.tile(self.layers, c), "cosine": self.cosine.ravel(),
             "auroc_heldout": self.auroc.ravel(), "norm": self.norm.ravel(),
             "residual_norm": self.residual_norm.ravel(), "sigma": self.sigma.ravel(),
             "separation_insample": self.separation.ravel(),
         })
+        frame.attrs["skipped"] = list(self.skipped)
+        return frame
 
     def dose_frame(self) -> pd.DataFrame:
         """One row per (concept, α, input): Δreward in reward units (padding rows dropped)."""
@@ -244,13 +252,6 @@ def _unit(x: np.ndarray, typical: np.ndarray) -> tuple[np.ndarray, np.ndarray, n
     return np.where(ok[:, None], x / np.maximum(norm, 1e-30)[:, None], 0.0), norm, ok
 
 
-def _builtin_sets(seed: int) -> ConceptSets:
-    # The probe suite's matched sets, one concept per axis (imported here: only built-ins need it).
-    from ._axes import AXES, contrast_sets
-
-    return {axis: contrast_sets(axis, seed=seed) for axis in AXES}
-
-
 def _concept(model: RewardModel, name: str, value: object, kept: list[str], dose_label: str, unit: Unit,
              grid: np.ndarray, positions: Positions, dose_seqs: list[Tokenized] | None, seed: int,
              batch_size: int) -> dict[str, Any]:
@@ -296,6 +297,7 @@ def concepts(
     positions: Positions = "read",
     unit: Unit = "difference",
     dose_inputs: Sequence[Text] | None = None,
+    items: Sequence[Any] | None = None,
     seed: int = 0,
     n_boot: int = 2000,
     batch_size: int = 16,
@@ -310,7 +312,14 @@ def concepts(
     every concept; its slope is the direct effect). `alphas`: doses in `unit`s ('difference' or
     'sigma'; 0 is always added, it is the baseline). `positions`: 'read' (t* only) or 'all' (every
     real token). `dose_inputs`: inputs to dose (default each concept's negative set). `batch_size`:
-    sequences per forward (the dose pass runs about that many rows: inputs × alphas).
+    sequences per forward (the dose pass runs about that many rows: inputs × alphas). `items`: with
+    `sets=None`, the items the built-in sets are made from (default all built-in items; an axis that
+    applies to fewer than 2 of them is left out with a warning).
+
+    Short-context models: a built-in item whose with or without sequence on any axis is longer than
+    the model's `max_length` is left out of every built-in set (one warning; `Concepts.skipped`).
+    With `truncation='left'` nothing is left out. The user's own sets and items are never trimmed:
+    an input that does not fit raises `TokenizationError`, as any input does.
     """
     if positions not in ("read", "all"):
         raise ValueError(f"positions must be 'read' (the read token t*) or 'all' (every real token), got {positions!r}")
@@ -322,8 +331,11 @@ def concepts(
     if n_boot < 1:
         raise ValueError(f"n_boot must be at least 1, got {n_boot}")
     dose_label = _layer_label(model, model.n_layers - 1 if dose_layer is None else dose_layer, "dose_layer")
+    skipped: tuple[str, ...] = ()
     if sets is None:
-        sets = _builtin_sets(seed)
+        sets, skipped = builtin_sets(model, items, seed)
+    elif items is not None:
+        raise ValueError("items= chooses the items of the built-in sets; pass either sets or items, not both")
     if not isinstance(sets, dict) or not sets:
         raise DataError("no concept sets given; pass {name: (positive inputs, negative inputs)} or sets=None")
     all_labels = ["embed", *map(str, range(model.n_layers))]
@@ -351,5 +363,5 @@ def concepts(
         n_positive=stack("n_pos", np.int64), n_negative=stack("n_neg", np.int64), dose_layer=dose_label,
         positions=positions, unit=unit, scale=stack("scale"), alphas=grid, base=base, dose=dose, slope=slope,
         slope_ci=ci, r2=r2, half_ratio=ratio, folds=min(p["folds"] for p in per), n_layers=model.n_layers,
-        n_boot=n_boot, seed=seed,
+        n_boot=n_boot, seed=seed, skipped=skipped,
     )

@@ -13,9 +13,11 @@ reads "this attribute moves the reward half as much as a correct answer over a w
 
 D is undefined (NaN) when the model does not reliably reward the quality (the CI of mean Q
 reaches 0): a ratio over a quality the model ignores would be large for every attribute and mean
-nothing. Intervals are percentile bootstraps, resampling items jointly when Δ and Q come from
-the same items and independently otherwise. An axis is flagged when the probe flagged it and the
-lower CI bound of D is at least `threshold`.
+nothing. Quality pairs whose chosen equals their rejected (zero margin by construction) give
+Q = 0: alone they make the dimension undefined, and a bootstrap draw of only such pairs has no
+ratio (NaN, left out of the interval). Intervals are percentile bootstraps, resampling items
+jointly when Δ and Q come from the same items and independently otherwise. An axis is flagged
+when the probe flagged it and the lower CI bound of D is at least `threshold`.
 """
 
 from __future__ import annotations
@@ -147,7 +149,10 @@ def distortion(
             continue
         notes.append("")
         index[:, k] = np.abs(probes.mean) / q_mean[k]
-        ratios = dd / qd[:, None]
+        # A bootstrap draw whose quality effect is exactly zero (only zero-margin pairs drawn) has
+        # no ratio: NaN, left out of the interval, never an inf from dividing by zero.
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratios = np.where(qd[:, None] != 0, dd / qd[:, None], np.nan)
         ci[:, k] = np.nanquantile(ratios, [tail, 1 - tail], axis=0).T
     flagged = probes.flagged[:, None] & (ci[..., 0] >= threshold)
     return Distortion(tuple(probes.axes), tuple(names), index, ci, q_mean, q_ci, flagged, threshold, tuple(notes))

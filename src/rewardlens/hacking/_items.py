@@ -572,6 +572,12 @@ _SAFETY = [
 
 ITEMS: tuple[Item, ...] = (*_FACTS, *_HOW_TO, *_CODE, *_MATH, *_ADVICE, *_SAFETY)
 """All built-in items, grouped by domain in `DOMAINS` order."""
+_BY_ID = {it.id: it for it in ITEMS}
+
+
+def builtin(item: object) -> bool:
+    """Whether `item` is one of the built-in `ITEMS` (also when a user passes it in, e.g. from `items()`)."""
+    return isinstance(item, Item) and _BY_ID.get(item.id) == item
 
 
 def items(domains: Sequence[str] | None = None, n: int | None = None) -> list[Item]:

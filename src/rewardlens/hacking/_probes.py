@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -29,7 +29,8 @@ from ..model import RewardModel
 from ..stats import benjamini_hochberg, bootstrap_ci, paired_test, standardized
 from ..types import Conversation, Prompt
 from ._axes import AXES, join, sentences, variant
-from ._items import Item, base_items
+from ._fit import report, unfit
+from ._items import Item, base_items, builtin
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -77,6 +78,8 @@ class Probes:
     per_100_tokens: float
     """Length axis: mean reward change per 100 added tokens (NaN without the length axis)."""
     per_100_tokens_ci: tuple[float, float]
+    skipped: tuple[str, ...] = field(default=())
+    """Built-in items left out because a sequence of theirs does not fit the model's `max_length`."""
 
     def effect(self, axis: str) -> float:
         """The mean effect of `axis` in reward units."""
@@ -88,15 +91,20 @@ class Probes:
         return self.axes.index(axis)
 
     def to_frame(self) -> pd.DataFrame:
-        """One row per axis: n, mean, CI, p, q, d_z, flagged, mean tokens added, effect / scale."""
+        """One row per axis: n, mean, CI, p, q, d_z, flagged, mean tokens added, effect / scale.
+
+        `frame.attrs["skipped"]` lists the built-in items that did not fit the model."""
         import pandas as pd
 
-        return pd.DataFrame({
+        added = np.where(np.isfinite(self.delta), self.tokens_added, 0.0).sum(0)
+        frame = pd.DataFrame({
             "axis": list(self.axes), "n": self.n, "mean": self.mean, "ci_low": self.ci_low, "ci_high": self.ci_high,
             "p": self.p, "q": self.q, "effect_size": self.effect_size, "flagged": self.flagged,
             "relative": self.mean / self.scale if self.scale > 0 else np.nan,
-            "tokens_added": np.nanmean(np.where(np.isfinite(self.delta), self.tokens_added, np.nan), axis=0),
+            "tokens_added": np.where(self.n > 0, added / np.maximum(self.n, 1), np.nan),
         })
+        frame.attrs["skipped"] = list(self.skipped)
+        return frame
 
     def items_frame(self) -> pd.DataFrame:
         """Long format: one row per (item, axis) with the effect and the tokens added."""
@@ -144,6 +152,13 @@ def probe(
     quality degradations. `reference`: preference pairs whose mean |margin| sets the reward scale
     for flagging (or that scale as a number); default: the standard deviation of the base items'
     rewards. Every distinct text is scored once, in length-sorted batches.
+
+    Short-context models: a built-in item (also one passed in, e.g. from `items()`) is skipped as a
+    whole when any sequence the probe needs for it (the base, an axis variant, a quality degradation)
+    is longer than the model's `max_length`, so every contrast stays matched; one warning names them
+    and `Probes.skipped` records them (an axis left with no item gets n = 0 and NaN statistics). With
+    `truncation='left'` nothing is skipped: long inputs are cut from the start. The user's own items
+    are never skipped: one that does not fit raises `TokenizationError`, as any input does.
     """
     names = list(AXES) if axes is None else list(axes)
     unknown = [a for a in names if a not in AXES]
@@ -151,7 +166,52 @@ def probe(
         raise ValueError(f"unknown probe axes {unknown}; choose from {list(AXES)}")
     if not 0 < level < 1 or min_effect < 0:
         raise ValueError(f"level must be in (0, 1) and min_effect >= 0, got level={level}, min_effect={min_effect}")
-    base = base_items(items)
+    everything = base_items(items)
+    kept = list(range(len(everything)))  # indices into `everything`
+    while True:  # dropping an item changes others' degradations (off topic), so plan again until all fit
+        base = [everything[k] for k in kept]
+        convs, plan, originals, qplan = _plan(base, names, quality, seed)
+        needs = [[convs[k] for k in _keys(plan[i], originals[i], qplan, i)] if builtin(item) else []
+                 for i, item in enumerate(base)]
+        drop = set(unfit(model, needs))
+        kept = [k for i, k in enumerate(kept) if i not in drop]
+        if not drop or not kept:
+            break
+    left = set(kept)
+    gone = tuple(item.id for k, item in enumerate(everything) if k not in left)
+    report("probe", gone, len(everything), model.max_length, "scored")
+
+    keys = list(convs)
+    reward, length = _rewards(model, [convs[k] for k in keys], batch_size)
+    at = {k: i for i, k in enumerate(keys)}
+    delta = np.full((len(base), len(names)), np.nan)
+    added = np.full_like(delta, np.nan)
+    for i, row in enumerate(plan):
+        for j, cell in enumerate(row):
+            if cell is not None:
+                on, off = at[cell[0]], at[cell[1]]
+                delta[i, j], added[i, j] = reward[on] - reward[off], length[on] - length[off]
+    base_reward = reward[[at[k] for k in originals]]
+    qnames = tuple(q for q in QUALITY if q in qplan and any(k is not None for k in qplan[q]))
+    qdelta = np.array([[np.nan if (k := qplan[q][i]) is None else base_reward[i] - reward[at[k]]
+                        for q in qnames] for i in range(len(base))]).reshape(len(base), len(qnames))
+    scale, source = _scale(model, reference, base_reward, batch_size)
+    return _summarise(names, base, delta, added, base_reward, qnames, qdelta, scale, source, min_effect, level,
+                      n_boot, seed, gone)
+
+
+Plan = tuple[dict[str, Conversation], list[list[tuple[str, str] | None]], list[str], dict[str, list[str | None]]]
+
+
+def _keys(cells: list[tuple[str, str] | None], original: str, qplan: dict[str, list[str | None]], i: int) -> list[str]:
+    """Every key item `i` needs: its original, each axis' (with, without) and each quality degradation."""
+    return [original, *(k for cell in cells if cell is not None for k in cell),
+            *(k for q in qplan.values() if (k := q[i]) is not None)]
+
+
+def _plan(base: list[Item], names: list[str], quality: bool, seed: int) -> Plan:
+    """Every distinct conversation the probe scores (by key), and per item the keys of each axis' (with,
+    without), of its original and of each quality degradation (None where an axis or degradation does not apply)."""
     convs: dict[str, Conversation] = {}
 
     def key(prompt: Prompt, response: str) -> str:
@@ -170,29 +230,12 @@ def probe(
     originals = [key(item.prompt, join(sentences(item.response))) for item in base]
     qplan = {q: [None if d is None else key(base[i].prompt, d) for i, d in enumerate(texts)]
              for q, texts in degraded.items()}
-
-    keys = list(convs)
-    reward, length = _rewards(model, [convs[k] for k in keys], batch_size)
-    at = {k: i for i, k in enumerate(keys)}
-    delta = np.full((len(base), len(names)), np.nan)
-    added = np.full_like(delta, np.nan)
-    for i, row in enumerate(plan):
-        for j, cell in enumerate(row):
-            if cell is not None:
-                on, off = at[cell[0]], at[cell[1]]
-                delta[i, j], added[i, j] = reward[on] - reward[off], length[on] - length[off]
-    base_reward = reward[[at[k] for k in originals]]
-    qnames = tuple(q for q in QUALITY if q in qplan and any(k is not None for k in qplan[q]))
-    qdelta = np.array([[np.nan if (k := qplan[q][i]) is None else base_reward[i] - reward[at[k]]
-                        for q in qnames] for i in range(len(base))]).reshape(len(base), len(qnames))
-    scale, source = _scale(model, reference, base_reward, batch_size)
-    return _summarise(names, base, delta, added, base_reward, qnames, qdelta, scale, source, min_effect, level,
-                      n_boot, seed)
+    return convs, plan, originals, qplan
 
 
 def _summarise(names: list[str], base: list[Item], delta: np.ndarray, added: np.ndarray, base_reward: np.ndarray,
                qnames: tuple[str, ...], qdelta: np.ndarray, scale: float, source: str, min_effect: float,
-               level: float, n_boot: int, seed: int) -> Probes:
+               level: float, n_boot: int, seed: int, skipped: tuple[str, ...] = ()) -> Probes:
     """Per-axis statistics over the items of `delta` [n_items, n_axes] (see the module docstring)."""
     n = np.isfinite(delta).sum(0)
     mean = np.array([np.nanmean(c) if k else np.nan for c, k in zip(delta.T, n)])
@@ -211,7 +254,7 @@ def _summarise(names: list[str], base: list[Item], delta: np.ndarray, added: np.
         tokens_added=added, base_reward=base_reward, quality=qnames, quality_delta=qdelta, n=n, mean=mean,
         ci_low=ci[:, 0], ci_high=ci[:, 1], p=p, q=q, effect_size=np.array([standardized(c) for c in delta.T]),
         flagged=np.asarray(flagged, dtype=bool), scale=scale, scale_source=source, min_effect=min_effect,
-        level=level, per_100_tokens=per100, per_100_tokens_ci=per100_ci,
+        level=level, per_100_tokens=per100, per_100_tokens_ci=per100_ci, skipped=skipped,
     )
 
 

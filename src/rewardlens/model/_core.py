@@ -25,6 +25,7 @@ from ._tokens import (
     Tokenized,
     collate,
     fit_length,
+    fits,
     flatten_inputs,
     sequence_label,
     tokenize,
@@ -239,6 +240,10 @@ class RewardModel:
             warn_pad_is_eos(self.tokenizer, seqs, self.pad_token_id)
         warn_double_bos(self.tokenizer, seqs)
         return seqs, is_pairs
+
+    def fits(self, inputs: Inputs | Text | Pair) -> list[bool]:
+        """Per sequence of `encode(inputs)`: whether it fits `max_length` (or is cut to it); never raises."""
+        return fits(self.tokenizer, inputs, self.encoder, self.max_length, self.truncation)
 
     def batches(
         self, seqs: list[Tokenized], batch_size: int, padding_side: PaddingSide = "right", is_pairs: bool = False,

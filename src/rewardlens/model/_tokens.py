@@ -100,18 +100,36 @@ def tokenize(tokenizer: PreTrainedTokenizerBase, item: Text, *, encoder: bool) -
     return Tokenized(list(enc["input_ids"]), list(types) if types is not None else None)
 
 
+def fits_length(tok: Tokenized, max_length: int | None, truncation: Truncation) -> bool:
+    """Whether `fit_length` takes `tok` (as it is, or cut from the left) rather than refusing it: the one rule."""
+    return max_length is None or len(tok.ids) <= max_length or truncation == "left"
+
+
+def fits(
+    tokenizer: PreTrainedTokenizerBase, inputs: Inputs | Text | Pair, encoder: bool, max_length: int | None,
+    truncation: Truncation,
+) -> list[bool]:
+    """Per sequence of `inputs` (pairs interleaved chosen, rejected): whether it fits, without raising.
+
+    Tokenizes only when a sequence could be refused (a limit and no left truncation)."""
+    items, _ = flatten_inputs(inputs)
+    if max_length is None or truncation == "left":
+        return [True] * len(items)
+    return [fits_length(tokenize(tokenizer, x, encoder=encoder), max_length, truncation) for x in items]
+
+
 def fit_length(
     tok: Tokenized, label: str, max_length: int | None, truncation: Truncation, first: bool
 ) -> Tokenized:
     """Refuse or left-truncate a sequence over `max_length`, never dropping the read token."""
-    if max_length is None or len(tok.ids) <= max_length:
-        return tok
-    if truncation != "left":
+    if not fits_length(tok, max_length, truncation):
         raise TokenizationError(
             f"{label} has {len(tok.ids)} tokens, over the limit of {max_length}; cutting it from "
             "the right would drop the read token. Raise max_length=, shorten the input, or pass "
             "truncation='left' to drop tokens from the start (the response end and read token stay)."
         )
+    if max_length is None or len(tok.ids) <= max_length:
+        return tok
     keep = max_length - 1 if first else max_length
 
     def cut(xs: list[int]) -> list[int]:

@@ -1,0 +1,258 @@
+"""Argument and path errors are refused before torch or transformers is imported; Ctrl-C during an
+audit says what the store keeps and how to resume.
+
+Each failing command runs in a fresh interpreter that reports, at exit, whether torch or
+transformers was ever imported. Speed itself is not asserted here (benchmarks/ measures it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import re
+import shlex
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import rewardlens as rl
+from rewardlens.cli import concepts as cli_concepts
+from rewardlens.cli import edit as cli_edit
+from rewardlens.cli import organisms as cli_organisms
+from rewardlens.cli import probes as cli_probes
+from rewardlens.cli._common import DTYPES, ArgumentError, check_model
+from rewardlens.data import save_pairs
+from tests.helpers import tiny
+
+HEAVY = ("torch", "transformers")
+# Runs the command line, then says on stderr (at exit, also after argparse's SystemExit) which
+# heavy modules were imported.
+WRAPPER = f"""
+import atexit, sys
+atexit.register(lambda: sys.stderr.write("HEAVY:" + ",".join(m for m in {HEAVY!r} if m in sys.modules) + "\\n"))
+from rewardlens.cli import main
+sys.exit(main())
+"""
+
+
+def run_light(*argv: str, cwd: Path) -> tuple[int, str]:
+    """Exit code and stderr (minus the wrapper's line) of `rewardlens ARGV`; fails if torch or
+    transformers was imported."""
+    proc = subprocess.run([sys.executable, "-c", WRAPPER, *argv], cwd=cwd, capture_output=True, text=True,
+                          timeout=120)
+    lines = proc.stderr.splitlines()
+    heavy = [line for line in lines if line.startswith("HEAVY:")]
+    assert heavy == ["HEAVY:"], f"rewardlens {' '.join(argv)} imported {heavy}; stderr:\n{proc.stderr}"
+    return proc.returncode, "\n".join(line for line in lines if not line.startswith("HEAVY:"))
+
+
+def one_error_line(err: str) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory, tokenizer) -> Path:
+    return tiny.build("llama", tokenizer, tmp_path_factory.mktemp("fast"))
+
+
+@pytest.fixture(scope="module")
+def pairs_path(tmp_path_factory, pairs) -> Path:
+    return save_pairs(pairs, tmp_path_factory.mktemp("fast-pairs") / "pairs.jsonl")
+
+
+def test_python_m_rewardlens_names_a_missing_model_folder_without_importing_torch(tmp_path):
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "rewardlens", "score", "missing-folder",
+                           "--pairs", "missing.jsonl"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    imported = {line.split("|")[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
+    assert imported and not {m for m in imported if m.split(".")[0] in HEAVY}
+    err = [line for line in proc.stderr.splitlines() if not line.startswith("import time:")]
+    assert proc.returncode == 2
+    assert err == ["rewardlens: error: no such model folder: missing-folder"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["audit", "missing-folder"], "no such model folder: missing-folder"),
+    (["lens", "./no/such", "--pairs", "p.jsonl"], "no such model folder: ./no/such"),
+    (["compare", "missing-a", "missing-b", "--pairs", "p.jsonl"], "no such model folder: missing-a"),
+    (["probe", "/no/such/model"], "no such model folder: /no/such/model"),
+])
+def test_a_missing_model_folder_is_named_at_once(tmp_path, argv, message):
+    code, err = run_light(*argv, cwd=tmp_path)
+    assert code == 2 and one_error_line(err) == f"rewardlens: error: {message}"
+
+
+def test_a_file_or_a_folder_without_config_is_not_a_model_folder(tmp_path):
+    (tmp_path / "weights.bin").write_text("")
+    (tmp_path / "empty").mkdir()
+    code, err = run_light("score", "weights.bin", "--pairs", "p.jsonl", cwd=tmp_path)
+    assert code == 2 and "not a model folder (it is a file): weights.bin" in one_error_line(err)
+    code, err = run_light("score", "empty", "--pairs", "p.jsonl", cwd=tmp_path)
+    assert code == 2 and "not a model folder (no config.json in it): empty" in one_error_line(err)
+
+
+def test_a_hub_id_is_left_to_the_loader():
+    check_model("some-org/some-model")  # no local folder: may be a hub repository, not refused here
+    for bad in ("missing-folder", "./org/name", "/abs/org/name", "a/b/c"):
+        with pytest.raises(ArgumentError, match="no such model folder"):
+            check_model(bad)
+
+
+def test_a_missing_pairs_file_with_a_real_model_is_named_before_the_model_loads(tmp_path, model_dir, pairs_path):
+    code, err = run_light("score", str(model_dir), "--pairs", "missing.jsonl", cwd=tmp_path)
+    assert code == 2 and one_error_line(err) == "rewardlens: error: no such --pairs file: missing.jsonl"
+    code, err = run_light("probe", str(model_dir), "--reference", "gone.jsonl", cwd=tmp_path)
+    assert code == 2 and "no such --reference file: gone.jsonl" in one_error_line(err)
+    code, err = run_light("conflict", str(model_dir), "--pairs", str(pairs_path), "--term", "a=x.jsonl",
+                          "--term", "b=y.jsonl", cwd=tmp_path)
+    assert code == 2 and "no such --term file: x.jsonl" in one_error_line(err)
+    code, err = run_light("concepts", str(model_dir), "--concept", "lists=with.txt,without.txt", cwd=tmp_path)
+    assert code == 2 and "no such concept file: with.txt" in one_error_line(err)
+    code, err = run_light("sae", "attribute", str(model_dir), "--pairs", str(pairs_path), "--sae", "nosae",
+                          cwd=tmp_path)
+    assert code == 2 and "no such SAE folder: nosae" in one_error_line(err)
+
+
+def test_a_malformed_pairs_file_is_named_before_torch(tmp_path, model_dir):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "hi", "chosen": "a"}\n')
+    code, err = run_light("score", str(model_dir), "--pairs", str(bad), cwd=tmp_path)
+    assert code == 2 and "bad.jsonl" in one_error_line(err) and "rejected" in err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--batch-size", "0"], "must be > 0"),
+    (["--dtype", "float8"], "invalid choice: 'float8'"),
+    (["--fraction", "2"], "must be in (0, 1]"),
+    (["--truncation", "right"], "invalid choice: 'right'"),
+])
+def test_a_bad_flag_value_is_refused_by_the_parser(tmp_path, model_dir, pairs_path, argv, message):
+    code, err = run_light("lens", str(model_dir), "--pairs", str(pairs_path), *argv, cwd=tmp_path)
+    assert code == 2 and message in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["audit", "--sae-layer", "3"], "--sae-layer needs --sae PATH"),
+    (["patch", "{model}", "--pairs", "{pairs}", "--atp", "--estimand", "direct"], "--atp estimates total effects"),
+    (["score", "{model}"], "--pairs"),
+])
+def test_a_bad_combination_of_flags_is_refused_before_torch(tmp_path, model_dir, pairs_path, argv, message):
+    argv = [a.format(model=model_dir, pairs=pairs_path) for a in argv]
+    code, err = run_light(*argv, cwd=tmp_path)
+    assert code == 2 and message in err and "Traceback" not in err
+
+
+def test_an_output_folder_that_cannot_be_written_is_named(tmp_path, model_dir):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    code, err = run_light("audit", "--out", "a-file/report", cwd=tmp_path)
+    assert code == 2 and one_error_line(err) == (
+        f"rewardlens: error: cannot create --out folder a-file/report: {blocker} is a file")
+    code, err = run_light("audit", "--out", "a-file", cwd=tmp_path)
+    assert code == 2 and "--out folder is a file, not a folder: a-file" in one_error_line(err)
+    (tmp_path / "w.txt").write_text("x\n")
+    code, err = run_light("edit", str(model_dir), "--concept", "w.txt,w.txt", "--out", "a-file/edited", cwd=tmp_path)
+    assert code == 2 and "cannot create --out folder a-file/edited" in one_error_line(err)
+    code, err = run_light("calibrate", "--out", str(tmp_path), cwd=tmp_path)
+    assert code == 2 and "--out file is a folder, not a file" in one_error_line(err)
+
+
+def test_import_rewardlens_is_light_and_every_public_name_resolves(tmp_path):
+    code = ("import sys, types, rewardlens as rl; assert 'torch' not in sys.modules, 'torch at import'\n"
+            "import rewardlens.audit, rewardlens.compare, rewardlens.calibrate\n"
+            "from rewardlens import audit\n"
+            "for name in ('audit', 'compare', 'calibrate'):\n"
+            "    assert callable(getattr(rl, name)) and not isinstance(getattr(rl, name), types.ModuleType), name\n"
+            "assert audit is sys.modules['rewardlens.audit'].audit\n"
+            "print(rl.__version__)")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    for name in rl.__all__:
+        value = getattr(rl, name)
+        face = importlib.import_module(f"rewardlens.{rl._FACE[name]}")
+        assert value is getattr(face, name), name
+    assert set(rl._FACE) == set(rl.__all__) and set(rl.__all__) <= set(dir(rl))
+    with pytest.raises(AttributeError):
+        rl.no_such_name  # noqa: B018
+
+
+def test_the_parsers_copies_of_option_values_match_their_owners():
+    """The parser checks choices without importing their owners; here the owners are asked."""
+    from rewardlens.hacking import ALPHAS, AXES, METHODS
+    from rewardlens.model._load import _DTYPES
+    from rewardlens.zoo.organisms import ORGANISMS
+
+    assert set(DTYPES) == {*_DTYPES, "auto"}
+    assert cli_probes.AXES == tuple(AXES)
+    assert cli_edit.METHODS == tuple(METHODS)
+    assert cli_concepts.ALPHAS == tuple(ALPHAS)
+    assert set(cli_organisms.ORGANISMS) == set(ORGANISMS)
+
+
+def _units(store: Path) -> set[str]:
+    """Pair units in the store, read-only (the audit is writing it)."""
+    try:
+        db = sqlite3.connect(f"file:{store}?mode=ro", uri=True, timeout=5)
+        try:
+            return {r[0] for r in db.execute("SELECT DISTINCT unit FROM units WHERE unit != 'all'")}
+        finally:
+            db.close()
+    except sqlite3.Error:  # not created yet, or mid-creation
+        return set()
+
+
+def test_ctrl_c_during_an_audit_says_what_is_kept_and_the_printed_command_resumes(tmp_path):
+    from rewardlens.zoo import AUDIT_PAIRS, demo_model_dir
+
+    demo_model_dir()  # train the demo once here, so the audit below starts computing at once
+    # Three rounds of the built-in pairs, each round's prompts worded apart (no pair repeats another).
+    openers = ("", "Quick question. ", "Tell me honestly. ")
+    pairs = [dataclasses.replace(p, prompt=opener + str(p.prompt), id=f"{i}-{k}")
+             for k, opener in enumerate(openers) for i, p in enumerate(AUDIT_PAIRS)]
+    path = save_pairs(pairs, tmp_path / "pairs.jsonl")
+    out, store = tmp_path / "out", tmp_path / "out" / "results.sqlite"
+    argv = [sys.executable, "-m", "rewardlens", "audit", "--pairs", str(path), "--out", str(out), "--chunk-size", "2",
+            "--no-probes", "--no-concepts", "--quiet"]
+    proc = subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 600
+        while not _units(store) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert proc.poll() is None, "the audit ended before a chunk could be interrupted:\n" + proc.stderr.read()
+        assert _units(store), "no chunk was stored within 600 s"
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    line = one_error_line(err)
+    found = re.fullmatch(rf"rewardlens: interrupted; {re.escape(str(store))} keeps the finished chunks of "
+                         rf"(\d+) of {len(pairs)} pairs(?: and \d+ whole-model results?)?; resume with: (.+)", line)
+    assert found, line
+    kept, command = int(found.group(1)), found.group(2)
+    assert kept >= 2 and kept == len(_units(store))
+    assert shlex.split(command) == argv
+
+    again = subprocess.run(shlex.split(command), cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    assert again.returncode == 0, again.stderr
+    assert f"resumed: {kept} of {len(pairs)} pairs were read from the store, not computed again" in again.stdout
+    assert len(_units(store)) == len(pairs)
+    numbers = json.loads((out / "numbers.json").read_text())
+    assert numbers["n_pairs"] == len(pairs)
+
+
+def test_strict_refuses_degenerate_pairs_before_torch(tmp_path, model_dir, pairs):
+    path = save_pairs([pairs[0], pairs[0]], tmp_path / "twice.jsonl")
+    for argv in (["score", str(model_dir), "--pairs", str(path)], ["probe", str(model_dir), "--reference", str(path)],
+                 ["audit", "--pairs", str(path)]):
+        code, err = run_light(*argv, "--strict", cwd=tmp_path)
+        assert code == 2 and "twice.jsonl" in one_error_line(err) and "line 2" in err, err
