@@ -3,13 +3,13 @@ path), then prove the map fits before any number."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import nn
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
-from ..errors import warn
+from ..errors import HeadError, warn
 from ..types import Readout, Truncation
 from ._arch import ArchitectureMap, find_map, hf_config
 from ._armorm import LlamaForRewardModelWithGating
@@ -95,8 +95,9 @@ def _check_device_map(device_map: DeviceMap) -> None:
 def _from_pretrained(
     path_or_id: str, dtype: str | torch.dtype | None, device_map: DeviceMap | None,
     attn_implementation: str | None, from_pretrained_kwargs: dict[str, Any],
-) -> nn.Module:
-    """The sequence-classification model through `from_pretrained` (our own class for ArmoRM)."""
+) -> tuple[nn.Module, list[str]]:
+    """The sequence-classification model through `from_pretrained` (our own class for ArmoRM), and the
+    weights the folder lacked (transformers initialised those at random)."""
     config = AutoConfig.from_pretrained(path_or_id, **from_pretrained_kwargs)
     kwargs = dict(from_pretrained_kwargs)
     if dtype is not None:
@@ -108,7 +109,29 @@ def _from_pretrained(
     if attn_implementation is not None:
         kwargs["attn_implementation"] = attn_implementation
     own = next((_OWN_CLASSES[a] for a in (getattr(config, "architectures", None) or ()) if a in _OWN_CLASSES), None)
-    return (own or AutoModelForSequenceClassification).from_pretrained(path_or_id, **kwargs)
+    # With output_loading_info the typed return (the model alone) becomes (model, loading info).
+    loaded = cast(tuple[nn.Module, dict[str, Any]], (own or AutoModelForSequenceClassification).from_pretrained(
+        path_or_id, output_loading_info=True, **kwargs))
+    model, info = loaded
+    return model, sorted(info.get("missing_keys") or ())
+
+
+def _refuse_untrained_head(path_or_id: str, model: nn.Module, arch: ArchitectureMap, missing: list[str]) -> None:
+    """A head whose weights the folder lacks was initialised at random by transformers: every score
+    from it is noise that changes from run to run, so nothing may be measured on it."""
+    heads = [p for p in (arch.head, arch.pooler if arch.head_kind == "pooler" else None,
+                         arch.gate if arch.head_kind == "gated" else None) if p]
+    untrained = [k for k in missing if any(k == h or k.startswith(h + ".") for h in heads)]
+    if not untrained:
+        return
+    saved_as = getattr(hf_config(model), "architectures", None) or ["an unnamed architecture"]
+    kind = ("a causal language model" if any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in saved_as)
+            else "a base model without a head" if any(a.endswith("Model") for a in saved_as) else "a model")
+    raise HeadError(
+        f"{path_or_id}: the reward head's weights {untrained[:4]} are not in the folder, so transformers "
+        f"initialised them at random and every score would be noise. The folder was saved as {saved_as[0]} "
+        f"({kind}), not as a trained reward model. Point at a folder saved from the sequence-classification "
+        "reward model itself, with its head weights")
 
 
 def load(
@@ -140,12 +163,14 @@ def load(
         _check_device_map(device_map)
     if device is not None:
         _check_placement(device, f"device={device!r}")
-    model = _from_pretrained(path_or_id, dtype, device_map, attn_implementation, from_pretrained_kwargs)
+    model, missing = _from_pretrained(path_or_id, dtype, device_map, attn_implementation, from_pretrained_kwargs)
     if device is not None and device_map is None:
         model = model.to(device)
     tokenizer = AutoTokenizer.from_pretrained(path_or_id, **from_pretrained_kwargs)
+    arch = find_map(model)
+    _refuse_untrained_head(path_or_id, model, arch, missing)
     rm = RewardModel(
-        model, tokenizer, find_map(model), readout=readout, pad_token_id=pad_token_id,
+        model, tokenizer, arch, readout=readout, pad_token_id=pad_token_id,
         max_length=max_length, truncation=truncation,
     )
     check_structure(rm)
