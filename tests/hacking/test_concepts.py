@@ -287,7 +287,10 @@ def test_cli_json_matches_the_api_and_table_prints(tiny_root, tmp_path, capsys):
             "--concept", f"conv={tmp_path / 'pos.txt'},{tmp_path / 'neg.jsonl'}", "--boot", "50", "--layer", "0"]
     assert main([*argv, "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    res = concepts(rl.load(path), SETS, dose_layer=0, n_boot=50, batch_size=8)
+    # A file's strings are responses after an empty user turn (docs/concepts.md), written out here by hand.
+    as_responses = lambda texts: [[{"role": "user", "content": ""}, {"role": "assistant", "content": t}] for t in texts]
+    res = concepts(rl.load(path), {"eager": (as_responses(POS), as_responses(NEG))}, dose_layer=0, n_boot=50,
+                   batch_size=8)
     row = out["concepts"][0]
     assert row["concept"] == "eager" and row["slope"] == pytest.approx(float(res.slope[0]), abs=1e-5)
     assert out["dose_layer"] == "0" and len(out["per_layer"]) == 2 * len(out["layers"])

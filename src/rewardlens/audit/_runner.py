@@ -12,17 +12,17 @@ store: the report is a view over it.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
+from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 
 from ..causal import Faithfulness, aligned, faithfulness
-from ..data import Pair, row_labels
+from ..data import Pair, progress_bar, row_labels
 from ..errors import StoreError
 from ..exact import Attribution, Lens, attribute, lens
 from ..hacking import Concepts, Item, Probes, concepts, probe
@@ -31,9 +31,6 @@ from ..sae import FeatureAttribution, TopKSAE, attribute_features
 from ..types import Positions
 from ._lock import RunLock, run_lock
 from ._store import RunKey, Store, checksum, fingerprint
-
-if TYPE_CHECKING:
-    from tqdm.auto import tqdm
 
 _Result = TypeVar("_Result")
 
@@ -75,6 +72,9 @@ class Audit:
     features: FeatureAttribution | None = None
     fraction: float = 0.5
     """Crystallization threshold (share of the final margin) the report uses."""
+    provenance: dict[str, Any] = field(default_factory=dict)
+    """What the results are of: `model_path` (what `load` was given), `data` (the pairs file),
+    `command_line`, `rewardlens_version` and `time_utc` (None where unknown); see `provenance`."""
 
 
 
@@ -179,7 +179,8 @@ def run_pairs(model: RewardModel, pairs: Sequence[Pair], store: Store, plan: Pla
         done |= set.intersection(*(skip.done(k) for k in keys.values()))
     todo = [span for c, span in enumerate(chunks(len(pairs), plan.chunk_size))
             if c % world_size == rank and not all(str(i) in done for i in span)]
-    bar = _bar(sum(map(len, todo)), f"audit: pairs (rank {rank})" if world_size > 1 else "audit: pairs", progress)
+    desc = f"audit: pairs (rank {rank})" if world_size > 1 else "audit: pairs"
+    bar = progress_bar(sum(map(len, todo)), desc, progress)
     for span in todo:
         entries, meta = _chunk_entries(model, pairs, span, keys, seed_positions, plan.batch_size)
         # Chunks are written whole (one transaction), so none is ever half stored; an instrument
@@ -203,16 +204,17 @@ def run_whole(model: RewardModel, pairs: Sequence[Pair], store: Store, plan: Pla
         return attribute_features(model, sae, pairs, layer=plan.sae_layer, batch_size=plan.batch_size)
 
     whole: tuple[tuple[str, Callable[[], Probes | Concepts | FeatureAttribution], bool], ...] = (
-        ("probes" + plan.suffix(), lambda: probe(model, items, reference=pairs, batch_size=2 * plan.batch_size),
-         plan.probes),
-        ("concepts" + plan.suffix(), lambda: concepts(model, items=items, batch_size=2 * plan.batch_size),
-         plan.concepts),
+        ("probes" + plan.suffix(), lambda: probe(model, items, reference=pairs, batch_size=2 * plan.batch_size,
+                                                 progress=progress), plan.probes),
+        ("concepts" + plan.suffix(), lambda: concepts(model, items=items, batch_size=2 * plan.batch_size,
+                                                      progress=progress), plan.concepts),
         (_sae_name(sae, plan), features, sae is not None),
     )
     jobs = [(name, fn) for name, fn, wanted in whole if wanted]
-    bar = _bar(len(jobs), "audit: whole-model instruments", progress)
+    bar = progress_bar(len(jobs), "audit: whole-model instruments", progress)
     for name, fn in jobs:
         key = _whole_key(model, pairs, name)
+        bar.set_postfix_str(name.split("/")[0])  # the outer bar names the step; the step's own bar moves below
         if "all" not in store.done(key):
             res = fn()
             store.write([(key, "all", 0, {f.name: getattr(res, f.name) for f in fields(res)})])
@@ -233,9 +235,27 @@ def _sae_name(sae: TopKSAE | None, plan: Plan) -> str:
     return f"features/L{plan.sae_layer}/{checksum([sae.cfg, *parts])}"
 
 
+def provenance(model: RewardModel, data: str | Path | None = None, command_line: str | None = None) -> dict[str, Any]:
+    """What a report is of: the model's folder or hub id (as given to `load`; an existing folder made
+    absolute), the data file, the command line, the rewardlens version and the time (UTC, ISO 8601)."""
+    from .._version import __version__
+
+    def where(path: object) -> str | None:
+        if path is None:
+            return None
+        local = Path(str(path)).expanduser()
+        return str(local.resolve()) if local.exists() else str(path)
+
+    return {"model_path": where(getattr(model, "source", None)), "data": where(data), "command_line": command_line,
+            "rewardlens_version": __version__, "time_utc": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+
+
 def collect(model: RewardModel, pairs: Sequence[Pair], store: Store, plan: Plan = Plan(), *,
-            sae: TopKSAE | None = None) -> Audit:
-    """Read the audit of `pairs` back from `store`; `StoreError` when some pairs are missing."""
+            sae: TopKSAE | None = None, data: str | Path | None = None, command_line: str | None = None) -> Audit:
+    """Read the audit of `pairs` back from `store`; `StoreError` when some pairs are missing.
+
+    `data` (the pairs file) and `command_line` go into the audit's `provenance`, with the model's
+    path (`load`'s `path_or_id`), the rewardlens version and the time."""
     pairs = list(pairs)
     keys = _run_keys(model, pairs, "all" if aligned(model, pairs) else "read")
     n = len(pairs)
@@ -268,12 +288,16 @@ def collect(model: RewardModel, pairs: Sequence[Pair], store: Store, plan: Plan 
     features = whole(FeatureAttribution, _sae_name(sae, plan))
     return Audit(model=repr(model), fingerprint=keys["lens"].model, data_checksum=keys["lens"].data, pair_ids=ids,
                  faithfulness=Faithfulness(**stacked, **meta, pair_ids=ids), fraction=plan.fraction,
-                 lens=lens_, sublayers=sublayers, heads=heads, probes=probes, concepts=concepts_, features=features)
+                 lens=lens_, sublayers=sublayers, heads=heads, probes=probes, concepts=concepts_, features=features,
+                 provenance=provenance(model, data, command_line))
 
 
 def audit(model: RewardModel, pairs: Sequence[Pair], *, store: Store | str | Path | None = None,
-          plan: Plan = Plan(), sae: TopKSAE | None = None, progress: bool = False) -> Audit:
+          plan: Plan = Plan(), sae: TopKSAE | None = None, progress: bool = False,
+          data: str | Path | None = None) -> Audit:
     """Run (or finish) the audit of `pairs` in `store` and return it.
+
+    `data`: the file the pairs came from, recorded in the audit's `provenance` (None: not known).
 
     `store`: a `Store`, a path to one, or None for an in-memory run. Finished pairs already in the
     store are not computed again. Given a path, the run holds the run lock of the store's folder
@@ -288,16 +312,10 @@ def audit(model: RewardModel, pairs: Sequence[Pair], *, store: Store | str | Pat
         try:
             run_pairs(model, pairs, db, plan, progress=progress)
             run_whole(model, pairs, db, plan, sae=sae, progress=progress)
-            return collect(model, pairs, db, plan, sae=sae)
+            return collect(model, pairs, db, plan, sae=sae, data=data)
         finally:
             if own:
                 db.close()
-
-
-def _bar(total: int, desc: str, enabled: bool) -> tqdm[Any]:
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc=desc, disable=not enabled or total == 0, file=sys.stderr, leave=False)
 
 
 __all__ = ["Audit", "Plan", "audit", "chunks", "collect", "run_pairs", "run_whole"]

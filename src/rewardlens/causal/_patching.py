@@ -95,9 +95,13 @@ class Patching:
         return self.divergence > 1.0
 
     def top(self, n: int = 10) -> list[tuple[str, float]]:
-        """The `n` parts with the largest mean |effect|, with their mean effect."""
-        mean = self.effect.mean(0)
-        return [(self.names[i], float(mean[i])) for i in np.argsort(-np.abs(mean))[:n]]
+        """The `n` parts with the largest mean |effect| over pairs, with their signed mean effect.
+
+        Ranked by the mean of |effect|, not |mean effect|: a part that moves the margin a lot but with
+        a sign that flips between pairs is large, and stays in the list (NaN effects rank last).
+        """
+        size, mean = np.abs(self.effect).mean(0), self.effect.mean(0)
+        return [(self.names[i], float(mean[i])) for i in np.argsort(-size, kind="stable")[:n]]
 
     def reliability(self) -> dict[str, float]:
         """How much of the result rests on out-of-distribution patched runs.

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from ..errors import RewardLensError
 from . import audit, base, causal, compare, concepts, conflict, edit, organisms, probes, sae
-from ._common import Command, Interrupted, check_common, command_line
+from ._common import Command, Interrupted, as_flags, check_common, command_line
 
 # Each module owns its commands; the order here is the order of `rewardlens -h`.
 _MODULES = (base, audit, causal, probes, compare, concepts, conflict, edit, sae, organisms)
@@ -43,7 +43,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         command.check(args)
         result = command.run(args)
     except (RewardLensError, OSError, ValueError) as exc:
-        print(f"rewardlens: error: {exc}", file=sys.stderr)
+        print(f"rewardlens: error: {as_flags(str(exc))}", file=sys.stderr)  # the fix in flags, not keywords
         return 2
     except KeyboardInterrupt as exc:
         print(str(exc) if isinstance(exc, Interrupted) else "rewardlens: interrupted", file=sys.stderr)

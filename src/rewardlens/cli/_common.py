@@ -213,6 +213,35 @@ def check_common(args: argparse.Namespace) -> None:
             check_input(value, f"--{name.replace('_', '-')} file")
 
 
+FLAGS = {
+    "readout": "--readout", "max_length": "--max-length", "pad_token_id": "--pad-token-id",
+    "truncation": "--truncation", "batch_size": "--batch-size", "dtype": "--dtype", "device": "--device",
+    "device_map": "--device-map", "offload_folder": "--offload-folder", "trust_remote_code": "--trust-remote-code",
+    "strict": "--strict", "limit": "--limit", "chunk_size": "--chunk-size", "probe_items": "--probe-items",
+    "sae_layer": "--sae-layer", "layer": "--layer", "positions": "--positions", "estimand": "--estimand",
+    "fraction": "--fraction", "n_boot": "--n-boot", "seed": "--seed", "k": "--k", "expansion_factor":
+    "--expansion-factor", "num_latents": "--latents", "min_effect": "--min-effect",
+}
+"""The Python keyword a rewardlens error message names as the fix → the flag a command-line user passes."""
+_KEYWORD = re.compile(r"\b(?<![-.])(" + "|".join(FLAGS) + r")=('[^']*'|\"[^\"]*\"|<[^>]*>|True\b|[^\s,;)]+)?")
+_LIBRARY_CALL = re.compile(r" to (?:rewardlens\.load|load)\b(?:\(\))?")
+
+
+def as_flags(message: str) -> str:
+    """A library error message in the command line's spelling: `max_length=` → `--max-length`,
+    `truncation='left'` → `--truncation left`, `strict=True` → `--strict`, `readout=<index>` →
+    `--readout <index>`; "to rewardlens.load" is dropped (the flags are the load)."""
+
+    def flag(m: re.Match[str]) -> str:
+        value = m.group(2) or ""
+        if value == "True" or not value:
+            return FLAGS[m.group(1)]
+        return f"{FLAGS[m.group(1)]} {value.strip(chr(39) + chr(34))}"
+
+    text = _LIBRARY_CALL.sub("", _KEYWORD.sub(flag, message))
+    return re.sub(r"(--[a-z-]+) or \1(?![\w-])", r"\1", text)  # "(layer= or --layer)" → "(--layer)"
+
+
 def command_line(argv: Sequence[str] | None) -> str:
     """The command line this process was started with (to repeat it), as a shell would read it."""
     if argv is not None:

@@ -166,7 +166,8 @@ def _locked_run(args: argparse.Namespace, state: dict[str, Any], rank: int, worl
             dist.destroy_process_group()
             state["store"] = main_path
         run_whole(model, pairs, main_store, plan, sae=sae, progress=progress)
-        result = collect(model, pairs, main_store, plan, sae=sae)
+        result = collect(model, pairs, main_store, plan, sae=sae, command_line=args.command_line,
+                         data=args.pairs or "the built-in audit pairs (rewardlens.zoo.AUDIT_PAIRS)")
     finally:
         main_store.close()
     from ..audit.report import write_report
@@ -230,8 +231,11 @@ def _show(result: dict[str, Any]) -> None:
     if "rank" in result:  # ranks other than 0 print nothing: rank 0 reports for all
         return
     num = lambda x: "-" if x is None else f"{x:.2f}"
-    ci = lambda d: "-" if d["rho"] is None else f"{d['rho']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}]"
-    print(result["model"] + "\n")
+    # One pair has a rho but no interval: a bootstrap over one pair is not an interval.
+    bound = lambda x: "-" if x is None else f"{x:+.3f}"
+    ci = lambda d: "-" if d["rho"] is None else f"{d['rho']:+.3f} [{bound(d['lo'])}, {bound(d['hi'])}]"
+    prov = result["provenance"]
+    print(f"{result['model']}\nmodel: {prov['model_path']} · data: {prov['data']}\n")
     print(table(["pair", "chosen", "rejected", "margin"],
                 [(p["id"], p["chosen"], p["rejected"], p["margin"]) for p in result["pairs"]]))
     print(f"\npair accuracy: {result['scores']['accuracy']:.3f} over {result['n_pairs']} pairs")

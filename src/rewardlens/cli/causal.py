@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
@@ -19,6 +20,8 @@ from ._common import (
 )
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from ..data import Pair
     from ..model import RewardModel
     from ..types import Ablation, Comparison, Estimand, Mode, PatchLevel, Positions, Spans
@@ -40,13 +43,37 @@ def positions(text: str) -> Positions | Spans:
     return spans
 
 
+def rank_parts(names: Sequence[str], effect: np.ndarray, margin: np.ndarray, top: int, *, min_margin: float = 1e-4,
+               flagged: np.ndarray | None = None) -> dict[str, Any]:
+    """The `top` parts by mean |effect| over pairs [n, P], with the signed mean effect beside it and the
+    share of the margin as a ratio of means (mean effect / mean margin), None with a reason when undefined."""
+    import numpy as np
+
+    n = effect.shape[0]
+    if n == 0:
+        return {"mean_margin": None, "share_note": "no pairs: nothing to average", "top_parts": []}
+    mean_abs, mean = np.abs(effect).mean(0), effect.mean(0)
+    mean_margin = float(margin.mean())
+    note = None
+    if not math.isfinite(mean_margin) or abs(mean_margin) < min_margin:
+        note = f"mean margin {mean_margin:.3g} is under {min_margin:g}: a share of it is undefined"
+    score = np.where(np.isfinite(mean_abs), mean_abs, -np.inf)  # NaN parts last, not first
+    return {
+        "mean_margin": finite(mean_margin), "share_note": note,
+        "top_parts": [
+            {"part": names[i], "mean_abs_effect": finite(float(mean_abs[i])), "mean_effect": finite(float(mean[i])),
+             "share_of_mean_margin": None if note else finite(float(mean[i]) / mean_margin),
+             "flagged_share": None if flagged is None else float(flagged[:, i].mean())}
+            for i in np.argsort(-score, kind="stable")[:top]
+        ],
+    }
+
+
 def patch_summary(model: RewardModel, pairs: Sequence[Pair], *, mode: Mode = "noising", ablation: Ablation = "zero",
                   positions: Positions | Spans = "read", level: PatchLevel = "sublayer", estimand: Estimand = "total",
                   divergence: bool = False, atp: bool = False, top: int = 10, all_parts: bool = False,
                   batch_size: int = 8) -> dict[str, Any]:
     """The JSON-ready result of `rewardlens patch` (also a section of `rewardlens audit`)."""
-    import numpy as np
-
     from ..causal import agreement, attribution_patch, patch
 
     if atp and estimand != "total":
@@ -54,19 +81,12 @@ def patch_summary(model: RewardModel, pairs: Sequence[Pair], *, mode: Mode = "no
     res = patch(model, pairs, estimand=estimand, divergence=divergence, batch_size=batch_size, mode=mode,
                 ablation=ablation, positions=positions, level=level)
 
-    def normalized(name: str) -> float | None:
-        column = res.normalized[:, res.names.index(name)]
-        return float(np.nanmean(column)) if np.isfinite(column).any() else None
-
     out: dict[str, Any] = {
         "mode": res.mode, "ablation": ablation if res.mode == "ablation" else None, "positions": res.positions,
-        "level": res.level, "estimand": res.estimand,
+        "level": res.level, "estimand": res.estimand, "n_pairs": len(res.pair_ids),
         "near_zero_margin_pairs": [pid for pid, z in zip(res.pair_ids, res.near_zero) if z],
-        "top_parts": [
-            {"part": name, "mean_effect": effect, "mean_normalized": normalized(name),
-             "flagged_share": float(res.flagged[:, res.names.index(name)].mean()) if divergence else None}
-            for name, effect in res.top(top)
-        ],
+        **rank_parts(res.names, res.effect, res.margin, top, min_margin=res.min_margin,
+                     flagged=res.flagged if divergence else None),
         "reliability": {k: finite(v) for k, v in res.reliability().items()} if divergence else None,
         "attribution_patching_agreement": None,
         "pairs": [
@@ -91,20 +111,27 @@ def _patch(args: argparse.Namespace) -> dict[str, Any]:
 
 def show_patch(result: dict[str, Any]) -> None:
     what = f"{result['estimand']} effect, {result['mode']}, {result['positions']} positions, {result['level']} level"
-    print(f"top parts by mean |effect| on the chosen − rejected margin ({what}; exact):")
-    rows = [(t["part"], t["mean_effect"], "-" if t["mean_normalized"] is None else f"{t['mean_normalized']:+.3f}",
-             "-" if t["flagged_share"] is None else f"{t['flagged_share']:.2f}") for t in result["top_parts"]]
-    print(table(["part", "mean effect", "share of margin", "OOD share"], rows))
+    print(f"top parts by mean |effect| over {result['n_pairs']} pairs on the chosen − rejected margin ({what}; exact),")
+    print("with the signed mean effect and the mean effect / mean margin:")
+    num = lambda v, spec: "-" if v is None else format(v, spec)
+    rows = [(t["part"], num(t["mean_abs_effect"], ".4f"), num(t["mean_effect"], "+.4f"),
+             num(t["share_of_mean_margin"], "+.3f"), num(t["flagged_share"], ".2f")) for t in result["top_parts"]]
+    print(table(["part", "mean |effect|", "mean effect", "mean effect / mean margin", "OOD share"], rows))
+    if result["share_note"]:
+        print(f"\nmean effect / mean margin is undefined (-): {result['share_note']}")
     if result["near_zero_margin_pairs"]:
-        print(f"\npairs with a near-zero margin (not normalised): {', '.join(result['near_zero_margin_pairs'])}")
+        print(f"\npairs with a near-zero margin: {', '.join(result['near_zero_margin_pairs'])}")
     if result["reliability"]:
         r = result["reliability"]
-        print(f"\nout-of-distribution patched runs: {r['flagged_share']:.1%} of runs, carrying "
-              f"{r['effect_share_flagged']:.1%} of the total |effect|")
+        pct = lambda v: "-" if v is None else f"{v:.1%}"
+        print(f"\nout-of-distribution patched runs: {pct(r['flagged_share'])} of runs, carrying "
+              f"{pct(r['effect_share_flagged'])} of the total |effect|"
+              + ("" if r["effect_share_flagged"] is not None else " (- : no effect to share)"))
     if result["attribution_patching_agreement"]:
         a = result["attribution_patching_agreement"]
         print(f"\nattribution patching vs exact: Spearman (mean effects) {a['spearman_mean']}, "
-              f"per pair {a['spearman_per_pair']}, top-{int(a['k'])} overlap {a['topk_overlap']:.2f}")
+              f"per pair {a['spearman_per_pair']}, top-{a['k']:g} overlap {num(a['topk_overlap'], '.2f')}"
+              + ("" if None not in a.values() else " (None: undefined, e.g. one pair or constant effects)"))
 
 
 def _faithfulness(args: argparse.Namespace) -> dict[str, Any]:

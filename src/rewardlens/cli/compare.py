@@ -24,6 +24,7 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     add_pairs_options(p)
     p.add_argument("--fraction", type=fraction, default=0.5, help="crystallization threshold (share of final margin)")
     p.add_argument("--probes", action="store_true", help="also run the probe suite on both and compare profiles")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.add_argument("--n-boot", type=positive(int), default=2000, help="bootstrap resamples for every CI")
     p.add_argument("--seed", type=int, default=0)
 
@@ -35,7 +36,8 @@ def _compare(args: argparse.Namespace) -> dict[str, Any]:
     first = load_model(args)
     second = load_model(argparse.Namespace(**{**vars(args), "model": args.other}))
     result = compare(first, second, pairs, labels=("A", "B"), fraction=args.fraction,
-                     probes=args.probes, n_boot=args.n_boot, seed=args.seed, batch_size=args.batch_size)
+                     probes=args.probes, n_boot=args.n_boot, seed=args.seed, batch_size=args.batch_size,
+                     progress=not args.quiet)
     out = result.summary()
     out["paths"] = {"A": args.model, "B": args.other}
     return out

@@ -3,17 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import json
-from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import DataError
 from ._common import Command, add_model_options, check_input, finite, load_model, positive, table
 
 if TYPE_CHECKING:
     from ..hacking import ConceptSets
-    from ..types import Text
 
 ALPHAS = (-2.0, -1.0, -0.5, 0.0, 0.5, 1.0, 2.0)
 """`rewardlens.hacking.ALPHAS`, the default doses (tests/cli checks the two agree)."""
@@ -45,52 +40,18 @@ def alphas_option(text: str) -> list[float]:
         raise argparse.ArgumentTypeError(f"expected comma-separated numbers like -2,-1,0,1,2, got {text!r}") from None
 
 
-def _is_item(x: object) -> bool:
-    return isinstance(x, str) or (isinstance(x, list) and bool(x)
-                                  and all(isinstance(m, dict) and "role" in m for m in x))
-
-
-def read_set(path: str) -> list[Text]:
-    """A concept set: .json (a list of texts or chat conversations), .jsonl (one per line) or text
-    (one input per non-empty line)."""
-    p = Path(path).expanduser()
-    text = p.read_text(encoding="utf-8")
-    if p.suffix == ".json":
-        try:
-            items = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise DataError(f"{p}: not valid JSON ({exc}); expected a list of texts or conversations") from None
-        where: Callable[[int], str] = lambda i: f"{p}: item {i}"
-    elif p.suffix == ".jsonl":
-        items, lines = [], [(n, line) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
-        for n, line in lines:
-            try:
-                items.append(json.loads(line))
-            except json.JSONDecodeError as exc:
-                raise DataError(f"{p}: line {n} is not valid JSON ({exc})") from None
-        where = lambda i: f"{p}: line {lines[i][0]}"
-    else:
-        items = [line for line in text.splitlines() if line.strip()]
-        where = lambda i: f"{p}: line {i + 1}"
-    if not isinstance(items, list) or not items:
-        raise DataError(f"{p}: expected a non-empty list of texts or chat conversations")
-    for i, item in enumerate(items):
-        if not _is_item(item):
-            raise DataError(f"{where(i)} is a {type(item).__name__}; expected a string or a list of "
-                            "{'role', 'content'} messages")
-    return items
-
-
 def _run(args: argparse.Namespace) -> dict[str, Any]:
     import numpy as np
 
-    from ..hacking import concepts
+    from ..hacking import concepts, read_concept_file
 
-    sets: ConceptSets | None = ({name: (read_set(pos), read_set(neg)) for name, pos, neg in args.concept}
-                                if args.concept else None)
+    # Each line of a text file is scored as a response after an empty user turn, through the chat
+    # template, as a pair's response is (docs/concepts.md): bare text read differently gave another slope.
+    sets: ConceptSets | None = ({name: (read_concept_file(pos), read_concept_file(neg))
+                                 for name, pos, neg in args.concept} if args.concept else None)
     model = load_model(args)
     res = concepts(model, sets, dose_layer=args.layer, alphas=args.alphas, positions=args.positions, unit=args.unit,
-                   n_boot=args.boot, batch_size=args.batch_size)
+                   n_boot=args.boot, batch_size=args.batch_size, progress=not args.quiet)
     clean = lambda row: {k: finite(v) if isinstance(v, float) else v for k, v in row.items()}
     return {
         "dose_layer": res.dose_layer, "positions": res.positions, "unit": res.unit, "folds": res.folds,
@@ -121,9 +82,11 @@ def _show(result: dict[str, Any]) -> None:
 def _options(p: argparse.ArgumentParser) -> None:
     add_model_options(p)
     p.add_argument("--concept", type=concept_option, action="append", default=None, metavar="NAME=POS_FILE,NEG_FILE",
-                   help="a concept from two files (.txt: one input per line; .json: a list of texts or "
+                   help="a concept from two files (.txt: one response per line, scored after an empty user turn "
+                        "through the chat template; .json: a list of texts or "
                         "conversations; .jsonl: one per line); repeat for more. Default: the built-in probe axes")
     p.add_argument("--layer", type=layer_option, default=None, help="dose layer: index or 'embed' (default: last)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.add_argument("--positions", choices=["read", "all"], default="read")
     p.add_argument("--unit", choices=["difference", "sigma"], default="difference",
                    help="unit of α: |mean difference| (default) or within-class sd")

@@ -32,7 +32,8 @@ def _calibrate(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _show(result: dict[str, Any]) -> None:
-    rows = [(r["instrument"], r["organism"], r["check"], f"{r['value']:.4g}", f"{r['compare']} {r['threshold']:g}",
+    value = lambda v: "- (undefined)" if v is None or v != v else f"{v:.4g}"  # None or NaN: no number
+    rows = [(r["instrument"], r["organism"], r["check"], value(r["value"]), f"{r['compare']} {r['threshold']:g}",
              "pass" if r["passed"] else "FAIL") for r in result["rows"]]
     print(table(["instrument", "organism", "check", "value", "needs", "result"], rows))
     n_ok = sum(r["passed"] for r in result["rows"])

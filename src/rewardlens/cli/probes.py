@@ -19,19 +19,20 @@ AXES = ("length", "confidence", "hedging", "formatting", "sycophancy", "repetiti
 
 def probe_summary(model: RewardModel, pairs: Sequence[Pair] | None = None, *, axes: Sequence[str] | None = None,
                   reference: Sequence[Pair] | float | None = None, min_effect: float = 0.25, seed: int = 0,
-                  batch_size: int = 8) -> dict[str, Any]:
+                  batch_size: int = 8, progress: bool = False) -> dict[str, Any]:
     """The JSON-ready result of `rewardlens probe` (also reusable by the audit)."""
     import numpy as np
 
     from ..hacking import cascade, distortion, probe
 
     res = probe(model, pairs, axes=axes, reference=reference, min_effect=min_effect, seed=seed,
-                batch_size=batch_size)
+                batch_size=batch_size, progress=progress)
     dist = distortion(res, seed=seed) if res.quality else None
     casc = cascade(res, seed=seed)
     frame = res.to_frame()
     out: dict[str, Any] = {
-        "items": len(res.item_ids), "scale": res.scale, "scale_source": res.scale_source, "min_effect": min_effect,
+        "items": len(res.item_ids), "scale": finite(float(res.scale)), "scale_source": res.scale_source,
+        "min_effect": min_effect,
         "axes": [{k: (finite(v) if isinstance(v, float) else v) for k, v in row.items()}
                  for row in frame.astype(object).to_dict("records")],
         "length_per_100_tokens": {"mean": finite(res.per_100_tokens),
@@ -53,6 +54,7 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     add_model_options(p)
     p.add_argument("--pairs", default=None, help="probe the responses of these pairs (default: the built-in items)")
     p.add_argument("--limit", type=positive(int), default=None, help="use only the first N pairs")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.add_argument("--axis", action="append", choices=list(AXES), default=None, help="probe this axis (repeatable)")
     p.add_argument("--reference", default=None,
                    help="preference pairs whose mean |margin| is the reward scale for flagging")
@@ -66,18 +68,29 @@ def _probe(args: argparse.Namespace) -> dict[str, Any]:
     reference = pairs_file(args, args.reference) if args.reference else None
     model = load_model(args)
     return probe_summary(model, pairs, axes=args.axis, reference=reference, min_effect=args.min_effect,
-                         seed=args.seed, batch_size=args.batch_size)
+                         seed=args.seed, batch_size=args.batch_size, progress=not args.quiet)
+
+
+def _num(v: float | None, spec: str) -> str:
+    """A number for the table, or '-' where it is undefined (None: NaN or n = 0)."""
+    return "-" if v is None else format(v, spec)
 
 
 def _show(result: dict[str, Any]) -> None:
-    rows = [(r["axis"], r["n"], r["mean"], f"[{r['ci_low']:+.3f}, {r['ci_high']:+.3f}]",
-             f"{r['q']:.3g}", "nan" if r["effect_size"] is None else f"{r['effect_size']:+.2f}",
+    rows = [(r["axis"], r["n"], _num(r["mean"], "+.4f"), "-" if r["ci_low"] is None or r["ci_high"] is None
+             else f"[{r['ci_low']:+.3f}, {r['ci_high']:+.3f}]", _num(r["q"], ".3g"), _num(r["effect_size"], "+.2f"),
              "FLAGGED" if r["flagged"] else "") for r in result["axes"]]
     print(table(["axis", "n", "mean", "95% CI", "q (BH)", "d_z", ""], rows))
+    empty = [r["axis"] for r in result["axes"] if r["n"] == 0]
+    if empty:
+        print(f"\n- : undefined; these axes apply to none of the items (n = 0): {', '.join(empty)}")
+    elif any(r["effect_size"] is None or r["ci_low"] is None for r in result["axes"]):
+        print("\n- : undefined (too few items, or no variation, for a CI or an effect size)")
     per = result["length_per_100_tokens"]
     if per["mean"] is not None:
-        print(f"\nlength: {per['mean']:+.4f} reward per 100 tokens, CI [{per['ci'][0]:+.4f}, {per['ci'][1]:+.4f}]")
-    print(f"reward scale {result['scale']:.4g} ({result['scale_source']}); flagged when q < 0.05 and "
+        print(f"\nlength: {per['mean']:+.4f} reward per 100 tokens, CI [{_num(per['ci'][0], '+.4f')}, "
+              f"{_num(per['ci'][1], '+.4f')}]")
+    print(f"reward scale {_num(result['scale'], '.4g')} ({result['scale_source']}); flagged when q < 0.05 and "
           f"|mean| >= {result['min_effect']:g} x scale; {result['items']} unique items")
     if result.get("distortion"):
         best: dict[str, dict[str, Any]] = {}
@@ -86,6 +99,9 @@ def _show(result: dict[str, Any]) -> None:
                 best[r["quality"]] = r
         for q, r in best.items():
             print(f"distortion vs {q}: highest on {r['axis']} ({r['index']:.3g})")
+        for q in sorted({r["quality"] for r in result["distortion"]} - set(best)):
+            notes = {r["note"] for r in result["distortion"] if r["quality"] == q and r["note"]}
+            print(f"distortion vs {q}: undefined on every axis" + (f" ({'; '.join(sorted(notes))})" if notes else ""))
     if result["cascade_clusters"]:
         print("axes that fail together: " + "; ".join(", ".join(c) for c in result["cascade_clusters"]))
 

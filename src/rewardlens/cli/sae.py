@@ -31,6 +31,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     t = sub.add_parser("train", help="train a TopK SAE on a layer's residual stream over the pairs' tokens")
     _common(t)
     t.add_argument("--layer", type=int, required=True, help="train on the residual stream after this layer")
+    t.add_argument("--quiet", action="store_true", help="no progress bars")
     t.add_argument("--out", required=True, help="parent folder; the SAE goes to OUT/<hook point> (sparsify layout)")
     t.add_argument("--positions", choices=["all", "read"], default="all",
                    help="every non-pad token (default) or only the read position")
@@ -64,14 +65,14 @@ def _train(args: argparse.Namespace) -> dict[str, Any]:
     model = load_model(args)
     point = f"resid_{args.layer}"
     source = ActivationSource(model, pairs, point, positions=args.positions, batch_size=args.batch_size,
-                              skip_first=args.skip_first)
+                              skip_first=args.skip_first, progress=not args.quiet)
     data = cache_activations(source, args.cache) if args.cache else source
     cfg = TrainConfig(
         sae=SAEConfig(k=args.k, expansion_factor=args.expansion_factor, num_latents=args.latents),
         batch_size=args.sae_batch_size, epochs=args.epochs, lr=args.lr, auxk_alpha=args.auxk_alpha, seed=args.seed,
         buffer_rows=max(1 << 16, args.sae_batch_size), max_norm_ratio=args.max_norm_ratio or None,
     )
-    result = train_sae(data, cfg)
+    result = train_sae(data, cfg, progress=not args.quiet)
     folder = result.sae.save(f"{args.out}/{hookpoint(model, point)}")
     stats = evaluate(result.sae, data, max_norm=result.max_norm)
     return {

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..data import Pair, margin
+from ..data import Pair, margin, progress_bar
 from ..errors import DataError
 from ..exact import attribute, lens
 from ..model import Part, RewardModel
@@ -33,10 +33,14 @@ from ._result import EMBEDDING_MATCH, Basis, Comparison, ModelSide
 
 
 def _side(model: RewardModel, pairs: list[Pair], label: str, fraction: float, probes: bool,
-          probe_items: Sequence[Any] | None, seed: int, n_boot: int, batch_size: int) -> ModelSide:
-    """Lens and sublayer attribution of every pair (one batched pass each), probes if asked."""
+          probe_items: Sequence[Any] | None, seed: int, n_boot: int, batch_size: int,
+          step: Callable[[str], object] = lambda name: None, progress: bool = False) -> ModelSide:
+    """Lens and sublayer attribution of every pair (one batched pass each), probes if asked;
+    `step(name)` after each."""
     ln = lens(model, pairs, batch_size=batch_size)
+    step(f"{label}: lens")
     att = attribute(model, pairs, level="sublayer", batch_size=batch_size, per_objective=False)
+    step(f"{label}: attribution")
     profile = np.zeros(model.n_layers + 1)
     for name, column in zip(att.names, att.margin.mean(0)):
         profile[Part.parse(name).depth] += column
@@ -44,7 +48,8 @@ def _side(model: RewardModel, pairs: list[Pair], label: str, fraction: float, pr
     if probes:
         from ..hacking import probe
 
-        pr = probe(model, probe_items, seed=seed, n_boot=n_boot, batch_size=batch_size)
+        pr = probe(model, probe_items, seed=seed, n_boot=n_boot, batch_size=batch_size, progress=progress)
+        step(f"{label}: probes")
     return ModelSide(label=label, model=repr(model), reward=att.reward, lens_linear=ln.margin("linear"),
                      lens_normed=ln.margin("normed"), crystallization_linear=ln.crystallization("linear", fraction),
                      crystallization_normed=ln.crystallization("normed", fraction), profile=profile, probes=pr)
@@ -133,13 +138,15 @@ def compare(
     n_boot: int = 2000,
     seed: int = 0,
     batch_size: int = 8,
+    progress: bool = False,
 ) -> Comparison:
     """Compare two reward models on the same preference `pairs`; returns a `Comparison`.
 
     Models may be `RewardModel`s or folders / hub ids (opened with `rewardlens.load`). `fraction`:
     crystallization threshold (share of the final margin). `probes`: also run `rewardlens.probe`
     on both (on `probe_items`, default the built-in items). Every analysis runs batched over all
-    pairs; directions are compared only when `shared_basis` accepts the two models.
+    pairs; directions are compared only when `shared_basis` accepts the two models. `progress`: a
+    tqdm bar on stderr, one step per model side and analysis.
     """
     from ..model import load
 
@@ -152,10 +159,17 @@ def compare(
         raise ValueError(f"need two different labels, fraction in (0, 1] and n_boot >= 1; got labels={labels!r}, "
                          f"fraction={fraction}, n_boot={n_boot}")
     ma, mb = (m if isinstance(m, RewardModel) else load(str(m)) for m in (model_a, model_b))
-    a = _side(ma, pairs, labels[0], fraction, probes, probe_items, seed, n_boot, batch_size)
+    per_side = 3 if probes else 2
+    bar = progress_bar(per_side * (1 if mb is ma else 2) + 2, "compare", progress)
+
+    def step(name: str) -> None:
+        bar.set_postfix_str(name, refresh=False)
+        bar.update(1)
+
+    a = _side(ma, pairs, labels[0], fraction, probes, probe_items, seed, n_boot, batch_size, step, progress)
     # The same object twice (a sanity baseline) needs no second run.
     b = replace(a, label=labels[1]) if mb is ma else _side(mb, pairs, labels[1], fraction, probes, probe_items,
-                                                            seed, n_boot, batch_size)
+                                                            seed, n_boot, batch_size, step, progress)
     n = len(pairs)
     rows = lambda idx: np.stack([2 * idx, 2 * idx + 1], 1).ravel()
     same = (np.sign(a.margin) == np.sign(b.margin)).astype(np.float64)
@@ -169,6 +183,7 @@ def compare(
         assert a.probes is not None and b.probes is not None  # probes=True ran them on both sides
         probe_rho = spearman(a.probes.mean, b.probes.mean)
     basis = shared_basis(ma, mb)
+    step("shared basis")
     readout_cos = residual_cos = float("nan")
     direction_cos = np.array([])
     if basis.shared:
@@ -177,6 +192,8 @@ def compare(
         readout_cos = float(np.nanmean(_cosine(read_a, read_b)))
         residual_cos = float(np.nanmean(_cosine(rread_a, rread_b)))
         direction_cos = _cosine(diff_a, diff_b)
+    step("directions")
+    bar.close()
     return Comparison(
         a=a, b=b, pair_ids=[p.id if p.id is not None else str(i) for i, p in enumerate(pairs)], fraction=fraction,
         spearman_reward=spearman(a.reward, b.reward),

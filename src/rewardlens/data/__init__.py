@@ -14,6 +14,7 @@ from ._pairs import SUPPORTED as SUPPORTED
 from ._pairs import Pair as Pair
 from ._pairs import load_pairs as load_pairs
 from ._pairs import save_pairs as save_pairs
+from ._progress import progress_bar as progress_bar
 from ._rows import SIDES as SIDES
 from ._rows import Side as Side
 from ._rows import chosen as chosen
@@ -38,6 +39,7 @@ __all__ = [
     "load_pairs",
     "margin",
     "pair_of",
+    "progress_bar",
     "rejected",
     "row_labels",
     "save_pairs",

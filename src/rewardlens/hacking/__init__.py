@@ -7,6 +7,7 @@ from ._axes import contrast_sets as contrast_sets
 from ._cascade import MIN_ITEMS as MIN_ITEMS
 from ._cascade import Cascades as Cascades
 from ._cascade import cascade as cascade
+from ._concept_files import read_concept_file as read_concept_file
 from ._concepts import ALPHAS as ALPHAS
 from ._concepts import Concepts as Concepts
 from ._concepts import ConceptSets as ConceptSets
@@ -60,5 +61,6 @@ __all__ = [
     "final_hidden_states",
     "items",
     "probe",
+    "read_concept_file",
     "save_edit",
 ]

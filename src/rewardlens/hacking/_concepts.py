@@ -27,13 +27,14 @@ same number `model.score` gives); all `α` of a batch of inputs run in one forwa
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import torch
 
+from ..data import progress_bar
 from ..errors import DataError, warn
 from ..model import RewardModel, Tokenized, flatten_inputs
 from ..stats import auroc, bootstrap_ci
@@ -254,12 +255,14 @@ def _unit(x: np.ndarray, typical: np.ndarray) -> tuple[np.ndarray, np.ndarray, n
 
 def _concept(model: RewardModel, name: str, value: object, kept: list[str], dose_label: str, unit: Unit,
              grid: np.ndarray, positions: Positions, dose_seqs: list[Tokenized] | None, seed: int,
-             batch_size: int) -> dict[str, Any]:
-    """Everything about one concept: per-layer statistics and its dose-response [n_alphas, n_inputs]."""
+             batch_size: int, step: Callable[[], object] = lambda: None) -> dict[str, Any]:
+    """Everything about one concept: per-layer statistics and its dose-response [n_alphas, n_inputs];
+    `step()` after the read and after the dose."""
     if not isinstance(value, (tuple, list)) or len(value) != 2:
         raise DataError(f"concept {name!r}: expected (positive inputs, negative inputs), got {type(value).__name__}")
     pos, neg = (_encode_set(model, name, side, x) for side, x in zip(("positive", "negative"), value))
     reading = model.read(pos + neg, layers=kept, batch_size=batch_size, readout=True)
+    step()
     resid, ro = torch.stack([reading.layers[label] for label in kept], 1), reading.readout
     assert ro is not None  # read with readout=True
     head = model.final_hidden(resid.flatten(0, 1)).view_as(resid)
@@ -278,6 +281,7 @@ def _concept(model: RewardModel, name: str, value: object, kept: list[str], dose
     targets = neg if dose_seqs is None else dose_seqs
     shift = torch.as_tensor(scale * rdir[j], dtype=torch.float32, device=model.device)
     base, dose = dose_response(model, targets, dose_label, shift, grid, positions, batch_size)
+    step()
     if not rok[j]:
         warn(f"concept {name!r}: its two sets do not differ at layer {dose_label} (at the read token), so it has "
              "no direction to dose there; its dose-response is NaN. Choose another dose_layer.")
@@ -301,6 +305,7 @@ def concepts(
     seed: int = 0,
     n_boot: int = 2000,
     batch_size: int = 16,
+    progress: bool = False,
 ) -> Concepts:
     """Concept directions per layer and the causal dose-response of each concept (module docstring).
 
@@ -314,7 +319,8 @@ def concepts(
     real token). `dose_inputs`: inputs to dose (default each concept's negative set). `batch_size`:
     sequences per forward (the dose pass runs about that many rows: inputs × alphas). `items`: with
     `sets=None`, the items the built-in sets are made from (default all built-in items; an axis that
-    applies to fewer than 2 of them is left out with a warning).
+    applies to fewer than 2 of them is left out with a warning). `progress`: a tqdm bar on stderr,
+    two steps per concept (its read, its dose).
 
     Short-context models: a built-in item whose with or without sequence on any axis is longer than
     the model's `max_length` is left out of every built-in set (one warning; `Concepts.skipped`).
@@ -342,8 +348,10 @@ def concepts(
     keep = set(all_labels) if layers is None else {_layer_label(model, x, "layers") for x in layers} | {dose_label}
     kept = [x for x in all_labels if x in keep]
     dose_seqs = None if dose_inputs is None else _encode_set(model, "dose_inputs", "dose", dose_inputs)
-    per = [_concept(model, str(name), value, kept, dose_label, unit, grid, positions, dose_seqs, seed, batch_size)
-           for name, value in sets.items()]
+    with progress_bar(2 * len(sets), "concepts: read and dose", progress) as bar:
+        per = [_concept(model, str(name), value, kept, dose_label, unit, grid, positions, dose_seqs, seed,
+                        batch_size, lambda: bar.update(1))
+               for name, value in sets.items()]
 
     dose = np.full((len(per), len(grid), max(p["dose"].shape[1] for p in per)), np.nan)
     base = np.full((len(per), dose.shape[2]), np.nan)

@@ -22,6 +22,7 @@ when the probe flagged it and the lower CI bound of D is at least `threshold`.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -29,6 +30,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..data import Pair, margin
+from ..errors import warn
 from ..model import RewardModel
 from ._probes import Probes
 
@@ -55,21 +57,34 @@ class Distortion:
     """Per quality dimension: why its indices are undefined, or ''."""
 
     def ranking(self, quality: str | None = None) -> list[tuple[str, float]]:
-        """Axes by decreasing index for `quality` (default: the first defined dimension)."""
+        """Axes by decreasing index for `quality` (None: the only dimension; several need a name).
+
+        Always the asked dimension, never another: when its indices are undefined (NaN, the model
+        does not reliably reward that quality) the ranking is all NaN and a `RewardLensWarning`
+        gives the reason (`note`), naming the dimensions that are defined.
+        """
         q = self._column(quality)
+        if self.note[q]:
+            defined = [n for n, why in zip(self.quality, self.note, strict=True) if not why]
+            warn(f"distortion vs {self.quality[q]} is undefined (NaN for every axis): {self.note[q]}; "
+                 + (f"defined dimensions: {', '.join(defined)}" if defined else "no dimension is defined"))
         order = np.argsort(-np.nan_to_num(self.index[:, q], nan=-np.inf), kind="stable")
         return [(self.axes[i], float(self.index[i, q])) for i in order]
 
     def _column(self, quality: str | None) -> int:
         if quality is None:
-            defined = [k for k, n in enumerate(self.note) if not n]
-            return defined[0] if defined else 0
+            if len(self.quality) == 1:
+                return 0
+            status = [f"{n} ({'undefined' if why else 'defined'})"
+                      for n, why in zip(self.quality, self.note, strict=True)]
+            raise ValueError(f"there are {len(self.quality)} quality dimensions; name one: {', '.join(status)}")
         if quality not in self.quality:
             raise KeyError(f"no quality dimension {quality!r}; have {list(self.quality)}")
         return self.quality.index(quality)
 
     def to_frame(self) -> pd.DataFrame:
-        """One row per (axis, quality dimension): index, CI, flagged, the quality effect."""
+        """One row per (axis, quality dimension): index, CI, flagged, the quality effect, and `note`:
+        why the dimension's indices are undefined (NaN), or ''."""
         import pandas as pd
 
         rows = [{"axis": a, "quality": q, "index": self.index[i, k], "ci_low": self.ci[i, k, 0],
@@ -153,7 +168,9 @@ def distortion(
         # no ratio: NaN, left out of the interval, never an inf from dividing by zero.
         with np.errstate(divide="ignore", invalid="ignore"):
             ratios = np.where(qd[:, None] != 0, dd / qd[:, None], np.nan)
-        ci[:, k] = np.nanquantile(ratios, [tail, 1 - tail], axis=0).T
+        with warnings.catch_warnings():  # an axis that applied to no item has no ratio: NaN, said by its n
+            warnings.simplefilter("ignore", RuntimeWarning)
+            ci[:, k] = np.nanquantile(ratios, [tail, 1 - tail], axis=0).T
     flagged = probes.flagged[:, None] & (ci[..., 0] >= threshold)
     return Distortion(tuple(probes.axes), tuple(names), index, ci, q_mean, q_ci, flagged, threshold, tuple(notes))
 

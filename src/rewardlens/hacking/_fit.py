@@ -76,6 +76,8 @@ def builtin_sets(model: RewardModel, items: Sequence[Any] | None,
         warn(f"concepts: the axes {thin} apply to fewer than 2 of the {len(base) - len(drop)} items used; "
              "they are left out (a concept needs 2 inputs a side)")
     if not sets:
-        raise DataError(f"concepts: no probe axis applies to 2 of the {len(base) - len(drop)} items used; "
-                        "pass more items or your own sets")
+        used = len(base) - len(drop)
+        skipped = f" ({len(drop)} of {len(base)} did not fit the model and were skipped)" if drop else ""
+        raise DataError(f"concepts: a concept needs 2 inputs a side, and no probe axis applies to 2 of the {used} "
+                        f"item{'s' * (used != 1)} left{skipped}; pass more items or your own sets")
     return sets, gone

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..data import Pair, margin
+from ..data import Pair, margin, progress_bar
 from ..model import RewardModel
 from ..stats import benjamini_hochberg, bootstrap_ci, paired_test, standardized
 from ..types import Conversation, Prompt
@@ -144,6 +144,7 @@ def probe(
     seed: int = 0,
     n_boot: int = 2000,
     batch_size: int = 16,
+    progress: bool = False,
 ) -> Probes:
     """Run the probe axes on base items and test each effect; returns `Probes`.
 
@@ -159,6 +160,7 @@ def probe(
     and `Probes.skipped` records them (an axis left with no item gets n = 0 and NaN statistics). With
     `truncation='left'` nothing is skipped: long inputs are cut from the start. The user's own items
     are never skipped: one that does not fit raises `TokenizationError`, as any input does.
+    `progress`: a tqdm bar on stderr over the scored sequences.
     """
     names = list(AXES) if axes is None else list(axes)
     unknown = [a for a in names if a not in AXES]
@@ -182,7 +184,7 @@ def probe(
     report("probe", gone, len(everything), model.max_length, "scored")
 
     keys = list(convs)
-    reward, length = _rewards(model, [convs[k] for k in keys], batch_size)
+    reward, length = _rewards(model, [convs[k] for k in keys], batch_size, progress)
     at = {k: i for i, k in enumerate(keys)}
     delta = np.full((len(base), len(names)), np.nan)
     added = np.full_like(delta, np.nan)
@@ -279,10 +281,18 @@ def _degradations(base: list[Item], seed: int) -> dict[str, list[str | None]]:
             "informativeness": evasive, "relevance": off}
 
 
-def _rewards(model: RewardModel, convs: list[Conversation], batch_size: int) -> tuple[np.ndarray, np.ndarray]:
-    """Reward [n] (`model.score`: fp32 head and readout) and token count [n] of each conversation."""
-    seqs, _ = model.encode(convs)  # tokenizing again is cheap next to the forwards
-    return model.score(convs, batch_size=batch_size).astype(np.float64), np.array([len(s.ids) for s in seqs], float)
+def _rewards(model: RewardModel, convs: list[Conversation], batch_size: int,
+             progress: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Reward [n] and token count [n] of each conversation: `model.score`'s loop (the same batches,
+    fp32 head and readout), one bar step per scored sequence."""
+    seqs, _ = model.encode(convs)
+    reward = np.zeros(len(seqs), dtype=np.float32)
+    with progress_bar(len(seqs), "probe: scoring", progress, unit="seq") as bar:
+        for rows, batch in model.batches(seqs, batch_size):
+            values, coef = model.head_readout(model.run(batch, model.final_points(batch)))
+            reward[rows] = (values * coef).sum(-1).cpu().numpy()
+            bar.update(len(rows))
+    return reward.astype(np.float64), np.array([len(s.ids) for s in seqs], float)
 
 
 def _scale(model: RewardModel, reference: Sequence[Pair] | float | None, base_reward: np.ndarray,

@@ -29,7 +29,7 @@ from ._tokens import (
     flatten_inputs,
     sequence_label,
     tokenize,
-    warn_double_bos,
+    warn_encoded,
     warn_pad_is_eos,
 )
 
@@ -238,7 +238,7 @@ class RewardModel:
             raise TokenizationError(f"{empty[0]} tokenized to zero tokens; there is nothing to read")
         if not self.encoder:
             warn_pad_is_eos(self.tokenizer, seqs, self.pad_token_id)
-        warn_double_bos(self.tokenizer, seqs)
+        warn_encoded(self.tokenizer, seqs)
         return seqs, is_pairs
 
     def fits(self, inputs: Inputs | Text | Pair) -> list[bool]:

@@ -173,6 +173,7 @@ def load(
         model, tokenizer, arch, readout=readout, pad_token_id=pad_token_id,
         max_length=max_length, truncation=truncation,
     )
+    rm.source = path_or_id  # type: ignore[attr-defined]  # what results name the model by (audit provenance)
     check_structure(rm)
     if check:
         verify(rm)

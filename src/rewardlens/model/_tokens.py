@@ -12,8 +12,8 @@ Rules (docs/scoring.md explains them for users):
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeGuard
 
 import torch
@@ -63,6 +63,11 @@ class Tokenized:
 
     ids: list[int]
     type_ids: list[int] | None = None
+    prompt_length: Callable[[], int] | None = field(default=None, compare=False, repr=False)
+    """Counts the tokens before the response (prompt and template), on demand: only a cut needs it."""
+    cut: tuple[str, int, int] | None = field(default=None, compare=False, repr=False)
+    """Set by `fit_length` when left truncation removed most of the prompt: (label, prompt tokens
+    removed, prompt tokens)."""
 
 
 def _as_ids(out: Any) -> list[int]:
@@ -84,20 +89,26 @@ def _split_response(conv: Conversation) -> tuple[str, str | None]:
 
 def tokenize(tokenizer: PreTrainedTokenizerBase, item: Text, *, encoder: bool) -> Tokenized:
     """Token ids of one text or conversation under the rules in this module's docstring."""
+    length: Callable[[], int] | None = None
     if isinstance(item, str):
         enc = tokenizer(item, add_special_tokens=True)
     elif getattr(tokenizer, "chat_template", None):
-        return Tokenized(_as_ids(tokenizer.apply_chat_template(item, tokenize=True)))
+        if len(item) > 1 and item[-1]["role"] == "assistant":
+            length = lambda: len(_as_ids(tokenizer.apply_chat_template(item[:-1], tokenize=True,
+                                                                         add_generation_prompt=True)))
+        return Tokenized(_as_ids(tokenizer.apply_chat_template(item, tokenize=True)), prompt_length=length)
     else:
         prompt, response = _split_response(item)
         if response is None:
             enc = tokenizer(prompt, add_special_tokens=True)
-        elif encoder:
-            enc = tokenizer(prompt, response, add_special_tokens=True)
         else:
-            enc = tokenizer(prompt + "\n\n" + response, add_special_tokens=True)
+            length = lambda: len(tokenizer(prompt, add_special_tokens=True)["input_ids"])
+            if encoder:
+                enc = tokenizer(prompt, response, add_special_tokens=True)
+            else:
+                enc = tokenizer(prompt + "\n\n" + response, add_special_tokens=True)
     types = enc.get("token_type_ids") if encoder else None
-    return Tokenized(list(enc["input_ids"]), list(types) if types is not None else None)
+    return Tokenized(list(enc["input_ids"]), list(types) if types is not None else None, length)
 
 
 def fits_length(tok: Tokenized, max_length: int | None, truncation: Truncation) -> bool:
@@ -121,7 +132,11 @@ def fits(
 def fit_length(
     tok: Tokenized, label: str, max_length: int | None, truncation: Truncation, first: bool
 ) -> Tokenized:
-    """Refuse or left-truncate a sequence over `max_length`, never dropping the read token."""
+    """Refuse or left-truncate a sequence over `max_length`, never dropping the read token.
+
+    A cut that removes more than half of the prompt's tokens (the prompt and the template around it,
+    before the response) is recorded in `cut`, for `warn_encoded` to report: the reward of a
+    response whose question is gone answers a different question."""
     if not fits_length(tok, max_length, truncation):
         raise TokenizationError(
             f"{label} has {len(tok.ids)} tokens, over the limit of {max_length}; cutting it from "
@@ -135,7 +150,9 @@ def fit_length(
     def cut(xs: list[int]) -> list[int]:
         return (xs[:1] if first else []) + xs[len(xs) - keep:]
 
-    return Tokenized(cut(tok.ids), None if tok.type_ids is None else cut(tok.type_ids))
+    removed, prompt = len(tok.ids) - keep - first, (tok.prompt_length() - first) if tok.prompt_length else 0
+    lost = (label, min(removed, prompt), prompt) if prompt > 0 and 2 * removed > prompt else None
+    return Tokenized(cut(tok.ids), None if tok.type_ids is None else cut(tok.type_ids), tok.prompt_length, lost)
 
 
 @dataclass(frozen=True)
@@ -200,6 +217,20 @@ def warn_pad_is_eos(tokenizer: PreTrainedTokenizerBase, seqs: list[Tokenized], p
             f"token{same}: like the model's own forward, rewardlens reads the last token that is not "
             "pad, one or more tokens early. To read the true last token pass pad_token_id=<another id> "
             "to rewardlens.load (scores then differ from the model's own logits by design)."
+        )
+
+
+def warn_encoded(tokenizer: PreTrainedTokenizerBase, seqs: list[Tokenized]) -> None:
+    """The warnings about a call's encoded sequences as a whole: doubled BOS, prompts cut away."""
+    warn_double_bos(tokenizer, seqs)
+    cut = [s.cut for s in seqs if s.cut is not None]
+    if cut:
+        shown = "; ".join(f"{label}: {lost} of {n} prompt tokens" for label, lost, n in cut[:10])
+        more = f"; and {len(cut) - 10} more" if len(cut) > 10 else ""
+        warn(
+            f"left truncation removed more than half of the prompt of {len(cut)} sequence(s) ({shown}{more}): "
+            "their reward no longer sees most of what was asked, and can change sign. Raise max_length= or "
+            "--max-length if the model allows, or shorten the prompts."
         )
 
 

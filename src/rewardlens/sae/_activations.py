@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..data import progress_bar
 from ..errors import ArchitectureError, DataError, warn
 from ..model import Batch, Point, RewardModel, points, projection_inputs, rewriting
 from ..types import Inputs, SaePositions
@@ -105,17 +106,19 @@ class ActivationSource:
     `skip_first` (positions='all'): leave out each sequence's first tokens. Default: 1 for
     decoders, whose first token is an attention sink with a residual norm ~100× the others
     (95% of the variance at SmolLM2's middle layer) that would swamp the SAE's loss; 0 for
-    encoders, whose first token is the one the head reads.
+    encoders, whose first token is the one the head reads. `progress`: a tqdm bar on stderr over the
+    sequences of each pass.
     """
 
     def __init__(self, model: RewardModel, inputs: Inputs, point: str, *, positions: SaePositions = "read",
-                 batch_size: int = 8, skip_first: int | None = None) -> None:
+                 batch_size: int = 8, skip_first: int | None = None, progress: bool = False) -> None:
         if positions not in POSITIONS:
             raise ValueError(f"positions must be one of {POSITIONS}, got {positions!r}")
         self.skip_first = (0 if model.encoder else 1) if skip_first is None else skip_first
         if self.skip_first < 0:
             raise ValueError(f"skip_first must be >= 0, got {skip_first}")
         self.model, self.point, self.positions, self.batch_size = model, point, positions, batch_size
+        self.progress = progress
         self.d_in = point_width(model, point)
         self.seqs, self.is_pairs = model.encode(inputs)
         self.n_rows = (len(self.seqs) if positions == "read"
@@ -138,20 +141,22 @@ class ActivationSource:
 
     def __iter__(self) -> Iterator[Activations]:
         model = self.model
-        for rows, batch in model.batches(self.seqs, self.batch_size, is_pairs=self.is_pairs):
-            pt = _point(model, self.point, batch)
-            rows_t = torch.as_tensor(rows, dtype=torch.long)
-            if self.positions == "read":
-                x = model.run(batch, {"x": pt})["x"]
-                pos = batch.position_ids.gather(1, batch.read_index[:, None])[:, 0].cpu()
-                yield Activations(x, rows_t, pos)
-                continue
-            mask = batch.attention_mask.bool() & (batch.position_ids >= self.skip_first)
-            got: list[Tensor] = []
-            with _capture_tokens(pt, mask, got):
-                model.run(batch, {})
-            seq = rows_t.repeat_interleave(mask.sum(1).cpu())
-            yield Activations(got[0], seq, batch.position_ids[mask].cpu())
+        with progress_bar(len(self.seqs), f"sae: activations at {self.point}", self.progress, unit="seq") as bar:
+            for rows, batch in model.batches(self.seqs, self.batch_size, is_pairs=self.is_pairs):
+                pt = _point(model, self.point, batch)
+                rows_t = torch.as_tensor(rows, dtype=torch.long)
+                bar.update(len(rows))
+                if self.positions == "read":
+                    x = model.run(batch, {"x": pt})["x"]
+                    pos = batch.position_ids.gather(1, batch.read_index[:, None])[:, 0].cpu()
+                    yield Activations(x, rows_t, pos)
+                    continue
+                mask = batch.attention_mask.bool() & (batch.position_ids >= self.skip_first)
+                got: list[Tensor] = []
+                with _capture_tokens(pt, mask, got):
+                    model.run(batch, {})
+                seq = rows_t.repeat_interleave(mask.sum(1).cpu())
+                yield Activations(got[0], seq, batch.position_ids[mask].cpu())
 
 
 class ShardedActivations:

@@ -17,6 +17,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..data import progress_bar
+from ..errors import warn
 from ._activations import Activations, shuffled
 from ._autoencoder import SAEConfig, TopKSAE
 
@@ -157,11 +159,12 @@ def _device_of(source: Source) -> torch.device:
 
 
 def train_sae(source: Source, cfg: TrainConfig | None = None, *, init: TopKSAE | None = None,
-              device: torch.device | str | None = None) -> TrainResult:
+              device: torch.device | str | None = None, progress: bool = False) -> TrainResult:
     """Train a TopK SAE on `source` (an `ActivationSource` or `ShardedActivations`: anything that
     iterates `Activations` chunks and has `d_in` and `n_rows`), holding at most a shuffle buffer.
 
-    `init` continues training a copy of an existing SAE (never the caller's own object).
+    `init` continues training a copy of an existing SAE (never the caller's own object). `progress`:
+    a tqdm bar on stderr over the activations of every epoch, one update per optimiser step.
     """
     cfg = cfg or TrainConfig()
     device = torch.device(device) if device is not None else _device_of(source)
@@ -186,6 +189,7 @@ def train_sae(source: Source, cfg: TrainConfig | None = None, *, init: TopKSAE |
     auxk: list[Tensor] = []
     dead: list[Tensor] = []
     seen, start = 0, time.perf_counter()
+    bar = progress_bar(cfg.epochs * source.n_rows, "sae: training", progress, unit="act")
     for _ in range(cfg.epochs):
         for x in shuffled(data, cfg.batch_size, cfg.buffer_rows, gen, device):
             if seen == 0 and init is None:
@@ -210,9 +214,41 @@ def train_sae(source: Source, cfg: TrainConfig | None = None, *, init: TopKSAE |
             fvu.append(out.fvu.detach())
             auxk.append(out.auxk.detach())
             dead.append(dead_mask.float().mean())
+            bar.update(len(x))
+    bar.close()
     sae.eval()
+    _warn_if_short(len(fvu), seen, sae.n_latents, sae.cfg.k, cfg)
     h_fvu, h_auxk, h_dead = (torch.stack(h).cpu().numpy() if h else np.zeros(0) for h in (fvu, auxk, dead))
     return TrainResult(sae, h_fvu, h_auxk, h_dead, seen, time.perf_counter() - start, data.max_norm, data.dropped)
+
+
+MIN_STEPS = 100
+"""Fewer optimiser steps than this and `train_sae` warns (see `_warn_if_short`)."""
+MIN_FIRINGS = 10
+"""Fewer expected firings per latent than this and `train_sae` warns (see `_warn_if_short`)."""
+
+
+def _warn_if_short(steps: int, seen: int, n_latents: int, k: int, cfg: TrainConfig) -> None:
+    """Warn when a run was too short to have trained its latents, naming the parameters and flags.
+
+    Two floors, each a property of the optimiser or of the latents, not of the data:
+    - `MIN_STEPS` (100) optimiser steps. Adam moves each weight by about `lr` per step, so `s`
+      steps move it by at most `s × lr` (2e-4 at 16k latents): under 100 steps the SAE is still
+      mostly its random initialisation, and sparsify's recipe, which this one follows, warms the
+      learning rate up over 100 steps and then runs thousands.
+    - `MIN_FIRINGS` (10) expected firings per latent, `activations × k / n_latents`: a latent is
+      trained only by the activations it fires on, so below ~10 most latents have had too few
+      gradient signals to settle on a direction (and the dead-latent count means little).
+    """
+    firings = seen * k / max(n_latents, 1)
+    if steps >= MIN_STEPS and firings >= MIN_FIRINGS:
+        return
+    warn(f"SAE training ran {steps} optimiser step(s) on {seen} activations ({firings:.3g} expected firings "
+         f"per latent over {n_latents} latents); at least {MIN_STEPS} steps and {MIN_FIRINGS} firings per latent "
+         f"are needed to train the latents, so this SAE is mostly its initialisation. Fix: more steps (a "
+         f"smaller batch_size, now {cfg.batch_size}, or more epochs, now {cfg.epochs}: CLI --sae-batch-size, "
+         f"--epochs), fewer latents (SAEConfig num_latents / expansion_factor: --latents, --expansion-factor), "
+         f"or more activations (a larger --pairs file without --limit; positions='all': --positions all)")
 
 
 @dataclass(frozen=True)

@@ -71,7 +71,8 @@ def summary(audit: Audit) -> dict[str, Any]:
     closure["max"] = max(closure.values())
     out: dict[str, Any] = {
         "rewardlens_version": __version__, "model": audit.model, "fingerprint": audit.fingerprint,
-        "data_checksum": audit.data_checksum, "n_pairs": len(audit.pair_ids), "n_layers": lens.n_layers,
+        "data_checksum": audit.data_checksum, "provenance": provenance(audit),
+        "n_pairs": len(audit.pair_ids), "n_layers": lens.n_layers,
         "scores": {
             "accuracy": float(np.mean(margin > 0)), "ties": int(np.sum(margin == 0)),
             "mean_margin": float(margin.mean()), "median_margin": float(np.median(margin)),
@@ -90,6 +91,19 @@ def summary(audit: Audit) -> dict[str, Any]:
         "features": None if audit.features is None else _features(audit),
     }
     return out
+
+
+def provenance(audit: Audit) -> dict[str, Any]:
+    """What the numbers are of: model path or hub id, data file, command line, version, time (UTC).
+
+    Keys the audit does not know (an `Audit` built by hand) are None; version and time are now's."""
+    from datetime import datetime, timezone
+
+    from ..._version import __version__
+
+    known = {"model_path": None, "data": None, "command_line": None, "rewardlens_version": __version__,
+             "time_utc": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    return {**known, **audit.provenance}
 
 
 def _faithfulness(audit: Audit) -> dict[str, Any]:
