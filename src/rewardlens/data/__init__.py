@@ -18,7 +18,6 @@ from ._progress import progress_bar as progress_bar
 from ._rows import SIDES as SIDES
 from ._rows import Side as Side
 from ._rows import chosen as chosen
-from ._rows import interleave as interleave
 from ._rows import margin as margin
 from ._rows import pair_of as pair_of
 from ._rows import rejected as rejected
@@ -35,7 +34,6 @@ __all__ = [
     "Side",
     "check_pairs",
     "chosen",
-    "interleave",
     "load_pairs",
     "margin",
     "pair_of",

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from typing import Literal, TypeVar
 
-import numpy as np
-
 Side = Literal["chosen", "rejected"]
 SIDES: tuple[Side, Side] = ("chosen", "rejected")
 Rows = TypeVar("Rows")  # an np.ndarray or a torch.Tensor: what goes in comes out
@@ -38,15 +36,6 @@ def rejected(rows: Rows, axis: int = 0) -> Rows:
 def margin(rows: Rows, axis: int = 0) -> Rows:
     """Chosen − rejected along `axis`: [.., 2n, ..] → [.., n, ..]."""
     return chosen(rows, axis) - rejected(rows, axis)  # type: ignore[operator]
-
-
-def interleave(chosen_rows: np.ndarray, rejected_rows: np.ndarray) -> np.ndarray:
-    """The inverse of `chosen`/`rejected` along axis 0: two [n, ...] arrays → [2n, ...]."""
-    if chosen_rows.shape != rejected_rows.shape:
-        raise ValueError(f"chosen {chosen_rows.shape} and rejected {rejected_rows.shape} rows differ in shape")
-    out = np.empty((2 * len(chosen_rows), *chosen_rows.shape[1:]), dtype=np.result_type(chosen_rows, rejected_rows))
-    out[0::2], out[1::2] = chosen_rows, rejected_rows
-    return out
 
 
 def pair_of(row: int) -> tuple[int, Side]:
