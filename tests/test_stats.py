@@ -1,0 +1,33 @@
+"""`stats.wilson` against statsmodels-free yardsticks: the closed form's textbook values and coverage."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rewardlens.stats import wilson
+
+
+def test_wilson_matches_the_textbook_example():
+    # Newcombe (1998), method 3: 81 of 263 gives [0.2553, 0.3662] at 95%.
+    lo, hi = wilson(81, 263)
+    assert lo == pytest.approx(0.2553, abs=1e-4) and hi == pytest.approx(0.3662, abs=1e-4)
+
+
+def test_wilson_is_not_empty_at_the_edges_and_nan_without_data():
+    lo, hi = wilson(0, 10)
+    assert lo == 0.0 and 0.2 < hi < 0.35  # 0.2775 by the closed form
+    lo, hi = wilson(10, 10)
+    assert 0.65 < lo < 0.8 and hi == pytest.approx(1.0)
+    assert all(np.isnan(wilson(0, 0)))
+    with pytest.raises(ValueError, match="successes must be in"):
+        wilson(5, 3)
+
+
+def test_wilson_covers_about_its_level_on_average_over_p():
+    # Wilson's coverage oscillates with p at small n; its mean over p sits near the nominal level.
+    rng = np.random.default_rng(0)
+    n = 40
+    cover = [np.mean([lo <= p <= hi for lo, hi in (wilson(int(k), n) for k in rng.binomial(n, p, 1000))])
+             for p in np.linspace(0.1, 0.9, 9)]
+    assert 0.93 < np.mean(cover) < 0.97
