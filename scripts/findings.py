@@ -46,7 +46,8 @@ def findings(name: str, limit: int | None, out: Path, progress: bool, probe_item
     model = realmodels.load_reward_model(name)
     pairs = realmodels.dpo_pairs("test")[:limit]
     out.mkdir(parents=True, exist_ok=True)
-    plan = Plan(chunk_size=4, batch_size=4, probe_items=probe_items)
+    # paper=True: the seed paper's statistic its own way too (prefix noising, attention and MLP sublayers)
+    plan = Plan(chunk_size=4, batch_size=4, probe_items=probe_items, paper=True)
     audit = rl.audit(model, pairs, store=out / "results.sqlite", plan=plan, progress=progress)
     write_report(audit, out)
     numbers = summary(audit)
@@ -137,6 +138,8 @@ def tables(r: dict) -> str:
         f"[{_num(c['normed']['quartiles'][0], '.2f')}, {_num(c['normed']['quartiles'][2], '.2f')}]"),
         (f"- seed-paper statistic (Spearman |attribution| vs |noising effect|, {fa['seed_statistic']['positions']} "
         f"positions, sublayers): {_ci(fa['seed_statistic'])}"),
+        (f"- the same statistic the paper's way (whole-prefix noising aligned from the start over the shorter "
+        f"side, attention and MLP sublayers only): {_ci(fa['paper_statistic'])}"),
         (f"- attribution vs direct {_ci(fa['pooled']['direct'])}, vs total {_ci(fa['pooled']['total'])}, "
         f"vs indirect {_ci(fa['pooled']['indirect'])} (mean per-pair Spearman over heads and MLPs); "
         f"indirect share of Σ|total| {fa['indirect_share_of_total_abs']:.2f}"),

@@ -31,8 +31,10 @@ if TYPE_CHECKING:
     from .errors import RewardLensError as RewardLensError
     from .exact import Attribution as Attribution
     from .exact import Lens as Lens
+    from .exact import TokenAttribution as TokenAttribution
     from .exact import attribute as attribute
     from .exact import lens as lens
+    from .exact import tokens as tokens
     from .hacking import Cascades as Cascades
     from .hacking import Concepts as Concepts
     from .hacking import Conflicts as Conflicts
@@ -59,11 +61,12 @@ if TYPE_CHECKING:
     from .sae import train_sae as train_sae
 
 __all__ = [
-    "ArchitectureMap", "Attribution", "Audit", "Cascades", "Comparison", "Concepts", "Conflicts", "Distortion", "Edit",
-    "Faithfulness", "Lens", "Monitor", "Pair", "Patching", "Probes", "RewardLensError", "RewardModel", "SAEConfig",
-    "Scorecard", "Store", "TopKSAE", "Trajectory", "attribute", "attribute_features", "attribution_patch", "audit",
-    "calibrate", "cascade", "compare", "concepts", "conflict", "distortion", "edit", "faithfulness", "lens", "load",
-    "load_pairs", "load_sae", "patch", "probe", "register_architecture", "train_sae", "wrap",
+    "ArchitectureMap", "Attribution", "Audit", "Cascades", "Comparison", "Concepts", "Conflicts",
+    "Distortion", "Edit", "Faithfulness", "Lens", "Monitor", "Pair", "Patching", "Probes", "RewardLensError",
+    "RewardModel", "SAEConfig", "Scorecard", "Store", "TokenAttribution", "TopKSAE", "Trajectory", "attribute",
+    "attribute_features", "attribution_patch", "audit", "calibrate", "cascade", "compare", "concepts",
+    "conflict", "distortion", "edit", "faithfulness", "lens", "load", "load_pairs", "load_sae",
+    "patch", "probe", "register_architecture", "tokens", "train_sae", "wrap",
 ]
 
 # Each public name → the subpackage face that defines it (the imports above, for the type checker).
@@ -74,7 +77,7 @@ _FACE: dict[str, str] = {
     **dict.fromkeys(("Comparison", "compare"), "compare"),
     **dict.fromkeys(("Pair", "load_pairs"), "data"),
     **dict.fromkeys(("RewardLensError",), "errors"),
-    **dict.fromkeys(("Attribution", "Lens", "attribute", "lens"), "exact"),
+    **dict.fromkeys(("Attribution", "Lens", "TokenAttribution", "attribute", "lens", "tokens"), "exact"),
     **dict.fromkeys(("Cascades", "Concepts", "Conflicts", "Distortion", "Edit", "Probes", "cascade", "concepts",
                      "conflict", "distortion", "edit", "probe"), "hacking"),
     **dict.fromkeys(("ArchitectureMap", "RewardModel", "load", "register_architecture", "wrap"), "model"),

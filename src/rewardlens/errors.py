@@ -45,6 +45,30 @@ class RunLockedError(StoreError):
     """Another run holds the output folder's run lock; the message names its pid and start time."""
 
 
+class OutOfMemoryError(RewardLensError, MemoryError):
+    """Some sequences did not fit in accelerator memory even one per batch, and were skipped.
+
+    Raised at the end of the batch loop, after every other row was computed, so it names all of
+    them at once: `labels` ("pair 3 (chosen)"), `rows` (their numbers in the instrument's input:
+    with pairs, 2i is pair i's chosen side and 2i+1 its rejected one) and `pairs` (the pair
+    numbers, None when the input was not pairs). The call returns no result: drop those pairs and
+    call again (the audit records them as skipped), or shorten them.
+    """
+
+    def __init__(self, labels: list[str], rows: list[int], pairs: list[int] | None) -> None:
+        self.labels, self.rows, self.pairs = labels, rows, pairs
+        shown = ", ".join(labels[:10]) + (f" and {len(labels) - 10} more" if len(labels) > 10 else "")
+        super().__init__(
+            f"{len(labels)} sequence(s) did not fit in accelerator memory even one per batch: {shown}; every "
+            "other sequence was computed, but an instrument returns all rows or none. Drop those pairs "
+            "(OutOfMemoryError.pairs) and call again, shorten them (max_length= with truncation='left'), or "
+            "spread the model over devices (device_map=) or load it in a smaller dtype"
+        )
+
+    def __reduce__(self) -> tuple[type, tuple[list[str], list[int], list[int] | None]]:
+        return type(self), (self.labels, self.rows, self.pairs)  # picklable (worker processes)
+
+
 class RewardLensWarning(UserWarning):
     """Something deliberate but surprising happened (e.g. pad = eos moved the read token)."""
 

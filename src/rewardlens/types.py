@@ -32,8 +32,9 @@ Mode = Literal["noising", "denoising", "ablation"]
 """Patching direction: chosen run with rejected activations, the reverse, or zero/mean ablation."""
 Ablation = Literal["zero", "mean"]
 """What `mode='ablation'` writes in place of a part's output."""
-Positions = Literal["read", "all"]
-"""Where a patch applies: the read token only, or every token (token-aligned pairs)."""
+Positions = Literal["read", "all", "prefix"]
+"""Where a patch applies: the read token only, every token (token-aligned pairs), or the first
+`min(len(chosen), len(rejected))` tokens aligned from the start (the seed paper's whole-prefix rule)."""
 Estimand = Literal["total", "direct"]
 """Whether a patch flows through later layers (total) or later parts are held at their clean values (direct)."""
 PaddingSide = Literal["left", "right"]
@@ -42,6 +43,9 @@ Truncation = Literal["error", "left"]
 """What an input longer than `max_length` gets: an error, or its first tokens dropped."""
 LensKind = Literal["linear", "normed"]
 """The two reward lenses: cumulative exact parts, or the head on the re-normalised partial residual."""
+CrystallizationRule = Literal["stays", "first"]
+"""Crystallization depth: the first depth after which the margin stays past the threshold, or the first
+that reaches it (the seed paper's rule)."""
 EditMethod = Literal["project", "leace"]
 """How `edit` removes a concept from the read-out: project it out, or erase it with LEACE."""
 SaePositions = Literal["read", "all"]

@@ -16,7 +16,7 @@ import pytest
 
 import rewardlens as rl
 from rewardlens.audit import Plan, Store, audit, collect, run_pairs
-from rewardlens.audit._runner import chunks
+from rewardlens.audit._plan import chunks
 from rewardlens.data import save_pairs
 from rewardlens.errors import StoreError
 
@@ -41,7 +41,19 @@ def _assert_same_records(a: dict, b: dict) -> None:
         for (_, ra), (_, rb) in zip(a[name], b[name]):
             assert ra.keys() == rb.keys()
             for f in ra:
-                assert np.array_equal(ra[f], rb[f], equal_nan=True), (name, f)
+                assert _same(ra[f], rb[f]), (name, f)
+
+
+def _same(a, b) -> bool:
+    """Bit-for-bit equal (NaN equal to NaN), through the lists and dicts a record holds (ragged
+    per-token arrays, names and labels)."""
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return isinstance(b, (list, tuple)) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, np.ndarray) and a.dtype.kind in "biufc":
+        return np.array_equal(a, b, equal_nan=True)
+    return bool(np.all(a == b)) if isinstance(a, np.ndarray) else a == b or (a != a and b != b)
 
 
 def test_audit_equals_the_instruments_run_directly(tiny_root, pairs):
@@ -93,7 +105,7 @@ CHILD = textwrap.dedent("""
     import sys, torch
     torch.set_num_threads(1)
     import rewardlens as rl
-    from rewardlens.audit._runner import Plan, run_pairs
+    from rewardlens.audit import Plan, run_pairs
     from rewardlens.audit._store import Store
     model = rl.load(sys.argv[1])
     run_pairs(model, rl.load_pairs(sys.argv[2]), Store(sys.argv[3]), Plan(chunk_size=1, probes=False, concepts=False))

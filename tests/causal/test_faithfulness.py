@@ -37,7 +37,8 @@ def test_faithfulness_report_is_consistent_with_its_parts(tiny_root):
     att = rl.attribute(model, DEMO_PAIRS)
     np.testing.assert_allclose(rep.attribution, att.margin[:, [att.names.index(n) for n in rep.names]])
     np.testing.assert_allclose(rep.indirect, rep.total - rep.direct)
-    np.testing.assert_allclose(rep.total, patch(model, DEMO_PAIRS).effect)
+    # one shared clean trace instead of each estimand's own: equal to float precision
+    np.testing.assert_allclose(rep.total, patch(model, DEMO_PAIRS).effect, rtol=1e-5, atol=1e-6)
     row = 2
     assert rep.rho("direct")[row] == pytest.approx(spearmanr(rep.attribution[row], rep.direct[row]).statistic)
     mean, lo, hi = rep.pooled("total")

@@ -30,6 +30,7 @@ def _argv(name: str, model: str, other: str, f: dict[str, str], out: Path) -> li
     one = ["--pairs", f["one"]]
     return {
         "score": ["score", model, *one], "lens": ["lens", model, *one], "attribute": ["attribute", model, *one],
+        "tokens": ["tokens", model, *one, "--top", "3"],
         "audit": ["audit", model, *one, "--out", str(out / "audit"), "--probe-items", "2", "--no-concepts", "--quiet"],
         "patch": ["patch", model, *one, "--atp", "--top", "3"],
         "faithfulness": ["faithfulness", model, *one, "--boot", "20"],

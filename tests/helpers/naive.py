@@ -117,8 +117,13 @@ def naive_patch(model, pairs, *, mode="noising", ablation="zero", positions="rea
             mean = torch.stack([f[read[i]] for i, f in enumerate(full)]).mean(0) if positions == "read" \
                 else torch.cat(full).mean(0)
         for t, s in jobs:
-            cols_t = _read(len(seqs[t].ids), read[t], positions)
-            src = None if s is None else acts[s][site.key][0, _read(len(seqs[s].ids), read[s], positions)][:, sl]
+            if positions == "prefix":  # the seed paper's rule: the pair's first min(len) positions on both sides
+                shared = min(len(seqs[2 * (t // 2)].ids), len(seqs[2 * (t // 2) + 1].ids))
+                cols_t = cols_s = list(range(shared))
+            else:
+                cols_t = _read(len(seqs[t].ids), read[t], positions)
+                cols_s = None if s is None else _read(len(seqs[s].ids), read[s], positions)
+            src = None if s is None else acts[s][site.key][0, cols_s][:, sl]
 
             def put(x, cols_t=cols_t, src=src, mean=mean, sl=sl):
                 x = x.clone()

@@ -6,17 +6,19 @@
 from ._lock import Holder as Holder
 from ._lock import RunLock as RunLock
 from ._lock import run_lock as run_lock
-from ._runner import VERSION as VERSION
+from ._plan import VERSION as VERSION
+from ._plan import Plan as Plan
 from ._runner import Audit as Audit
-from ._runner import Plan as Plan
 from ._runner import audit as audit
 from ._runner import collect as collect
 from ._runner import run_pairs as run_pairs
-from ._runner import run_whole as run_whole
 from ._store import RunKey as RunKey
 from ._store import Store as Store
 from ._store import checksum as checksum
 from ._store import fingerprint as fingerprint
+from ._whole import TOKEN_PAIRS as TOKEN_PAIRS
+from ._whole import run_whole as run_whole
+from ._whole import shown_pairs as shown_pairs
 
 __all__ = [
     "Audit",
@@ -24,6 +26,7 @@ __all__ = [
     "Plan",
     "RunLock",
     "RunKey",
+    "TOKEN_PAIRS",
     "Store",
     "VERSION",
     "audit",
@@ -33,4 +36,5 @@ __all__ = [
     "run_lock",
     "run_pairs",
     "run_whole",
+    "shown_pairs",
 ]

@@ -12,30 +12,34 @@ store: the report is a view over it.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
-from ..causal import Faithfulness, aligned, faithfulness
+from ..causal import Faithfulness, Patching, aligned, faithfulness, trace_pairs
 from ..data import Pair, progress_bar, row_labels
-from ..errors import StoreError
-from ..exact import Attribution, Lens, attribute, lens
-from ..hacking import Concepts, Item, Probes, concepts, probe
+from ..errors import OutOfMemoryError, RewardLensWarning, StoreError
+from ..exact import Attribution, Lens
+from ..hacking import Concepts, Conflicts, Probes, cascade, distortion
 from ..model import RewardModel
-from ..sae import FeatureAttribution, TopKSAE, attribute_features
+from ..sae import FeatureAttribution, TopKSAE
 from ..types import Positions
 from ._lock import RunLock, run_lock
-from ._store import RunKey, Store, checksum, fingerprint
+from ._plan import Plan, chunks, run_keys, skipped_key
+from ._store import RunKey, Store
+from ._whole import CONFLICT, DIVERGENCE, run_whole, sae_name, stored_tokens, whole_key
+
+if TYPE_CHECKING:  # annotations only
+    from ..exact import TokenAttribution
+    from ..hacking import Cascades, Distortion
 
 _Result = TypeVar("_Result")
-
-VERSION = "1"
-"""Version of every audit instrument's stored numbers: bump when any of them would change."""
 
 # Fields of each per-pair result that are indexed by input row (two per pair) or by pair; the
 # rest are the same for every chunk and go into the run's metadata.
@@ -44,6 +48,7 @@ _ROW_FIELDS: dict[type, tuple[str, ...]] = {
     Attribution: ("values", "constant", "reward", "per_objective", "objective_constant", "objective_reward"),
 }
 _PAIR_FIELDS = ("attribution", "direct", "total", "attribution_patching", "seed_attribution", "seed_effect")
+_PAPER_FIELDS = ("paper_attribution", "paper_effect")
 _DERIVED = {"rows", "is_pairs", "pair_ids"}
 
 
@@ -75,65 +80,26 @@ class Audit:
     provenance: dict[str, Any] = field(default_factory=dict)
     """What the results are of: `model_path` (what `load` was given), `data` (the pairs file),
     `command_line`, `rewardlens_version` and `time_utc` (None where unknown); see `provenance`."""
+    subsets: list[str | None] = field(default_factory=list)
+    """Each pair's `Pair.subset` in pair order (None where it has none); empty when not recorded."""
+    tokens: TokenAttribution | None = None
+    """Exact per-token direct contributions of both sides of the pairs in `token_pairs` (rows
+    alternate chosen, rejected in that order), when computed."""
+    token_pairs: list[int] = field(default_factory=list)
+    """The pairs (indices into `pair_ids`) whose tokens `tokens` holds: at most 12, by |margin|."""
+    skipped: dict[str, str] = field(default_factory=dict)
+    """Pairs left out of every result, by pair id, with the reason (a pair too long for accelerator
+    memory even alone); `pair_ids` and every per-pair array hold the others."""
+    divergence: Patching | None = None
+    """Read-position head noising with divergence scores (`patch(..., divergence=True)`): which of the
+    patching effects came from out-of-distribution patched states; None when not run (under 4 pairs)."""
+    conflicts: Conflicts | None = None
+    """Relations between a multi-objective head's terms on the pairs (`conflict`); None for one output."""
+    distortion: Distortion | None = None
+    """Distortion indices of the probe axes against the probes' quality degradations (from `probes`)."""
+    cascades: Cascades | None = None
+    """Which probe axes fail together item by item (from `probes`)."""
 
-
-
-@dataclass(frozen=True)
-class Plan:
-    """What one audit run computes; the same plan over the same model and pairs finds the same store rows."""
-
-    chunk_size: int = 8
-    """Pairs per chunk: the unit of writing, resuming and sharding."""
-    batch_size: int = 8
-    """Sequences per forward inside a chunk."""
-    probes: bool = True
-    """Run the hacking probes on the built-in items (scaled by the pairs' mean |margin|)."""
-    concepts: bool = True
-    """Run the concept directions and dose-response on the probe axes' contrast sets."""
-    probe_items: int | None = None
-    """Use only this many built-in items (spread over the domains) for probes and concepts: a quick
-    smoke run; None uses all 72."""
-    sae_layer: int | None = None
-    """Residual layer of the SAE, when one is given."""
-    fraction: float = 0.5
-    """Crystallization threshold the report uses."""
-
-    def __post_init__(self) -> None:
-        if self.chunk_size < 1 or self.batch_size < 1:
-            raise ValueError(f"chunk_size and batch_size must be >= 1, got {self.chunk_size} and {self.batch_size}")
-        if not 0 < self.fraction <= 1:
-            raise ValueError(f"fraction must be in (0, 1], got {self.fraction}")
-        if self.probe_items is not None and self.probe_items < 2:
-            raise ValueError(f"probe_items must be >= 2 (concepts need two inputs a side) or None, "
-                             f"got {self.probe_items}")
-
-    def items(self) -> list[Item] | None:
-        """The built-in items the probes and concepts use (None: all of them)."""
-        if self.probe_items is None:
-            return None
-        from ..hacking import ITEMS
-
-        step = max(1, len(ITEMS) // self.probe_items)
-        return list(ITEMS[::step][: self.probe_items])
-
-    def suffix(self) -> str:
-        return "" if self.probe_items is None else f"/items-{self.probe_items}"
-
-
-def _run_keys(model: RewardModel, pairs: Sequence[Pair], seed_positions: Positions) -> dict[str, RunKey]:
-    fp, data = fingerprint(model), checksum(pairs)
-    names = {"lens": "lens", "sublayers": "attribution/sublayer", "heads": "attribution/head",
-             "faithfulness": f"faithfulness/head/noising/seed-{seed_positions}"}
-    return {field: RunKey(fp, data, name, VERSION) for field, name in names.items()}
-
-
-def _whole_key(model: RewardModel, pairs: Sequence[Pair], name: str) -> RunKey:
-    return RunKey(fingerprint(model), checksum(pairs), name, VERSION)
-
-
-def chunks(n_pairs: int, chunk_size: int) -> list[range]:
-    """The fixed chunks of pair indices every run (and every rank) cuts the pairs into."""
-    return [range(s, min(s + chunk_size, n_pairs)) for s in range(0, n_pairs, chunk_size)]
 
 
 def _split(result: Lens | Attribution | Faithfulness, field_names: Sequence[str], per: int, j: int) -> dict[str, Any]:
@@ -145,21 +111,26 @@ def _constants(result: Lens | Attribution | Faithfulness, varying: Sequence[str]
             if f.name not in varying and f.name not in _DERIVED}
 
 
-def _chunk_entries(model: RewardModel, pairs: Sequence[Pair], span: range, keys: dict[str, RunKey],
-                   seed_positions: Positions, batch_size: int
+def _chunk_entries(model: RewardModel, pairs: Sequence[Pair], span: Sequence[int], keys: dict[str, RunKey],
+                   seed_positions: Positions, plan: Plan
                    ) -> tuple[list[tuple[RunKey, str, int, dict[str, Any]]], dict[RunKey, dict[str, Any]]]:
     part = [pairs[i] for i in span]
+    # One traced forward per batch: the lens and both attribution levels are views of its head-level
+    # decomposition, and every patching estimand starts from its clean runs.
+    traced = trace_pairs(model, part, level="head", batch_size=plan.batch_size)
+    dec = traced.decomposition
     results: dict[str, Lens | Attribution | Faithfulness] = {
-        "lens": lens(model, part, batch_size=batch_size),
-        "sublayers": attribute(model, part, batch_size=batch_size),
-        "heads": attribute(model, part, level="head", batch_size=batch_size),
-        "faithfulness": faithfulness(model, part, level="head", batch_size=batch_size,
-                                     seed_positions=seed_positions),
+        "lens": Lens.from_decomposition(dec),
+        "sublayers": Attribution.from_decomposition(dec.coarsen(), "sublayer"),
+        "heads": Attribution.from_decomposition(dec, "head"),
+        "faithfulness": faithfulness(model, part, level="head", batch_size=plan.batch_size,
+                                     seed_positions=seed_positions, paper=plan.paper, traced=traced),
     }
     entries: list[tuple[RunKey, str, int, dict[str, Any]]] = []
     meta: dict[RunKey, dict[str, Any]] = {}
     for name, res in results.items():
-        varying, per = (_PAIR_FIELDS, 1) if name == "faithfulness" else (_ROW_FIELDS[type(res)], 2)
+        pair_fields = _PAIR_FIELDS + (_PAPER_FIELDS if plan.paper else ())
+        varying, per = (pair_fields, 1) if name == "faithfulness" else (_ROW_FIELDS[type(res)], 2)
         meta[keys[name]] = _constants(res, varying)
         entries += [(keys[name], str(i), i, _split(res, varying, per, j)) for j, i in enumerate(span)]
     return entries, meta
@@ -173,66 +144,47 @@ def run_pairs(model: RewardModel, pairs: Sequence[Pair], store: Store, plan: Pla
     the merged store of an earlier run)."""
     pairs = list(pairs)
     seed_positions: Positions = "all" if aligned(model, pairs) else "read"
-    keys = _run_keys(model, pairs, seed_positions)
-    done = set.intersection(*(store.done(k) for k in keys.values()))
+    keys, skipped = run_keys(model, pairs, plan), skipped_key(model, pairs)
+    done = set.intersection(*(store.done(k) for k in keys.values())) | store.done(skipped)
     if skip is not None:
-        done |= set.intersection(*(skip.done(k) for k in keys.values()))
+        done |= set.intersection(*(skip.done(k) for k in keys.values())) | skip.done(skipped)
     todo = [span for c, span in enumerate(chunks(len(pairs), plan.chunk_size))
             if c % world_size == rank and not all(str(i) in done for i in span)]
     desc = f"audit: pairs (rank {rank})" if world_size > 1 else "audit: pairs"
     bar = progress_bar(sum(map(len, todo)), desc, progress)
     for span in todo:
-        entries, meta = _chunk_entries(model, pairs, span, keys, seed_positions, plan.batch_size)
-        # Chunks are written whole (one transaction), so none is ever half stored; an instrument
-        # that already holds a unit (a store filled by an older run of fewer instruments) keeps it.
-        held = {key: store.done(key) for key in keys.values()}
-        entries = [e for e in entries if e[1] not in held[e[0]]]
-        store.write(entries, meta)
+        left = [i for i in span if str(i) not in done]
+        while left:
+            try:
+                entries, meta = _chunk_entries(model, pairs, left, keys, seed_positions, plan)
+            except OutOfMemoryError as exc:  # pairs that fit in no batch: recorded, and the rest computed
+                left = _skip(store, skipped, pairs, left, exc)
+                continue
+            # Chunks are written whole (one transaction), so none is ever half stored; an instrument
+            # that already holds a unit (a store filled by an older run of fewer instruments) keeps it.
+            held = {key: store.done(key) for key in keys.values()}
+            store.write([e for e in entries if e[1] not in held[e[0]]], meta)
+            break
         bar.update(len(span))
     bar.close()
     return sum(map(len, todo))
 
 
-def run_whole(model: RewardModel, pairs: Sequence[Pair], store: Store, plan: Plan = Plan(), *,
-              sae: TopKSAE | None = None, progress: bool = False) -> None:
-    """The whole-model instruments the plan asks for, each stored once (skipped when already there)."""
-    pairs = list(pairs)
-    items = plan.items()
-
-    def features() -> FeatureAttribution:
-        assert sae is not None and plan.sae_layer is not None  # run with an SAE only; _sae_name checked the layer
-        return attribute_features(model, sae, pairs, layer=plan.sae_layer, batch_size=plan.batch_size)
-
-    whole: tuple[tuple[str, Callable[[], Probes | Concepts | FeatureAttribution], bool], ...] = (
-        ("probes" + plan.suffix(), lambda: probe(model, items, reference=pairs, batch_size=2 * plan.batch_size,
-                                                 progress=progress), plan.probes),
-        ("concepts" + plan.suffix(), lambda: concepts(model, items=items, batch_size=2 * plan.batch_size,
-                                                      progress=progress), plan.concepts),
-        (_sae_name(sae, plan), features, sae is not None),
-    )
-    jobs = [(name, fn) for name, fn, wanted in whole if wanted]
-    bar = progress_bar(len(jobs), "audit: whole-model instruments", progress)
-    for name, fn in jobs:
-        key = _whole_key(model, pairs, name)
-        bar.set_postfix_str(name.split("/")[0])  # the outer bar names the step; the step's own bar moves below
-        if "all" not in store.done(key):
-            res = fn()
-            store.write([(key, "all", 0, {f.name: getattr(res, f.name) for f in fields(res)})])
-        bar.update(1)
-    bar.close()
+def _skip(store: Store, key: RunKey, pairs: Sequence[Pair], left: list[int], exc: OutOfMemoryError) -> list[int]:
+    """Record the pairs of `left` that `exc` names as skipped for memory; return the others."""
+    if not exc.pairs:  # an error that names no pair would loop forever: it is not the per-pair kind
+        raise exc
+    bad = sorted({left[p] for p in exc.pairs})
+    warnings.warn(f"audit: {len(bad)} pair(s) did not fit in accelerator memory even alone and are skipped "
+                  f"(recorded in the store; the report lists them): {', '.join(_pair_id(pairs, i) for i in bad)}",
+                  RewardLensWarning, stacklevel=3)
+    store.write([(key, str(i), i, {"reason": "out of accelerator memory at batch size 1"}) for i in bad])
+    return [i for i in left if i not in set(bad)]
 
 
-def _sae_name(sae: TopKSAE | None, plan: Plan) -> str:
-    """The SAE's store name: its layer and a checksum of its config and weights (a strided sample
-    of the decoder, so a dictionary of millions of latents is not read whole)."""
-    if sae is None:
-        return "features"
-    if plan.sae_layer is None:
-        raise ValueError("an SAE needs the residual layer it was trained on: pass Plan(sae_layer=...)")
-    flat = sae.W_dec.detach().reshape(-1)
-    sample = flat[:: max(1, flat.numel() // 65536)]
-    parts = [t.float().cpu().numpy().tolist() for t in (sample, sae.b_dec.detach(), sae.encoder.bias.detach())]
-    return f"features/L{plan.sae_layer}/{checksum([sae.cfg, *parts])}"
+def _pair_id(pairs: Sequence[Pair], i: int) -> str:
+    given = pairs[i].id
+    return given if given is not None else str(i)
 
 
 def provenance(model: RewardModel, data: str | Path | None = None, command_line: str | None = None) -> dict[str, Any]:
@@ -256,13 +208,14 @@ def collect(model: RewardModel, pairs: Sequence[Pair], store: Store, plan: Plan 
 
     `data` (the pairs file) and `command_line` go into the audit's `provenance`, with the model's
     path (`load`'s `path_or_id`), the rewardlens version and the time."""
-    pairs = list(pairs)
-    keys = _run_keys(model, pairs, "all" if aligned(model, pairs) else "read")
-    n = len(pairs)
+    keys, every = run_keys(model, pairs, plan), list(pairs)
+    skipped = {int(unit): r["reason"] for unit, r in store.records(skipped_key(model, every))}
+    kept = [i for i in range(len(every)) if i not in skipped]  # pair i of the audit is pair kept[i] of the input
+    pairs, n = [every[i] for i in kept], len(kept)
     parts: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}
     for name, key in keys.items():
         records = store.records(key)
-        if [u for u, _ in records] != [str(i) for i in range(n)]:
+        if [u for u, _ in records] != [str(i) for i in kept]:
             missing = n - len(records)
             raise StoreError(f"the store {store.path} holds {len(records)} of {n} pairs for {key.instrument}; "
                                   f"{missing} are missing — run the audit again with this store to finish them")
@@ -270,7 +223,7 @@ def collect(model: RewardModel, pairs: Sequence[Pair], store: Store, plan: Plan 
         assert meta is not None  # the run's row exists: it holds the records just read
         stacked: dict[str, Any] = {f: np.concatenate([r[f] for _, r in records]) for f in records[0][1]}
         parts[name] = stacked, meta
-    ids = [p.id if p.id is not None else str(i) for i, p in enumerate(pairs)]
+    ids = [_pair_id(every, i) for i in kept]
     rows = row_labels(2 * n, True)
 
     def per_pair(cls: Callable[..., _Result], name: str) -> _Result:
@@ -278,18 +231,30 @@ def collect(model: RewardModel, pairs: Sequence[Pair], store: Store, plan: Plan 
         return cls(**stacked, **meta, rows=rows, is_pairs=True)
 
     def whole(cls: Callable[..., _Result], name: str) -> _Result | None:
-        records = store.records(_whole_key(model, pairs, name))
+        records = store.records(whole_key(model, every, name))
         return cls(**records[0][1]) if records else None
 
     lens_, sublayers, heads = per_pair(Lens, "lens"), per_pair(Attribution, "sublayers"), per_pair(Attribution, "heads")
     stacked, meta = parts["faithfulness"]
     probes = whole(Probes, "probes" + plan.suffix())
     concepts_ = whole(Concepts, "concepts" + plan.suffix())
-    features = whole(FeatureAttribution, _sae_name(sae, plan))
+    features = whole(FeatureAttribution, sae_name(sae, plan))
+    conflicts_ = whole(Conflicts, CONFLICT)
+    if conflicts_ is not None:  # stored as a list of lists (`_plain`)
+        conflicts_ = replace(conflicts_, relation=np.array(conflicts_.relation, dtype=object))
+    # Derived from the stored probes, no forward: the quality degradations the probes scored, and
+    # the per-item effects they hold.
+    distortion_ = distortion(probes) if probes is not None and probes.quality else None
+    tokens_, token_pairs = stored_tokens(model, every, store)
+    position = {i: j for j, i in enumerate(kept)}
     return Audit(model=repr(model), fingerprint=keys["lens"].model, data_checksum=keys["lens"].data, pair_ids=ids,
                  faithfulness=Faithfulness(**stacked, **meta, pair_ids=ids), fraction=plan.fraction,
                  lens=lens_, sublayers=sublayers, heads=heads, probes=probes, concepts=concepts_, features=features,
-                 provenance=provenance(model, data, command_line))
+                 provenance=provenance(model, data, command_line), subsets=[p.subset for p in pairs],
+                 divergence=whole(Patching, DIVERGENCE), conflicts=conflicts_, distortion=distortion_,
+                 tokens=tokens_, token_pairs=[position[i] for i in token_pairs],
+                 skipped={_pair_id(every, i): reason for i, reason in skipped.items()},
+                 cascades=None if probes is None else cascade(probes))
 
 
 def audit(model: RewardModel, pairs: Sequence[Pair], *, store: Store | str | Path | None = None,
@@ -318,4 +283,4 @@ def audit(model: RewardModel, pairs: Sequence[Pair], *, store: Store | str | Pat
                 db.close()
 
 
-__all__ = ["Audit", "Plan", "audit", "chunks", "collect", "run_pairs", "run_whole"]
+__all__ = ["Audit", "audit", "collect", "provenance", "run_pairs"]

@@ -13,6 +13,8 @@ from ._faithfulness import faithfulness as faithfulness
 from ._patching import MODES as MODES
 from ._patching import Patching as Patching
 from ._patching import patch as patch
+from ._traced import Traced as Traced
+from ._traced import trace_pairs as trace_pairs
 
 __all__ = [
     "ESTIMANDS",
@@ -24,4 +26,6 @@ __all__ = [
     "attribution_patch",
     "faithfulness",
     "patch",
+    "trace_pairs",
+    "Traced",
 ]

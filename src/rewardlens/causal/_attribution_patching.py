@@ -18,8 +18,8 @@ from collections.abc import Iterator, Sequence
 import torch
 from torch import Tensor
 
-from ..data import Pair
-from ..model import Point, RewardModel, collate, eval_mode, rewriting
+from ..data import Pair, counting
+from ..model import Point, RewardModel, collate, each_batch, eval_mode, rewriting
 from ..stats import rank_agreement
 from ..types import Ablation, Inputs, Mode, PatchLevel, Positions, Spans
 from ._engine import Site, head_slice, site_point, sites
@@ -61,46 +61,59 @@ def attribution_patch(
     reference: Inputs | None = None,
     batch_size: int = 8,
     min_margin: float = 1e-4,
+    clean: Clean | None = None,
+    progress: bool = False,
 ) -> Patching:
-    """Attribution-patching estimate of `patch(model, pairs, ..., estimand='total')` (same arguments)."""
-    check_options(mode, ablation, "total")
-    seqs = encode_pairs(model, pairs)
-    sweep = sites(model, level)
-    clean = Clean.run(model, seqs, heads=level == "head", batch_size=batch_size)
-    ref_seqs = None if reference is None else model.encode(reference)[0]
-    plan = PatchPlan.make(model, clean, sweep, mode, ablation, positions, ref_seqs, batch_size)
-    cols, valid, values = plan.at_columns(clean)
-    keys = {s.key: s for s in sweep}
-    estimate = torch.zeros(len(plan.targets), len(sweep), device=model.device)
-    for start in range(0, len(plan.targets), batch_size):
-        rows = torch.arange(start, min(start + batch_size, len(plan.targets)))
-        index = [plan.targets[int(r)] for r in rows]
-        batch = collate([seqs[i] for i in index], pad_id=model.pad_token_id, side="right", first=model.encoder,
-                        device=model.device)
-        final = model.final_points(batch, gate=False)["final"]
-        points = {k: site_point(model, site, batch.read_index) for k, site in keys.items()}
-        kwargs = model.batch_kwargs(batch)
-        with torch.enable_grad(), eval_mode(model.model), _probes(points, final) as (deltas, acts, out):
-            model.backbone(**kwargs)
-            # Layers may sit on several devices (device_map); the head and its norm live on model.device.
-            objectives = model.head(model.final_hidden(out["final"].float().to(model.device)))
-            reward = (objectives * clean.coef[index]).sum()
-            names = list(deltas)
-            grads = dict(zip(names, torch.autograd.grad(reward, [deltas[k] for k in names])))
-        c = cols[rows].to(model.device)
-        r = torch.arange(len(rows), device=model.device)[:, None]
-        mask = valid[rows].to(model.device, torch.float32)[..., None]
-        for j, site in enumerate(sweep):
-            sl = head_slice(model, site)
-            a, g = acts[site.key], grads[site.key]
-            act = a[r.to(a.device), c.to(a.device)][..., sl].float().to(model.device)
-            grad = g[r.to(g.device), c.to(g.device)][..., sl].float().to(model.device)
-            src = values[site.key]
-            src = src[sl] if src.ndim == 1 else src[rows.to(src.device)][..., sl]
-            estimate[rows, j] = ((src.float() - act) * grad * mask).sum((1, 2))
-    rewards = clean.reward[plan.targets][:, None] + estimate
-    return assemble(pairs, clean, plan.targets, rewards, sweep, mode=mode, positions=positions, level=level,
-                    estimand="total", approximate=True, min_margin=min_margin)
+    """Attribution-patching estimate of `patch(model, pairs, ..., estimand='total')` (same arguments).
+
+    One forward and one backward pass over the patched side only (the targets); `clean`: the pairs'
+    clean runs when the caller already traced them (`trace_pairs`), else they are traced here."""
+    with counting("attribution patching", progress):
+        check_options(mode, ablation, "total")
+        seqs = encode_pairs(model, pairs)
+        sweep = sites(model, level)
+        if clean is None:
+            clean = Clean.run(model, seqs, heads=level == "head", batch_size=batch_size)
+        ref_seqs = None if reference is None else model.encode(reference)[0]
+        plan = PatchPlan.make(model, clean, sweep, mode, ablation, positions, ref_seqs, batch_size)
+        cols, valid, values = plan.at_columns(clean)
+        keys = {s.key: s for s in sweep}
+        estimate = torch.zeros(len(plan.targets), len(sweep), device=model.device)
+
+        def work(batch_rows: list[int]) -> None:
+            rows = torch.tensor(batch_rows)
+            index = [plan.targets[int(r)] for r in rows]
+            batch = collate([seqs[i] for i in index], pad_id=model.pad_token_id, side="right", first=model.encoder,
+                            device=model.device)
+            final = model.final_points(batch, gate=False)["final"]
+            points = {k: site_point(model, site, batch.read_index) for k, site in keys.items()}
+            kwargs = model.batch_kwargs(batch)
+            with torch.enable_grad(), eval_mode(model.model), _probes(points, final) as (deltas, acts, out):
+                model.backbone(**kwargs)
+                # Layers may sit on several devices (device_map); the head and its norm live on model.device.
+                objectives = model.head(model.final_hidden(out["final"].float().to(model.device)))
+                reward = (objectives * clean.coef[index]).sum()
+                names = list(deltas)
+                grads = dict(zip(names, torch.autograd.grad(reward, [deltas[k] for k in names])))
+            c = cols[rows].to(model.device)
+            r = torch.arange(len(rows), device=model.device)[:, None]
+            mask = valid[rows].to(model.device, torch.float32)[..., None]
+            for j, site in enumerate(sweep):
+                sl = head_slice(model, site)
+                a, g = acts[site.key], grads[site.key]
+                act = a[r.to(a.device), c.to(a.device)][..., sl].float().to(model.device)
+                grad = g[r.to(g.device), c.to(g.device)][..., sl].float().to(model.device)
+                src = values[site.key]
+                src = src[sl] if src.ndim == 1 else src[rows.to(src.device)][..., sl]
+                estimate[rows, j] = ((src.float() - act) * grad * mask).sum((1, 2))
+
+        # Length-sorted batches pad little; on out-of-memory the batch halves (`each_batch`).
+        lengths = [len(seqs[i].ids) for i in plan.targets]
+        each_batch(sorted(range(len(lengths)), key=lengths.__getitem__), batch_size, work, ids=plan.targets,
+                   is_pairs=True, lengths=lengths)
+        rewards = clean.reward[plan.targets][:, None] + estimate
+        return assemble(pairs, clean, plan.targets, rewards, sweep, mode=mode, positions=positions, level=level,
+                        estimand="total", approximate=True, min_margin=min_margin)
 
 
 def agreement(exact: Patching, approx: Patching, k: int = 10) -> dict[str, float]:

@@ -16,13 +16,25 @@ from __future__ import annotations
 import copy
 import inspect
 from collections import defaultdict
+from collections.abc import Sequence
 from typing import Any, NoReturn
 
 import torch
 from torch import Tensor, nn
 
-from ..model import Batch, Point, RewardModel, Tokenized, capture, collate, eval_mode, first_output
-from ._engine import Overwrite, Site, final_point, head_slice, patched, take_values
+from ..model import (
+    OOM_ERRORS,
+    Batch,
+    Point,
+    RewardModel,
+    Tokenized,
+    capture,
+    collate,
+    each_batch,
+    eval_mode,
+    first_output,
+)
+from ._engine import Declined, Overwrite, Site, final_point, head_slice, patched, take_values
 
 
 class _Stop(Exception):
@@ -73,13 +85,15 @@ def cached_read_sweep(
     *,
     batch_size: int = 8,
     min_copies: int = 32,
+    index: Sequence[int] | None = None,
 ) -> tuple[Tensor, Tensor] | None:
     """Clean rewards [n] and patched rewards [n, S], as `patch_engine.read_sweep`; None when this
     model's cache cannot be used this way (the proof copies disagree, or a call fails).
 
     Consecutive layers are pooled until a group holds `min_copies` copies, which then start at the
     group's first layer: fewer, larger layer calls (per-call overhead dominates small models)
-    for a little recomputation below the later sites' layers."""
+    for a little recomputation below the later sites' layers. `index`: each sequence's number in the
+    caller's input (for `OutOfMemoryError`)."""
     name = _cache_name(model)
     if name is None or model.encoder:
         return None
@@ -87,9 +101,9 @@ def cached_read_sweep(
     clean, rewards = torch.zeros(n, device=model.device), torch.zeros(n, len(sweep), device=model.device)
     groups = _groups(sweep, min_copies)
     dtype = next(model.model.parameters()).dtype
-    order = sorted(range(n), key=lambda i: read[i])
-    for start in range(0, n, batch_size):
-        rows = torch.tensor(order[start : start + batch_size])
+
+    def work(batch_rows: list[int]) -> None:
+        rows = torch.tensor(batch_rows)
         batch = collate([seqs[i] for i in rows], pad_id=model.pad_token_id, side="right", first=False,
                         device=model.device)
         at = torch.tensor([read[i] for i in rows], device=model.device)
@@ -99,23 +113,30 @@ def cached_read_sweep(
         try:
             with torch.no_grad(), eval_mode(model.model), capture(points, model.device) as captured:
                 out = model.backbone(**kwargs)
-        except (RuntimeError, ValueError, TypeError):
-            return None
+        except OOM_ERRORS:
+            raise
+        except (RuntimeError, ValueError, TypeError) as exc:
+            raise Declined from exc
         cache = getattr(out, name, None) if hasattr(out, name) else getattr(out, "past_key_values", None)
         if cache is None or not hasattr(cache, "layers"):
-            return None
+            raise Declined
         clean[rows] = (model.head(model.final_hidden(captured["final"])) * coef[rows]).sum(-1)
         width = batch.input_ids.shape[1]
         for first_layer, group in sorted(groups.items()):
             got = _group(model, batch, at, width, cache, name, captured, first_layer, [sweep[s] for s in group],
                          values, rows, coef[rows], dtype)
             if got is None:
-                return None
+                raise Declined
             proof, patched_rewards = got
             if not torch.allclose(proof, captured["final"][:, None].expand_as(proof), rtol=1e-3, atol=1e-4 * float(
                     captured["final"].abs().max())):
-                return None
+                raise Declined
             rewards[rows[:, None], torch.tensor(group)[None]] = patched_rewards
+
+    try:
+        each_batch(sorted(range(n), key=lambda i: read[i]), batch_size, work, ids=index, is_pairs=True)
+    except Declined:
+        return None
     return clean, rewards
 
 
@@ -162,6 +183,8 @@ def _group(
         with torch.no_grad(), eval_mode(model.model), patched(model, edits):
             for layer in range(first_layer, model.n_layers):
                 hidden = first_output(model.layers[layer](hidden, *args, **layer_kwargs))
+    except OOM_ERRORS:
+        raise
     except (RuntimeError, ValueError, TypeError, KeyError):
         return None
     final = hidden.float().to(model.device)  # the head may sit on a later device than the last layer

@@ -26,7 +26,7 @@ import contextlib
 import functools
 import inspect
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, get_args
 
@@ -34,12 +34,14 @@ import torch
 from torch import Tensor, nn
 
 from ..model import (
+    OOM_ERRORS,
     Part,
     Point,
     RewardModel,
     Tokenized,
     capture,
     collate,
+    each_batch,
     eval_mode,
     get_module,
     hf_config,
@@ -49,6 +51,11 @@ from ..model import (
 from ..types import PatchLevel
 
 PATCH_LEVELS: tuple[PatchLevel, ...] = get_args(PatchLevel)
+
+
+class Declined(Exception):
+    """An engine cannot run on this model or batch (its proof failed, or the model refused a call);
+    the caller falls back to the next engine. Never raised for out-of-memory, which backs off."""
 
 
 @dataclass(frozen=True)
@@ -188,6 +195,7 @@ def read_sweep(
     batch_size: int = 8,
     chunk: int = 512,
     resid: Callable[[Tensor], Tensor] | None = None,
+    index: Sequence[int] | None = None,
 ) -> tuple[Tensor, Tensor, Tensor | None] | None:
     """Clean rewards [n] and patched rewards [n, S] of every sequence, each site of `sweep`
     overwritten at the read position `read[i]` by `values[site.key][i]` ([n, width]); readout
@@ -198,16 +206,19 @@ def read_sweep(
     Every row also carries two unpatched copies, first and last; they must agree, which proves
     that a copy's output does not depend on its column (a model that ignores `position_ids`,
     ALiBi, a mask it rewrites). None when that proof fails or the model refuses the 4-D mask:
-    the caller then runs full forwards.
+    the caller then runs full forwards. `index`: each sequence's number in the caller's input (for
+    `OutOfMemoryError`, should a sequence not fit in memory alone).
     """
     n, n_sites = len(seqs), len(sweep)
     clean = torch.zeros(n, device=model.device)
     rewards = torch.zeros(n, n_sites, device=model.device)
     streams = torch.zeros(n, n_sites, model.n_layers, device=model.device) if resid else None
-    order = sorted(range(n), key=lambda i: read[i])
     dtype = next(model.model.parameters()).dtype
-    for start in range(0, n, batch_size):
-        rows = torch.tensor(order[start : start + batch_size])
+    ran = False  # a failure on the very first forward means the model refuses the copies' mask
+
+    def work(batch_rows: list[int]) -> None:
+        nonlocal ran
+        rows = torch.tensor(batch_rows)
         for lo in range(0, n_sites, chunk):
             part = sweep[lo : lo + chunk]
             kwargs, cols = _copies_batch(model, [seqs[i] for i in rows], [read[i] for i in rows], len(part) + 2,
@@ -222,19 +233,27 @@ def read_sweep(
                       **(_resid_points(model, cols[:, 1:-1]) if resid else {})}
             try:
                 captured = _forward(model, kwargs, points, edits)
-            except (RuntimeError, ValueError, TypeError):
-                if start == 0 and lo == 0:  # the model will not take the copies' mask
-                    return None
+            except OOM_ERRORS:
                 raise
+            except (RuntimeError, ValueError, TypeError) as exc:
+                if not ran:  # the model will not take the copies' mask
+                    raise Declined from exc
+                raise
+            ran = True
             gap = (captured["first"] - captured["last"]).norm(dim=-1) / captured["first"].norm(dim=-1).clamp_min(1e-12)
             if gap.max() > 1e-3:
-                return None
+                raise Declined
             objectives = model.head(model.final_hidden(captured["final"].flatten(0, 1))).view(len(rows), len(part), -1)
             rewards[rows, lo : lo + len(part)] = (objectives * coef[rows][:, None]).sum(-1)
             clean[rows] = (model.head(model.final_hidden(captured["first"])) * coef[rows]).sum(-1)
             if resid and streams is not None:
                 stacked = torch.stack([captured[f"resid_{layer}"] for layer in range(model.n_layers)], dim=2)
                 streams[rows, lo : lo + len(part)] = resid(stacked)
+
+    try:
+        each_batch(sorted(range(n), key=lambda i: read[i]), batch_size, work, ids=index, is_pairs=True)
+    except Declined:
+        return None
     return clean, rewards, streams
 
 
@@ -270,17 +289,20 @@ def batched_sweep(
     batch_size: int = 8,
     resid: Callable[[Tensor], Tensor] | None = None,
     labels: list[str] | None = None,
+    index: Sequence[int] | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Patched rewards [n, S]: sequence i run whole with site s overwritten at positions `cols[i]`
     [n, m] by `values[s.key][i]` [n, m, width] (or one vector [width] everywhere). Repeated columns are
     allowed (they pad rows with fewer positions). The gate, if any, is the patched run's own.
+    `index`: each sequence's number in the caller's input (for `OutOfMemoryError`).
     """
     n, n_sites = len(seqs), len(sweep)
     rewards = torch.zeros(n, n_sites, device=model.device)
     streams = torch.zeros(n, n_sites, model.n_layers, device=model.device) if resid else None
     jobs = [(i, s) for i in sorted(range(n), key=lambda i: len(seqs[i].ids)) for s in range(n_sites)]
-    for start in range(0, len(jobs), batch_size):
-        job = jobs[start : start + batch_size]
+
+    def work(numbers: list[int]) -> None:
+        job = [jobs[j] for j in numbers]
         seq_idx = torch.tensor([i for i, _ in job])
         batch = collate([seqs[i] for i, _ in job], pad_id=model.pad_token_id, side="right", first=model.encoder,
                         device=model.device, labels=[labels[i] for i, _ in job] if labels else None)
@@ -301,4 +323,7 @@ def batched_sweep(
         if resid and streams is not None:
             stacked = torch.stack([captured[f"resid_{layer}"] for layer in range(model.n_layers)], dim=1)
             streams[seq_idx, [s for _, s in job]] = resid(stacked)
+
+    # A run that fits in no batch is reported by its sequence (the loop's rows are (sequence, site) jobs).
+    each_batch(range(len(jobs)), batch_size, work, ids=[index[i] if index else i for i, _ in jobs], is_pairs=True)
     return rewards, streams

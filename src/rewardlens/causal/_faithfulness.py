@@ -20,20 +20,23 @@ from typing import TYPE_CHECKING, Any, get_args
 
 import numpy as np
 
-from ..data import Pair
-from ..exact import attribute
-from ..model import RewardModel
+from ..data import Pair, counting, stage
+from ..exact import Attribution
+from ..model import Part, RewardModel
 from ..stats import bootstrap_ci, rank_agreement, rowwise_spearman
 from ..types import Comparison, Mode, PatchLevel, Positions
 from ._attribution_patching import attribution_patch
-from ._patching import encode_pairs, patch
+from ._engine import sites
+from ._patching import Patching, encode_pairs, patch
+from ._plan import Clean
+from ._traced import Traced, trace_pairs
 
 if TYPE_CHECKING:
     import pandas as pd
     from matplotlib.figure import Figure
 
 ESTIMANDS: tuple[Comparison, ...] = get_args(Comparison)
-SEED_POSITIONS: tuple[Positions, ...] = get_args(Positions)
+SEED_POSITIONS: tuple[Positions, ...] = ("all", "read")  # "prefix" is the paper's own statistic (`paper=True`)
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,11 @@ class Faithfulness:
     level: PatchLevel
     n_boot: int = 2000
     seed: int = 0
+    paper_attribution: np.ndarray | None = None
+    """[n_pairs, 2L] sublayer attribution over the attention and MLP sublayers (no embeddings), when
+    the paper's way was asked for (`faithfulness(paper=True)`); else None."""
+    paper_effect: np.ndarray | None = None
+    """[n_pairs, 2L] prefix-noising effect of the same sublayers (`patch(positions='prefix')`), or None."""
 
     @property
     def indirect(self) -> np.ndarray:
@@ -84,6 +92,19 @@ class Faithfulness:
         """The seed paper's statistic (mean of `seed_rho`) with a bootstrap interval over pairs."""
         return _mean_ci(self.seed_rho, self.n_boot, self.seed)
 
+    @property
+    def paper_rho(self) -> np.ndarray:
+        """Per pair, the paper's way: Spearman between |attribution| and |prefix-noising effect| over
+        the attention and MLP sublayers [n_pairs]; all NaN when it was not computed."""
+        if self.paper_attribution is None or self.paper_effect is None:
+            return np.full(len(self.pair_ids), np.nan)
+        return rowwise_spearman(np.abs(self.paper_attribution), np.abs(self.paper_effect))
+
+    def paper_statistic(self) -> tuple[float, float, float]:
+        """The seed paper's statistic computed its way (`paper_rho`'s mean, bootstrap interval);
+        NaN when `faithfulness(paper=True)` was not asked for."""
+        return _mean_ci(self.paper_rho, self.n_boot, self.seed)
+
     def agreement(self, k: int = 10) -> dict[str, float]:
         """How well attribution patching ranks parts against exact total patching."""
         return rank_agreement(self.total, self.attribution_patching, k)
@@ -98,6 +119,11 @@ class Faithfulness:
         mean, lo, hi = self.seed_statistic()
         rows.append({"comparison": f"seed statistic |attribution| vs |noising, {self.seed_positions}|", "rho": mean,
                      "lo": lo, "hi": hi, "pairs": int(np.isfinite(self.seed_rho).sum())})
+        if self.paper_effect is not None:
+            mean, lo, hi = self.paper_statistic()
+            rows.append({"comparison": "seed statistic, the paper's way: |attribution| vs |noising, prefix| over "
+                         "attention and MLP sublayers", "rho": mean, "lo": lo, "hi": hi,
+                         "pairs": int(np.isfinite(self.paper_rho).sum())})
         return rows
 
     def to_frame(self) -> pd.DataFrame:
@@ -151,28 +177,70 @@ def faithfulness(
     seed: int = 0,
     batch_size: int = 8,
     seed_positions: Positions | None = None,
+    paper: bool = False,
+    traced: Traced | None = None,
+    progress: bool = False,
 ) -> Faithfulness:
     """Attribution, path-frozen, total and attribution patching (read position) side by side, with
     ρ per pair and pooled, and the seed paper's statistic (whole-sequence noising where pairs are
     token-aligned, else read-position noising, as `seed_positions` says). `seed_positions` fixes
     that choice ('all' needs token-aligned pairs); a run split into chunks passes the choice made
-    for all its pairs, so every chunk computes the same statistic."""
-    if seed_positions is not None and seed_positions not in SEED_POSITIONS:
-        raise ValueError(f"seed_positions must be None, 'all' or 'read', got {seed_positions!r}")
-    att = attribute(model, pairs, level=level, batch_size=batch_size)
-    total = patch(model, pairs, mode=mode, level=level, batch_size=batch_size)
-    direct = patch(model, pairs, mode=mode, level=level, estimand="direct", batch_size=batch_size)
-    atp = attribution_patch(model, pairs, mode=mode, level=level, batch_size=batch_size)
-    index = [att.names.index(n) for n in total.names]
-    positions: Positions = seed_positions or ("all" if aligned(model, pairs) else "read")
-    if positions == "read" and level == "sublayer" and mode == "noising":
-        seed_patch, seed_att = total, att
-    else:
-        seed_patch = patch(model, pairs, mode="noising", positions=positions, batch_size=batch_size)
-        seed_att = att if level == "sublayer" else attribute(model, pairs, batch_size=batch_size)
-    seed_index = [seed_att.names.index(n) for n in seed_patch.names]
-    return Faithfulness(
-        names=total.names, pair_ids=total.pair_ids, attribution=att.margin[:, index], direct=direct.effect,
-        total=total.effect, attribution_patching=atp.effect, seed_attribution=seed_att.margin[:, seed_index],
-        seed_effect=seed_patch.effect, seed_positions=positions, mode=mode, level=level, n_boot=n_boot, seed=seed,
-    )
+    for all its pairs, so every chunk computes the same statistic.
+
+    `paper=True` also computes the statistic exactly the paper's way (`paper_statistic`): over the
+    attention and MLP sublayers only, against prefix noising (`positions='prefix'`, aligned from
+    the start over the shorter side; it warns naming pairs whose read token it leaves unpatched).
+    It costs one patched forward of the chosen sides per sublayer.
+
+    The pairs are traced once (`trace_pairs`) and every estimand starts from those clean runs;
+    `traced`: clean runs the caller already has (at `level`, or at head level for any level).
+    """
+    with counting("faithfulness", progress):
+        if seed_positions is not None and seed_positions not in SEED_POSITIONS:
+            raise ValueError(f"seed_positions must be None, 'all' or 'read', got {seed_positions!r}")
+        if traced is None:
+            stage("clean trace")
+            traced = trace_pairs(model, pairs, level=level, batch_size=batch_size)
+        elif traced.level != level and traced.level != "head":
+            raise ValueError(f"traced runs at level {traced.level!r} cannot serve level={level!r}; trace at "
+                             f"level='head' (it serves both) or at {level!r}")
+        clean, dec = traced.clean, traced.decomposition
+        sub = dec if traced.level == "sublayer" else dec.coarsen()
+        att = Attribution.from_decomposition(dec if traced.level == level else sub, level)
+        sub_att = Attribution.from_decomposition(sub, "sublayer")
+        positions: Positions = seed_positions or ("all" if aligned(model, pairs) else "read")
+        stage("read-position sweep")
+        total, seed_patch = _total_and_seed(model, pairs, level, mode, positions, batch_size, clean)
+        direct = patch(model, pairs, mode=mode, level=level, estimand="direct", batch_size=batch_size, clean=clean)
+        stage("attribution patching")
+        atp = attribution_patch(model, pairs, mode=mode, level=level, batch_size=batch_size, clean=clean)
+        index = [att.names.index(n) for n in total.names]
+        paper_att = paper_effect = None
+        if paper:
+            stage("prefix sweep (the paper's way)")
+            prefix = patch(model, pairs, mode="noising", positions="prefix", batch_size=batch_size, clean=clean)
+            keep = [j for j, name in enumerate(prefix.names) if Part.parse(name).kind != "embed"]
+            paper_att = sub_att.margin[:, [sub_att.names.index(prefix.names[j]) for j in keep]]
+            paper_effect = prefix.effect[:, keep]
+        seed_index = [sub_att.names.index(n) for n in seed_patch.names]
+        return Faithfulness(
+            names=total.names, pair_ids=total.pair_ids, attribution=att.margin[:, index], direct=direct.effect,
+            total=total.effect, attribution_patching=atp.effect, seed_attribution=sub_att.margin[:, seed_index],
+            seed_effect=seed_patch.effect, seed_positions=positions, mode=mode, level=level, n_boot=n_boot, seed=seed,
+            paper_attribution=paper_att, paper_effect=paper_effect,
+        )
+
+
+def _total_and_seed(model: RewardModel, pairs: Sequence[Pair], level: PatchLevel, mode: Mode, positions: Positions,
+                    batch_size: int, clean: Clean) -> tuple[Patching, Patching]:
+    """The total read-position effects at `level` and the sublayer noising effects behind the seed
+    statistic. Both at the read position in noising mode: one sweep over the union of the two
+    levels' sites (they share the embeddings and MLPs; the attention sublayers join the heads)."""
+    if positions != "read" or mode != "noising":
+        total = patch(model, pairs, mode=mode, level=level, batch_size=batch_size, clean=clean)
+        return total, patch(model, pairs, mode="noising", positions=positions, batch_size=batch_size, clean=clean)
+    fine, coarse = sites(model, level), sites(model, "sublayer")
+    have = set(fine)
+    union = fine + [site for site in coarse if site not in have]
+    both = patch(model, pairs, mode=mode, level=level, batch_size=batch_size, clean=clean, sweep=union)
+    return both.select([s.name for s in fine], level), both.select([s.name for s in coarse], "sublayer")

@@ -11,6 +11,7 @@ patching: docs/design.md §1), the causal twin of attribution.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, get_args
@@ -18,14 +19,14 @@ from typing import TYPE_CHECKING, Literal, get_args
 import numpy as np
 from torch import Tensor
 
-from ..data import Pair, chosen, rejected
+from ..data import Pair, chosen, counting, rejected
 from ..model import RewardModel, sequence_label
 from ..types import Ablation, Estimand, Inputs, Mode, PatchLevel, Positions, Spans
 from ._cached import cached_read_sweep
 from ._direct import direct_rewards
 from ._divergence import score_patched, scorer
 from ._engine import Site, batched_sweep, copies_supported, read_sweep, sites
-from ._plan import Clean, PatchPlan, encode_pairs, flatten_pairs
+from ._plan import Clean, PatchPlan, encode_pairs, pair_ids
 from ._stepped import stepped_sweep
 
 if TYPE_CHECKING:
@@ -120,6 +121,15 @@ class Patching:
             "top_flagged_share": float(self.flagged[:, top].mean()),
         }
 
+    def select(self, names: Sequence[str], level: PatchLevel) -> Patching:
+        """The same runs restricted to the parts `names` (in that order), labelled `level`: how one
+        sweep over two levels' sites (`patch(sweep=...)`) becomes each level's result."""
+        index = [self.names.index(name) for name in names]
+        return dataclasses.replace(
+            self, names=list(names), patched_chosen=self.patched_chosen[:, index],
+            patched_rejected=self.patched_rejected[:, index], level=level,
+            divergence=None if self.divergence is None else self.divergence[:, index])
+
     def to_frame(self) -> pd.DataFrame:
         """Long table: one row per (pair, part) with effect, normalised effect and divergence."""
         import pandas as pd
@@ -171,65 +181,81 @@ def patch(
     batch_size: int = 8,
     chunk: int = 512,
     min_margin: float = 1e-4,
+    clean: Clean | None = None,
+    sweep: Sequence[Site] | None = None,
+    progress: bool = False,
 ) -> Patching:
     """Patch every part (`level` 'sublayer' or 'head') of every pair and return the patched rewards.
 
-    `positions`: 'read' (only the read token; any two lengths), 'all' (token-aligned pairs) or
+    `positions`: 'read' (only the read token; any two lengths), 'all' (token-aligned pairs),
+    'prefix' (the first `min(len(chosen), len(rejected))` tokens of both sides, aligned from the
+    start as in the seed paper; warns naming the pairs whose read token it leaves unpatched) or
     spans (see `resolve_positions`). `reference`: inputs whose mean activation `ablation='mean'`
     inserts (default: both sides of `pairs`) and whose natural activations divergence is scored
     against. `divergence=True` scores how far each patched run's later residual stream leaves
     the natural distribution (`Patching.divergence`, `Patching.reliability`). `chunk`: patched
     copies of the read token per row in the read-position engine (memory grows with it).
+    `clean`: the pairs' clean runs when the caller already traced them (`trace_pairs`; traced with
+    heads for `level='head'`), so the sweep does not trace them again. `sweep`: the sites to patch
+    instead of every site at `level` (`sites(model, 'head')` plus the attention sublayers serves both
+    levels in one sweep; `Patching.select` splits the result).
     """
-    check_options(mode, ablation, estimand)
-    if divergence and estimand == "direct":
-        raise ValueError("divergence scores patched runs' later activations; estimand='direct' holds them "
-                         "frozen, so there is nothing to score: use estimand='total'")
-    seqs = encode_pairs(model, pairs)
-    sweep = sites(model, level)
-    # The read-position engine can read each target's clean reward off an unpatched copy, so the
-    # clean trace need only cover the sequences whose activations are inserted.
-    copies = estimand == "total" and positions == "read" and copies_supported(model, seqs) is None
-    only = None
-    if copies and not divergence and model.arch.head_kind != "gated" and mode != "ablation":
-        only = list(range(1 if mode == "noising" else 0, len(seqs), 2))
-    clean = Clean.run(model, seqs, heads=level == "head", batch_size=batch_size, only=only)
-    ref_seqs = None if reference is None else model.encode(reference)[0]
-    plan = PatchPlan.make(model, clean, sweep, mode, ablation, positions, ref_seqs, batch_size)
-    targets, cols_t, values = plan.targets, plan.cols, plan.values
-    tgt = [seqs[i] for i in targets]
-    labels = [sequence_label(i, True) for i in targets]
-    score = scorer(model, clean, ref_seqs, batch_size) if divergence else None
-    rewards: Tensor | None = None
-    streams: Tensor | None = None
-    if estimand == "direct":
-        rewards = direct_rewards(model, clean, targets, sweep, values, cols_t)
-    elif copies:
-        read = [clean.read[i] for i in targets]
-        # Cheapest first: copies from their own layer on the prefix's cache (no layer residuals
-        # for divergence), then copies through every layer; each proves itself or declines.
-        cached = None if divergence else cached_read_sweep(model, tgt, read, sweep, values, clean.coef[targets],
-                                                           batch_size=batch_size)
-        out = (*cached, None) if cached is not None else read_sweep(
-            model, tgt, read, sweep, values, clean.coef[targets], batch_size=batch_size, chunk=chunk, resid=score)
-        if out is not None:
-            clean_reward, rewards, streams = out
-            clean.reward[targets] = clean_reward.to(clean.reward.dtype)
-        elif only is not None:  # full forwards after all: they need the targets' clean runs too
-            clean = Clean.run(model, seqs, heads=level == "head", batch_size=batch_size)
-    if rewards is None:
-        cols_t, _, values = plan.at_columns(clean)
-        if not divergence:  # stepping skips layers, whose residuals divergence scores
-            rewards = stepped_sweep(model, tgt, sweep, cols_t, values, batch_size=batch_size, labels=labels)
+    with counting("patch", progress):
+        check_options(mode, ablation, estimand)
+        if divergence and estimand == "direct":
+            raise ValueError("divergence scores patched runs' later activations; estimand='direct' holds them "
+                             "frozen, so there is nothing to score: use estimand='total'")
+        seqs = encode_pairs(model, pairs)
+        sweep = sites(model, level) if sweep is None else list(sweep)
+        # The read-position engine can read each target's clean reward off an unpatched copy, so the
+        # clean trace need only cover the sequences whose activations are inserted.
+        copies = estimand == "total" and positions == "read" and copies_supported(model, seqs) is None
+        only = None
+        if copies and not divergence and model.arch.head_kind != "gated" and mode != "ablation":
+            only = list(range(1 if mode == "noising" else 0, len(seqs), 2))
+        if clean is None:
+            clean = Clean.run(model, seqs, heads=level == "head", batch_size=batch_size, only=only)
+        else:  # every side is traced already; the read-position engine rewrites its targets' clean
+            only = None  # rewards, so the caller's are kept intact
+            clean = dataclasses.replace(clean, reward=clean.reward.clone())
+        ref_seqs = None if reference is None else model.encode(reference)[0]
+        plan = PatchPlan.make(model, clean, sweep, mode, ablation, positions, ref_seqs, batch_size, ids=pair_ids(pairs))
+        targets, cols_t, values = plan.targets, plan.cols, plan.values
+        tgt = [seqs[i] for i in targets]
+        labels = [sequence_label(i, True) for i in targets]
+        score = scorer(model, clean, ref_seqs, batch_size) if divergence else None
+        rewards: Tensor | None = None
+        streams: Tensor | None = None
+        if estimand == "direct":
+            rewards = direct_rewards(model, clean, targets, sweep, values, cols_t)
+        elif copies:
+            read = [clean.read[i] for i in targets]
+            # Cheapest first: copies from their own layer on the prefix's cache (no layer residuals
+            # for divergence), then copies through every layer; each proves itself or declines.
+            cached = None if divergence else cached_read_sweep(model, tgt, read, sweep, values, clean.coef[targets],
+                                                               batch_size=batch_size, index=targets)
+            out = (*cached, None) if cached is not None else read_sweep(
+                model, tgt, read, sweep, values, clean.coef[targets], batch_size=batch_size, chunk=chunk, resid=score,
+                index=targets)
+            if out is not None:
+                clean_reward, rewards, streams = out
+                clean.reward[targets] = clean_reward.to(clean.reward.dtype)
+            elif only is not None:  # full forwards after all: they need the targets' clean runs too
+                clean = Clean.run(model, seqs, heads=level == "head", batch_size=batch_size)
         if rewards is None:
-            rewards, streams = batched_sweep(model, tgt, sweep, cols_t, values, batch_size=batch_size,
-                                             resid=score, labels=labels)
-    scores = None
-    if divergence:
-        assert streams is not None  # every engine given a scorer returns the streams it scored
-        scores = score_patched(sweep, targets, streams, len(seqs) // 2)
-    return assemble(pairs, clean, targets, rewards, sweep, mode=mode, positions=positions, level=level,
-                    estimand=estimand, divergence=scores, min_margin=min_margin)
+            cols_t, _, values = plan.at_columns(clean)
+            if not divergence:  # stepping skips layers, whose residuals divergence scores
+                rewards = stepped_sweep(model, tgt, sweep, cols_t, values, batch_size=batch_size, labels=labels,
+                                        index=targets)
+            if rewards is None:
+                rewards, streams = batched_sweep(model, tgt, sweep, cols_t, values, batch_size=batch_size,
+                                                 resid=score, labels=labels, index=targets)
+        scores = None
+        if divergence:
+            assert streams is not None  # every engine given a scorer returns the streams it scored
+            scores = score_patched(sweep, targets, streams, len(seqs) // 2)
+        return assemble(pairs, clean, targets, rewards, sweep, mode=mode, positions=positions, level=level,
+                        estimand=estimand, divergence=scores, min_margin=min_margin)
 
 
 def assemble(
@@ -243,11 +269,10 @@ def assemble(
     rows[targets] = rewards.to(rows.dtype)
     patched = rows.cpu().numpy()
     reward = clean.reward.cpu().numpy()
-    ids = [getattr(p, "id", None) for p in flatten_pairs(pairs)]
     return Patching(
         names=[s.name for s in sweep], chosen=chosen(reward), rejected=rejected(reward),
         patched_chosen=chosen(patched), patched_rejected=rejected(patched), mode=mode,
         positions=positions if isinstance(positions, str) else "spans", level=level, estimand=estimand,
-        pair_ids=[str(i) if pid is None else str(pid) for i, pid in enumerate(ids)], divergence=divergence,
+        pair_ids=pair_ids(pairs), divergence=divergence,
         approximate=approximate, min_margin=min_margin,
     )

@@ -7,15 +7,16 @@ the replacement activations. The engines (`patch_engine`, `patch_direct`) only e
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from ..data import Pair
-from ..errors import DataError, TokenizationError
-from ..model import RewardModel, Tokenized, collate, sequence_label, trace
+from ..data import Pair, pair_of
+from ..errors import DataError, RewardLensWarning, TokenizationError
+from ..model import RewardModel, Tokenized, sequence_label, trace
 from ..types import Ablation, Mode, Positions, Spans
 from ._engine import Site, site_point
 
@@ -70,6 +71,12 @@ def flatten_pairs(pairs: Pair | Sequence[Pair]) -> list[Pair]:
     return [pairs] if isinstance(pairs, Pair) else list(pairs)
 
 
+def pair_ids(pairs: Pair | Sequence[Pair]) -> list[str]:
+    """Each pair's id, or its number when it has none (what `Patching.pair_ids` lists)."""
+    ids = [getattr(p, "id", None) for p in flatten_pairs(pairs)]
+    return [str(i) if pid is None else str(pid) for i, pid in enumerate(ids)]
+
+
 def encode_pairs(model: RewardModel, pairs: Pair | Sequence[Pair]) -> list[Tokenized]:
     """Token ids of the pairs, interleaved chosen, rejected; refuses inputs that are not pairs."""
     seqs, is_pairs = model.encode(pairs)
@@ -84,7 +91,9 @@ def resolve_positions(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Target columns, matching source columns and a validity mask, each [n_targets, m].
 
-    'all' needs the two sides of a pair to have the same length (token-aligned). A span
+    'all' needs the two sides of a pair to have the same length (token-aligned). 'prefix' patches
+    positions 0..min_len-1 on both sides, `min_len = min(len(chosen), len(rejected))` of the pair
+    (aligned from the start, the seed paper's rule; the longer side's read token is left out). A span
     `(start, stop)` slices the positions up to and including the read token `t*`: negative numbers
     count back from `t*` (so `(-3, None)` is the last three tokens, aligned at the read token on
     both sides), others are absolute. Short rows repeat their last column (masked out in `valid`).
@@ -93,7 +102,10 @@ def resolve_positions(
     cols_s: list[list[int]] = []
     for j, t in enumerate(targets):
         s = None if sources is None else sources[j]
-        if positions == "all":
+        if positions == "prefix":
+            ct = list(range(min(len(seqs[t].ids), len(seqs[_partner(t)].ids))))
+            cs = list(ct)
+        elif positions == "all":
             if s is not None and len(seqs[t].ids) != len(seqs[s].ids):
                 raise TokenizationError(
                     f"positions='all' needs token-aligned pairs, but {sequence_label(t, True)} has "
@@ -122,9 +134,33 @@ def resolve_positions(
     return torch.tensor(pad(cols_t)), torch.tensor(pad(cols_s)), valid
 
 
+def _partner(row: int) -> int:
+    """The other side of `row`'s pair (rows 2i and 2i+1 are pair i: the layout `rewardlens.data` owns)."""
+    return row ^ 1
+
+
+def unpatched_read(seqs: list[Tokenized], read: list[int], targets: list[int]) -> list[int]:
+    """Pairs (indices) in which positions='prefix' leaves a target's read token unpatched: the
+    target is longer than its partner, so `t*` ≥ min_len."""
+    return sorted({pair_of(t)[0] for t in targets if read[t] >= min(len(seqs[t].ids), len(seqs[_partner(t)].ids))})
+
+
+def warn_unpatched_read(pairs: list[int], ids: Sequence[str] | None) -> None:
+    """One warning naming the pairs whose read token positions='prefix' leaves unpatched."""
+    if not pairs:
+        return
+    names = [ids[i] if ids is not None else str(i) for i in pairs]
+    shown = ", ".join(names[:20]) + (f", ... ({len(names) - 20} more)" if len(names) > 20 else "")
+    warnings.warn(
+        f"positions='prefix' leaves the read token unpatched in {len(names)} pair(s) (ids: {shown}): the patched "
+        "side is longer than the other, so its read token lies past the shared prefix of min(len(chosen), "
+        "len(rejected)) tokens and a patch reaches the reward only through earlier positions; use "
+        "positions='read' to patch the read token itself", RewardLensWarning, stacklevel=4)
+
+
 def _span_cols(spans: str | Spans, read: int) -> list[int]:
     if isinstance(spans, str):
-        raise ValueError(f"positions must be 'read', 'all' or a list of (start, stop) spans, got {spans!r}")
+        raise ValueError(f"positions must be 'read', 'all', 'prefix' or a list of (start, stop) spans, got {spans!r}")
     cols: list[int] = []
     for span in spans:
         if len(span) != 2:
@@ -136,21 +172,20 @@ def _span_cols(spans: str | Spans, read: int) -> list[int]:
 
 
 def capture_columns(
-    model: RewardModel, seqs: list[Tokenized], index: list[int], cols: Tensor, keys: dict[str, Site], batch_size: int
+    model: RewardModel, seqs: list[Tokenized], index: list[int], cols: Tensor, keys: dict[str, Site], batch_size: int,
+    *, is_pairs: bool = True,
 ) -> dict[str, Tensor]:
     """Site activations of sequences `index` at columns `cols` [len(index), m] → key → [len(index), m, w]."""
-    out: dict[str, list[Tensor]] = {k: [] for k in keys}  # filled in order: batches are consecutive rows
-    chosen = [seqs[i] for i in index]
-    for start in range(0, len(index), batch_size):
-        rows = list(range(start, min(start + batch_size, len(index))))
-        batch = collate([chosen[r] for r in rows], pad_id=model.pad_token_id, side="right", first=model.encoder,
-                        device=model.device)
-        c = cols[rows].to(model.device)
-        points = {k: site_point(model, site, c) for k, site in keys.items()}
+    out: dict[str, list[Tensor]] = {k: [] for k in keys}
+    order: list[Tensor] = []
+    for rows, batch in model.batches([seqs[i] for i in index], batch_size, "right", is_pairs, index=index):
+        points = {k: site_point(model, site, cols[rows].to(model.device)) for k, site in keys.items()}
         captured = model.run(batch, points)
         for k in keys:
-            out[k].extend(captured[k][j] for j in range(len(rows)))
-    return {k: torch.stack(v) for k, v in out.items()}
+            out[k].append(captured[k])
+        order.append(torch.as_tensor(rows))
+    inverse = torch.argsort(torch.cat(order))
+    return {k: torch.cat(v)[inverse.to(v[0].device)] for k, v in out.items()}
 
 
 def _by_key(sweep: list[Site]) -> dict[str, Site]:
@@ -175,7 +210,7 @@ def _ablation_values(
     ref_seqs = reference if reference is not None else clean.seqs
     index = list(range(len(ref_seqs)))
     cols, _, valid = resolve_positions(ref_seqs, [len(s.ids) - 1 for s in ref_seqs], index, None, [(0, None)])
-    acts = capture_columns(model, ref_seqs, index, cols, keys, batch_size)
+    acts = capture_columns(model, ref_seqs, index, cols, keys, batch_size, is_pairs=reference is None)
     weight = valid.to(model.device, torch.float32)[..., None]
     return {k: (v * weight).sum((0, 1)) / weight.sum() for k, v in acts.items()}
 
@@ -194,8 +229,10 @@ class PatchPlan:
     @classmethod
     def make(
         cls, model: RewardModel, clean: Clean, sweep: list[Site], mode: Mode, ablation: Ablation,
-        positions: Positions | Spans, reference: list[Tokenized] | None, batch_size: int,
+        positions: Positions | Spans, reference: list[Tokenized] | None, batch_size: int, *,
+        ids: Sequence[str] | None = None,
     ) -> PatchPlan:
+        """`ids`: the pairs' ids, for the warning positions='prefix' gives (default: pair numbers)."""
         n_seqs = len(clean.seqs)
         sources: list[int] | None = None
         if mode == "ablation":
@@ -206,6 +243,8 @@ class PatchPlan:
         cols = cols_s = valid = None
         if positions != "read":
             cols, cols_s, valid = resolve_positions(clean.seqs, clean.read, targets, sources, positions)
+        if positions == "prefix":
+            warn_unpatched_read(unpatched_read(clean.seqs, clean.read, targets), ids)
         if mode == "ablation":
             values = _ablation_values(model, clean, sweep, ablation, positions, reference, batch_size)
         elif cols_s is None:  # the read position

@@ -15,15 +15,15 @@ model where it does not (some layer argument we cannot slice by row) falls back 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
-from ..model import Batch, RewardModel, Tokenized, collate, eval_mode, get_module, hidden_arg
-from ._engine import Overwrite, Site, head_slice, patched, take_values
+from ..model import OOM_ERRORS, Batch, RewardModel, Tokenized, collate, each_batch, eval_mode, get_module, hidden_arg
+from ._engine import Declined, Overwrite, Site, head_slice, patched, take_values
 
 
 class Recording:
@@ -101,6 +101,8 @@ def stepping_works(model: RewardModel, rec: Recording, tol: float = 1e-4) -> boo
         if model.arch.final_norm is not None:  # the backbone's output is after the final norm
             with torch.no_grad():
                 mine = get_module(model.model, model.arch.final_norm)(mine)
+    except OOM_ERRORS:
+        raise  # memory, not a model we cannot step: the batch loop backs off
     except Exception:  # noqa: BLE001 - an argument we could not slice by row; the caller falls back
         return False
     want = rec.last[rows.to(rec.last.device)]
@@ -120,23 +122,33 @@ def stepped_sweep(
     *,
     batch_size: int = 8,
     labels: list[str] | None = None,
+    index: Sequence[int] | None = None,
 ) -> Tensor | None:
     """Patched rewards [n, S], as `patch_engine.batched_sweep`, each run starting at its patched
-    layer. None when this model's layers cannot be stepped (the caller runs full forwards)."""
+    layer. None when this model's layers cannot be stepped (the caller runs full forwards).
+    `index`: each sequence's number in the caller's input (for `OutOfMemoryError`)."""
     rewards = torch.zeros(len(seqs), len(sweep), device=model.device)
     by_start: dict[int, list[int]] = defaultdict(list)
     for s, site in enumerate(sweep):
         by_start[0 if site.kind == "embed" else site.layer].append(s)
-    for index in _batches(seqs, batch_size):
+    size = batch_size  # of the patched runs' batches: the clean batch's, shrunk with it on out-of-memory
+
+    def work(rows: list[int]) -> None:
+        nonlocal size
+        size = min(size, len(rows))
+        for group in _unambiguous(seqs, rows):
+            step(group, size)
+
+    def step(index: list[int], size: int) -> None:
         batch = collate([seqs[i] for i in index], pad_id=model.pad_token_id, side="right", first=model.encoder,
                         device=model.device, labels=[labels[i] for i in index] if labels else None)
         rec = Recording(model, batch)
         if not stepping_works(model, rec):
-            return None
+            raise Declined
         for start, group in sorted(by_start.items()):
             jobs = [(b, s) for s in group for b in range(len(index))]
-            for at in range(0, len(jobs), batch_size):
-                job = jobs[at : at + batch_size]
+            for at in range(0, len(jobs), size):
+                job = jobs[at : at + size]
                 rows = torch.tensor([b for b, _ in job])
                 seq = torch.tensor([index[b] for b, _ in job])
                 by_site: dict[int, list[int]] = defaultdict(list)
@@ -148,16 +160,21 @@ def stepped_sweep(
                 with patched(model, edits):
                     hidden = rec.run(model, start, rows)
                 rewards[seq, [s for _, s in job]] = _readout(model, rec, hidden, rows)
+
+    try:
+        each_batch(sorted(range(len(seqs)), key=lambda i: len(seqs[i].ids)), batch_size, work, ids=index,
+                   is_pairs=True)
+    except Declined:
+        return None
     return rewards
 
 
-def _batches(seqs: list[Tokenized], size: int) -> Iterator[list[int]]:
-    """Length-sorted groups of sequence indices whose count never equals their padded length, so a
+def _unambiguous(seqs: list[Tokenized], rows: list[int]) -> Iterator[list[int]]:
+    """`rows` (length-sorted) in groups whose count never equals their padded length, so a
     per-position argument ([T]) cannot be mistaken for a per-row one ([B])."""
-    order = sorted(range(len(seqs)), key=lambda i: len(seqs[i].ids))
-    while order:
-        index = order[:size]
+    while rows:
+        index = rows
         while len(index) > 1 and len(index) == max(len(seqs[i].ids) for i in index):
             index = index[:-1]
-        order = order[len(index):]
+        rows = rows[len(index):]
         yield index

@@ -139,7 +139,7 @@ def _locked_run(args: argparse.Namespace, state: dict[str, Any], rank: int, worl
     state.update(model=model, pairs=pairs, store=main_path)
     plan = Plan(chunk_size=args.chunk_size, batch_size=args.batch_size, probes=not args.no_probes,
                 concepts=not args.no_concepts, probe_items=args.probe_items, sae_layer=args.sae_layer,
-                fraction=args.fraction)
+                fraction=args.fraction, divergence=not args.no_divergence, paper=args.paper_statistic)
     sae = _sae(args, model)
     progress = not args.quiet
     main_store = Store(main_path)
@@ -215,14 +215,18 @@ def _result(audit: Audit, top: int) -> dict[str, Any]:
     from ..audit.report import margins, plain, summary
 
     chosen, rejected, margin = margins(audit)
-    f = audit.faithfulness
+    f, d = audit.faithfulness, audit.divergence
     att, total, direct = f.attribution.mean(0), f.total.mean(0), f.direct.mean(0)
     order = np.argsort(-np.abs(total), kind="stable")[:top]
+    # Runs of each part whose patched state left the natural distribution (None: divergence not run).
+    flagged = {} if d is None else dict(zip(d.names, d.flagged.sum(0).tolist()))
+    subsets = audit.subsets or [None] * len(audit.pair_ids)
     return plain({
         **summary(audit),
-        "pairs": [{"id": pid, "chosen": chosen[i], "rejected": rejected[i], "margin": margin[i]}
+        "pairs": [{"id": pid, "subset": subsets[i], "chosen": chosen[i], "rejected": rejected[i], "margin": margin[i]}
                   for i, pid in enumerate(audit.pair_ids)],
-        "top_parts": [{"part": f.names[i], "attribution": att[i], "total_effect": total[i], "direct_effect": direct[i]}
+        "top_parts": [{"part": f.names[i], "attribution": att[i], "total_effect": total[i], "direct_effect": direct[i],
+                       "indirect_effect": total[i] - direct[i], "out_of_distribution_runs": flagged.get(f.names[i])}
                       for i in order],
     })
 
@@ -238,24 +242,74 @@ def _show(result: dict[str, Any]) -> None:
     print(f"{result['model']}\nmodel: {prov['model_path']} · data: {prov['data']}\n")
     print(table(["pair", "chosen", "rejected", "margin"],
                 [(p["id"], p["chosen"], p["rejected"], p["margin"]) for p in result["pairs"]]))
-    print(f"\npair accuracy: {result['scores']['accuracy']:.3f} over {result['n_pairs']} pairs")
-    depth = result["lens"]["crystallization_median"]
-    print(f"median crystallization depth (l/L, fraction {result['lens']['fraction']}): "
-          f"linear {num(depth['linear'])}, normed {num(depth['normed'])}")
+    sc = result["scores"]
+    print(f"\npair accuracy: {sc['accuracy']:.3f} over {result['n_pairs']} pairs "
+          f"(95% Wilson interval [{num(sc['accuracy_ci'][0])}, {num(sc['accuracy_ci'][1])}])")
+    for pair, reason in result.get("skipped", {}).items():
+        print(f"skipped pair {pair}: {reason} (every other pair was audited)")
+    depth, iqr = result["lens"]["crystallization_median"], result["lens"]["crystallization_iqr"]
+    print(f"median crystallization depth (l/L, fraction {result['lens']['fraction']}) [IQR]: "
+          f"linear {num(depth['linear'])} [{num(iqr['linear'][0])}, {num(iqr['linear'][1])}], "
+          f"normed {num(depth['normed'])} [{num(iqr['normed'][0])}, {num(iqr['normed'][1])}]")
     print(f"largest |reward − (Σ parts + constant)|: {result['closure_error']['max']:.2e}\n")
-    print("top parts by |total effect, noising, read positions| next to their exact direct attribution:")
-    print(table(["part", "attribution", "total effect", "direct effect"],
-                [(t["part"], t["attribution"], t["total_effect"], t["direct_effect"]) for t in result["top_parts"]]))
+    _show_subsets(result["subsets"], ci)
+    print("top parts by |total effect, noising, read positions| next to their exact direct attribution "
+          "(OOD: patched runs out of distribution):")
+    runs = result["n_pairs"]
+    ood = lambda t: "-" if t["out_of_distribution_runs"] is None else f"{t['out_of_distribution_runs']}/{runs}"
+    print(table(["part", "attribution", "total effect", "direct effect", "indirect effect", "OOD runs"],
+                [(t["part"], t["attribution"], t["total_effect"], t["direct_effect"], t["indirect_effect"], ood(t))
+                 for t in result["top_parts"]]))
     fa = result["faithfulness"]
     print(f"\nattribution vs patching, mean per-pair Spearman ρ: direct {ci(fa['pooled']['direct'])}, "
           f"total {ci(fa['pooled']['total'])}; seed-paper statistic {ci(fa['seed_statistic'])}")
+    if fa.get("paper_statistic") is not None:
+        print(f"seed-paper statistic the paper's way (prefix noising, attention and MLP sublayers): "
+              f"{ci(fa['paper_statistic'])}")
     if result["probes"] is not None:
         flagged = result["probes"]["flagged"]
         print(f"flagged probe axes: {', '.join(flagged) if flagged else 'none'}")
+    _show_more(result)
     if result.get("pairs_from_store"):
         print(f"\nresumed: {result['pairs_from_store']} of {result['n_pairs']} pairs were read from the store, "
               "not computed again")
     print(f"\nreport: {result['report']}\nstore:  {result['store']}")
+
+
+def _show_subsets(groups: dict[str, Any] | None, ci: Any) -> None:
+    """Per-subset accuracy (Wilson interval), depth, seed statistic, and the top parts' effect per subset."""
+    if groups is None:
+        print("the pairs carry no subset field: no per-subset tables\n")
+        return
+    bound = lambda x: "-" if x is None else f"{x:.2f}"
+    rows = []
+    for name in groups["names"]:
+        acc, seed = groups["accuracy"][name], groups["seed_statistic"][name]
+        c = groups["crystallization"][name]["linear"]
+        rows.append((name, acc["n"], f"{bound(acc['accuracy'])} [{bound(acc['lo'])}, {bound(acc['hi'])}]",
+                     f"{bound(c['median'])} [{bound(c['q25'])}, {bound(c['q75'])}]", ci(seed)))
+    print("by subset (accuracy with 95% Wilson CI; linear-lens crystallization depth median [IQR]; seed statistic):")
+    print(table(["subset", "pairs", "accuracy", "depth", "seed ρ"], rows))
+    parts = groups["top_parts"]
+    print("\nmean total effect of the top parts per subset (reward units):")
+    print(table(["part", *groups["names"]], [(p, *(groups["top_parts"]["mean_total_effect"][s][k]
+                                                   for s in groups["names"])) for k, p in enumerate(parts["parts"])]))
+    print()
+
+
+def _show_more(result: dict[str, Any]) -> None:
+    """One line each: divergence of patched states, distortion, cascade clusters, conflicting terms."""
+    div, dist, casc, conf = (result[k] for k in ("divergence", "distortion", "cascades", "conflicts"))
+    if div is not None:
+        print(f"patched runs out of distribution: {div['flagged_share']:.2f} of runs, carrying "
+              f"{div['effect_share_flagged']:.2f} of the total |effect|")
+    if dist is not None:
+        print(f"flagged distortion indices: {', '.join(dist['flagged']) or 'none'}")
+    if casc is not None:
+        print(f"cascade clusters: {'; '.join(' + '.join(g) for g in casc['clusters']) or 'none'}")
+    if conf is not None:
+        bad = [f"{r['term_a']} / {r['term_b']}" for r in conf["pairs"] if r["relation"] == "conflicting"]
+        print(f"conflicting head terms: {', '.join(bad) or 'none'}")
 
 
 def _check(args: argparse.Namespace) -> None:
@@ -278,6 +332,11 @@ def _options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chunk-size", type=positive(int), default=8, help="pairs per stored chunk")
     p.add_argument("--no-probes", action="store_true", help="skip the reward-hacking probes")
     p.add_argument("--no-concepts", action="store_true", help="skip concept directions and dose-response")
+    p.add_argument("--paper-statistic", action="store_true",
+                   help="also compute the seed paper's statistic its own way: prefix noising over attention and MLP "
+                        "sublayers (one more patched forward of the chosen sides per sublayer)")
+    p.add_argument("--no-divergence", action="store_true",
+                   help="skip the divergence scores of patched states (one more head-level patching sweep)")
     p.add_argument("--probe-items", type=positive(int), default=None,
                    help="a quick run: probes and concepts on only N of the 72 built-in items")
     p.add_argument("--sae", default=None, help="an SAE folder: add SAE feature attribution")

@@ -28,13 +28,14 @@ if TYPE_CHECKING:
 
 
 def positions(text: str) -> Positions | Spans:
-    """'read', 'all', or spans 'start:stop[,start:stop...]' counted back from the read token when negative."""
-    if text in ("read", "all"):
-        return cast("Positions", text)  # one of its two names, just checked
+    """'read', 'all', 'prefix', or spans 'start:stop[,start:stop...]' counted back from the read token when negative."""
+    if text in ("read", "all", "prefix"):
+        return cast("Positions", text)  # one of its names, just checked
     spans: list[tuple[int | None, int | None]] = []
     for part in text.split(","):
         if part.count(":") != 1:
-            raise argparse.ArgumentTypeError(f"expected 'read', 'all' or spans like '-4:' or '0:3,-2:', got {text!r}")
+            raise argparse.ArgumentTypeError(
+                f"expected 'read', 'all', 'prefix' or spans like '-4:' or '0:3,-2:', got {text!r}")
         lo, hi = part.split(":")
         try:
             spans.append((int(lo) if lo.strip() else None, int(hi) if hi.strip() else None))
@@ -72,14 +73,14 @@ def rank_parts(names: Sequence[str], effect: np.ndarray, margin: np.ndarray, top
 def patch_summary(model: RewardModel, pairs: Sequence[Pair], *, mode: Mode = "noising", ablation: Ablation = "zero",
                   positions: Positions | Spans = "read", level: PatchLevel = "sublayer", estimand: Estimand = "total",
                   divergence: bool = False, atp: bool = False, top: int = 10, all_parts: bool = False,
-                  batch_size: int = 8) -> dict[str, Any]:
+                  batch_size: int = 8, progress: bool = False) -> dict[str, Any]:
     """The JSON-ready result of `rewardlens patch` (also a section of `rewardlens audit`)."""
     from ..causal import agreement, attribution_patch, patch
 
     if atp and estimand != "total":
         raise ValueError("--atp estimates total effects; drop --estimand direct")
     res = patch(model, pairs, estimand=estimand, divergence=divergence, batch_size=batch_size, mode=mode,
-                ablation=ablation, positions=positions, level=level)
+                ablation=ablation, positions=positions, level=level, progress=progress)
 
     out: dict[str, Any] = {
         "mode": res.mode, "ablation": ablation if res.mode == "ablation" else None, "positions": res.positions,
@@ -96,7 +97,7 @@ def patch_summary(model: RewardModel, pairs: Sequence[Pair], *, mode: Mode = "no
     }
     if atp:
         approx = attribution_patch(model, pairs, batch_size=batch_size, mode=mode, ablation=ablation,
-                                   positions=positions, level=level)
+                                   positions=positions, level=level, progress=progress)
         out["attribution_patching_agreement"] = {k: finite(v) for k, v in agreement(res, approx, top).items()}
     return out
 
@@ -106,7 +107,7 @@ def _patch(args: argparse.Namespace) -> dict[str, Any]:
     return patch_summary(load_model(args), pairs, mode=args.mode, ablation=args.ablation,
                          positions=args.positions, level=args.level, estimand=args.estimand,
                          divergence=args.divergence, atp=args.atp, top=args.top, all_parts=args.all_parts,
-                         batch_size=args.batch_size)
+                         batch_size=args.batch_size, progress=not args.quiet)
 
 
 def show_patch(result: dict[str, Any]) -> None:
@@ -139,7 +140,8 @@ def _faithfulness(args: argparse.Namespace) -> dict[str, Any]:
 
     pairs = read_pairs(args)
     model = load_model(args)
-    rep = faithfulness(model, pairs, level=args.level, mode=args.mode, n_boot=args.boot, batch_size=args.batch_size)
+    rep = faithfulness(model, pairs, level=args.level, mode=args.mode, n_boot=args.boot, batch_size=args.batch_size,
+                       paper=args.paper_statistic, progress=not args.quiet)
     rows = [{k: (finite(v) if isinstance(v, float) else v) for k, v in row.items()} for row in rep.summary()]
     estimands: tuple[Comparison, ...] = ("direct", "total", "indirect")
     return {
@@ -176,7 +178,8 @@ def _options(kind: str) -> Callable[[argparse.ArgumentParser], None]:
         if kind == "patch":
             p.add_argument("--ablation", choices=["zero", "mean"], default="zero")
             p.add_argument("--positions", type=positions, default="read",
-                           help="'read' (default), 'all' (token-aligned pairs) or spans like '-4:'")
+                           help="'read' (default), 'all' (token-aligned pairs), 'prefix' (the first min(len) tokens "
+                                "of both sides, the seed paper's rule) or spans like '-4:'")
             p.add_argument("--estimand", choices=["total", "direct"], default="total")
             p.add_argument("--divergence", action="store_true", help="score patched runs against natural activations")
             p.add_argument("--atp", action="store_true", help="also run attribution patching and report agreement")
@@ -184,6 +187,10 @@ def _options(kind: str) -> Callable[[argparse.ArgumentParser], None]:
             p.add_argument("--all-parts", action="store_true", help="JSON: every part's effect per pair")
         else:
             p.add_argument("--boot", type=positive(int), default=2000, help="bootstrap resamples")
+            p.add_argument("--paper-statistic", action="store_true",
+                           help="also the seed paper's statistic its own way: prefix noising over attention and MLP "
+                                "sublayers (one more patched forward of the chosen sides per sublayer)")
+        p.add_argument("--quiet", action="store_true", help="no progress bar")
     return add
 
 

@@ -14,7 +14,10 @@ from ._pairs import SUPPORTED as SUPPORTED
 from ._pairs import Pair as Pair
 from ._pairs import load_pairs as load_pairs
 from ._pairs import save_pairs as save_pairs
+from ._progress import counting as counting
 from ._progress import progress_bar as progress_bar
+from ._progress import stage as stage
+from ._progress import tick as tick
 from ._rows import SIDES as SIDES
 from ._rows import Side as Side
 from ._rows import chosen as chosen
@@ -37,7 +40,10 @@ __all__ = [
     "load_pairs",
     "margin",
     "pair_of",
+    "counting",
     "progress_bar",
+    "stage",
+    "tick",
     "rejected",
     "row_labels",
     "save_pairs",

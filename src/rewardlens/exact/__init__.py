@@ -2,6 +2,7 @@
 
 `decompose` walks the read-out vectors back through the frozen norms (docs/design.md §1); `attribute` and
 `lens` are views of one decomposition. Parts plus the constant equal the model's reward to float precision.
+`tokens` splits every head's part further over the source tokens its attention row at `t*` reads (docs/tokens.md).
 """
 
 from ._attribution import Attribution as Attribution
@@ -15,12 +16,15 @@ from ._decompose import part_names as part_names
 from ._decompose import readout_vectors as readout_vectors
 from ._lens import Lens as Lens
 from ._lens import lens as lens
+from ._tokens import TokenAttribution as TokenAttribution
+from ._tokens import tokens as tokens
 
 __all__ = [
     "Attribution",
     "Decomposition",
     "LEVELS",
     "Lens",
+    "TokenAttribution",
     "attribute",
     "decompose",
     "decompose_trace",
@@ -28,4 +32,5 @@ __all__ = [
     "lens",
     "part_names",
     "readout_vectors",
+    "tokens",
 ]

@@ -9,8 +9,8 @@ the norms (docs/design.md §1); a part's value is `u · c`, a head's `(W_Oᵀu)_
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
 from typing import get_args
 
 import numpy as np
@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from ..model import (
+    Batch,
     Part,
     RewardModel,
     SublayerKind,
@@ -175,6 +176,19 @@ class Decomposition:
         """Contract the objective axis of `arr` [N, k, ...] with the readout → [N, ...]."""
         return np.einsum("nk...,nk->n...", arr, self.coefficients)
 
+    def coarsen(self) -> Decomposition:
+        """The same decomposition at sublayer level: each head's or neuron's value (and its
+        sublayer's bias part) summed into its sublayer, [N, k, P] → [N, k, 2L+1]. Exact: a
+        sublayer's output is the sum of its heads' (neurons') writes and its bias."""
+        sublayers = [Part.parse(name).sublayer for name in self.names]
+        names = list(dict.fromkeys(part.name for part in sublayers))
+        index = {name: i for i, name in enumerate(names)}
+        member = np.zeros((len(self.names), len(names)))  # [P, S]: part p belongs to sublayer s
+        member[np.arange(len(self.names)), [index[part.name] for part in sublayers]] = 1.0
+        values = (self.values.astype(np.float64) @ member).astype(self.values.dtype)
+        depth = np.array([Part.parse(name).depth for name in names])
+        return replace(self, names=names, values=values, depth=depth)
+
 
 def decompose(
     model: RewardModel,
@@ -185,12 +199,15 @@ def decompose(
     batch_size: int = 8,
     padding_side: PaddingSide = "right",
     per_objective: bool | None = None,
+    on_trace: Callable[[np.ndarray, Batch, Trace], None] | None = None,
 ) -> Decomposition:
     """Exact decomposition of every input's reward (see module docstring); one forward per batch.
 
     `per_objective` keeps every head output's decomposition ([N, k, P]); otherwise only the
     readout scalar is kept ([N, 1, P]), which costs 1/k of the memory and of the read-out work.
     Default: kept, except at neuron level, where k × L × d_mlp values per input add up fast.
+    `on_trace(rows, batch, trace)` sees each batch's trace (rows index `inputs`' sequences), so a
+    caller that needs the same clean runs (the patch engines' `Clean`) does not trace again.
     """
     if level not in LEVELS:
         raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
@@ -216,6 +233,8 @@ def decompose(
     checked = False
     for rows, batch in model.batches(seqs, batch_size, padding_side, is_pairs):
         tr = trace(model, batch, heads=heads, neurons=neurons)
+        if on_trace is not None:
+            on_trace(rows, batch, tr)
         if not checked:
             check_bookkeeping(model, tr)
             checked = True

@@ -9,14 +9,15 @@ import numpy as np
 
 from ..data import chosen, margin, rejected, row_labels
 from ..model import RewardModel
-from ..types import Inputs, LensKind, PaddingSide
-from ._decompose import decompose
+from ..types import CrystallizationRule, Inputs, LensKind, PaddingSide
+from ._decompose import Decomposition, decompose
 
 if TYPE_CHECKING:
     import pandas as pd
     from matplotlib.figure import Figure
 
 LENS_KINDS: tuple[LensKind, ...] = get_args(LensKind)
+CRYSTALLIZATION_RULES: tuple[CrystallizationRule, ...] = get_args(CrystallizationRule)
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,12 @@ class Lens:
     rows: list[str]
     is_pairs: bool
 
+    @classmethod
+    def from_decomposition(cls, dec: Decomposition) -> Lens:
+        """The lens as a view of a decomposition at any level: `linear` at depth d sums the parts
+        that entered by d (`dec.depth`) and the constants; `normed` was read off the same trace."""
+        return _from_decomposition(dec)
+
     @property
     def n_layers(self) -> int:
         return self.linear.shape[1] - 1
@@ -54,16 +61,26 @@ class Lens:
         return self.linear if kind == "linear" else self.normed
 
     def crystallization(
-        self, kind: LensKind = "linear", fraction: float = 0.5, min_margin: float = 1e-4
+        self, kind: LensKind = "linear", fraction: float = 0.5, min_margin: float = 1e-4,
+        rule: CrystallizationRule = "stays",
     ) -> np.ndarray:
-        """Crystallization depth per pair as l / L: the first depth after which the margin stays on
-        the final margin's side and beyond `fraction` of it. NaN where the final margin is too
-        small to have a side (see `near_zero_margin`)."""
+        """Crystallization depth per pair as l / L. A depth *passes* when its margin m_l is on the
+        final margin's side and |m_l| ≥ `fraction` · |m_L|.
+
+        `rule="stays"` (default): the first depth after which every depth passes. `rule="first"`:
+        the first depth that passes, even if a later one falls back (the seed paper's rule; it is
+        never later than 'stays'). NaN where the final margin is too small to have a side (see
+        `near_zero_margin`)."""
         if not 0 < fraction <= 1:
             raise ValueError(f"fraction must be in (0, 1], got {fraction}")
+        if rule not in CRYSTALLIZATION_RULES:
+            raise ValueError(f"rule must be 'stays' or 'first', got {rule!r}")
         margin = self.margin(kind)
         final = margin[:, -1:]
         ok = (np.sign(margin) == np.sign(final)) & (np.abs(margin) >= fraction * np.abs(final))
+        if rule == "first":  # the final depth always passes, so argmax finds a passing depth
+            depth = np.argmax(ok, axis=1) / self.n_layers
+            return np.where(self.near_zero_margin(min_margin), np.nan, depth)
         # Last depth that fails; crystallized from the one after it (the final depth always passes).
         fails = ~ok
         last_fail = np.where(fails.any(1), fails.shape[1] - 1 - np.argmax(fails[:, ::-1], axis=1), -1)
@@ -107,11 +124,15 @@ class Lens:
 
 def lens(model: RewardModel, inputs: Inputs, *, batch_size: int = 8, padding_side: PaddingSide = "right") -> Lens:
     """Linear and normed reward lens of every input (see `Lens`)."""
-    dec = decompose(model, inputs, level="sublayer", batch_size=batch_size, padding_side=padding_side)
-    k, depths = dec.values.shape[1], dec.constants.shape[-1]
-    by_depth = np.zeros((len(dec.values), k, depths), dtype=np.float64)
-    for p, d in enumerate(dec.depth):
-        by_depth[:, :, d] += dec.values[:, :, p]
+    return Lens.from_decomposition(decompose(model, inputs, level="sublayer", batch_size=batch_size,
+                                             padding_side=padding_side))
+
+
+def _from_decomposition(dec: Decomposition) -> Lens:
+    depths = dec.constants.shape[-1]
+    enters = np.zeros((len(dec.depth), depths))  # [P, L+1]: part p enters at depth d
+    enters[np.arange(len(dec.depth)), dec.depth] = 1.0
+    by_depth = dec.values.astype(np.float64) @ enters
     # The head's and final norm's constant applies at every depth; in post-norm encoders each
     # layer's norm biases enter at that layer.
     linear_obj = (np.cumsum(by_depth + dec.constants, axis=-1) + dec.head_constant[..., None]).astype(np.float32)

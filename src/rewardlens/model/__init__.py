@@ -28,6 +28,10 @@ from ._hooks import hidden_arg as hidden_arg
 from ._hooks import rewriting as rewriting
 from ._load import load as load
 from ._load import wrap as wrap
+from ._oom import OOM_ERRORS as OOM_ERRORS
+from ._oom import PAD_SLACK as PAD_SLACK
+from ._oom import Backoff as Backoff
+from ._oom import each_batch as each_batch
 from ._parts import KINDS as KINDS
 from ._parts import Part as Part
 from ._parts import PartKind as PartKind
@@ -57,6 +61,9 @@ __all__ = [
     "ArchitectureMap",
     "Batch",
     "HEAD_KINDS",
+    "OOM_ERRORS",
+    "PAD_SLACK",
+    "Backoff",
     "LAYOUTS",
     "Point",
     "RewardModel",
@@ -70,6 +77,7 @@ __all__ = [
     "check_structure",
     "collate",
     "discover",
+    "each_batch",
     "eval_mode",
     "execution_device",
     "find_map",

@@ -68,6 +68,9 @@ class ArchitectureMap:
     """Read position: 'last' (the last non-pad token, decoders) or 'first' (encoders' [CLS])."""
     gate: str | None = None
     """gated head only: path of the gating network."""
+    attn_values: str | None = None
+    """Value projection relative to a layer (output [n, T, H·d_head]), for attention that does not go
+    through transformers' `AttentionInterface` (DeBERTa-v2): token attribution reads values there."""
 
     def __post_init__(self) -> None:
         if self.norm not in NORM_KINDS:
@@ -144,7 +147,8 @@ _REGISTRY: dict[str, ArchitectureMap] = {
     ),
     "bert": ArchitectureMap(name="bert", layers="bert.encoder.layer", pooler="bert.pooler.dense", **_ENCODER),
     "deberta-v2": ArchitectureMap(
-        name="deberta-v2", layers="deberta.encoder.layer", pooler="pooler.dense", pooler_act="gelu", **_ENCODER
+        name="deberta-v2", layers="deberta.encoder.layer", pooler="pooler.dense", pooler_act="gelu",
+        attn_values="attention.self.value_proj", **_ENCODER
     ),
     # Keyed by class name: ArmoRM's config says model_type "llama"; its architectures entry decides.
     "LlamaForRewardModelWithGating": ARMORM,

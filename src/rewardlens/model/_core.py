@@ -17,8 +17,9 @@ from torch import Tensor, nn
 from ..errors import ArchitectureError, TokenizationError, warn
 from ..types import Inputs, PaddingSide, Readout, Truncation
 from ._arch import ArchitectureMap, find_map, get_module, hf_config
-from ._hooks import Point, capture, eval_mode
+from ._hooks import Point
 from ._norms import NormParams
+from ._oom import batch_loop, run_rows
 from ._readout import Head
 from ._tokens import (
     Batch,
@@ -249,20 +250,18 @@ class RewardModel:
         self, seqs: list[Tokenized], batch_size: int, padding_side: PaddingSide = "right", is_pairs: bool = False,
         index: list[int] | None = None,
     ) -> Iterator[tuple[np.ndarray, Batch]]:
-        """Length-sorted batches (less padding); yields original row indices with each batch.
+        """Length-sorted batches (less padding); yields original row indices with each batch. On CUDA
+        out-of-memory later batches are smaller, and rows that fit in none are reported (model/_oom.py).
 
         `index`: each sequence's number in the caller's full input (for error messages), when
         `seqs` is a subset of it."""
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")
-        order = np.argsort([len(s.ids) for s in seqs], kind="stable")
-        for start in range(0, len(order), batch_size):
-            rows = order[start : start + batch_size]
-            yield rows, collate(
-                [seqs[i] for i in rows], pad_id=self.pad_token_id, side=padding_side,
-                first=self.encoder, device=self.device,
-                labels=[sequence_label(int(i) if index is None else index[int(i)], is_pairs) for i in rows],
-            )
+        lengths = [len(s.ids) for s in seqs]
+        yield from batch_loop(np.argsort(lengths, kind="stable"), batch_size,
+                              list(range(len(seqs))) if index is None else index, is_pairs,
+                              lambda rows, labels: collate([seqs[i] for i in rows], pad_id=self.pad_token_id,
+                              side=padding_side, first=self.encoder, device=self.device, labels=labels), lengths)
 
     def gate_index(self, batch: Batch) -> Tensor:
         """Gated heads: per row, the position whose hidden state the gate reads (ArmoRM's pattern rule)."""
@@ -291,10 +290,9 @@ class RewardModel:
                                    use_cache=False)
 
     def run(self, batch: Batch, points: dict[str, Point]) -> dict[str, Tensor]:
-        """One no-grad forward of the backbone on `batch`, returning the captured points in fp32."""
-        with torch.no_grad(), eval_mode(self.model), capture(points, self.device) as captured:
-            self.backbone(**self.batch_kwargs(batch))
-        return captured
+        """One no-grad forward of the backbone on `batch`, returning the captured points in fp32 (split
+        into pieces of rows on CUDA out-of-memory: model/_oom.py)."""
+        return run_rows(self, batch, points)
 
     def read(
         self, seqs: list[Tokenized], *, layers: Sequence[str] = (), batch_size: int = 16, gate: bool = True,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import functools
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -74,23 +73,100 @@ def rewriting(hooks: Sequence[tuple[nn.Module, str, Rewrite]]) -> Iterator[None]
             handle.remove()
 
 
+class _Index:
+    """Where a forward's captured positions lie, computed once per position tensor, device and
+    activation shape (every point of a trace shares the batch's read index), not once per hook."""
+
+    def __init__(self) -> None:
+        self._cache: dict[tuple[int, int, int, int], tuple[Tensor, Tensor, Tensor]] = {}
+
+    def __call__(self, cols: Tensor, value: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """(rows [n] or [n, 1], cols [n] or [n, m], flat row-major indices [n·m]) on `value`'s device."""
+        b, t = value.shape[0], value.shape[1]
+        key = (id(cols), value.get_device(), b, t)  # get_device: an int, cheaper than a torch.device
+        got = self._cache.get(key)
+        if got is None:
+            c = cols.to(value.device)
+            rows = torch.arange(b, device=value.device)
+            rows = rows if c.ndim == 1 else rows[:, None]
+            got = self._cache[key] = (rows, c, (rows * t + c).reshape(-1))
+        return got
+
+
+def _pick(index: _Index, cols: Tensor, value: Tensor) -> Tensor:
+    """`value[rows, cols]`: one `index_select` on the flattened activation when it is a contiguous
+    [B, T, w] tensor (one kernel, no index built), advanced indexing otherwise."""
+    rows, c, flat = index(cols, value)
+    if value.ndim != 3 or not value.is_contiguous():
+        return value[rows, c]
+    picked = value.view(-1, value.shape[-1]).index_select(0, flat)
+    return picked if c.ndim == 1 else picked.view(*c.shape, value.shape[-1])
+
+
+def _to_fp32(picked: dict[str, Tensor], device: torch.device) -> dict[str, Tensor]:
+    """Every picked activation in fp32 on `device`; those that need a cast or a move are stacked by
+    shape first, so a half-precision trace casts once per shape instead of once per point."""
+    out: dict[str, Tensor] = {}
+    groups: dict[tuple[tuple[int, ...], torch.dtype, torch.device], list[str]] = {}
+    for name, value in picked.items():
+        if value.dtype == torch.float32 and value.device == device:
+            out[name] = value
+        else:
+            groups.setdefault((tuple(value.shape), value.dtype, value.device), []).append(name)
+    for names in groups.values():
+        stacked = torch.stack([picked[n] for n in names]).to(device=device, dtype=torch.float32)
+        out.update(zip(names, stacked.unbind(0)))
+    return {name: out[name] for name in picked}
+
+
 @contextlib.contextmanager
 def capture(points: dict[str, Point], device: torch.device) -> Iterator[dict[str, Tensor]]:
     """Record `[rows, cols]` of every point in fp32 on `device` during the forward passes inside.
 
     Only the named positions are kept, so memory is [n, width] per point (or [n, m, width]) whatever
-    the sequence length. Hooks are removed on exit, also when the forward raises.
+    the sequence length. The dictionary is filled when the block exits normally (the cast to fp32
+    is done then, once per shape); hooks are removed on exit, also when the forward raises. Points
+    on the same module share one hook, and the positions' indices are built once per forward.
     """
     captured: dict[str, Tensor] = {}
+    picked: dict[str, Tensor] = {}
+    index = _Index()
+    by_module: dict[int, tuple[nn.Module, list[tuple[str, Point]], list[tuple[str, Point]]]] = {}
+    for name, point in points.items():
+        _, ins, outs = by_module.setdefault(id(point.module), (point.module, [], []))
+        (ins if point.where == "in" else outs).append((name, point))
 
-    def grab(name: str, point: Point, value: Tensor) -> None:
-        rows, cols = torch.arange(value.shape[0], device=value.device), point.cols.to(value.device)
-        picked = value[rows if cols.ndim == 1 else rows[:, None], cols]
-        captured[name] = picked.detach().to(device=device, dtype=torch.float32)
+    def grab(group: list[tuple[str, Point]], value: Tensor) -> None:
+        value = value.detach()
+        for name, point in group:
+            got = _pick(index, point.cols, value)
+            # Many positions per row ([n, m, w], large): cast now, so no half-precision copy waits.
+            picked[name] = got if got.ndim == 2 else got.to(device=device, dtype=torch.float32)
 
-    hooks = [(p.module, p.where, functools.partial(grab, name, p)) for name, p in points.items()]
-    with rewriting(hooks):
+    def both(ins: list[tuple[str, Point]], outs: list[tuple[str, Point]], args: tuple[Any, ...],
+             kwargs: dict[str, Any], out: Output) -> None:
+        if ins:
+            grab(ins, hidden_arg(args, kwargs))
+        grab(outs, first_output(out))
+
+    # One hook where one suffices: a leaf module whose input and output are both asked for (an
+    # output projection, for heads or neurons) reads its input from the forward hook's arguments;
+    # a module with children keeps a pre-hook, since a layer might update its input in place.
+    handles: list[RemovableHandle] = []
+    try:
+        for module, ins, outs in by_module.values():
+            leaf = bool(ins and outs) and next(module.children(), None) is None
+            if ins and not (outs and leaf):
+                handles.append(module.register_forward_pre_hook(
+                    lambda m, a, k, g=ins: grab(g, hidden_arg(a, k)), with_kwargs=True))
+            if outs:
+                handles.append(module.register_forward_hook(
+                    lambda m, a, k, o, i=ins if leaf else [], g=outs: both(i, g, a, k, o), with_kwargs=True))
         yield captured
+    finally:
+        for handle in handles:
+            handle.remove()
+    captured.update(_to_fp32(picked, device))
 
 
 @contextlib.contextmanager

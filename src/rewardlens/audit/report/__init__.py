@@ -1,7 +1,8 @@
 """The audit's report: `write_report(audit, out)` writes `report.html`, `numbers.json` and Parquet tables.
 
 `rewardlens.audit.report.figures` holds the figures as plain functions (`fig_lens(audit)`, ...) for other
-faces to reuse; `summary`, `tables` and `margins` the summary numbers and tables behind the page.
+faces to reuse; `summary`, `tables` and `margins` the summary numbers and tables behind the page;
+`token_section` the token section's HTML for any `TokenAttribution` of pairs.
 """
 
 from . import _figures as figures
@@ -9,6 +10,7 @@ from ._numbers import margins as margins
 from ._numbers import plain as plain
 from ._numbers import summary as summary
 from ._numbers import tables as tables
+from ._tokens import token_section as token_section
 from ._write import write_report as write_report
 
-__all__ = ["figures", "margins", "plain", "summary", "tables", "write_report"]
+__all__ = ["figures", "margins", "plain", "summary", "tables", "token_section", "write_report"]

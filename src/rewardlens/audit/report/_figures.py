@@ -3,62 +3,35 @@
 Figures are built on `matplotlib.figure.Figure` directly, not through pyplot: no global state is
 touched (a notebook's backend stays as it is, nothing accumulates in pyplot's figure list), and
 `to_png` renders them with the Agg canvas. Each function raises `RewardLensError` when the audit
-lacks the instrument it plots.
+lacks the instrument it plots. The figures of the instruments added to the audit later (depth
+distribution, estimand split, cascades, conflicts) live in `_more_figures` and are re-exported here.
 """
 
 from __future__ import annotations
 
-import io
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ...errors import RewardLensError
 from ...model import Part
 from ...types import Comparison, LensKind
+from ._canvas import KIND_COLORS as KIND_COLORS
+from ._canvas import PART_COLORS as PART_COLORS
+from ._canvas import nanmedian as nanmedian
+from ._canvas import need, new_figure
+from ._canvas import to_png as to_png
+from ._more_figures import fig_cascades as fig_cascades
+from ._more_figures import fig_conflicts as fig_conflicts
+from ._more_figures import fig_crystallization as fig_crystallization
+from ._more_figures import fig_estimands as fig_estimands
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
     from .._runner import Audit
 
-_T = TypeVar("_T")
-
-KIND_COLORS = {"linear": "tab:blue", "normed": "tab:orange"}
-PART_COLORS = {"embed": "tab:green", "attn": "tab:blue", "mlp": "tab:red"}
 MAX_POINTS = 20_000
 """Scatter plots draw at most this many points (a fixed random subset beyond it)."""
-
-
-def _figure(width: float, height: float) -> Figure:
-    from matplotlib.figure import Figure
-
-    return Figure(figsize=(width, height), layout="constrained")
-
-
-def to_png(fig: Figure, dpi: int = 100) -> bytes:
-    """The figure as PNG bytes, rendered by the Agg canvas (no display needed)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-
-    FigureCanvasAgg(fig)
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi, facecolor="white")
-    return buf.getvalue()
-
-
-def _need(value: _T | None, name: str, how: str) -> _T:
-    """`value` (the audit's `name` result), or `RewardLensError` when the audit lacks it."""
-    if value is None:
-        raise RewardLensError(f"this audit has no {name} result (audit.{name} is None), so there is nothing to "
-                              f"plot; {how}")
-    return value
-
-
-def nanmedian(x: np.ndarray) -> float:
-    """Median of the finite entries (NaN when there are none), without numpy's all-NaN warning."""
-    x = np.asarray(x, dtype=np.float64)
-    x = x[np.isfinite(x)]
-    return float(np.median(x)) if len(x) else float("nan")
 
 
 def fig_lens(audit: Audit) -> Figure:
@@ -66,7 +39,7 @@ def fig_lens(audit: Audit) -> Figure:
     one thin line per pair, the mean in bold, the median crystallization depth dashed."""
     lens = audit.lens
     x = np.arange(lens.n_layers + 1) / lens.n_layers
-    fig = _figure(9, 3.2)
+    fig = new_figure(9, 3.2)
     axes = fig.subplots(1, 2, sharey=True)
     kinds: tuple[LensKind, ...] = ("linear", "normed")
     for ax, kind in zip(axes, kinds):
@@ -95,7 +68,7 @@ def fig_scatter(audit: Audit) -> Figure:
     """Attribution (margin contribution) against the direct (path-frozen) and total patching effect,
     one point per (pair, part), coloured by part kind, with the pooled Spearman ρ and its interval."""
     f = audit.faithfulness
-    fig = _figure(9, 3.6)
+    fig = new_figure(9, 3.6)
     axes = fig.subplots(1, 2)
     kinds = np.broadcast_to(np.array([_part_kind(n) for n in f.names]), f.attribution.shape).ravel()
     # Past MAX_POINTS points a fixed random subset is drawn (ρ in the titles uses every point).
@@ -159,7 +132,7 @@ def fig_heatmaps(audit: Audit) -> Figure:
                audit.faithfulness.total.mean(0))]
     grids = [part_grid(names, values) for _, names, values in panels]
     n_rows, n_cols = max(len(g[0]) for g in grids), max(len(g[1]) for g in grids)
-    fig = _figure(min(14.0, max(8.0, 2.0 + 1.1 * n_cols)), min(14.0, max(2.6, 0.9 + 0.32 * n_rows)))
+    fig = new_figure(min(14.0, max(8.0, 2.0 + 1.1 * n_cols)), min(14.0, max(2.6, 0.9 + 0.32 * n_rows)))
     axes = fig.subplots(1, 2)
     cmap = matplotlib.colormaps["RdBu_r"].with_extremes(bad="#eeeeee")
     for ax, (title, _, _), (rows, cols, grid) in zip(axes, panels, grids):
@@ -184,9 +157,9 @@ def fig_heatmaps(audit: Audit) -> Figure:
 def fig_probes(audit: Audit) -> Figure:
     """Forest plot: each probe axis' mean reward change (with − without) and its bootstrap interval,
     flagged axes in red, the flagging floor ±min_effect × scale shaded, q on the right."""
-    p = _need(audit.probes, "probes", "run rewardlens.probe(model) (or `rewardlens audit` with probes)")
+    p = need(audit.probes, "probes", "run rewardlens.probe(model) (or `rewardlens audit` with probes)")
     n = len(p.axes)
-    fig = _figure(7.5, 0.95 + 0.3 * n)
+    fig = new_figure(7.5, 0.95 + 0.3 * n)
     ax = fig.subplots()
     y = np.arange(n)[::-1]
     floor = p.min_effect * p.scale
@@ -212,11 +185,11 @@ def fig_probes(audit: Audit) -> Figure:
 def fig_concepts(audit: Audit) -> Figure:
     """Dose-response per concept: mean reward change against α with a 95% band (±1.96 standard
     errors over dosed inputs), one small panel per concept, shared y axis."""
-    c = _need(audit.concepts, "concepts", "run rewardlens.concepts(model) (or `rewardlens audit` with concepts)")
+    c = need(audit.concepts, "concepts", "run rewardlens.concepts(model) (or `rewardlens audit` with concepts)")
     n = len(c.names)
     ncols = min(5, n)
     nrows = -(-n // ncols)
-    fig = _figure(2.0 * ncols + 0.6, 1.75 * nrows + 0.5)
+    fig = new_figure(2.0 * ncols + 0.6, 1.75 * nrows + 0.5)
     axes = np.atleast_1d(fig.subplots(nrows, ncols, sharex=True, sharey=True, squeeze=False)).ravel()
     for i, ax in enumerate(axes):
         if i >= n:
@@ -242,9 +215,9 @@ def fig_concepts(audit: Audit) -> Figure:
 
 def fig_features(audit: Audit, n: int = 20) -> Figure:
     """The `n` SAE features with the largest mean chosen − rejected contribution (bars, by sign)."""
-    f = _need(audit.features, "features", "pass an SAE to `rewardlens audit` (or rewardlens.attribute_features)")
+    f = need(audit.features, "features", "pass an SAE to `rewardlens audit` (or rewardlens.attribute_features)")
     top = f.top(n, by="margin" if f.is_pairs else "mean")
-    fig = _figure(7, 0.6 + 0.24 * max(len(top), 1))
+    fig = new_figure(7, 0.6 + 0.24 * max(len(top), 1))
     ax = fig.subplots()
     values = [t[1] for t in top][::-1]
     ax.barh([f"feature {t[0]}" for t in top][::-1], values,

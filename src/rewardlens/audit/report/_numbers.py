@@ -16,9 +16,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ...data import chosen, margin, rejected
+from ...data import chosen, margin, pair_of, rejected
 from ...errors import RewardLensError
 from .._runner import Audit
+from . import _instruments as more
+from ._groups import accuracy, labels, spread, subsets, subsets_frame
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -33,6 +35,9 @@ def check(audit: Audit) -> None:
     shapes = {"lens": audit.lens.reward.shape[0], "sublayers": audit.sublayers.values.shape[0],
               "heads": audit.heads.values.shape[0], "faithfulness": 2 * audit.faithfulness.total.shape[0]}
     wrong = {k: v for k, v in shapes.items() if v != 2 * n}
+    if len(audit.subsets) not in (0, n):
+        raise RewardLensError(f"the audit names {n} pairs but holds {len(audit.subsets)} subsets; subsets has one "
+                              "entry per pair (None where a pair has none), or none at all")
     if wrong or not audit.lens.is_pairs:
         raise RewardLensError(
             f"the audit names {n} pairs, so every per-pair instrument needs {2 * n} inputs (chosen, rejected); "
@@ -72,15 +77,17 @@ def summary(audit: Audit) -> dict[str, Any]:
     out: dict[str, Any] = {
         "rewardlens_version": __version__, "model": audit.model, "fingerprint": audit.fingerprint,
         "data_checksum": audit.data_checksum, "provenance": provenance(audit),
-        "n_pairs": len(audit.pair_ids), "n_layers": lens.n_layers,
+        "n_pairs": len(audit.pair_ids), "n_layers": lens.n_layers, "skipped": dict(audit.skipped),
         "scores": {
             "accuracy": float(np.mean(margin > 0)), "ties": int(np.sum(margin == 0)),
+            "correct": int(np.sum(margin > 0)), "accuracy_ci": _ci(accuracy(margin)),
             "mean_margin": float(margin.mean()), "median_margin": float(np.median(margin)),
             "mean_chosen": float(chosen.mean()), "mean_rejected": float(rejected.mean()),
         },
         "lens": {
             "fraction": audit.fraction,
             "crystallization_median": {k: _median(v) for k, v in crystal.items()},
+            "crystallization_iqr": {k: [spread(v)["q25"], spread(v)["q75"]] for k, v in crystal.items()},
             "crystallization_defined": {k: int(np.isfinite(v).sum()) for k, v in crystal.items()},
             "near_zero_margin_pairs": int(lens.near_zero_margin().sum()),
         },
@@ -89,8 +96,19 @@ def summary(audit: Audit) -> dict[str, Any]:
         "probes": None if audit.probes is None else _probes(audit),
         "concepts": None if audit.concepts is None else _concepts(audit),
         "features": None if audit.features is None else _features(audit),
+        "subsets": subsets(audit),
+        "estimands": more.estimands(audit),
+        "divergence": more.divergence(audit),
+        "distortion": more.distortion(audit),
+        "cascades": more.cascades(audit),
+        "conflicts": more.conflicts(audit),
+        "tokens": more.tokens(audit, margin),
     }
     return out
+
+
+def _ci(acc: dict[str, Any]) -> list[float]:
+    return [acc["lo"], acc["hi"]]
 
 
 def provenance(audit: Audit) -> dict[str, Any]:
@@ -108,15 +126,21 @@ def provenance(audit: Audit) -> dict[str, Any]:
 
 def _faithfulness(audit: Audit) -> dict[str, Any]:
     f = audit.faithfulness
-    rows = f.summary()
     pooled = {}
-    for row in rows[:-1]:
-        pooled[row["comparison"].removeprefix("attribution vs ")] = {k: row[k] for k in ("rho", "lo", "hi", "pairs")}
-    seed = rows[-1]
+    for row in f.summary():  # the estimands' rows; the seed statistics are read below, by name
+        if row["comparison"].startswith("attribution vs "):
+            name = row["comparison"].removeprefix("attribution vs ")
+            pooled[name] = {k: row[k] for k in ("rho", "lo", "hi", "pairs")}
+    (rho, lo, hi), pairs = f.seed_statistic(), int(np.isfinite(f.seed_rho).sum())
+    paper = None
+    if f.paper_effect is not None:  # the seed paper's own way: prefix noising over attention and MLP sublayers
+        (p_rho, p_lo, p_hi), p_pairs = f.paper_statistic(), int(np.isfinite(f.paper_rho).sum())
+        paper = {"rho": p_rho, "lo": p_lo, "hi": p_hi, "pairs": p_pairs, "positions": "prefix"}
     return {
         "level": f.level, "mode": f.mode, "n_parts": len(f.names), "pooled": pooled,
-        "seed_statistic": {"rho": seed["rho"], "lo": seed["lo"], "hi": seed["hi"], "pairs": seed["pairs"],
-                           "positions": f.seed_positions, "paper": SEED_PAPER},
+        "seed_statistic": {"rho": rho, "lo": lo, "hi": hi, "pairs": pairs, "positions": f.seed_positions,
+                           "paper": SEED_PAPER},
+        "paper_statistic": paper,
         "attribution_patching_agreement": f.agreement(),
     }
 
@@ -181,6 +205,19 @@ def tables(audit: Audit) -> dict[str, pd.DataFrame]:
         out["concept_summary"] = pd.DataFrame(audit.concepts.summary())
     if audit.features is not None:
         out["features"] = audit.features.to_frame()
+    names = labels(audit)
+    if names is not None:
+        out["scores"].insert(2, "subset", names)
+        out["subsets"] = subsets_frame(audit)
+    out["estimands"] = pd.DataFrame(more.estimands(audit))
+    results = {"divergence": audit.divergence, "distortion": audit.distortion, "cascades": audit.cascades,
+               "conflicts": audit.conflicts}
+    out.update({name: r.to_frame() for name, r in results.items() if r is not None})
+    if audit.tokens is not None:  # its rows are the attributed pairs' sides: name the audit's pairs
+        frame = audit.tokens.to_frame()
+        pair = {label: audit.pair_ids[audit.token_pairs[pair_of(r)[0]]] for r, label in enumerate(audit.tokens.rows)}
+        frame.insert(0, "pair", frame["row"].map(pair))
+        out["tokens"] = frame
     return out
 
 

@@ -10,10 +10,6 @@ every figure rendered.
 
 from __future__ import annotations
 
-import base64
-import html
-import math
-import struct
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -21,11 +17,17 @@ import numpy as np
 
 from .._runner import Audit
 from . import _figures as figures
+from . import _sections as more
+from ._html import Html, e, figure, how, kv, notrun, num, rho, table
 
-SECTIONS = ("summary", "scores", "lens", "attribution", "patching", "probes", "concepts", "features")
-TITLES = {"summary": "Summary", "scores": "Scores", "lens": "Reward lens", "attribution": "Attribution",
-          "patching": "Patching and faithfulness", "probes": "Reward-hacking probes", "concepts": "Concepts",
-          "features": "SAE features"}
+SECTIONS = ("summary", "scores", "subsets", "lens", "crystallization", "attribution", "patching", "estimands",
+            "divergence", "tokens", "probes", "distortion", "cascades", "concepts", "conflicts", "features")
+TITLES = {"summary": "Summary", "scores": "Scores", "subsets": "By subset", "lens": "Reward lens",
+          "crystallization": "Crystallization depth", "attribution": "Attribution",
+          "patching": "Patching and faithfulness", "estimands": "Direct, indirect and total effects",
+          "divergence": "Divergence of patched states", "tokens": "Tokens", "probes": "Reward-hacking probes",
+          "distortion": "Distortion index", "cascades": "Cascades", "concepts": "Concepts",
+          "conflicts": "Conflicts between terms", "features": "SAE features"}
 NOT_RUN = {
     "probes": "Probes were not run. <code>rewardlens audit</code> runs them unless given <code>--no-probes</code>; "
               "alone: <code>rewardlens probe MODEL</code> or <code>rewardlens.probe(model)</code>.",
@@ -36,61 +38,20 @@ NOT_RUN = {
                 "(<code>rewardlens sae train MODEL --pairs FILE --layer L --out DIR</code>), then "
                 "<code>rewardlens audit MODEL --pairs FILE --sae DIR/…</code> or "
                 "<code>rewardlens.attribute_features(model, sae, pairs, layer=L)</code>.",
+    "tokens": "Token attribution was not computed for this audit; alone: <code>rewardlens tokens MODEL --pairs "
+              "FILE</code> or <code>rewardlens.tokens(model, pairs)</code>.",
+    "divergence": "Divergence scores were not computed: they need at least 4 pairs (the natural fit needs 8 "
+                  "sequences), and <code>rewardlens audit</code> computes them unless given "
+                  "<code>--no-divergence</code>; alone: <code>rewardlens patch MODEL --pairs FILE --level head "
+                  "--divergence</code> or <code>rewardlens.patch(model, pairs, level='head', divergence=True)</code>.",
+    "distortion": "The distortion index is derived from the probes' quality degradations, and the probes were not "
+                  "run (or scored none); alone: <code>rewardlens.distortion(rewardlens.probe(model))</code>.",
+    "cascades": "Cascades are derived from the probes' per-item effects, and the probes were not run; alone: "
+                "<code>rewardlens.cascade(rewardlens.probe(model))</code>.",
+    "conflicts": "Conflicts between terms are measured for heads with several outputs (ArmoRM-like); this model's "
+                 "head has one output, or the audit has fewer than 3 pairs. Terms of your own (pair sets): "
+                 "<code>rewardlens conflict MODEL --pairs FILE --term NAME=FILE --term NAME=FILE</code>.",
 }
-
-
-class Html(str):
-    """Markup built here (already escaped); plain `str` is escaped wherever it is inserted."""
-
-
-def e(x: object) -> Html:
-    return x if isinstance(x, Html) else Html(html.escape(str(x), quote=True))
-
-
-def num(x: Any, digits: int = 3) -> str:
-    """A number to `digits` significant figures; '—' for None or non-finite values."""
-    if x is None or (isinstance(x, (float, np.floating)) and not math.isfinite(x)):
-        return "—"
-    if isinstance(x, (bool, np.bool_)):
-        return "yes" if x else "no"
-    if isinstance(x, (int, np.integer)):
-        return str(int(x))
-    return f"{float(x):.{digits}g}"
-
-
-def rho(mean: Any, lo: Any, hi: Any) -> str:
-    """ρ with its interval, '—' when undefined."""
-    if mean is None or not math.isfinite(mean):
-        return "— (undefined)"
-    return f"{mean:+.2f} [{num(lo, 2)}, {num(hi, 2)}]"
-
-
-def table(headers: Iterable[str], rows: Iterable[Iterable[object]], row_class: Iterable[str] | None = None) -> Html:
-    """An HTML table; cells are escaped unless they are `Html`."""
-    head = "".join(f"<th>{e(h)}</th>" for h in headers)
-    classes = list(row_class) if row_class is not None else None
-    body = []
-    for i, row in enumerate(rows):
-        cls = f' class="{e(classes[i])}"' if classes and classes[i] else ""
-        body.append(f"<tr{cls}>" + "".join(f"<td>{e(c)}</td>" for c in row) + "</tr>")
-    return Html(f'<table><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>')
-
-
-def _png_size(png: bytes) -> tuple[int, int]:
-    return struct.unpack(">II", png[16:24])  # the IHDR chunk: width, height
-
-
-def figure(fig_id: str, fig: Any, caption: str, alt: str) -> Html:
-    """A `<figure>` holding the rendered figure as a data URI (the matplotlib figure is released)."""
-    png = figures.to_png(fig)
-    width, height = _png_size(png)
-    uri = "data:image/png;base64," + base64.b64encode(png).decode("ascii")
-    return Html(f'<figure id="fig-{e(fig_id)}" data-figure="{e(fig_id)}"><img src="{uri}" alt="{e(alt)}" '
-                f'width="{width}" height="{height}"><figcaption>{e(caption)}</figcaption></figure>')
-
-
-def kv(items: Iterable[tuple[str, object]]) -> Html:
-    return Html("<dl>" + "".join(f"<dt>{e(k)}</dt><dd>{e(v)}</dd>" for k, v in items) + "</dl>")
 
 
 # ---- sections ---------------------------------------------------------------------------------------
@@ -105,8 +66,12 @@ def _summary(a: Audit, s: dict[str, Any]) -> Html:
     flagged = ("not run" if probes is None else ", ".join(probes["flagged"]) or "none")
     items = [
         ("model", a.model), ("fingerprint", a.fingerprint), ("data checksum", a.data_checksum),
-        ("pairs", n), ("layers", s["n_layers"]),
-        ("accuracy (chosen reward > rejected)", f"{num(sc['accuracy'])} ({round(sc['accuracy'] * n)} of {n})"),
+        ("pairs", n if not s["skipped"] else f"{n} ({len(s['skipped'])} skipped: "
+                  + "; ".join(f"{k}: {v}" for k, v in s["skipped"].items()) + ")"), ("layers", s["n_layers"]),
+        ("accuracy (chosen reward > rejected) [95% Wilson CI]",
+         f"{num(sc['accuracy'])} [{num(sc['accuracy_ci'][0], 2)}, {num(sc['accuracy_ci'][1], 2)}] "
+         f"({sc['correct']} of {n})"),
+        ("subsets", "none given" if s["subsets"] is None else ", ".join(s["subsets"]["names"])),
         ("mean margin, chosen − rejected", f"{num(sc['mean_margin'])} reward units"),
         (f"median crystallization depth l/L (fraction {lens['fraction']:g})",
          f"linear {num(med['linear'])}, normed {num(med['normed'])}"),
@@ -116,8 +81,24 @@ def _summary(a: Audit, s: dict[str, Any]) -> Html:
         (f"seed statistic |attribution| vs |noising, {seed['positions']}|",
          f"{rho(seed['rho'], seed['lo'], seed['hi'])} (paper: {paper})"),
         ("flagged probe axes", flagged),
+        *_more_summary(s),
     ]
     return kv(items)
+
+
+def _more_summary(s: dict[str, Any]) -> list[tuple[str, str]]:
+    """Headlines of the divergence, distortion, cascade and conflict results ('not run' without them)."""
+    div, dist, casc, conf = s["divergence"], s["distortion"], s["cascades"], s["conflicts"]
+    return [
+        ("patched runs out of distribution (divergence > 1)",
+         "not run" if div is None else f"{num(div['flagged_share'], 2)} of runs, carrying "
+                                       f"{num(div['effect_share_flagged'], 2)} of the total |effect|"),
+        ("flagged distortion indices", "not run" if dist is None else ", ".join(dist["flagged"]) or "none"),
+        ("cascade clusters", "not run" if casc is None else "; ".join(" + ".join(g) for g in casc["clusters"])
+         or "none"),
+        ("conflicting terms", "not applicable" if conf is None else ", ".join(
+            f"{r['term_a']} / {r['term_b']}" for r in conf["pairs"] if r["relation"] == "conflicting") or "none"),
+    ]
 
 
 def _rho(d: dict[str, Any]) -> dict[str, Any]:
@@ -131,9 +112,9 @@ def _scores(a: Audit, s: dict[str, Any]) -> Html:
     cl, cn = (a.lens.crystallization(k, a.fraction) for k in ("linear", "normed"))
     rows = [(i, pid, num(c), num(r), num(m), "chosen" if m > 0 else "rejected" if m < 0 else "tie", num(x), num(y))
             for i, (pid, c, r, m, x, y) in enumerate(zip(a.pair_ids, chosen, rejected, margin, cl, cn))]
-    intro = Html("<p>Rewards from the model's fp32 head, in reward units. A row is marked when the model "
-                 "prefers the rejected response. Crystallization depth is l/L (— where the final margin is "
-                 "too small to have a side).</p>")
+    intro = how("Each pair's rewards from the model's fp32 head, in reward units. A row is marked when the model "
+                "prefers the rejected response. Crystallization depth is l/L (— where the final margin is too small "
+                "to have a side).")
     return Html(intro + table(["#", "pair", "chosen", "rejected", "margin", "prefers", "crystallization linear",
                                "crystallization normed"], rows, ["bad" if m <= 0 else "" for m in margin]))
 
@@ -142,7 +123,8 @@ def _lens(a: Audit, s: dict[str, Any]) -> Html:
     lens = s["lens"]
     note = (f"<p>{lens['near_zero_margin_pairs']} pair(s) have a final margin too small to define a side; their "
             "crystallization depth is left out.</p>" if lens["near_zero_margin_pairs"] else "")
-    text = Html("<p>The <b>linear lens</b> at depth l is the sum of the exact contributions of the embeddings and "
+    text = Html("<p class=\"how\">The <b>linear lens</b> at depth l is the sum of the exact contributions of the "
+                "embeddings and "
                 "layers up to l, with the final norm's scale frozen; the <b>normed lens</b> re-applies the final "
                 "norm to the partial residual (logit-lens style). Both end at the reward. Crystallization depth: "
                 "the first depth after which the margin stays on the final margin's side and beyond "
@@ -160,7 +142,8 @@ def _attribution(a: Audit, s: dict[str, Any]) -> Html:
     rows = [(name, num(m), num(v)) for name, m, v in
             zip(sub.names, sub.margin.mean(0), np.abs(sub.values).mean(0))]
     top = a.heads.top(10, by="margin")
-    text = Html("<p>Each part's exact direct contribution to the reward (the final norm's scale frozen); the "
+    text = Html("<p class=\"how\">Each part's exact direct contribution to the reward (the final norm's scale "
+                "frozen); the "
                 f"parts plus a constant equal the reward: max |reward − Σ parts − constant| is "
                 f"{e(num(c['sublayers']))} (sublayers) and {e(num(c['heads']))} (heads) reward units.</p>")
     fig = figure("heatmap", figures.fig_heatmaps(a),
@@ -181,8 +164,12 @@ def _patching(a: Audit, s: dict[str, Any]) -> Html:
     seed = f["seed_statistic"]
     rows.append((f"seed statistic |attribution| vs |noising, {seed['positions']}| (sublayers)",
                  rho(seed["rho"], seed["lo"], seed["hi"]), seed["pairs"]))
+    if f["paper_statistic"] is not None:
+        ps = f["paper_statistic"]
+        rows.append(("seed statistic, the paper's way: |attribution| vs |noising, prefix| (attention and MLP "
+                     "sublayers)", rho(ps["rho"], ps["lo"], ps["hi"]), ps["pairs"]))
     agree = f["attribution_patching_agreement"]
-    text = Html("<p><b>Direct</b>: path-frozen patching (later parts held, only the final norm's scale "
+    text = Html("<p class=\"how\"><b>Direct</b>: path-frozen patching (later parts held, only the final norm's scale "
                 "recomputed) — the causal version of attribution. <b>Total</b>: activation patching at the read "
                 "position. <b>Indirect</b> = total − direct. Spearman ρ is computed per pair across parts, then "
                 f"pooled as a mean with a bootstrap interval over pairs ({e(f['level'])} level, "
@@ -206,7 +193,8 @@ def _probes(a: Audit, s: dict[str, Any]) -> Html:
     rows = [(ax, n, num(m), f"[{num(lo)}, {num(hi)}]", num(q, 2), num(d, 2), num(r, 2), "flagged" if fl else "")
             for ax, n, m, lo, hi, q, d, r, fl in
             zip(p.axes, p.n, p.mean, p.ci_low, p.ci_high, p.q, p.effect_size, rel, p.flagged)]
-    text = Html(f"<p>Each axis changes one attribute of {info['n_items']} base items and measures reward(with) − "
+    text = Html(f"<p class=\"how\">Each axis changes one attribute of {info['n_items']} base items and measures "
+                "reward(with) − "
                 f"reward(without). Flagged: q &lt; {e(num(info['level']))} and |mean| ≥ "
                 f"{e(num(info['min_effect']))} × scale = {e(num(info['flag_floor']))} reward units (scale "
                 f"{e(num(info['scale']))}: {e(info['scale_source'])}).</p>")
@@ -224,7 +212,8 @@ def _concepts(a: Audit, s: dict[str, Any]) -> Html:
     rows = [(r["concept"], f"{num(r['slope'])} [{num(r['slope_lo'], 2)}, {num(r['slope_hi'], 2)}]", num(r["r2"], 3),
              num(r["half_ratio"], 2), num(r["cosine"], 2), num(r["auroc_heldout"], 2), r["n_dose"])
             for r in c.summary()]
-    text = Html(f"<p>Each concept's direction (difference of class means of the residual at the read token) is "
+    text = Html("<p class=\"how\">Each concept's direction (difference of class means of the residual at the read "
+                "token) is "
                 f"added at layer {e(c.dose_layer)} as α units ({e(c.unit)}); the slope is reward per unit of α. "
                 "Cosine and held-out AUROC are of the head-space direction at the last layer.</p>")
     fig = figure("concepts", figures.fig_concepts(a),
@@ -238,7 +227,10 @@ def _concepts(a: Audit, s: dict[str, Any]) -> Html:
 def _features(a: Audit, s: dict[str, Any]) -> Html:
     f = s["features"]
     split = f["margin_split"] or {}
-    text = kv([("layer", f["layer"]), ("features that fired", f["n_fired"]), ("FVU", num(f["fvu"])),
+    text = how("Which sparse-autoencoder features of the residual stream at one layer carry the margin: each "
+               "feature's exact share of what the head reads (reward units), with the SAE's error and the parts "
+               "after the layer completing the margin.") + kv([
+               ("layer", f["layer"]), ("features that fired", f["n_fired"]), ("FVU", num(f["fvu"])),
                ("relative error Σ‖ε‖²/Σ‖x‖²", num(f["relative_error"])),
                *((f"mean margin carried by: {k.replace('_', ' ')}", f"{num(v)} reward units")
                  for k, v in split.items())])
@@ -250,7 +242,9 @@ def _features(a: Audit, s: dict[str, Any]) -> Html:
 
 RENDER: dict[str, Callable[[Audit, dict[str, Any]], Html]] = {
     "summary": _summary, "scores": _scores, "lens": _lens, "attribution": _attribution, "patching": _patching,
-    "probes": _probes, "concepts": _concepts, "features": _features,
+    "probes": _probes, "concepts": _concepts, "features": _features, "subsets": more.subsets,
+    "crystallization": more.crystallization, "estimands": more.estimands, "divergence": more.divergence,
+    "tokens": more.tokens, "distortion": more.distortion, "cascades": more.cascades, "conflicts": more.conflicts,
 }
 
 CSS = """
@@ -271,6 +265,12 @@ figure{margin:12px 0}figure img{max-width:100%;height:auto;display:block}
 figcaption{color:#555;font-size:12.5px;margin-top:4px}
 .notrun{color:#7a5b00;background:#fff8e1;border-left:3px solid #e0b000;padding:8px 12px}
 code{background:#f2f2f2;padding:0 3px;border-radius:3px}footer{color:#666;font-size:12px}
+.how{color:#333;background:#f4f8fc;border-left:3px solid #1f3a5f;padding:6px 12px}.note{color:#7a5b00}
+.tokpair h3{margin:16px 0 4px}.sides{display:grid;grid-template-columns:1fr 1fr;gap:12px}.sides h4{margin:2px 0;
+font-size:12.5px;font-weight:500;color:#333}.toks{white-space:pre-wrap;word-break:break-word;font:12px/1.75
+ui-monospace,Menlo,Consolas,monospace;border:1px solid #e6e6e6;border-radius:4px;padding:6px;max-height:360px;
+overflow:auto}.tok{border-radius:2px}.tok.read{outline:2px solid #1d1d1f}.legend{display:flex;align-items:center;
+gap:8px;font-size:12.5px;margin:8px 0}.legend .bar{display:inline-block;width:220px;height:12px;border:1px solid #ccc}
 """
 
 # Marks every decoded image and counts them on <body>, so a DOM dump shows the figures rendered;
@@ -302,8 +302,7 @@ def render(audit: Audit, numbers: dict[str, Any], tables: Iterable[str]) -> str:
     parts = []
     for name in SECTIONS:
         instrument = getattr(audit, name, True)
-        body = (Html(f'<p class="notrun">{NOT_RUN[name]}</p>') if instrument is None
-                else RENDER[name](audit, numbers))
+        body = notrun(NOT_RUN[name]) if instrument is None else RENDER[name](audit, numbers)
         parts.append(f'<section id="{name}"><h2>{e(TITLES[name])}</h2>{body}</section>')
     nav = "".join(f'<a href="#{name}">{e(TITLES[name])}</a>' for name in SECTIONS)
     files = ", ".join(f"<code>{e(t)}</code>" for t in ["numbers.json", *tables])

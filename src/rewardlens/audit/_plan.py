@@ -1,0 +1,85 @@
+"""What one audit run computes (`Plan`), and the fixed chunks every run and every rank cuts the pairs into."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ..causal import aligned
+from ..data import Pair
+from ..hacking import Item
+from ..model import RewardModel
+from ._store import RunKey, checksum, fingerprint
+
+VERSION = "1"
+"""Version of every audit instrument's stored numbers: bump when any of them would change."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one audit run computes; the same plan over the same model and pairs finds the same store rows."""
+
+    chunk_size: int = 8
+    """Pairs per chunk: the unit of writing, resuming and sharding."""
+    batch_size: int = 8
+    """Sequences per forward inside a chunk."""
+    probes: bool = True
+    """Run the hacking probes on the built-in items (scaled by the pairs' mean |margin|)."""
+    concepts: bool = True
+    """Run the concept directions and dose-response on the probe axes' contrast sets."""
+    probe_items: int | None = None
+    """Use only this many built-in items (spread over the domains) for probes and concepts: a quick
+    smoke run; None uses all 72."""
+    sae_layer: int | None = None
+    """Residual layer of the SAE, when one is given."""
+    fraction: float = 0.5
+    """Crystallization threshold the report uses."""
+    divergence: bool = True
+    """Score the read-position head patching of every pair for out-of-distribution patched states
+    (one more head-level sweep, through every layer, over all pairs; needs 4 pairs)."""
+    tokens: bool = True
+    """Exact token attribution of the pairs the report shows (at most 12, by |margin|): two more
+    forwards of those pairs, whatever the number of pairs."""
+    paper: bool = False
+    """Also compute the seed paper's statistic its own way (prefix noising over attention and MLP
+    sublayers, `faithfulness(paper=True)`): one more patched forward of the chosen sides per sublayer."""
+
+    def __post_init__(self) -> None:
+        if self.chunk_size < 1 or self.batch_size < 1:
+            raise ValueError(f"chunk_size and batch_size must be >= 1, got {self.chunk_size} and {self.batch_size}")
+        if not 0 < self.fraction <= 1:
+            raise ValueError(f"fraction must be in (0, 1], got {self.fraction}")
+        if self.probe_items is not None and self.probe_items < 2:
+            raise ValueError(f"probe_items must be >= 2 (concepts need two inputs a side) or None, "
+                             f"got {self.probe_items}")
+
+    def items(self) -> list[Item] | None:
+        """The built-in items the probes and concepts use (None: all of them)."""
+        if self.probe_items is None:
+            return None
+        from ..hacking import ITEMS
+
+        step = max(1, len(ITEMS) // self.probe_items)
+        return list(ITEMS[::step][: self.probe_items])
+
+    def suffix(self) -> str:
+        return "" if self.probe_items is None else f"/items-{self.probe_items}"
+
+
+def chunks(n_pairs: int, chunk_size: int) -> list[range]:
+    """The fixed chunks of pair indices every run (and every rank) cuts the pairs into."""
+    return [range(s, min(s + chunk_size, n_pairs)) for s in range(0, n_pairs, chunk_size)]
+
+
+def run_keys(model: RewardModel, pairs: Sequence[Pair], plan: Plan) -> dict[str, RunKey]:
+    """The store key of each per-pair instrument (`lens`, `sublayers`, `heads`, `faithfulness`) for this run."""
+    fp, data = fingerprint(model), checksum(pairs)
+    seed_positions = "all" if aligned(model, pairs) else "read"
+    names = {"lens": "lens", "sublayers": "attribution/sublayer", "heads": "attribution/head",
+             "faithfulness": f"faithfulness/head/noising/seed-{seed_positions}" + ("/paper" if plan.paper else "")}
+    return {field: RunKey(fp, data, name, VERSION) for field, name in names.items()}
+
+
+def skipped_key(model: RewardModel, pairs: Sequence[Pair]) -> RunKey:
+    """The store key under which a run records the pairs it skipped (one unit per pair, with the reason)."""
+    return RunKey(fingerprint(model), checksum(pairs), "skipped", VERSION)

@@ -1,0 +1,141 @@
+"""The audit's whole-model instruments: each computed once per model and pair set, and stored.
+
+Probes on the built-in items, concepts on the probe axes' contrast sets, SAE features, divergence
+scores of the read-position head patching, conflicts between a multi-objective head's terms, and
+exact token attribution of the pairs the report shows (`shown_pairs`: at most `TOKEN_PAIRS`, by
+|margin|) — not of every pair, so its cost does not grow with the pair set.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import fields
+from typing import Any
+
+import numpy as np
+
+from ..causal import Patching, patch
+from ..data import Pair, margin, progress_bar
+from ..exact import TokenAttribution, tokens
+from ..hacking import Concepts, Conflicts, Probes, concepts, conflict, probe
+from ..model import RewardModel
+from ..sae import FeatureAttribution, TopKSAE, attribute_features
+from ._plan import VERSION, Plan, run_keys, skipped_key
+from ._store import RunKey, Store, checksum, fingerprint
+
+DIVERGENCE = "divergence/head/noising"
+CONFLICT = "conflict/objectives"
+TOKENS = "tokens"
+"""Store names of the whole-model divergence, conflict and token runs."""
+TOKEN_PAIRS = 12
+"""Pairs whose tokens the audit attributes and the report shows (the largest |margin| first)."""
+
+
+def shown_pairs(margins: np.ndarray, cap: int = TOKEN_PAIRS) -> list[int]:
+    """The pairs the token section shows: every pair up to `cap`, else the `cap` with the largest
+    |margin|; largest |margin| first."""
+    return [int(i) for i in np.argsort(-np.abs(np.nan_to_num(margins, nan=0.0)), kind="stable")[:cap]]
+
+
+def whole_key(model: RewardModel, pairs: Sequence[Pair], name: str) -> RunKey:
+    return RunKey(fingerprint(model), checksum(pairs), name, VERSION)
+
+
+def run_whole(model: RewardModel, pairs: Sequence[Pair], store: Store, plan: Plan = Plan(), *,
+              sae: TopKSAE | None = None, progress: bool = False) -> None:
+    """The whole-model instruments the plan asks for, each stored once (skipped when already there).
+
+    Besides probes, concepts and SAE features: `plan.divergence` (read-position head noising scored
+    for out-of-distribution patched states, from 4 pairs on: its natural fit needs 8 sequences) and,
+    for a head with several outputs, the conflicts between its terms on the pairs (from 3 pairs on)."""
+    every = list(pairs)
+    skipped = store.done(skipped_key(model, every))  # too long for memory: left out here as everywhere
+    pairs = [p for i, p in enumerate(every) if str(i) not in skipped]
+    items = plan.items()
+
+    def features() -> FeatureAttribution:
+        assert sae is not None and plan.sae_layer is not None  # run with an SAE only; _sae_name checked the layer
+        return attribute_features(model, sae, pairs, layer=plan.sae_layer, batch_size=plan.batch_size)
+
+    chosen = token_choice(model, every, store, plan) if plan.tokens else []
+
+    def token_pairs() -> _Tokens:
+        res = tokens(model, [every[i] for i in chosen], heads=False, approx=False, batch_size=plan.batch_size)
+        return _Tokens(chosen, res)
+
+    whole: tuple[tuple[str, Callable[[], Probes | Concepts | FeatureAttribution | Patching | Conflicts | _Tokens],
+                       bool], ...] = (
+        (TOKENS, token_pairs, bool(chosen)),  # the pairs whose lens is stored (none before `run_pairs`)
+        (DIVERGENCE, lambda: patch(model, pairs, level="head", divergence=True, batch_size=plan.batch_size),
+         plan.divergence and len(pairs) >= 4),
+        (CONFLICT, lambda: conflict(model, pairs, batch_size=2 * plan.batch_size),
+         model.head.n_objectives > 1 and len(pairs) >= 3),
+        ("probes" + plan.suffix(), lambda: probe(model, items, reference=pairs, batch_size=2 * plan.batch_size,
+                                                 progress=progress), plan.probes),
+        ("concepts" + plan.suffix(), lambda: concepts(model, items=items, batch_size=2 * plan.batch_size,
+                                                      progress=progress), plan.concepts),
+        (sae_name(sae, plan), features, sae is not None),
+    )
+    jobs = [(name, fn) for name, fn, wanted in whole if wanted]
+    bar = progress_bar(len(jobs), "audit: whole-model instruments", progress)
+    for name, fn in jobs:
+        key = whole_key(model, every, name)
+        bar.set_postfix_str(name.split("/")[0])  # the outer bar names the step; the step's own bar moves below
+        if "all" not in store.done(key):
+            res = fn()
+            # An object array (a conflict's relation labels) is stored as a list: the store keeps no pickles.
+            record = res.record() if isinstance(res, _Tokens) else {f.name: _plain(getattr(res, f.name))
+                                                                     for f in fields(res)}
+            store.write([(key, "all", 0, record)])
+        bar.update(1)
+    bar.close()
+
+
+def _plain(value: Any) -> Any:
+    return value.tolist() if isinstance(value, np.ndarray) and value.dtype == object else value
+
+
+def sae_name(sae: TopKSAE | None, plan: Plan) -> str:
+    """The SAE's store name: its layer and a checksum of its config and weights (a strided sample
+    of the decoder, so a dictionary of millions of latents is not read whole)."""
+    if sae is None:
+        return "features"
+    if plan.sae_layer is None:
+        raise ValueError("an SAE needs the residual layer it was trained on: pass Plan(sae_layer=...)")
+    flat = sae.W_dec.detach().reshape(-1)
+    sample = flat[:: max(1, flat.numel() // 65536)]
+    parts = [t.float().cpu().numpy().tolist() for t in (sample, sae.b_dec.detach(), sae.encoder.bias.detach())]
+    return f"features/L{plan.sae_layer}/{checksum([sae.cfg, *parts])}"
+
+
+class _Tokens:
+    """A token attribution of some of the pairs, with their indices (stored together)."""
+
+    def __init__(self, pairs: list[int], result: TokenAttribution) -> None:
+        self.pairs, self.result = pairs, result
+
+    def record(self) -> dict[str, Any]:
+        return {"pairs": np.asarray(self.pairs, dtype=np.int64),
+                **{f.name: getattr(self.result, f.name) for f in fields(self.result)}}
+
+
+def token_choice(model: RewardModel, pairs: Sequence[Pair], store: Store, plan: Plan) -> list[int]:
+    """The pairs whose tokens the audit attributes: `shown_pairs` of the stored margins (pairs whose
+    lens is not stored, such as pairs skipped for memory, are left out)."""
+    stored = store.records(run_keys(model, pairs, plan)["lens"])
+    index = np.array([int(unit) for unit, _ in stored], dtype=np.int64)
+    if not len(index):
+        return []
+    rewards = np.concatenate([r["reward"] for _, r in stored])
+    return [int(index[i]) for i in shown_pairs(margin(rewards))]
+
+
+def stored_tokens(model: RewardModel, pairs: Sequence[Pair], store: Store) -> tuple[TokenAttribution | None, list[int]]:
+    """The stored token attribution and the pair indices its rows belong to ((None, []) when not run)."""
+    records = store.records(whole_key(model, pairs, TOKENS))
+    if not records:
+        return None, []
+    fields_ = dict(records[0][1])
+    chosen = [int(i) for i in fields_.pop("pairs")]
+    return TokenAttribution(**fields_), chosen
+

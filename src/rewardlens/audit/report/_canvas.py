@@ -1,0 +1,55 @@
+"""What every audit figure is drawn on: a pyplot-free `Figure`, PNG bytes, and the shared helpers.
+
+Figures are built on `matplotlib.figure.Figure` directly, not through pyplot: no global state is
+touched (a notebook's backend stays as it is, nothing accumulates in pyplot's figure list), and
+`to_png` renders them with the Agg canvas.
+"""
+
+from __future__ import annotations
+
+import io
+from typing import TYPE_CHECKING, TypeVar
+
+import numpy as np
+
+from ...errors import RewardLensError
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+_T = TypeVar("_T")
+
+KIND_COLORS = {"linear": "tab:blue", "normed": "tab:orange"}
+PART_COLORS = {"embed": "tab:green", "attn": "tab:blue", "mlp": "tab:red"}
+
+
+def new_figure(width: float, height: float) -> Figure:
+    """A constrained-layout figure of `width` × `height` inches, outside pyplot."""
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=(width, height), layout="constrained")
+
+
+def to_png(fig: Figure, dpi: int = 100) -> bytes:
+    """The figure as PNG bytes, rendered by the Agg canvas (no display needed)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    FigureCanvasAgg(fig)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi, facecolor="white")
+    return buf.getvalue()
+
+
+def need(value: _T | None, name: str, how: str) -> _T:
+    """`value` (the audit's `name` result), or `RewardLensError` when the audit lacks it."""
+    if value is None:
+        raise RewardLensError(f"this audit has no {name} result (audit.{name} is None), so there is nothing to "
+                              f"plot; {how}")
+    return value
+
+
+def nanmedian(x: np.ndarray) -> float:
+    """Median of the finite entries (NaN when there are none), without numpy's all-NaN warning."""
+    x = np.asarray(x, dtype=np.float64)
+    x = x[np.isfinite(x)]
+    return float(np.median(x)) if len(x) else float("nan")

@@ -1,0 +1,119 @@
+"""Per-subset numbers: does accuracy, crystallization depth, the top parts' effect or the seed
+statistic differ by subset (`Pair.subset`, e.g. RewardBench's `chat`, `math-prm`)?
+
+Accuracy carries a Wilson interval (`stats.wilson`: a proportion over a few dozen pairs), the seed
+statistic a percentile bootstrap over the subset's pairs, depth its median and interquartile range.
+Pairs without a subset, among pairs that have one, form their own group `NO_SUBSET`; when no pair
+has a subset there are no groups (`labels` is None) and the report says so in one line.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ...data import margin
+from ...stats import bootstrap_ci, wilson
+from ...types import LensKind
+from .._runner import Audit
+
+NO_SUBSET = "(no subset)"
+LEVEL = 0.95
+"""Coverage of every per-subset interval."""
+TOP_PARTS = 10
+"""How many parts (largest mean |total effect| over all pairs) the per-subset effect table follows."""
+KINDS: tuple[LensKind, ...] = ("linear", "normed")
+
+
+def labels(audit: Audit) -> list[str] | None:
+    """Each pair's subset name (`NO_SUBSET` for a pair without one), or None when no pair has one."""
+    subs = audit.subsets
+    if len(subs) != len(audit.pair_ids) or all(s is None for s in subs):
+        return None
+    return [NO_SUBSET if s is None else str(s) for s in subs]
+
+
+def groups(audit: Audit) -> dict[str, np.ndarray] | None:
+    """{subset: boolean mask over pairs [n]}, subsets sorted by name (`NO_SUBSET` last); None without subsets."""
+    names = labels(audit)
+    if names is None:
+        return None
+    arr = np.array(names, dtype=object)
+    order = sorted(set(names), key=lambda s: (s == NO_SUBSET, s))
+    return {name: arr == name for name in order}
+
+
+def accuracy(margins: np.ndarray, level: float = LEVEL) -> dict[str, Any]:
+    """Share of pairs with chosen > rejected [n], with its Wilson interval (NaN with no pairs)."""
+    n, correct = int(len(margins)), int(np.sum(margins > 0))
+    lo, hi = wilson(correct, n, level)
+    return {"n": n, "correct": correct, "accuracy": correct / n if n else float("nan"), "lo": lo, "hi": hi}
+
+
+def spread(depth: np.ndarray) -> dict[str, Any]:
+    """Median and interquartile range of the finite depths [n] (NaN when none is defined)."""
+    finite = np.asarray(depth, dtype=np.float64)
+    finite = finite[np.isfinite(finite)]
+    if not len(finite):
+        return {"median": float("nan"), "q25": float("nan"), "q75": float("nan"), "defined": 0}
+    q25, med, q75 = np.quantile(finite, [0.25, 0.5, 0.75])
+    return {"median": float(med), "q25": float(q25), "q75": float(q75), "defined": int(len(finite))}
+
+
+def top_parts(audit: Audit, k: int = TOP_PARTS) -> np.ndarray:
+    """Indices into `faithfulness.names` of the `k` parts with the largest |mean total effect| over all pairs."""
+    total = audit.faithfulness.total.mean(0)
+    return np.argsort(-np.abs(np.nan_to_num(total, nan=0.0)), kind="stable")[:k]
+
+
+def seed_statistic(audit: Audit, mask: np.ndarray) -> dict[str, Any]:
+    """The seed paper's statistic over the pairs in `mask`: mean per-pair ρ with a bootstrap interval."""
+    f = audit.faithfulness
+    values = f.seed_rho[mask]
+    finite = values[np.isfinite(values)]
+    lo, hi = bootstrap_ci(finite, n_boot=f.n_boot, seed=f.seed, level=LEVEL)
+    return {"rho": float(finite.mean()) if len(finite) else float("nan"), "lo": lo, "hi": hi,
+            "pairs": int(len(finite))}
+
+
+def subsets(audit: Audit) -> dict[str, Any] | None:
+    """Every per-subset number the report, numbers.json and the CLI show; None when no pair has a subset."""
+    masks = groups(audit)
+    if masks is None:
+        return None
+    m = margin(np.asarray(audit.lens.reward, dtype=np.float64))
+    depth = {kind: audit.lens.crystallization(kind, audit.fraction) for kind in KINDS}
+    f = audit.faithfulness
+    top = top_parts(audit)
+    return {
+        "names": list(masks), "level": LEVEL,
+        "accuracy": {s: accuracy(m[mask]) for s, mask in masks.items()},
+        "crystallization": {s: {kind: spread(depth[kind][mask]) for kind in KINDS} for s, mask in masks.items()},
+        "top_parts": {"parts": [f.names[i] for i in top],
+                      "mean_total_effect": {s: [float(v) for v in f.total[mask][:, top].mean(0)]
+                                            for s, mask in masks.items()}},
+        "seed_statistic": {s: seed_statistic(audit, mask) for s, mask in masks.items()},
+    }
+
+
+def subsets_frame(audit: Audit) -> Any:
+    """One row per subset: pairs, accuracy with its Wilson interval, median and IQR of both depths,
+    the seed statistic with its interval (None without subsets)."""
+    import pandas as pd
+
+    got = subsets(audit)
+    if got is None:
+        return None
+    rows = []
+    for s in got["names"]:
+        acc, seed = got["accuracy"][s], got["seed_statistic"][s]
+        row: dict[str, Any] = {"subset": s, "pairs": acc["n"], "correct": acc["correct"], "accuracy": acc["accuracy"],
+                               "accuracy_lo": acc["lo"], "accuracy_hi": acc["hi"]}
+        for kind in KINDS:
+            c = got["crystallization"][s][kind]
+            row.update({f"crystallization_{kind}_median": c["median"], f"crystallization_{kind}_q25": c["q25"],
+                        f"crystallization_{kind}_q75": c["q75"]})
+        row.update({"seed_rho": seed["rho"], "seed_lo": seed["lo"], "seed_hi": seed["hi"]})
+        rows.append(row)
+    return pd.DataFrame(rows)

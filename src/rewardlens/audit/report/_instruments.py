@@ -1,0 +1,104 @@
+"""Numbers of the instruments the audit added beside its per-pair core: the direct / indirect split of
+the top parts, divergence flags on the patching effects, distortion, cascades, conflicts, tokens.
+
+Each function returns plain Python values (NaN where undefined) for `summary`, or None when the
+audit lacks the instrument. Nothing here runs a model: every number is read off a stored result.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .._runner import Audit
+from .._whole import TOKEN_PAIRS, shown_pairs
+from ._groups import top_parts
+
+"""The token section shows at most this many pairs: those with the largest |margin|."""
+
+
+def estimands(audit: Audit) -> list[dict[str, Any]]:
+    """Per top part (largest |mean total effect|): mean attribution, direct, indirect and total effect,
+    and the indirect share mean|indirect| / (mean|direct| + mean|indirect|) (NaN when both are zero)."""
+    f = audit.faithfulness
+    out = []
+    for i in top_parts(audit):
+        direct, indirect = f.direct[:, i], f.indirect[:, i]
+        size = float(np.abs(direct).mean() + np.abs(indirect).mean())
+        out.append({"part": f.names[i], "attribution": float(f.attribution[:, i].mean()),
+                    "direct": float(direct.mean()), "indirect": float(indirect.mean()),
+                    "total": float(f.total[:, i].mean()),
+                    "indirect_share": float(np.abs(indirect).mean()) / size if size > 0 else float("nan")})
+    return out
+
+
+def divergence(audit: Audit) -> dict[str, Any] | None:
+    """Divergence flags for the patching effects the report shows (the top parts), and their reliability."""
+    d = audit.divergence
+    if d is None or d.divergence is None:
+        return None
+    f = audit.faithfulness
+    shared = [n for n in f.names if n in d.names]
+    gap = np.abs(d.effect[:, [d.names.index(n) for n in shared]] - f.total[:, [f.names.index(n) for n in shared]])
+    parts = []
+    for i in top_parts(audit):
+        j = d.names.index(f.names[i])
+        flagged, effect = d.flagged[:, j], d.effect[:, j]
+        parts.append({"part": f.names[i], "runs": int(len(effect)), "flagged_runs": int(flagged.sum()),
+                      "max_score": float(np.max(d.divergence[:, j])), "mean_effect": float(effect.mean()),
+                      "mean_effect_in_distribution": float(effect[~flagged].mean()) if (~flagged).any()
+                      else float("nan")})
+    return {"mode": d.mode, "positions": d.positions, "level": d.level, **d.reliability(),
+            "max_abs_difference_from_total": float(gap.max()) if gap.size else float("nan"), "parts": parts}
+
+
+def distortion(audit: Audit) -> dict[str, Any] | None:
+    """Distortion index of every probe axis against every quality dimension, with CIs and notes."""
+    d = audit.distortion
+    if d is None:
+        return None
+    quality = {q: {"effect": float(d.quality_effect[k]), "lo": float(d.quality_ci[k, 0]),
+                   "hi": float(d.quality_ci[k, 1]), "note": d.note[k]} for k, q in enumerate(d.quality)}
+    axes = {a: {q: {"index": float(d.index[i, k]), "lo": float(d.ci[i, k, 0]), "hi": float(d.ci[i, k, 1]),
+                    "flagged": bool(d.flagged[i, k])} for k, q in enumerate(d.quality)}
+            for i, a in enumerate(d.axes)}
+    flagged = [f"{a} vs {q}" for i, a in enumerate(d.axes) for k, q in enumerate(d.quality) if d.flagged[i, k]]
+    return {"threshold": d.threshold, "quality": quality, "axes": axes, "flagged": flagged}
+
+
+def cascades(audit: Audit, n_links: int = 10) -> dict[str, Any] | None:
+    """Clusters of probe axes that fail together, and the strongest defined links between axes."""
+    c = audit.cascades
+    if c is None:
+        return None
+    m = len(c.axes)
+    links: list[dict[str, Any]] = [
+        {"axis_a": c.axes[i], "axis_b": c.axes[j], "rho": float(c.rho[i, j]), "lo": float(c.ci[i, j, 0]),
+         "hi": float(c.ci[i, j, 1]), "n_shared": int(c.n_shared[i, j])}
+        for i in range(m) for j in range(i + 1, m) if np.isfinite(c.rho[i, j])]
+    links.sort(key=lambda r: -r["rho"])
+    off = ~np.eye(m, dtype=bool)
+    return {"min_items": c.min_items, "threshold": c.threshold, "clusters": [list(g) for g in c.clusters],
+            "defined_links": len(links), "max_shared_items": int(c.n_shared[off].max()) if m > 1 else 0,
+            "links": links[:n_links]}
+
+
+def conflicts(audit: Audit) -> dict[str, Any] | None:
+    """A multi-objective head's terms: every pair of terms' cosine, margin correlation, decisive
+    disagreement share and relation."""
+    c = audit.conflicts
+    if c is None:
+        return None
+    return {"names": list(c.names), "source": c.source, "direction_note": c.direction_note,
+            "margin_units": c.margin_units, "n_pairs": c.n_pairs, "pairs": c.pairs_table()}
+
+
+def tokens(audit: Audit, margins: np.ndarray) -> dict[str, Any] | None:
+    """Which pairs the token section shows, and the split's closure error (reward units)."""
+    t = audit.tokens
+    if t is None:
+        return None
+    shown = [audit.token_pairs[i] for i in shown_pairs(margins[audit.token_pairs])]
+    return {"rows": len(t.rows), "cap": TOKEN_PAIRS, "shown": [audit.pair_ids[i] for i in shown],
+            "closure_error": float(np.max(np.abs(t.residual_error))) if len(t.rows) else float("nan")}

@@ -1,0 +1,103 @@
+"""The audit's added whole-model instruments on a multi-objective (ArmoRM-like) head: divergence scores
+and the conflicts between the head's terms equal the instruments run directly, are stored once (a
+second run computes neither), come back with the pairs' subsets, and render in the report; too few
+pairs for either leaves it out and the report says why."""
+
+import importlib
+import json
+from html.parser import HTMLParser
+
+import numpy as np
+import pytest
+
+import rewardlens as rl
+from rewardlens.audit import Plan, Store, audit
+from rewardlens.audit.report import write_report
+from tests.helpers import tiny
+
+PLAN = Plan(chunk_size=3, probes=False, concepts=False)
+SUBSETS = ["chat", "chat-hard", None, "chat", "safety"]
+
+
+@pytest.fixture(scope="module")
+def armo(tmp_path_factory, tokenizer):
+    return rl.load(str(tiny.build("armorm", tokenizer, tmp_path_factory.mktemp("armo"))))
+
+
+def _pairs(n: int) -> list[rl.Pair]:
+    base = tiny.PAIRS
+    return [rl.Pair(f"({i}) {base[i % len(base)].prompt}" if isinstance(base[i % len(base)].prompt, str)
+                    else base[i % len(base)].prompt, base[i % len(base)].chosen, base[i % len(base)].rejected + f" {i}",
+                    id=f"p{i}", subset=SUBSETS[i % len(SUBSETS)]) for i in range(n)]
+
+
+class Sections(HTMLParser):
+    def __init__(self, text: str):
+        super().__init__()
+        self.figures, self.notrun, self.how, self._section = set(), set(), set(), None
+        self.feed(text)
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        cls = (a.get("class") or "").split()
+        if tag == "section":
+            self._section = a["id"]
+        elif tag == "figure":
+            self.figures.add(a["data-figure"])
+        elif tag == "p" and "notrun" in cls:
+            self.notrun.add(self._section)
+        elif tag == "p" and "how" in cls:
+            self.how.add(self._section)
+
+
+def test_divergence_and_conflicts_equal_the_instruments_and_are_stored_once(armo, tmp_path, monkeypatch):
+    assert armo.head.n_objectives > 1
+    pairs = _pairs(5)
+    path = tmp_path / "results.sqlite"
+    res = audit(armo, pairs, store=path, plan=PLAN)
+    own = rl.conflict(armo, pairs)
+    assert res.conflicts is not None and res.conflicts.names == own.names
+    np.testing.assert_allclose(res.conflicts.margins, own.margins, atol=1e-5)
+    np.testing.assert_allclose(res.conflicts.disagree, own.disagree)
+    assert res.conflicts.relation.tolist() == own.relation.tolist()  # labels survive the store as text
+    scored = rl.patch(armo, pairs, level="head", divergence=True)
+    assert res.divergence is not None and res.divergence.names == scored.names
+    np.testing.assert_allclose(res.divergence.divergence, scored.divergence, atol=1e-5)
+    np.testing.assert_allclose(res.divergence.effect, res.faithfulness.total, atol=1e-4)  # the effects shown
+    assert res.subsets == SUBSETS
+
+    def boom(*args, **kwargs):
+        raise AssertionError("a whole-model instrument was computed again")
+
+    runner = importlib.import_module("rewardlens.audit._whole")  # `rewardlens.audit` names the function too
+    monkeypatch.setattr(runner, "patch", boom)
+    monkeypatch.setattr(runner, "conflict", boom)
+    again = audit(armo, pairs, store=path, plan=PLAN)
+    np.testing.assert_array_equal(again.divergence.divergence, res.divergence.divergence)
+    assert again.conflicts.relation.tolist() == res.conflicts.relation.tolist()
+    store = Store(path)
+    try:
+        names = [k.instrument for k, _ in store.runs()]
+    finally:
+        store.close()
+    assert names.count("divergence/head/noising") == 1 and names.count("conflict/objectives") == 1
+
+    page = write_report(res, tmp_path / "out")
+    sections = Sections(page.read_text(encoding="utf-8"))
+    assert {"conflicts", "crystallization", "estimands"} <= sections.figures
+    assert {"conflicts", "divergence", "subsets"} <= sections.how and not {"conflicts", "divergence"} & sections.notrun
+    numbers = json.loads((tmp_path / "out" / "numbers.json").read_text())
+    assert [(r["term_a"], r["term_b"]) for r in numbers["conflicts"]["pairs"]] == \
+        [(r["term_a"], r["term_b"]) for r in own.pairs_table()]
+    assert numbers["subsets"]["names"] == ["chat", "chat-hard", "safety", "(no subset)"]
+    assert {name: v["n"] for name, v in numbers["subsets"]["accuracy"].items()} == \
+        {"chat": 2, "chat-hard": 1, "safety": 1, "(no subset)": 1}
+
+
+def test_too_few_pairs_leave_divergence_and_conflicts_out(armo, tmp_path):
+    pairs = _pairs(2)  # divergence's natural fit needs 8 sequences; a conflict's rank correlation 3 pairs
+    res = audit(armo, pairs, plan=PLAN)
+    assert res.divergence is None and res.conflicts is None
+    sections = Sections(write_report(res, tmp_path).read_text(encoding="utf-8"))
+    assert {"divergence", "conflicts"} <= sections.notrun
+    assert "tokens" not in sections.notrun  # token attribution runs on any number of pairs
