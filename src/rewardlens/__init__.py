@@ -17,6 +17,8 @@ if TYPE_CHECKING:
     from .audit import Audit as Audit
     from .audit import Store as Store
     from .audit import audit as audit
+    from .bench import Bench as Bench
+    from .bench import bench as bench
     from .calibrate import Scorecard as Scorecard
     from .calibrate import calibrate as calibrate
     from .causal import Faithfulness as Faithfulness
@@ -61,10 +63,10 @@ if TYPE_CHECKING:
     from .sae import train_sae as train_sae
 
 __all__ = [
-    "ArchitectureMap", "Attribution", "Audit", "Cascades", "Comparison", "Concepts", "Conflicts",
+    "ArchitectureMap", "Attribution", "Audit", "Bench", "Cascades", "Comparison", "Concepts", "Conflicts",
     "Distortion", "Edit", "Faithfulness", "Lens", "Monitor", "Pair", "Patching", "Probes", "RewardLensError",
     "RewardModel", "SAEConfig", "Scorecard", "Store", "TokenAttribution", "TopKSAE", "Trajectory", "attribute",
-    "attribute_features", "attribution_patch", "audit", "calibrate", "cascade", "compare", "concepts",
+    "attribute_features", "attribution_patch", "audit", "bench", "calibrate", "cascade", "compare", "concepts",
     "conflict", "distortion", "edit", "faithfulness", "lens", "load", "load_pairs", "load_sae",
     "patch", "probe", "register_architecture", "tokens", "train_sae", "wrap",
 ]
@@ -72,6 +74,7 @@ __all__ = [
 # Each public name → the subpackage face that defines it (the imports above, for the type checker).
 _FACE: dict[str, str] = {
     **dict.fromkeys(("Audit", "Store", "audit"), "audit"),
+    **dict.fromkeys(("Bench", "bench"), "bench"),
     **dict.fromkeys(("Scorecard", "calibrate"), "calibrate"),
     **dict.fromkeys(("Faithfulness", "Patching", "attribution_patch", "faithfulness", "patch"), "causal"),
     **dict.fromkeys(("Comparison", "compare"), "compare"),
@@ -100,7 +103,7 @@ def __dir__() -> list[str]:
 
 
 class _Package(_types.ModuleType):
-    """Importing a subpackage binds it on its parent; `audit`, `calibrate` and `compare` are also
+    """Importing a subpackage binds it on its parent; `audit`, `bench`, `calibrate` and `compare` are also
     functions of this face, and the function must win (as it did when every name loaded eagerly)."""
 
     def __setattr__(self, name: str, value: _Any) -> None:

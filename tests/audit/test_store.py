@@ -115,3 +115,16 @@ def test_checksum_follows_every_field_and_the_order(pairs):
     assert checksum(pairs) != checksum(pairs[::-1])
     changed = [rl.Pair(pairs[0].prompt, pairs[0].chosen + " ", pairs[0].rejected), *pairs[1:]]
     assert checksum(pairs) != checksum(changed)
+
+
+def test_pairs_without_a_group_hash_as_before_the_field_existed():
+    # Stores written before `Pair.group` must resume: their data checksum may not move.
+    import dataclasses
+
+    from rewardlens.audit._store import checksum
+    from rewardlens.zoo import DEMO_PAIRS
+
+    before = [{k: v for k, v in dataclasses.asdict(p).items() if k != "group"} for p in DEMO_PAIRS]
+    assert checksum(DEMO_PAIRS) == checksum(before)  # the dicts hash as the old `asdict` of each pair did
+    grouped = [dataclasses.replace(p, group="g") for p in DEMO_PAIRS]
+    assert checksum(grouped) != checksum(DEMO_PAIRS)

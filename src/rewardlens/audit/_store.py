@@ -112,9 +112,20 @@ def fingerprint(model: RewardModel) -> str:
 
 
 def checksum(items: Sequence[Any]) -> str:
-    """Hash of the data: every item's fields (dataclasses such as `Pair`), in order."""
-    canon = [asdict(x) if is_dataclass(x) and not isinstance(x, type) else x for x in items]
+    """Hash of the data: every item's fields (dataclasses such as `Pair`), in order.
+
+    Optional fields left at None are not hashed, so a field added later (`Pair.group`) leaves the
+    checksum of data that does not use it unchanged and older stores resume."""
+    canon = [_fields(x) if is_dataclass(x) and not isinstance(x, type) else x for x in items]
     return _digest([json.dumps(canon, sort_keys=True, default=str).encode()])
+
+
+def _fields(item: Any) -> dict[str, Any]:
+    return {k: v for k, v in asdict(item).items() if not (k in _LATER_FIELDS and v is None)}
+
+
+_LATER_FIELDS = frozenset({"group"})
+"""Fields added to `Pair` after stores were written: hashed only when set."""
 
 
 def _encode(record: Mapping[str, Any]) -> tuple[str, bytes | None]:

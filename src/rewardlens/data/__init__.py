@@ -4,6 +4,8 @@
 scored as `2n` rows alternating chosen, rejected; `chosen`, `rejected`, `margin`, `side` and
 `row_labels` are the one owner of that layout (docs/design.md §2). `check_pairs` finds degenerate
 pairs (empty responses, identical sides, duplicate ids, repeats); `load_pairs` runs it on every load.
+RewardBench 2 records (lists of responses) load as grouped pairs (`Pair.group`); `sample_path`
+gives the shipped RewardBench-schema sample files.
 """
 
 from ._checks import CHECK_KINDS as CHECK_KINDS
@@ -26,9 +28,12 @@ from ._rows import pair_of as pair_of
 from ._rows import rejected as rejected
 from ._rows import row_labels as row_labels
 from ._rows import side as side
+from ._samples import SAMPLES as SAMPLES
+from ._samples import sample_path as sample_path
 
 __all__ = [
     "CHECK_KINDS",
+    "SAMPLES",
     "SIDES",
     "SUPPORTED",
     "CheckKind",
@@ -46,6 +51,7 @@ __all__ = [
     "tick",
     "rejected",
     "row_labels",
+    "sample_path",
     "save_pairs",
     "side",
 ]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib
 import json
-import math
 import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -15,6 +14,8 @@ from typing import Any
 from ..errors import DataError
 from ..types import Conversation, Message, Prompt
 from ._checks import find
+from ._fields import MISSING, bad, label, show
+from ._groups import check_counts, combinations, csv_lists, listed, responses
 from ._refusals import not_utf8, text_lines, unparsable, utf8_text
 from ._rows import Side
 
@@ -24,7 +25,10 @@ class Pair:
     """One preference pair: a prompt and two responses, the first preferred.
 
     `prompt` is a string or a list of `{"role", "content"}` messages (the conversation before the
-    response); `chosen` and `rejected` are the assistant responses as strings.
+    response); `chosen` and `rejected` are the assistant responses as strings. `group` names the
+    RewardBench 2 record a pair came from (one chosen against several rejected, read as one pair
+    per combination): pairs sharing a group are scored together, best-of-N (`rewardlens.bench`),
+    and a list of pairs keeps each group's pairs adjacent. None for a pair that stands alone.
     """
 
     prompt: Prompt
@@ -32,6 +36,7 @@ class Pair:
     rejected: str
     id: str | None = None
     subset: str | None = None
+    group: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.chosen, str) or not isinstance(self.rejected, str):
@@ -44,6 +49,9 @@ class Pair:
                 f"Pair.prompt must be a string or a list of chat messages, got "
                 f"{type(self.prompt).__name__}."
             )
+        if self.group is not None and not isinstance(self.group, str):
+            raise TypeError(f"Pair.group must be a string or None, got {type(self.group).__name__}; "
+                            f"pass the id of the record the pair came from.")
 
     def conversation(self, side: Side) -> Conversation:
         """The full chat for one side ("chosen" or "rejected"): prompt messages + assistant turn."""
@@ -61,9 +69,6 @@ SUPPORTED = ".jsonl, .json, .csv, .parquet, or a folder written by Dataset(Dict)
 # ShareGPT speaker names -> chat-template roles; unknown names pass through unchanged.
 _ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
           "system": "system", "observation": "tool", "tool": "tool", "function_call": "assistant"}
-_KINDS = {dict: "object", list: "list", str: "string", int: "number", float: "number",
-          bool: "boolean", type(None): "null"}
-_MISSING = object()
 Records = Iterator[tuple[str, Any]]  # (location such as "line 3" or "record 0", raw record)
 
 
@@ -73,15 +78,20 @@ def load_pairs(path: str | os.PathLike[str], *, limit: int | None = None, strict
     Formats, by suffix: `.jsonl` (one record per line; blank lines skipped), `.json` (a list of
     records, or an object holding one such list, e.g. `{"data": [...]}`), `.csv`, `.parquet`; a
     folder is read with `datasets.load_from_disk` (a DatasetDict's "train" split, or its only one).
-    Records follow either schema:
+    Records follow any of these schemas:
 
-    - RewardBench: `prompt` (string or messages), `chosen`, `rejected`, optional `id`, `subset`.
-      `chosen`/`rejected` may be whole conversations: the final assistant message is the
-      response and, without `prompt`, the messages before it are the prompt.
+    - RewardBench: `prompt` (string or messages), `chosen`, `rejected`, optional `id`, `subset`
+      (and `group`, as `save_pairs` writes it). `chosen`/`rejected` may be whole conversations:
+      the final assistant message is the response and, without `prompt`, the messages before it
+      are the prompt.
+    - RewardBench 2: `chosen` and `rejected` as lists of response texts (optional `num_correct`,
+      `num_rejected`, `total_completions` must count them): one pair per (chosen, rejected)
+      combination, adjacent, in order, sharing a `group` (the record's id, else its location).
     - LLaMA-Factory / ShareGPT DPO: `conversations` (`{"from", "value"}` or `{"role", "content"}`
       messages), optional `system`, and `chosen`/`rejected` as one message or a string.
 
-    Reads at most `limit` records. Raises `DataError` naming file, line/record and field.
+    Reads at most `limit` records (a RewardBench 2 record counts once). Raises `DataError` naming
+    file, line/record and field.
 
     Degenerate pairs (an empty or whitespace-only response, chosen identical to rejected, an id
     used twice, the same pair twice; see `check_pairs`) are counted and reported in one
@@ -99,7 +109,8 @@ def load_pairs(path: str | os.PathLike[str], *, limit: int | None = None, strict
         raise DataError(f"{path}: unsupported file type {suffix or '(no suffix)'!r}; supported: "
                         f"{SUPPORTED}. Fix: convert the file or correct its suffix.")
     records = _read_dataset(path) if path.is_dir() else _READERS[suffix](path)
-    located = [(where, _to_pair(record, f"{path}, {where}")) for where, record in islice(records, limit)]
+    located = [(where, pair) for where, record in islice(records, limit)
+               for pair in _to_pairs(record, f"{path}, {where}", where)]
     pairs = [pair for _, pair in located]
     if not pairs and limit != 0:
         raise DataError(f"{path}: no records found. Fix: point at data with at least one record "
@@ -115,8 +126,9 @@ def load_pairs(path: str | os.PathLike[str], *, limit: int | None = None, strict
 def save_pairs(pairs: Iterable[Pair], path: str | os.PathLike[str]) -> Path:
     """Write pairs as RewardBench-schema JSONL that `load_pairs` reads back equal; return the path.
 
-    `id`/`subset` are written only when set. Messages are read back as `{"role", "content"}`
-    with standard roles, so messages with other keys or ShareGPT roles do not round-trip.
+    `id`/`subset`/`group` are written only when set; a RewardBench 2 group is written as one line
+    per pair, each naming its group. Messages are read back as `{"role", "content"}` with
+    standard roles, so messages with other keys or ShareGPT roles do not round-trip.
     """
     path = Path(path).expanduser()
     if path.suffix.lower() != ".jsonl":
@@ -126,7 +138,7 @@ def save_pairs(pairs: Iterable[Pair], path: str | os.PathLike[str]) -> Path:
             if not isinstance(pair, Pair):
                 raise TypeError(f"save_pairs expects Pair objects, got {type(pair).__name__}")
             record = {"prompt": pair.prompt, "chosen": pair.chosen, "rejected": pair.rejected,
-                      "id": pair.id, "subset": pair.subset}
+                      "id": pair.id, "subset": pair.subset, "group": pair.group}
             record = {k: v for k, v in record.items() if v is not None}
             f.write(json.dumps(record, ensure_ascii=False) + "\n")
     return path
@@ -167,7 +179,7 @@ def _read_json(path: Path) -> Records:
         if len(lists) == 1 and "chosen" not in data:
             data = data[lists[0]]
     if not isinstance(data, list):
-        found = f"an object with keys {list(data)[:10]}" if isinstance(data, dict) else _show(data)
+        found = f"an object with keys {list(data)[:10]}" if isinstance(data, dict) else show(data)
         raise DataError(f"{path}: expected a list of records or an object holding one (like "
                         f"{{\"data\": [...]}}), found {found}. Fix: put the records in a list.")
     yield from ((f"record {i}", record) for i, record in enumerate(data))
@@ -187,7 +199,7 @@ def _read_csv(path: Path) -> Records:
         raise DataError(f"{path}: not a readable CSV file ({' '.join(str(e).split())}). Fix: save it as "
                         f"UTF-8 CSV with a header row.") from None
     for i, row in enumerate(frame.to_dict("records")):
-        yield f"record {i}", {key: _decode_cell(cell) for key, cell in row.items() if cell != ""}
+        yield f"record {i}", csv_lists({key: _decode_cell(cell) for key, cell in row.items() if cell != ""})
 
 
 def _read_parquet(path: Path) -> Records:
@@ -247,45 +259,58 @@ def _decode_cell(cell: str) -> Any:
     return parsed if items and all(is_message) else cell
 
 
-def _to_pair(record: Any, loc: str) -> Pair:
+def _to_pairs(record: Any, loc: str, where: str) -> list[Pair]:
+    """The pairs of one record: one, or one per combination of a RewardBench 2 record (`_groups`)."""
     if not isinstance(record, dict):
         raise DataError(f"{loc}: expected an object with 'prompt' (or 'conversations'), 'chosen' "
-                        f"and 'rejected', found {_show(record)}. Fix: make each record an object.")
+                        f"and 'rejected', found {show(record)}. Fix: make each record an object.")
     for field in ("chosen", "rejected"):
         if record.get(field) is None:
-            raise _bad(loc, field, "the response text or message", record.get(field, _MISSING),
-                       f"every record needs 'chosen' and 'rejected'; it has {sorted(record)}.")
+            raise bad(loc, field, "the response text or message", record.get(field, MISSING),
+                      f"every record needs 'chosen' and 'rejected'; it has {sorted(record)}.")
+    ident, subset = label(record, "id", loc), label(record, "subset", loc)
+    if listed(record):
+        chosen_list, rejected_list = (responses(record[f], loc, f) for f in ("chosen", "rejected"))
+        check_counts(record, loc, len(chosen_list), len(rejected_list))
+        prompt = _prompt(record, loc, [])
+        return [Pair(prompt, c, r, pair_id, subset, group)
+                for c, r, pair_id, group in combinations(chosen_list, rejected_list, ident, where)]
     chosen, chosen_context = _response(record["chosen"], loc, "chosen")
     rejected, rejected_context = _response(record["rejected"], loc, "rejected")
+    contexts = [c for c in (chosen_context, rejected_context) if c is not None]
+    return [Pair(_prompt(record, loc, contexts), chosen, rejected, ident, subset, label(record, "group", loc))]
+
+
+def _prompt(record: dict[str, Any], loc: str, contexts: list[list[Message]]) -> Prompt:
+    """The prompt: `prompt`, or `conversations` (+ `system`), or the turns before whole-conversation responses."""
     field = "conversations" if record.get("conversations") is not None else "prompt"
     prompt, system = record.get(field), record.get("system")
     if field == "conversations":  # LLaMA-Factory / ShareGPT
         if system is not None and not isinstance(system, str):
-            raise _bad(loc, "system", "a string", system, "give the system prompt as text.")
+            raise bad(loc, "system", "a string", system, "give the system prompt as text.")
         prompt = _messages(prompt, loc, field)
         if system:
             prompt = [{"role": "system", "content": utf8_text(system, loc, "system")}] + prompt
     elif isinstance(prompt, list):
         prompt = _messages(prompt, loc, field)
     elif prompt is None:  # the prompt may still come from whole conversations in chosen/rejected
-        contexts = [c for c in (chosen_context, rejected_context) if c is not None]
         if not contexts:
-            raise _bad(loc, "prompt", "a prompt (or 'conversations', or chosen/rejected as "
-                       "whole conversations)", _MISSING, f"add a 'prompt'; the record has "
-                       f"{sorted(record)}.")
+            raise bad(loc, "prompt", "a prompt (or 'conversations', or chosen/rejected as "
+                      "whole conversations)", MISSING, f"add a 'prompt'; the record has "
+                      f"{sorted(record)}.")
         if contexts[0] != contexts[-1]:
             raise DataError(f"{loc}: field 'prompt' is missing and the conversations in 'chosen' "
                             f"and 'rejected' differ before their final assistant message. Fix: "
                             f"add a 'prompt', or give both the same turns before the response.")
         prompt = contexts[0]
     elif not isinstance(prompt, str):
-        raise _bad(loc, field, "a string or a list of messages", prompt,
-                   "give the prompt as text or as [{\"role\": \"user\", \"content\": ...}].")
+        raise bad(loc, field, "a string or a list of messages", prompt,
+                  "give the prompt as text or as [{\"role\": \"user\", \"content\": ...}].")
     else:
         utf8_text(prompt, loc, field)
     if prompt == []:
-        raise _bad(loc, field, "at least one message", prompt, "add the turns before the response.")
-    return Pair(prompt, chosen, rejected, _label(record, "id", loc), _label(record, "subset", loc))
+        raise bad(loc, field, "at least one message", prompt, "add the turns before the response.")
+    return prompt
 
 
 def _response(value: Any, loc: str, field: str) -> tuple[str, list[Message] | None]:
@@ -295,68 +320,37 @@ def _response(value: Any, loc: str, field: str) -> tuple[str, list[Message] | No
     if isinstance(value, dict):
         return _message(value, loc, field)["content"], None
     if not isinstance(value, list):
-        raise _bad(loc, field, "a string, a message, or a list of messages", value,
-                   "give the response text, e.g. \"chosen\": \"The answer is 4.\".")
+        raise bad(loc, field, "a string, a message, or a list of messages", value,
+                  "give the response text, e.g. \"chosen\": \"The answer is 4.\".")
     messages = _messages(value, loc, field)
     if not messages or messages[-1]["role"] != "assistant":
-        raise _bad(loc, field, "a conversation ending with an assistant message",
-                   value[-1] if value else value, "end the conversation with the response.")
+        raise bad(loc, field, "a conversation ending with an assistant message",
+                  value[-1] if value else value, "end the conversation with the response.")
     return messages[-1]["content"], messages[:-1]
 
 
 def _messages(value: Any, loc: str, field: str) -> list[Message]:
     if not isinstance(value, list):
-        raise _bad(loc, field, "a list of messages", value, "use [{\"role\": \"user\", "
-                   "\"content\": ...}] or [{\"from\": \"human\", \"value\": ...}].")
+        raise bad(loc, field, "a list of messages", value, "use [{\"role\": \"user\", "
+                  "\"content\": ...}] or [{\"from\": \"human\", \"value\": ...}].")
     return [_message(m, loc, f"{field}[{i}]") for i, m in enumerate(value)]
 
 
 def _message(value: Any, loc: str, field: str) -> Message:
     if not isinstance(value, dict):
-        raise _bad(loc, field, "a message {\"role\", \"content\"} or {\"from\", \"value\"}", value,
-                   "write each message as an object.")
+        raise bad(loc, field, "a message {\"role\", \"content\"} or {\"from\", \"value\"}", value,
+                  "write each message as an object.")
     # Arrow fills absent struct keys with None, so the keys holding values decide the style.
     sharegpt = value.get("role") is None and value.get("content") is None and (
         "from" in value or "value" in value)
     role_key, text_key = ("from", "value") if sharegpt else ("role", "content")
-    role, text = value.get(role_key, _MISSING), value.get(text_key, _MISSING)
+    role, text = value.get(role_key, MISSING), value.get(text_key, MISSING)
     if not isinstance(role, str):
-        raise _bad(loc, f"{field}.{role_key}", "a role such as \"user\" or \"human\"", role,
-                   "give every message a role.")
+        raise bad(loc, f"{field}.{role_key}", "a role such as \"user\" or \"human\"", role,
+                  "give every message a role.")
     if not isinstance(text, str):
-        raise _bad(loc, f"{field}.{text_key}", "the message text as a string", text,
-                   "give every message its text (multimodal content lists are not supported).")
+        raise bad(loc, f"{field}.{text_key}", "the message text as a string", text,
+                  "give every message its text (multimodal content lists are not supported).")
     utf8_text(role, loc, f"{field}.{role_key}")
     utf8_text(text, loc, f"{field}.{text_key}")
     return {"role": _ROLES.get(role.lower(), role), "content": text}
-
-
-def _label(record: dict[str, Any], field: str, loc: str) -> str | None:
-    """Optional `id`/`subset` as text: numeric ids (RewardBench, Parquet) become strings."""
-    value = record.get(field)
-    if isinstance(value, float):  # an int column with gaps comes back from pandas as floats
-        value = None if math.isnan(value) else int(value) if value.is_integer() else value
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        value = str(value)
-    if value is None or isinstance(value, str):
-        return value if value is None else utf8_text(value, loc, field)
-    raise _bad(loc, field, "a string or a number", value, f"store {field!r} as text.")
-
-
-
-def _bad(loc: str, field: str, expected: str, found: Any, fix: str) -> DataError:
-    return DataError(f"{loc}: field {field!r}: expected {expected}, found {_show(found)}. "
-                     f"Fix: {fix}")
-
-
-def _show(value: Any) -> str:
-    if value is _MISSING:
-        return "no such field"
-    try:
-        text = json.dumps(value, ensure_ascii=False, default=repr)
-    except (ValueError, RecursionError):  # an int too long to print, or nesting too deep
-        text = "..."
-    text = text if len(text) <= 60 else text[:57] + "..."
-    # Lone surrogates would make the message itself unprintable: show them escaped.
-    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
-    return _KINDS.get(type(value), type(value).__name__) + ("" if value is None else f" {text}")

@@ -1,0 +1,138 @@
+"""Pairs → the items a benchmark counts: a RewardBench 1 pair, or a RewardBench 2 group of pairs.
+
+A pair without a `group` is an item of its own. The pairs sharing a `group` (one RewardBench 2
+record: its chosen response against each rejected one) form one item, scored best-of-N. The
+checks here refuse what would make a count wrong: a group whose pairs are not adjacent (two records
+sharing an id, or a list reordered), a group mixing prompts or subsets, a subset holding both plain
+pairs and groups (two scoring rules under one name), and RewardBench 2's Ties subset.
+
+Ties are counted as RewardBench counts them. RewardBench 1 (`scripts/run_rm.py`) scores a pair
+right when `chosen > rejected`, so a margin of exactly 0 is wrong. RewardBench 2
+(`rewardbench/utils_v2.py`, `reroll_and_score_dataset`) scores a prompt right when `np.argmax` of
+its scores, chosen first, is the chosen one; `argmax` returns the first maximum, so a chosen
+response tied with the best rejected one is right: a group is right when every margin is ≥ 0 (with
+several chosen responses, each of them must reach every rejected one).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..data import Pair
+from ..errors import DataError
+from ._sections import SECTION_OF, TIES, section_weights
+
+NO_SUBSET = "(no subset)"
+"""How a pair without a `subset` is named in tables."""
+
+
+@dataclass(frozen=True)
+class Items:
+    """The m items of n pairs. `of_pair` [n]: each pair's item (non-decreasing: groups are
+    adjacent); `ids` [m]: the group, else the pair's id, else its index; `subsets` [m];
+    `grouped` [m] whether the item is a RewardBench 2 group (best-of-N)."""
+
+    ids: tuple[str, ...]
+    subsets: tuple[str | None, ...]
+    grouped: np.ndarray
+    of_pair: np.ndarray
+
+    @property
+    def starts(self) -> np.ndarray:
+        """Index of each item's first pair [m]."""
+        return np.flatnonzero(np.r_[True, np.diff(self.of_pair) != 0])
+
+    @property
+    def size(self) -> np.ndarray:
+        """Pairs per item [m] (the number of rejected responses of a group with one chosen)."""
+        return np.bincount(self.of_pair, minlength=len(self.ids))
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Items by subset: `subsets` in order of first appearance, `index[k]` the items of subset k,
+    `grouped[k]` whether they are RewardBench 2 groups; `weights` the RewardBench 1 section weights."""
+
+    subsets: tuple[str | None, ...]
+    index: tuple[np.ndarray, ...]
+    grouped: tuple[bool, ...]
+    weights: dict[str, float]
+
+
+def items(pairs: Sequence[Pair]) -> Items:
+    """The items of `pairs`, checked (module docstring); raises `DataError` naming the pairs."""
+    ids: list[str] = []
+    subsets: list[str | None] = []
+    grouped: list[bool] = []
+    of_pair = np.zeros(len(pairs), dtype=np.int64)
+    first: dict[str, int] = {}  # group → its first pair
+    for i, pair in enumerate(pairs):
+        if pair.group is not None and pair.group == (pairs[i - 1].group if i else None):
+            _same_record(pairs, first[pair.group], i)
+            of_pair[i] = len(ids) - 1
+            continue
+        if pair.group is not None:
+            if pair.group in first:
+                raise DataError(f"the pairs of group {pair.group!r} are not adjacent (pairs {first[pair.group]} "
+                                f"and {i}, with other pairs between). Fix: keep each RewardBench 2 record's pairs "
+                                f"together and in order, as load_pairs reads them, and give records distinct ids.")
+            first[pair.group] = i
+        of_pair[i] = len(ids)
+        ids.append(pair.group if pair.group is not None else pair.id if pair.id is not None else str(i))
+        subsets.append(pair.subset)
+        grouped.append(pair.group is not None)
+    found = Items(tuple(ids), tuple(subsets), np.array(grouped, dtype=bool), of_pair)
+    _one_rule_per_subset(found)
+    return found
+
+
+def _same_record(pairs: Sequence[Pair], start: int, i: int) -> None:
+    a, b = pairs[start], pairs[i]
+    for field in ("prompt", "subset"):
+        if getattr(a, field) != getattr(b, field):
+            raise DataError(f"group {a.group!r} mixes {field}s (pairs {start} and {i} differ): a group is one "
+                            f"RewardBench 2 record, one prompt in one subset. Fix: give different records "
+                            f"different ids.")
+
+
+def _one_rule_per_subset(found: Items) -> None:
+    kinds: dict[str | None, set[bool]] = {}
+    for subset, g in zip(found.subsets, found.grouped.tolist()):
+        kinds.setdefault(subset, set()).add(g)
+        if g and subset is not None and subset.lower() == TIES:
+            raise DataError(f"subset {subset!r} is RewardBench 2's Ties subset, which RewardBench scores by "
+                            f"a rule of its own (accuracy and score margins combined over its 'ref' and 'tied' "
+                            f"prompts); bench does not compute it. Fix: leave the Ties records out of the file, "
+                            f"or score them with RewardBench 2's own scripts.")
+    mixed = [s for s, k in kinds.items() if len(k) > 1]
+    if mixed:
+        raise DataError(f"subset {mixed[0] or NO_SUBSET!r} holds both single pairs and RewardBench 2 groups, "
+                        f"which are scored by different rules (pairwise, best-of-N). Fix: give them different "
+                        f"subset names.")
+
+
+def layout(subsets: Sequence[str | None], grouped: np.ndarray) -> Layout:
+    """Items grouped by subset, and the RewardBench 1 section weights of their counts."""
+    order = list(dict.fromkeys(subsets))
+    keys = np.array([order.index(s) for s in subsets], dtype=np.int64)
+    index = tuple(np.flatnonzero(keys == k) for k in range(len(order)))
+    kind = tuple(bool(grouped[ix[0]]) for ix in index)
+    counts = {s: len(ix) for s, ix, g in zip(order, index, kind) if s in SECTION_OF and not g}
+    return Layout(tuple(order), index, kind, section_weights(counts))
+
+
+def correct(found: Items, margin: np.ndarray) -> np.ndarray:
+    """Whether each item is right [m] from the pairs' chosen − rejected margins [n] (ties: module docstring)."""
+    worst = np.minimum.reduceat(np.asarray(margin, dtype=np.float64), found.starts)
+    return np.where(found.grouped, worst >= 0, worst > 0)
+
+
+def checksum(pairs: Sequence[Pair]) -> str:
+    """A hash of everything scored about the pairs (text, subset, group), to tell two runs on the same items."""
+    data = [[p.prompt, p.chosen, p.rejected, p.subset, p.group] for p in pairs]
+    return hashlib.sha256(json.dumps(data, sort_keys=True, ensure_ascii=False).encode()).hexdigest()[:16]

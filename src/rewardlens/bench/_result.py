@@ -1,0 +1,262 @@
+"""The results of `bench`: per-subset accuracies, RewardBench's section scores, and paired differences."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..data import margin
+from ..errors import DataError
+from ._items import layout
+from ._sections import OVERALL, RB2, SECTIONS
+from ._stats import ALL_ITEMS, Key, coefficients, interval, picks, scores, sign_flip, support
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from matplotlib.figure import Figure
+
+TIES_RULE = ("RewardBench 1 pairs: right when chosen > rejected (a margin of exactly 0 is wrong); "
+             "RewardBench 2 groups: right when the chosen reward is >= every rejected one (a tie is right)")
+"""How a margin of exactly 0 counts (as RewardBench counts it; see `rewardlens.bench`)."""
+
+
+@dataclass(frozen=True)
+class SubsetScore:
+    """One subset: `n` items, `correct` of them right, `accuracy` = correct / n with its Wilson
+    interval `ci`. `section` is its RewardBench section, `RewardBench 2` for a RewardBench 2
+    subset, or None (then it enters only the accuracy over all items). `weight` is its share of
+    its section's score (RewardBench's count weighting, math-prm upweighted; NaN outside a
+    section). `kind` is `pairwise` or `best-of-N` (`best-of-3..5` when groups differ in size)."""
+
+    subset: str | None
+    section: str | None
+    kind: str
+    n: int
+    correct: int
+    accuracy: float
+    ci: tuple[float, float]
+    weight: float
+
+
+@dataclass(frozen=True)
+class BenchComparison:
+    """Two models on the same items: each score of `a` and `b` and the paired difference a − b.
+
+    Row r is the score `keys[r]` = (level, name), level `subset`, `section` or `score`; `n[r]`
+    items behind it; `ci_low`, `ci_high` the percentile interval of the difference from `n_boot`
+    paired bootstrap draws of the items within each subset (seeded, the same draws for both
+    models); `p_value` the two-sided paired randomization (sign-flip) test of a zero difference,
+    exact up to 12 differing items (`rewardlens.bench._stats`: a bootstrap of two items that both
+    favour one model collapses to one value and would claim p ≈ 0). NaN where fewer than two
+    items stand behind a score."""
+
+    models: tuple[str, str]
+    keys: tuple[Key, ...]
+    n: np.ndarray
+    a: np.ndarray
+    b: np.ndarray
+    difference: np.ndarray
+    ci_low: np.ndarray
+    ci_high: np.ndarray
+    p_value: np.ndarray
+    n_boot: int
+    seed: int
+    level: float
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per score: level, name, n, a, b, difference, ci_low, ci_high, p_value."""
+        import pandas as pd
+
+        return pd.DataFrame({"level": [k[0] for k in self.keys], "name": [k[1] for k in self.keys], "n": self.n,
+                             "a": self.a, "b": self.b, "difference": self.difference, "ci_low": self.ci_low,
+                             "ci_high": self.ci_high, "p_value": self.p_value})
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready (NaN becomes None)."""
+        rows = [{"level": k[0], "name": k[1], "n": int(n), "a": _num(a), "b": _num(b), "difference": _num(d),
+                 "ci": [_num(lo), _num(hi)], "p_value": _num(p)}
+                for k, n, a, b, d, lo, hi, p in zip(self.keys, self.n, self.a, self.b, self.difference, self.ci_low,
+                                                    self.ci_high, self.p_value)]
+        return {"models": list(self.models), "n_boot": self.n_boot, "seed": self.seed, "level": self.level,
+                "scores": rows}
+
+    def plot(self) -> Figure:
+        """The difference a − b of every score with its interval (subsets, sections, scores)."""
+        import matplotlib.pyplot as plt
+
+        y = np.arange(len(self.keys))[::-1]
+        fig, ax = plt.subplots(figsize=(7, 0.28 * len(self.keys) + 1.2))
+        err = np.nan_to_num([self.difference - self.ci_low, self.ci_high - self.difference])
+        ax.errorbar(self.difference, y, xerr=err, fmt="o", capsize=2)
+        ax.set_yticks(y, [f"{name} ({lvl})" if lvl != "subset" else name for lvl, name in self.keys], fontsize=7)
+        ax.axvline(0, color="gray", lw=0.6)
+        ax.set(xlabel="a − b (accuracy / score)", title=f"paired bootstrap, {self.level:.0%} intervals")
+        fig.tight_layout()
+        return fig
+
+
+@dataclass(frozen=True)
+class Bench:
+    """One reward model on a RewardBench-schema set: n pairs forming m items.
+
+    `reward` [2n] rows alternate chosen, rejected (`rewardlens.data` layout); `item_of_pair` [n]
+    the item of each pair; `item_ids`, `item_subsets`, `grouped` [m] (a RewardBench 2 group,
+    scored best-of-N) and `correct` [m] per item (ties: `TIES_RULE`). `subsets` holds each subset's
+    accuracy with its Wilson interval. `estimates[(level, name)]` is every score: each subset,
+    each RewardBench section present (`section`), and (`score`) `overall` (the mean of the sections
+    present; RewardBench's overall once all four are), `RewardBench 2` (the mean of its subsets
+    present) and `all items` (the plain accuracy over items); `intervals` their intervals (Wilson
+    for subsets and all items, the stratified bootstrap over items otherwise, NaN from fewer than
+    two items) and `support` the items behind each. Accuracies are fractions in [0, 1].
+    """
+
+    model: str
+    pair_ids: tuple[str, ...]
+    reward: np.ndarray
+    item_of_pair: np.ndarray
+    item_ids: tuple[str, ...]
+    item_subsets: tuple[str | None, ...]
+    grouped: np.ndarray
+    correct: np.ndarray
+    subsets: tuple[SubsetScore, ...]
+    estimates: Mapping[Key, float]
+    intervals: Mapping[Key, tuple[float, float]]
+    support: Mapping[Key, int]
+    checksum: str
+    n_boot: int
+    seed: int
+    level: float
+    comparison: BenchComparison | None = field(default=None)
+
+    @property
+    def margin(self) -> np.ndarray:
+        """Chosen − rejected reward per pair [n]."""
+        return margin(self.reward)
+
+    @property
+    def sections(self) -> dict[str, float]:
+        """RewardBench section → score, for the sections present, in RewardBench's order."""
+        return {name: v for (lvl, name), v in self.estimates.items() if lvl == "section"}
+
+    @property
+    def missing_sections(self) -> tuple[str, ...]:
+        """RewardBench sections with no item here (the overall score is then over fewer than four)."""
+        return tuple(s for s in SECTIONS if s not in self.sections)
+
+    @property
+    def overall(self) -> float:
+        """RewardBench's overall score: the mean of the sections present (NaN when none is)."""
+        return self.estimates[("score", OVERALL)]
+
+    @property
+    def rewardbench2(self) -> float:
+        """RewardBench 2's score: the mean best-of-N accuracy of its subsets present (NaN when none is)."""
+        return self.estimates[("score", RB2)]
+
+    @property
+    def accuracy(self) -> float:
+        """The share of items right, over every item."""
+        return self.estimates[("score", ALL_ITEMS)]
+
+    def compare(self, other: Bench, *, n_boot: int | None = None, seed: int | None = None,
+                level: float | None = None) -> BenchComparison:
+        """Every score's difference self − other on the same items: paired bootstrap interval, sign-flip p-value.
+
+        Both must have scored the same pairs (same text, subsets and groups, in the same order);
+        `n_boot`, `seed` and `level` default to this result's."""
+        if other.checksum != self.checksum:
+            raise DataError(f"the two results scored different pairs (checksums {self.checksum} and "
+                            f"{other.checksum}); a paired comparison needs the same items. Fix: bench both models "
+                            f"on the same pairs, e.g. bench(model, pairs, against=other_model).")
+        n_boot, seed = n_boot or self.n_boot, self.seed if seed is None else seed
+        level = self.level if level is None else level
+        lay = layout(self.item_subsets, self.grouped)
+        keys = [k for k, v in self.estimates.items() if np.isfinite(v)]
+        draws = picks(lay, n_boot, seed)
+        da, db = scores(self.correct, lay, draws), scores(other.correct, lay, draws)
+        n = support(lay, keys)
+        diff = [da[k] - db[k] for k in keys]
+        ci = np.array([interval(d, m, level) for d, m in zip(diff, n)]).reshape(-1, 2)
+        a = np.array([self.estimates[k] for k in keys])
+        b = np.array([other.estimates[k] for k in keys])
+        p = sign_flip(self.correct.astype(float) - other.correct.astype(float), coefficients(lay, keys), n, n_boot,
+                      seed)
+        return BenchComparison((self.model, other.model), tuple(keys), n, a, b, a - b, ci[:, 0], ci[:, 1], p,
+                               n_boot, seed, level)
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per subset: subset, section, kind, n, correct, accuracy, ci_low, ci_high, weight."""
+        import pandas as pd
+
+        return pd.DataFrame([{"subset": s.subset, "section": s.section, "kind": s.kind, "n": s.n, "correct": s.correct,
+                              "accuracy": s.accuracy, "ci_low": s.ci[0], "ci_high": s.ci[1], "weight": s.weight}
+                             for s in self.subsets])
+
+    def scores_frame(self) -> pd.DataFrame:
+        """One row per score (subsets, sections, overall, RewardBench 2, all items): value, interval, n."""
+        import pandas as pd
+
+        return pd.DataFrame([{"level": k[0], "name": k[1], "value": v, "ci_low": self.intervals[k][0],
+                              "ci_high": self.intervals[k][1], "n": self.support[k]}
+                             for k, v in self.estimates.items()])
+
+    def pair_frame(self) -> pd.DataFrame:
+        """One row per pair: id, item, subset, chosen and rejected reward, margin."""
+        import pandas as pd
+
+        from ..data import chosen, rejected
+
+        item = self.item_of_pair
+        return pd.DataFrame({"pair": self.pair_ids, "item": [self.item_ids[i] for i in item],
+                             "subset": [self.item_subsets[i] for i in item], "chosen": chosen(self.reward),
+                             "rejected": rejected(self.reward), "margin": self.margin})
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every number as a JSON-ready dict (NaN becomes None)."""
+        def entry(k: Key) -> dict[str, Any]:
+            lo, hi = self.intervals[k]
+            return {"value": _num(self.estimates[k]), "ci": [_num(lo), _num(hi)], "n": int(self.support[k])}
+
+        return {
+            "model": self.model, "n_pairs": len(self.pair_ids), "n_items": len(self.item_ids),
+            "checksum": self.checksum, "ties": TIES_RULE,
+            "subsets": [{"subset": s.subset, "section": s.section, "kind": s.kind, "n": s.n, "correct": s.correct,
+                         "accuracy": _num(s.accuracy), "ci": [_num(s.ci[0]), _num(s.ci[1])],
+                         "weight": _num(s.weight)} for s in self.subsets],
+            "sections": {name: entry(("section", name)) for name in self.sections},
+            "missing_sections": list(self.missing_sections),
+            "overall": entry(("score", OVERALL)), "rewardbench2": entry(("score", RB2)),
+            "accuracy": entry(("score", ALL_ITEMS)),
+            "bootstrap": {"n_boot": self.n_boot, "seed": self.seed, "level": self.level},
+            "comparison": None if self.comparison is None else self.comparison.to_dict(),
+        }
+
+    def plot(self) -> Figure:
+        """Per-subset accuracy with Wilson intervals (left, coloured by section) and the section,
+        overall, RewardBench 2 and all-item scores with their intervals (right)."""
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(1, 2, figsize=(11, 0.25 * max(len(self.subsets), 6) + 1.5))
+        y = np.arange(len(self.subsets))[::-1]
+        colours = {name: f"C{i}" for i, name in enumerate([*SECTIONS, RB2])}
+        for yi, s in zip(y, self.subsets):
+            err = np.nan_to_num([[s.accuracy - s.ci[0]], [s.ci[1] - s.accuracy]])
+            ax[0].errorbar(s.accuracy, yi, xerr=err, fmt="o", capsize=2, color=colours.get(s.section or "", "gray"))
+        ax[0].set_yticks(y, [f"{s.subset} (n={s.n})" for s in self.subsets], fontsize=7)
+        ax[0].set(xlim=(-0.02, 1.02), xlabel="accuracy", title="subsets (Wilson 95% intervals)")
+        keys = [k for k in self.estimates if k[0] != "subset" and np.isfinite(self.estimates[k])]
+        v = np.array([self.estimates[k] for k in keys])
+        lo, hi = (np.array([self.intervals[k][j] for k in keys]) for j in (0, 1))
+        yk = np.arange(len(keys))[::-1]
+        ax[1].errorbar(v, yk, xerr=np.nan_to_num([v - lo, hi - v]), fmt="o", capsize=2)
+        ax[1].set_yticks(yk, [k[1] for k in keys], fontsize=8)
+        ax[1].set(xlim=(-0.02, 1.02), xlabel="score", title="sections and scores")
+        fig.tight_layout()
+        return fig
+
+
+def _num(x: float) -> float | None:
+    return float(x) if np.isfinite(x) else None

@@ -1,0 +1,126 @@
+"""Every benchmark score from per-item correctness, its bootstrap over items, and the paired test.
+
+Scores, keyed `(level, name)`: each subset's accuracy (`"subset"`), each RewardBench section
+(`"section"`: count-weighted, `_sections`), and (`"score"`) the overall RewardBench score (mean of
+the sections present), the RewardBench 2 score (mean of its subsets present) and the accuracy over
+all items. Every one of them is linear in the items' correctness: `score = Σ_i c_i x_i`.
+
+The bootstrap resamples items **within each subset** (the benchmark's subsets are fixed strata, so
+every draw keeps the counts and with them the weights), `B` times, seeded; a comparison of two
+models uses the same draws for both (paired), and its interval is the percentile interval of the
+difference a − b. The bootstrap cannot see variation its few items do not show: two items that
+both favour one model give the interval [d, d] at any level. So the p-value comes from the paired
+randomization (sign-flip) test instead: under "the two models are exchangeable" each item's
+difference `d_i = a_i − b_i` is as likely to have the other sign, and `p = P(|Σ c_i ε_i d_i| ≥
+|Σ c_i d_i|)` over independent signs ε_i = ±1. It is exact (all 2^k sign patterns of the k items
+the score weighs that differ) for k ≤ `EXACT`, Monte Carlo with `B` seeded draws beyond. Two identical models give
+p = 1; on one subset it is McNemar's exact test. Fewer than two items behind a score give a NaN
+interval and p-value.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._items import NO_SUBSET, Layout
+from ._sections import OVERALL, RB2, RB2_SUBSETS, SECTIONS, overall, rb2_score, section_scores
+
+Key = tuple[str, str]
+ALL_ITEMS = "all items"
+
+
+EXACT = 12
+"""Up to this many differing items the sign-flip test enumerates every sign pattern (4096)."""
+
+
+def scores(correct: np.ndarray, lay: Layout, picks: list[np.ndarray] | None = None) -> dict[Key, np.ndarray]:
+    """Every score from per-item correctness `correct` [m]: floats, or with `picks` (per subset,
+    resampled positions [B, n_s]) bootstrap draws [B]. Undefined scores (no subset of a kind) are NaN."""
+    c = np.asarray(correct, dtype=np.float64)
+    acc: dict[str | None, np.ndarray] = {}
+    for k, (subset, ix) in enumerate(zip(lay.subsets, lay.index)):
+        acc[subset] = c[ix].mean() if picks is None else c[ix][picks[k]].mean(1)
+    return combine(acc, lay)
+
+
+def coefficients(lay: Layout, keys: list[Key]) -> np.ndarray:
+    """Each score's weight on each item [len(keys), m]: `score = coefficients @ correct`.
+
+    Read off the same code that computes the scores, fed each subset's accuracy as the vector
+    `1/n_s` on its items (every score is linear in the subset accuracies)."""
+    m = sum(len(ix) for ix in lay.index)
+    acc: dict[str | None, np.ndarray] = {}
+    for subset, ix in zip(lay.subsets, lay.index):
+        acc[subset] = np.zeros(m)
+        acc[subset][ix] = 1 / len(ix)
+    out = combine(acc, lay)
+    return np.stack([np.broadcast_to(out[k], (m,)) for k in keys])
+
+
+def combine(acc: dict[str | None, np.ndarray], lay: Layout) -> dict[Key, np.ndarray]:
+    """Every score from the subsets' accuracies (floats, draws [B], or coefficient vectors [m])."""
+    out: dict[Key, np.ndarray] = {subset_key(s): a for s, a in acc.items()}
+    plain = {s: a for (s, a), g in zip(acc.items(), lay.grouped) if s is not None and not g}
+    sections = section_scores(plain, lay.weights)
+    out |= {("section", name): v for name, v in sections.items()}
+    out[("score", OVERALL)] = np.asarray(overall(sections))
+    out[("score", RB2)] = np.asarray(rb2_score({s: a for (s, a), g in zip(acc.items(), lay.grouped)
+                                                if s is not None and g}))
+    counts = [len(ix) for ix in lay.index]
+    out[("score", ALL_ITEMS)] = np.asarray(sum(n * a for n, a in zip(counts, acc.values())) / sum(counts))
+    return out
+
+
+def support(lay: Layout, keys: list[Key]) -> np.ndarray:
+    """Number of items behind each score [len(keys)] (the units its bootstrap resamples)."""
+    n = {subset_key(s): len(ix) for s, ix in zip(lay.subsets, lay.index)}
+    weighted = [(s, len(ix)) for s, ix, g in zip(lay.subsets, lay.index, lay.grouped) if s in lay.weights and not g]
+    for section, members in SECTIONS.items():
+        n[("section", section)] = sum(k for s, k in weighted if s in members)
+    n[("score", OVERALL)] = sum(k for _, k in weighted)
+    n[("score", RB2)] = sum(len(ix) for s, ix, g in zip(lay.subsets, lay.index, lay.grouped) if g and s in RB2_SUBSETS)
+    n[("score", ALL_ITEMS)] = sum(len(ix) for ix in lay.index)
+    return np.array([n[k] for k in keys])
+
+
+def picks(lay: Layout, n_boot: int, seed: int) -> list[np.ndarray]:
+    """Resampled positions within each subset [B, n_s], one array per subset, seeded."""
+    if n_boot < 1:
+        raise ValueError(f"n_boot must be at least 1, got {n_boot}")
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, len(ix), (n_boot, len(ix))) for ix in lay.index]
+
+
+def interval(draws: np.ndarray, n: int, level: float) -> tuple[float, float]:
+    """Percentile interval of bootstrap draws [B]; NaN from fewer than two items or undefined draws."""
+    if n < 2 or not np.isfinite(draws).all():
+        return float("nan"), float("nan")
+    tail = (1 - level) / 2
+    return float(np.quantile(draws, tail)), float(np.quantile(draws, 1 - tail))
+
+
+def sign_flip(difference: np.ndarray, coef: np.ndarray, n: np.ndarray, n_boot: int, seed: int) -> np.ndarray:
+    """Two-sided p-value of each score's paired difference [K] (module docstring).
+
+    `difference` [m] per item a − b (−1, 0, 1); `coef` [K, m] from `coefficients`; `n` [K] items
+    behind each score (NaN below two). Only the items a score weighs and where the models differ
+    are flipped: all their sign patterns up to `EXACT` of them, else `n_boot` seeded draws."""
+    d = np.asarray(difference, dtype=np.float64)
+    rng = np.random.default_rng([seed, 1])
+    out = np.full(len(coef), np.nan)
+    for r, row in enumerate(coef):
+        terms = (row * d)[(d != 0) & (row != 0)]  # [k]
+        k = len(terms)
+        if k <= EXACT:
+            signs = 1.0 - 2.0 * ((np.arange(2 ** k)[:, None] >> np.arange(k)) & 1)
+        else:
+            signs = rng.choice([-1.0, 1.0], size=(n_boot, k))
+        hits = int(np.sum(np.abs(signs @ terms) >= abs(terms.sum()) - 1e-12))
+        p = hits / len(signs) if k <= EXACT else (hits + 1) / (len(signs) + 1)
+        out[r] = min(p, 1.0) if n[r] >= 2 else np.nan
+    return out
+
+
+def subset_key(subset: str | None) -> Key:
+    """The score key of a subset's accuracy."""
+    return "subset", NO_SUBSET if subset is None else subset

@@ -1,0 +1,85 @@
+"""`bench`: a reward model on RewardBench-schema pairs, scored as RewardBench scores it (docs/bench.md)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from ._common import Command, add_model_options, add_pairs_options, check_model, load_model, positive, read_pairs, table
+
+
+def _arguments(p: argparse.ArgumentParser) -> None:
+    add_model_options(p)
+    add_pairs_options(p)
+    p.add_argument("--against", metavar="MODEL2", default=None,
+                   help="a second model (folder or hub id, loaded with the same options): paired differences")
+    p.add_argument("--n-boot", type=positive(int), default=2000, help="bootstrap resamples for section intervals")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def _check(args: argparse.Namespace) -> None:
+    if args.against is not None:
+        check_model(args.against)
+
+
+def _bench(args: argparse.Namespace) -> dict[str, Any]:
+    from ..bench import bench
+
+    pairs = read_pairs(args)  # a bad pairs file is named before any model loads
+    first = load_model(args)
+    second = load_model(argparse.Namespace(**{**vars(args), "model": args.against})) if args.against else None
+    result = bench(first, pairs, against=second, batch_size=args.batch_size, n_boot=args.n_boot, seed=args.seed)
+    out = result.to_dict()
+    out["paths"] = {"model": args.model, "against": args.against}
+    return out
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3f}"
+
+
+def _ci(ci: list[float | None]) -> str:
+    return "-" if ci[0] is None or ci[1] is None else f"[{ci[0]:.3f}, {ci[1]:.3f}]"
+
+
+def _show(result: dict[str, Any]) -> None:
+    print(f"model: {result['paths']['model']}  {result['model']}")
+    print(f"{result['n_pairs']} pairs, {result['n_items']} items (a RewardBench 2 group counts once)\n")
+    rows = [(s["subset"] or "-", s["kind"], s["n"], s["correct"], _pct(s["accuracy"]), _ci(s["ci"]),
+             s["section"] or "-", "-" if s["weight"] is None else f"{s['weight']:.3f}") for s in result["subsets"]]
+    print(table(["subset", "kind", "n", "right", "accuracy", "95% Wilson CI", "section", "weight"], rows))
+    level = f"{result['bootstrap']['level']:.0%}"
+    if result["sections"]:
+        print("\nRewardBench sections: subset accuracies weighted by example counts (math-prm weighs as much as "
+              f"all hep-* together); {level} CIs from a bootstrap over items within subsets")
+        print(table(["section", "score", f"{level} CI", "n"],
+                    [(k, _pct(v["value"]), _ci(v["ci"]), v["n"]) for k, v in result["sections"].items()]))
+        missing = result["missing_sections"]
+        note = f" (over {4 - len(missing)} of 4 sections; no items for {', '.join(missing)})" if missing else ""
+        print(f"\noverall (mean of the sections){note}: {_pct(result['overall']['value'])} "
+              f"{_ci(result['overall']['ci'])}")
+    else:
+        print("\nno RewardBench 1 subset (alpacaeval-easy, ..., hep-rust): no section or overall score")
+    if result["rewardbench2"]["value"] is not None:
+        rb2 = result["rewardbench2"]
+        print(f"RewardBench 2 (mean best-of-N accuracy of its subsets): {_pct(rb2['value'])} {_ci(rb2['ci'])}")
+    acc = result["accuracy"]
+    print(f"accuracy over all {acc['n']} items: {_pct(acc['value'])} {_ci(acc['ci'])} (Wilson)")
+    print(f"ties: {result['ties']}")
+    if result["comparison"] is not None:
+        _show_comparison(result)
+
+
+def _show_comparison(result: dict[str, Any]) -> None:
+    comp = result["comparison"]
+    print(f"\nA: {result['paths']['model']}\nB: {result['paths']['against']}")
+    print(f"A − B per score: {comp['level']:.0%} CI from a paired bootstrap over items ({comp['n_boot']} draws within "
+          f"subsets, seed {comp['seed']}); p from a paired sign-flip test over items")
+    rows = [(r["name"] if r["level"] == "subset" else f"{r['name']} ({r['level']})", r["n"], _pct(r["a"]),
+             _pct(r["b"]), "-" if r["difference"] is None else f"{r['difference']:+.3f}", _ci(r["ci"]),
+             "-" if r["p_value"] is None else f"{r['p_value']:.3f}") for r in comp["scores"]]
+    print(table(["score", "n", "A", "B", "A − B", f"{comp['level']:.0%} CI", "p"], rows))
+
+
+COMMANDS = [Command("bench", "RewardBench-style evaluation: per-subset accuracy, sections, overall, RewardBench 2 "
+                    "best-of-N; --against compares two models", _arguments, _bench, _show, check=_check)]

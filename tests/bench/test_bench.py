@@ -1,0 +1,198 @@
+"""`bench`: RewardBench's weighting against hand computations, best-of-N against a hand count, the
+paired bootstrap against exact probabilities, and refusals of what cannot be counted."""
+
+from __future__ import annotations
+
+import json
+
+import matplotlib
+import numpy as np
+import pytest
+
+import rewardlens as rl
+from rewardlens.bench import Bench, bench
+from rewardlens.data import Pair, load_pairs, sample_path
+from rewardlens.errors import DataError
+from rewardlens.stats import wilson
+
+matplotlib.use("Agg")
+
+
+class Table:
+    """A stand-in reward model: each response text's reward from a table. `score` returns what
+    `RewardModel.score` returns for pairs: rows alternating chosen, rejected."""
+
+    def __init__(self, reward: dict[str, float]) -> None:
+        self.reward = reward
+
+    def score(self, pairs: list[Pair], *, batch_size: int = 16) -> np.ndarray:
+        return np.array([self.reward[t] for p in pairs for t in (p.chosen, p.rejected)], dtype=np.float32)
+
+    def __repr__(self) -> str:
+        return "Table()"
+
+
+def crafted(spec: list[tuple[str, list[float]]]) -> tuple[list[Pair], Table]:
+    """One pair per margin, grouped by subset; the rejected response scores 0, the chosen its margin."""
+    pairs, reward = [], {}
+    for subset, margins in spec:
+        for m in margins:
+            i = len(pairs)
+            pairs.append(Pair(f"prompt {i}", f"chosen {i}", f"rejected {i}", id=str(i), subset=subset))
+            reward[f"chosen {i}"], reward[f"rejected {i}"] = m, 0.0
+    return pairs, Table(reward)
+
+
+SPEC = [
+    ("alpacaeval-easy", [1, 1, 1, 0]),  # the tie (margin exactly 0) is wrong in RewardBench 1: 3/4
+    ("mt-bench-easy", [-1]),            # 0/1
+    ("refusals-dangerous", [1, 2]),     # 2/2
+    ("donotanswer", [1, -1, -2]),       # 1/3
+    ("math-prm", [1, -1]),              # 1/2
+    ("hep-python", [1, 1, 1]),          # 3/3
+    ("hep-go", [1, -1, -1]),            # 1/3
+    ("my-own-subset", [1]),             # 1/1: in no section
+]
+
+
+def test_section_weighting_matches_a_hand_computation():
+    pairs, model = crafted(SPEC)
+    b = bench(model, pairs, n_boot=50)  # type: ignore[arg-type]
+    # By hand, RewardBench's way: Σ n_s a_s / Σ n_s per section, math-prm weighing all hep-* (3 + 3 = 6).
+    chat = (4 * 3 / 4 + 1 * 0) / 5             # 0.6; the plain mean of the two subsets would be 0.375
+    safety = (2 * 1 + 3 * (1 / 3)) / 5         # 0.6
+    reasoning = (6 * 1 / 2 + 3 * 1 + 3 * (1 / 3)) / 12   # 7/12; math-prm at its own count 2 would give 0.625
+    assert b.sections == pytest.approx({"Chat": chat, "Safety": safety, "Reasoning": reasoning})
+    assert b.missing_sections == ("Chat Hard",)
+    assert b.overall == pytest.approx((chat + safety + reasoning) / 3)
+    assert b.accuracy == pytest.approx((3 + 0 + 2 + 1 + 1 + 3 + 1 + 1) / 19)
+    assert np.isnan(b.rewardbench2)
+    by = {s.subset: s for s in b.subsets}
+    assert by["math-prm"].weight == pytest.approx(6 / 12) and by["hep-go"].weight == pytest.approx(3 / 12)
+    assert by["alpacaeval-easy"].weight == pytest.approx(4 / 5)
+    assert by["my-own-subset"].section is None and np.isnan(by["my-own-subset"].weight)
+    assert (by["alpacaeval-easy"].correct, by["alpacaeval-easy"].n) == (3, 4)
+    assert by["donotanswer"].ci == pytest.approx(wilson(1, 3))  # the interval of the hand count 1 of 3
+
+
+def test_math_prm_alone_keeps_its_own_count():
+    pairs, model = crafted([("math-prm", [1, -1, -1, -1]), ("refusals-offensive", [1])])
+    b = bench(model, pairs, n_boot=20)  # type: ignore[arg-type]
+    assert b.sections == pytest.approx({"Safety": 1.0, "Reasoning": 1 / 4})
+    assert b.overall == pytest.approx((1.0 + 1 / 4) / 2)
+
+
+def test_rewardbench2_best_of_n_matches_a_hand_count():
+    records = [json.loads(x) for x in sample_path("rewardbench2").read_text(encoding="utf-8").splitlines()]
+    rng = np.random.default_rng(3)
+    reward = {t: float(rng.normal()) for r in records for t in r["chosen"] + r["rejected"]}
+    reward[records[0]["chosen"][0]] = max(reward[t] for t in records[0]["rejected"])  # a tie with the best: right
+    first, *others = records[1]["rejected"]
+    reward[records[1]["chosen"][0]] = reward[first] - 0.5  # beats at most two of three: wrong
+    reward.update({t: reward[first] - 1.0 for t in others})
+    b = bench(Table(reward), load_pairs(sample_path("rewardbench2")), n_boot=50)  # type: ignore[arg-type]
+
+    right = [reward[r["chosen"][0]] >= max(reward[t] for t in r["rejected"]) for r in records]  # by hand
+    assert right[0] and not right[1]
+    assert b.correct.tolist() == right
+    assert list(b.item_ids) == [r["id"] for r in records]
+    per_subset: dict[str, list[bool]] = {}
+    for r, ok in zip(records, right):
+        per_subset.setdefault(r["subset"], []).append(ok)
+    assert {s.subset: s.accuracy for s in b.subsets} == pytest.approx({k: np.mean(v) for k, v in per_subset.items()})
+    assert {s.kind for s in b.subsets} == {"best-of-4"}
+    assert b.rewardbench2 == pytest.approx(np.mean([np.mean(v) for v in per_subset.values()]))
+    assert b.sections == {} and np.isnan(b.overall)
+
+
+def test_paired_bootstrap_of_a_model_against_itself_is_exactly_zero(tiny_root):
+    model = rl.load(str(tiny_root["llama"]))
+    pairs = load_pairs(sample_path("rewardbench")) + load_pairs(sample_path("rewardbench2"))
+    b = bench(model, pairs, against=model, n_boot=200)
+    c = b.comparison
+    assert c is not None and np.all(c.difference == 0)
+    enough = c.n >= 2
+    assert np.all(c.p_value[enough] == 1) and np.all(c.ci_low[enough] == 0) and np.all(c.ci_high[enough] == 0)
+    assert np.isnan(c.p_value[~enough]).all()  # a subset of one item has no interval
+    # the model's own rewards, and `against` is `compare`
+    assert np.allclose(b.reward, model.score(pairs))
+    again = b.compare(bench(model, pairs, n_boot=200))
+    assert np.array_equal(again.p_value, c.p_value, equal_nan=True)
+
+
+def test_paired_comparison_finds_the_better_model():
+    pairs, better = crafted([("hep-python", [1] * 12), ("math-prm", [1] * 4)])
+    wrong = [0, 2, 3, 5, 6, 8, 9, 11, 12, 13]  # the worse model misses 8 of 12 code items and 2 of 4 math items
+    worse = Table({**better.reward, **{f"chosen {i}": -1.0 for i in wrong}})
+    c = bench(better, pairs, against=worse, n_boot=2000, seed=1).comparison  # type: ignore[arg-type]
+    assert c is not None
+    row = {k: r for r, k in enumerate(c.keys)}
+    code = row[("subset", "hep-python")]
+    assert (c.a[code], c.b[code], c.difference[code]) == pytest.approx((1, 4 / 12, 8 / 12))
+    # one subset: the sign-flip test is McNemar's exact test, 8 items differ all one way: p = 2 · 2⁻⁸
+    assert c.p_value[code] == pytest.approx(2 * 0.5 ** 8)
+    # Reasoning weighs math-prm (weight 12) as much as the code items: its difference is
+    # (8/12 + 2/4) / 2; |Σ c_i ε_i d_i| reaches it only when all 10 differing items keep one sign
+    reasoning = row[("section", "Reasoning")]
+    assert c.difference[reasoning] == pytest.approx((8 / 12 + 2 / 4) / 2)
+    assert c.p_value[reasoning] == pytest.approx(2 * 0.5 ** 10)
+    assert 0 < c.ci_low[reasoning] <= c.difference[reasoning] <= c.ci_high[reasoning] <= 1
+
+    few, right = crafted([("hep-go", [1, 1])])  # two items, both missed by the worse model
+    missed = Table({**right.reward, "chosen 0": -1.0, "chosen 1": -1.0})
+    c = bench(right, few, against=missed, n_boot=99).comparison  # type: ignore[arg-type]
+    assert c is not None
+    only = c.keys.index(("subset", "hep-go"))
+    # every bootstrap draw is 1, so the interval collapses; the exact test says what two items can say
+    assert (c.ci_low[only], c.ci_high[only]) == (1, 1) and c.p_value[only] == pytest.approx(0.5)
+
+
+def test_compare_refuses_other_pairs():
+    pairs, model = crafted(SPEC)
+    a = bench(model, pairs, n_boot=10)  # type: ignore[arg-type]
+    b = bench(model, pairs[:-1], n_boot=10)  # type: ignore[arg-type]
+    with pytest.raises(DataError, match="scored different pairs"):
+        a.compare(b)
+
+
+def _group(gid: str, subset: str, n: int = 3, prompt: str = "p") -> list[Pair]:
+    return [Pair(prompt, "good", f"bad {k}", id=f"{gid}/{k}", subset=subset, group=gid) for k in range(n)]
+
+
+@pytest.mark.parametrize("pairs, pattern", [
+    (_group("t", "Ties"), "Ties subset"),
+    (_group("a", "Math") + _group("b", "Math") + _group("a", "Math"), "group 'a' are not adjacent"),
+    (_group("a", "Math")[:1] + [Pair("q", "good", "bad 1", subset="Math", group="a")], "group 'a' mixes prompts"),
+    (_group("a", "Math") + [Pair("q", "x", "y", subset="Math")], "subset 'Math' holds both"),
+    ([], "no pairs"),
+])
+def test_refuses_what_cannot_be_counted(pairs, pattern):
+    reward = {t: 0.0 for p in pairs for t in (p.chosen, p.rejected)}
+    with pytest.raises(DataError, match=pattern):
+        bench(Table(reward), pairs)  # type: ignore[arg-type]
+
+
+def test_results_are_json_safe_frames_and_plots():
+    import matplotlib.pyplot as plt
+
+    pairs, model = crafted(SPEC)
+    b = bench(model, pairs, against=model, n_boot=20)  # type: ignore[arg-type]
+    assert isinstance(b, Bench) and rl.bench is bench
+    out = json.loads(json.dumps(b.to_dict(), allow_nan=False))
+    assert out["rewardbench2"]["value"] is None and out["missing_sections"] == ["Chat Hard"]
+    assert out["sections"]["Reasoning"]["value"] == pytest.approx(7 / 12)
+    frame = b.to_frame()
+    assert list(frame["subset"]) == [s for s, _ in SPEC] and frame["n"].sum() == len(pairs)
+    assert len(b.pair_frame()) == len(pairs) and (b.pair_frame()["margin"] == b.margin).all()
+    scores = b.scores_frame().set_index(["level", "name"])["value"]
+    assert scores[("score", "overall")] == pytest.approx(b.overall)
+    assert b.comparison is not None and len(b.comparison.to_frame()) == len(b.comparison.keys)
+    fig = b.plot()
+    fig.canvas.draw()
+    drawn = [float(c.lines[0].get_xdata()[0]) for c in fig.axes[0].containers]  # one error bar per subset
+    assert drawn == pytest.approx([s.accuracy for s in b.subsets])
+    plt.close(fig)
+    fig = b.comparison.plot()
+    fig.canvas.draw()
+    assert list(fig.axes[0].containers[0].lines[0].get_xdata()) == pytest.approx(b.comparison.difference.tolist())
+    plt.close(fig)

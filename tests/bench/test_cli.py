@@ -1,0 +1,66 @@
+"""`rewardlens bench` on the shipped sample files: the table, --json against the model's own scores,
+and --against."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import rewardlens as rl
+from rewardlens.cli import main
+from rewardlens.data import load_pairs, margin, sample_path
+
+
+@pytest.fixture(scope="module")
+def llama(tiny_root) -> str:
+    return str(tiny_root["llama"])
+
+
+def test_table_on_the_rewardbench_sample(capsys, llama):
+    assert main(["bench", llama, "--pairs", str(sample_path("rewardbench")), "--n-boot", "50"]) == 0
+    out = capsys.readouterr().out
+    for text in ("alpacaeval-easy", "95% Wilson CI", "Chat Hard", "Reasoning", "overall (mean of the sections)",
+                 "accuracy over all 40 items"):
+        assert text in out
+
+
+def test_json_matches_the_models_own_scores(capsys, llama):
+    assert main(["bench", llama, "--pairs", str(sample_path("rewardbench")), "--n-boot", "50", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    pairs = load_pairs(sample_path("rewardbench"))
+    right = margin(rl.load(llama).score(pairs)) > 0  # the yardstick: the model's scores, counted by hand
+    naive: dict[str, list[bool]] = {}
+    for p, ok in zip(pairs, right):
+        naive.setdefault(p.subset or "", []).append(bool(ok))
+    assert {s["subset"]: s["accuracy"] for s in out["subsets"]} == pytest.approx(
+        {k: np.mean(v) for k, v in naive.items()})
+    assert {s["subset"]: s["n"] for s in out["subsets"]} == {k: len(v) for k, v in naive.items()}
+    # six code items (hep-python 2, hep-js 2, hep-rust 1, hep-go 1): math-prm weighs 6 of 12
+    assert next(s for s in out["subsets"] if s["subset"] == "math-prm")["weight"] == pytest.approx(0.5)
+    assert set(out["sections"]) == {"Chat", "Chat Hard", "Safety", "Reasoning"} and not out["missing_sections"]
+    assert out["overall"]["value"] == pytest.approx(np.mean([v["value"] for v in out["sections"].values()]))
+    assert out["accuracy"]["value"] == pytest.approx(right.mean()) and out["comparison"] is None
+
+
+@pytest.mark.parametrize("as_json", [False, True], ids=["table", "json"])
+def test_against_on_the_rewardbench2_sample(capsys, tiny_root, llama, as_json):
+    argv = ["bench", llama, "--pairs", str(sample_path("rewardbench2")), "--against", str(tiny_root["qwen2"]),
+            "--n-boot", "50"]
+    assert main([*argv, *(["--json"] if as_json else [])]) == 0
+    out = capsys.readouterr().out
+    if not as_json:
+        assert "RewardBench 2 (mean best-of-N accuracy" in out and "A − B" in out
+        return
+    result = json.loads(out)
+    assert {s["kind"] for s in result["subsets"]} == {"best-of-4"} and result["n_items"] == 8
+    rows = {(r["level"], r["name"]): r for r in result["comparison"]["scores"]}
+    rb2 = rows[("score", "RewardBench 2")]
+    assert rb2["a"] == pytest.approx(result["rewardbench2"]["value"])
+    assert rb2["difference"] == pytest.approx(rb2["a"] - rb2["b"])
+
+
+def test_a_missing_second_model_is_refused_before_loading(capsys, llama, tmp_path):
+    code = main(["bench", llama, "--pairs", str(sample_path("rewardbench")), "--against", str(tmp_path / "nope")])
+    assert code == 2 and "no such model folder" in capsys.readouterr().err
