@@ -56,6 +56,7 @@ if TYPE_CHECKING:
     from .model import wrap as wrap
     from .monitor import Monitor as Monitor
     from .monitor import Trajectory as Trajectory
+    from .monitor import monitored_reward as monitored_reward
     from .sae import SAEConfig as SAEConfig
     from .sae import TopKSAE as TopKSAE
     from .sae import attribute_features as attribute_features
@@ -67,7 +68,7 @@ __all__ = [
     "Distortion", "Edit", "Faithfulness", "Lens", "Monitor", "Pair", "Patching", "Probes", "RewardLensError",
     "RewardModel", "SAEConfig", "Scorecard", "Store", "TokenAttribution", "TopKSAE", "Trajectory", "attribute",
     "attribute_features", "attribution_patch", "audit", "bench", "calibrate", "cascade", "compare", "concepts",
-    "conflict", "distortion", "edit", "faithfulness", "lens", "load", "load_pairs", "load_sae",
+    "conflict", "distortion", "edit", "faithfulness", "lens", "load", "load_pairs", "load_sae", "monitored_reward",
     "patch", "probe", "register_architecture", "tokens", "train_sae", "wrap",
 ]
 
@@ -84,7 +85,7 @@ _FACE: dict[str, str] = {
     **dict.fromkeys(("Cascades", "Concepts", "Conflicts", "Distortion", "Edit", "Probes", "cascade", "concepts",
                      "conflict", "distortion", "edit", "probe"), "hacking"),
     **dict.fromkeys(("ArchitectureMap", "RewardModel", "load", "register_architecture", "wrap"), "model"),
-    **dict.fromkeys(("Monitor", "Trajectory"), "monitor"),
+    **dict.fromkeys(("Monitor", "Trajectory", "monitored_reward"), "monitor"),
     **dict.fromkeys(("SAEConfig", "TopKSAE", "attribute_features", "load_sae", "train_sae"), "sae"),
 }
 

@@ -26,6 +26,19 @@ def files(tmp_path_factory) -> dict[str, str]:
             "concept": f"{root / 'pos.txt'},{root / 'neg.txt'}"}
 
 
+def _policy_log(out: Path) -> str:
+    """A one-record policy monitor log (what monitored_reward(log=...) writes) for monitor-report."""
+    import numpy as np
+
+    from rewardlens.monitor import PolicyRecord
+
+    rec = PolicyRecord(0, np.array([0.5]), ("length",), np.array([[0.1]]), np.array([0.2]), np.array([0.2]),
+                       ("length",), np.array([[3.0]]))
+    path = out / "policy.jsonl"
+    path.write_text(rec.to_json() + "\n")
+    return str(path)
+
+
 def _argv(name: str, model: str, other: str, f: dict[str, str], out: Path) -> list[str]:
     one = ["--pairs", f["one"]]
     return {
@@ -43,6 +56,7 @@ def _argv(name: str, model: str, other: str, f: dict[str, str], out: Path) -> li
                  "--probe-pairs", f["one"]],
         "sae": ["sae", "train", model, *one, "--layer", "1", "--out", str(out / "sae"), "--latents", "16", "--k", "2"],
         "calibrate": ["calibrate", "--organism", "length", "--n-pairs", "10"],
+        "monitor-report": ["monitor-report", _policy_log(out), "--out", str(out / "policy.html")],
     }[name]
 
 

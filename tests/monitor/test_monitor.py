@@ -260,7 +260,7 @@ def test_callback_is_a_trainer_callback():
 TRL_STEPS, TRL_EVERY = 12, 4
 
 
-def trl_train(tmp_path, callbacks, *, bf16=False):
+def trl_train(tmp_path, callbacks, *, bf16=False, setup=None):
     """A tiny Llama RM (tests/helpers/tiny.py's config) trained by trl.RewardTrainer on list-organism pairs."""
     datasets = pytest.importorskip("datasets")
     trl = pytest.importorskip("trl")
@@ -277,6 +277,8 @@ def trl_train(tmp_path, callbacks, *, bf16=False):
     )
     trainer = trl.RewardTrainer(model=model, args=args, train_dataset=datasets.Dataset.from_list(rows),
                                 processing_class=tok, callbacks=callbacks)
+    if setup is not None:
+        setup(trainer)
     trainer.train()
     return trainer, model, tok
 
@@ -298,6 +300,30 @@ def test_trl_reward_trainer_callback(tmp_path):
     _, plain, _ = trl_train(tmp_path / "plain", [])
     a, b = model.state_dict(), plain.state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_callback_metrics_go_through_trainer_log(tmp_path):
+    """Snapshots off the logging grid make the trainer log at their step, and a reporter (W&B,
+    TensorBoard: callbacks that read `logs` in on_log) receives them once the callback is attached."""
+    from transformers import TrainerCallback
+
+    from rewardlens.monitor import RewardLensCallback
+
+    seen = {}
+
+    class Reporter(TrainerCallback):
+        def on_log(self, args, state, control, logs=None, **kw):
+            if "loss" in logs:  # a training-step log, not the end-of-training summary at the same step
+                seen[state.global_step] = dict(logs)
+
+    cb = RewardLensCallback(WATCH, every=3, at_start=False)
+    trainer, _, _ = trl_train(tmp_path, [Reporter(), cb], setup=cb.attach)
+    traj = cb.trajectory
+    assert list(traj.steps) == [3, 6, 9, 12]
+    assert [seen[s]["rewardlens/margin"] for s in traj.steps] == list(traj["margin"])
+    assert set(seen) == {3, 4, 6, 8, 9, 12}  # the trainer's own log calls: its grid and the snapshots' steps
+    history = {e["step"]: e for e in trainer.state.log_history if "loss" in e}
+    assert [history[s]["rewardlens/accuracy"] for s in traj.steps] == list(traj["accuracy"])
 
 
 def test_trl_mixed_precision_is_measured_without_autocast(tmp_path):

@@ -12,11 +12,11 @@ import sys
 from collections.abc import Sequence
 
 from ..errors import RewardLensError
-from . import audit, base, bench, causal, compare, concepts, conflict, edit, organisms, probes, sae, tokens
+from . import audit, base, bench, causal, compare, concepts, conflict, edit, monitor, organisms, probes, sae, tokens
 from ._common import Command, Interrupted, as_flags, check_common, command_line
 
 # Each module owns its commands; the order here is the order of `rewardlens -h`.
-_MODULES = (base, tokens, audit, bench, causal, probes, compare, concepts, conflict, edit, sae, organisms)
+_MODULES = (base, tokens, audit, bench, causal, probes, compare, concepts, conflict, edit, sae, organisms, monitor)
 
 
 def _commands() -> dict[str, Command]:
