@@ -61,3 +61,18 @@ def test_pairs_without_subsets_say_so(llama, tmp_path, capsys):
     assert main(_argv(llama, path, tmp_path / "out")) == 0
     text = capsys.readouterr().out
     assert "the pairs carry no subset field: no per-subset tables" in text and "by subset (" not in text
+
+
+def test_the_shipped_rewardbench_sample_audits_into_per_subset_tables(llama, tmp_path, capsys):
+    from rewardlens.bench import SECTION_OF
+    from rewardlens.data import load_pairs, sample_path
+
+    path = sample_path("rewardbench")
+    pairs = load_pairs(path)
+    subsets = sorted({p.subset for p in pairs})
+    assert {SECTION_OF[s] for s in subsets} == {"Chat", "Chat Hard", "Safety", "Reasoning"}  # all four sections
+    assert main(_argv(llama, path, tmp_path / "rb", "--json", "--no-tokens")) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["subsets"]["names"] == subsets
+    page = (tmp_path / "rb" / "report.html").read_text(encoding="utf-8")
+    assert all(f">{s}<" in page for s in subsets)  # each subset has its row in the report's table

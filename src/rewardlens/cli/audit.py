@@ -139,7 +139,8 @@ def _locked_run(args: argparse.Namespace, state: dict[str, Any], rank: int, worl
     state.update(model=model, pairs=pairs, store=main_path)
     plan = Plan(chunk_size=args.chunk_size, batch_size=args.batch_size, probes=not args.no_probes,
                 concepts=not args.no_concepts, probe_items=args.probe_items, sae_layer=args.sae_layer,
-                fraction=args.fraction, divergence=not args.no_divergence, paper=args.paper_statistic)
+                fraction=args.fraction, divergence=not args.no_divergence, paper=args.paper_statistic,
+                tokens=not args.no_tokens)
     sae = _sae(args, model)
     progress = not args.quiet
     main_store = Store(main_path)
@@ -332,6 +333,8 @@ def _options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chunk-size", type=positive(int), default=8, help="pairs per stored chunk")
     p.add_argument("--no-probes", action="store_true", help="skip the reward-hacking probes")
     p.add_argument("--no-concepts", action="store_true", help="skip concept directions and dose-response")
+    p.add_argument("--no-tokens", action="store_true",
+                   help="skip the token attribution of the 12 pairs with the largest |margin| (two forwards of them)")
     p.add_argument("--paper-statistic", action="store_true",
                    help="also compute the seed paper's statistic its own way: prefix noising over attention and MLP "
                         "sublayers (one more patched forward of the chosen sides per sublayer)")
