@@ -13,7 +13,7 @@ from rewardlens.calibrate._concepts import CONTROL_SHARE, contrast
 from rewardlens.cli import main
 from rewardlens.errors import DataError, RewardLensWarning, TokenizationError
 from rewardlens.hacking import AXES, concepts, contrast_sets, items
-from rewardlens.model import trace
+from rewardlens.model import collate, trace
 from rewardlens.zoo.organisms import ORGANISMS, build
 from tests.helpers.tiny import own_scores
 
@@ -118,8 +118,8 @@ def test_directions_cosine_and_sigma_agree_with_an_independent_trace():
     head, resid = [], []
     for inputs in (pos, neg):
         seqs, _ = model.encode(inputs)
-        (rows, batch), = model.batches(seqs, len(seqs))
-        x = trace(model, batch)[f"resid_{model.n_layers - 1}"][np.argsort(rows)].double()
+        batch = collate(seqs, pad_id=model.pad_token_id, side="right", first=model.encoder, device=model.device)
+        x = trace(model, batch)[f"resid_{model.n_layers - 1}"].double()
         resid.append(x)
         head.append(model.final_hidden(x.float()).double())
     h_dir = head[0].mean(0) - head[1].mean(0)

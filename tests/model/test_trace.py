@@ -5,13 +5,14 @@ import pytest
 import torch
 
 import rewardlens as rl
-from rewardlens.model import trace
+from rewardlens.model import collate, trace
 
 
 def test_trace_holds_only_the_read_position(tiny_root, pairs):
     model = rl.load(str(tiny_root["llama"]))
     seqs, _ = model.encode(pairs)
-    (_, batch), = list(model.batches(seqs, len(seqs)))
+    # one padded batch of every sequence (`batches` would cut it where padding passes the slack)
+    batch = collate(seqs, pad_id=model.pad_token_id, side="right", first=model.encoder, device=model.device)
     assert batch.input_ids.shape[1] > 10
     tr = trace(model, batch, heads=range(model.n_layers), neurons=range(model.n_layers))
     # Neuron level keeps [n, d_mlp] per layer, never [n, tokens, d_mlp].
