@@ -19,10 +19,11 @@ import torch
 from torch import Tensor
 
 from ..data import Pair, counting
-from ..model import Point, RewardModel, collate, each_batch, eval_mode, rewriting
+from ..model import Batch, Point, RewardModel, collate, each_batch, eval_mode, rewriting
 from ..stats import rank_agreement
 from ..types import Ablation, Inputs, Mode, PatchLevel, Positions, Spans
 from ._engine import Site, head_slice, site_point, sites
+from ._layerwise import layerwise_grads
 from ._patching import Patching, assemble, check_options
 from ._plan import Clean, PatchPlan, encode_pairs
 
@@ -48,6 +49,18 @@ def _probes(points: dict[str, Point], final: Point) -> Iterator[tuple[Tensors, T
     hooks = [(p.module, p.where, functools.partial(touch, name)) for name, p in points.items()]
     with rewriting([*hooks, (final.module, final.where, keep)]):
         yield deltas, acts, out
+
+
+def _whole_grads(model: RewardModel, batch: Batch, points: dict[str, Point], final: Point,
+                 coef: Tensor) -> tuple[Tensors, Tensors]:
+    """(activations, ∂r/∂activation) at every point from one backward through the whole forward."""
+    with torch.enable_grad(), eval_mode(model.model), _probes(points, final) as (deltas, acts, out):
+        model.backbone(**model.batch_kwargs(batch))
+        # Layers may sit on several devices (device_map); the head and its norm live on model.device.
+        objectives = model.head(model.final_hidden(out["final"].float().to(model.device)))
+        reward = (objectives * coef).sum()
+        names = list(deltas)
+        return acts, dict(zip(names, torch.autograd.grad(reward, [deltas[k] for k in names])))
 
 
 def attribution_patch(
@@ -87,14 +100,10 @@ def attribution_patch(
                             device=model.device)
             final = model.final_points(batch, gate=False)["final"]
             points = {k: site_point(model, site, batch.read_index) for k, site in keys.items()}
-            kwargs = model.batch_kwargs(batch)
-            with torch.enable_grad(), eval_mode(model.model), _probes(points, final) as (deltas, acts, out):
-                model.backbone(**kwargs)
-                # Layers may sit on several devices (device_map); the head and its norm live on model.device.
-                objectives = model.head(model.final_hidden(out["final"].float().to(model.device)))
-                reward = (objectives * clean.coef[index]).sum()
-                names = list(deltas)
-                grads = dict(zip(names, torch.autograd.grad(reward, [deltas[k] for k in names])))
+            # One layer at a time where stepping reproduces the model (memory: one layer's activations);
+            # else one backward through the whole forward.
+            got = layerwise_grads(model, batch, clean.coef[index], lambda: _probes(points, final))
+            acts, grads = got if got is not None else _whole_grads(model, batch, points, final, clean.coef[index])
             c = cols[rows].to(model.device)
             r = torch.arange(len(rows), device=model.device)[:, None]
             mask = valid[rows].to(model.device, torch.float32)[..., None]

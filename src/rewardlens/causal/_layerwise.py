@@ -1,0 +1,81 @@
+"""Gradients of the reward at every capture point, one layer at a time (attribution patching's backward).
+
+A backward pass through one whole forward holds every layer's activations of every position at
+once: for a long sequence that is many times what a no-grad forward needs, and it sets the audit's
+peak memory. Here one no-grad forward records each layer's input and call arguments (`Recording`,
+as the stepped engine does); then, from the last layer down, layer l alone is run again with grad
+from its recorded input, and the gradient arriving at its output is pulled back to its input and
+to the points inside it: `g_l = (∂ out_l / ∂ in_l)ᵀ g_{l+1}`, with `g_L = ∂r/∂ out_{L-1}` at the read
+position. The chain rule makes this the same gradient as the whole backward; memory is one layer's
+activations. Each layer's recomputed output must equal the recorded input of the next (the proof
+that stepping reproduces this model's forward); otherwise the caller backpropagates whole.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+
+import torch
+from torch import Tensor
+
+from ..model import Batch, RewardModel, eval_mode, get_module
+from ._stepped import Recording
+
+Tensors = dict[str, Tensor]
+Probes = Callable[[], AbstractContextManager[tuple[Tensors, Tensors, Tensors]]]
+
+
+def _close(mine: Tensor, want: Tensor, mask: Tensor, tol: float) -> bool:
+    gap = (mine - want)[mask].float().norm(dim=-1) / want[mask].float().norm(dim=-1).clamp_min(1e-12)
+    return bool(gap.max() <= tol) if gap.numel() else True
+
+
+def layerwise_grads(
+    model: RewardModel, batch: Batch, coef: Tensor, probes: Probes, tol: float = 1e-4
+) -> tuple[Tensors, Tensors] | None:
+    """(activations, gradients of the reward) at every point that `probes()` touches, keyed by name,
+    each [B, T, w]; None when stepping does not reproduce the model's forward on `batch`.
+
+    `probes()` is a context manager yielding `(deltas, acts, _)` (attribution patching's zero-leaf
+    hooks); it is entered once per layer, so only the points inside that layer fire. `coef` [B, k]:
+    the readout coefficients, held at their clean values (a gate reads an earlier position)."""
+    rec = Recording(model, batch)
+    mask = batch.attention_mask.bool().to(rec.last.device)
+    rows = torch.arange(batch.input_ids.shape[0], device=model.device)
+    acts: Tensors = {}
+    grads: Tensors = {}
+    upstream: Tensor | None = None
+    for layer in reversed(range(model.n_layers)):
+        args, kwargs = rec.calls[layer]
+        x = rec.inputs[layer].detach().requires_grad_(True)
+        with torch.enable_grad(), eval_mode(model.model), probes() as (deltas, seen, _):
+            out = model.layers[layer](x, *args, **kwargs)
+            hidden = out[0] if isinstance(out, (tuple, list)) else out
+            if not _matches(model, rec, layer, hidden.detach(), mask, tol):
+                return None
+            names = list(deltas)
+            if upstream is None:  # the last layer: the reward read at t* through the frozen read-out
+                h = hidden[rows.to(hidden.device), batch.read_index.to(hidden.device)]
+                reward = (model.head(model.final_hidden(h.float().to(model.device))) * coef).sum()
+                got = torch.autograd.grad(reward, [x, *(deltas[k] for k in names)], allow_unused=True)
+            else:
+                got = torch.autograd.grad(hidden, [x, *(deltas[k] for k in names)], grad_outputs=upstream,
+                                          allow_unused=True)
+        upstream = got[0] if got[0] is not None else torch.zeros_like(x)
+        for name, grad in zip(names, got[1:]):
+            acts[name] = seen[name]
+            grads[name] = grad if grad is not None else torch.zeros_like(seen[name])
+    return acts, grads
+
+
+def _matches(model: RewardModel, rec: Recording, layer: int, hidden: Tensor, mask: Tensor, tol: float) -> bool:
+    """Layer `layer`'s recomputed output equals what the recorded forward passed on: the next layer's
+    input, or (last layer) the backbone's output, after the final norm where the backbone applies it."""
+    if layer + 1 < model.n_layers:
+        return _close(hidden, rec.inputs[layer + 1], mask, tol)
+    last = hidden
+    if model.arch.final_norm is not None:
+        with torch.no_grad():
+            last = get_module(model.model, model.arch.final_norm)(hidden)
+    return last.shape == rec.last.shape and _close(last, rec.last, mask, tol)
