@@ -47,7 +47,9 @@ def run_whole(model: RewardModel, pairs: Sequence[Pair], store: Store, plan: Pla
 
     Besides probes, concepts and SAE features: `plan.divergence` (read-position head noising scored
     for out-of-distribution patched states, from 4 pairs on: its natural fit needs 8 sequences) and,
-    for a head with several outputs, the conflicts between its terms on the pairs (from 3 pairs on)."""
+    for a head with several outputs, the conflicts between its terms on the pairs (from 3 pairs on),
+    and `plan.tokens`: exact token attribution of the pairs `token_choice` picks from the stored lens.
+    Pairs the store records as skipped (too long for memory) are left out of all of them."""
     every = list(pairs)
     skipped = store.done(skipped_key(model, every))  # too long for memory: left out here as everywhere
     pairs = [p for i, p in enumerate(every) if str(i) not in skipped]
