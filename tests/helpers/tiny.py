@@ -39,6 +39,7 @@ def configs(tok) -> dict[str, tuple[type, object]]:
         "phi3": (seq, tf.Phi3Config(num_key_value_heads=H, **dec)),
         "gemma": (seq, tf.GemmaConfig(num_key_value_heads=1, head_dim=16, **dec)),
         "gemma2": (seq, tf.Gemma2Config(num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=16, **dec)),
+        "gemma3": (seq, tf.Gemma3TextConfig(num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=16, **dec)),
         "olmo2": (seq, tf.Olmo2Config(num_key_value_heads=2, **dec)),
         "gpt2": (seq, tf.GPT2Config(vocab_size=v, n_embd=D, n_layer=L, n_head=H, n_positions=256, **c)),
         "gpt_neox": (seq, tf.GPTNeoXConfig(use_parallel_residual=True, **dec)),

@@ -135,6 +135,8 @@ _REGISTRY: dict[str, ArchitectureMap] = {
     "phi3": _decoder("phi3"),
     "gemma": _decoder("gemma", norm="rms_offset"),
     "gemma2": _decoder("gemma2", norm="rms_offset", **_POST),
+    # Gemma-3 (text) is Gemma-2's residual layout; its q/k norms sit inside attention, before o_proj.
+    "gemma3_text": _decoder("gemma3", norm="rms_offset", **_POST),
     "olmo2": _decoder("olmo2", **_POST),
     "gpt2": ArchitectureMap(
         name="gpt2", layers="transformer.h", attn_out="attn.c_proj", mlp_out="mlp.c_proj",
@@ -165,8 +167,37 @@ def register_architecture(
         _REGISTRY[key] = arch
 
 
+# Config fields that count a mixture-of-experts MLP's experts (Mixtral, Qwen2/3-MoE, OLMoE, DeepSeek).
+_EXPERT_FIELDS = ("num_local_experts", "num_experts", "n_routed_experts")
+
+
+def refuse_mixture_of_experts(model: nn.Module) -> None:
+    """Refuse a mixture-of-experts decoder before any map is proposed or any instrument runs.
+
+    A sparse MLP computes Σ_e g_e(x)·E_e(x) over the router's chosen experts: no single output
+    projection holds it, so no map can make the MLP a part (discovery would otherwise propose the
+    shared expert alone and fail deep in the closure proof with a tensor-size error).
+    """
+    config = hf_config(model)
+    counts = {f: getattr(config, f, None) for f in _EXPERT_FIELDS}
+    found = [f"{f}={n}" for f, n in counts.items() if isinstance(n, int) and n > 1]
+    found += [n for n, _ in model.named_modules() if n.rsplit(".", 1)[-1] == "experts"][:1]
+    if not found:
+        return
+    raise ArchitectureError(
+        f"{type(model).__name__} (model_type={getattr(config, 'model_type', None)!r}) is a mixture-of-experts "
+        f"decoder ({found[0]}): rewardlens does not decompose mixture-of-experts MLPs yet (each expert's output "
+        "would be a part, weighted by the router's weights on this input), so its parts cannot add up to the "
+        "reward and nothing is measured. Use a dense reward model (Llama, Mistral, Qwen2/3, Gemma, ...); "
+        "registering a map does not help"
+    )
+
+
 def find_map(model: nn.Module) -> ArchitectureMap:
-    """The registered map for `model` (class name first, then model_type), else structural discovery."""
+    """The registered map for `model` (class name first, then model_type), else structural discovery.
+
+    Mixture-of-experts decoders are refused first (`refuse_mixture_of_experts`)."""
+    refuse_mixture_of_experts(model)
     config = hf_config(model)
     for key in (type(model).__name__, *(getattr(config, "architectures", None) or ())):
         if key in _REGISTRY:

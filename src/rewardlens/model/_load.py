@@ -11,7 +11,7 @@ from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTok
 
 from ..errors import HeadError, warn
 from ..types import Readout, Truncation
-from ._arch import ArchitectureMap, find_map, hf_config
+from ._arch import ArchitectureMap, find_map, hf_config, refuse_mixture_of_experts
 from ._armorm import LlamaForRewardModelWithGating
 from ._core import UNSET, RewardModel, Unset, check_structure
 from ._verify import verify
@@ -191,6 +191,7 @@ def wrap(
     `max_length=`, `truncation=`). Gemma-2 should have been loaded with
     `attn_implementation="eager"`.
     """
+    refuse_mixture_of_experts(model)  # even with arch=: no map describes a sparse MLP
     config = hf_config(model)
     if getattr(config, "model_type", None) == "gemma2" and config._attn_implementation != "eager":
         warn("Gemma-2 is only exact with attn_implementation='eager'; reload the model with it")
