@@ -11,12 +11,13 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from ..data import Pair, pair_of
 from ..errors import DataError, RewardLensWarning, TokenizationError
-from ..model import RewardModel, Tokenized, sequence_label, trace
+from ..model import Batch, RewardModel, Tokenized, Trace, sequence_label, trace
 from ..types import Ablation, Mode, Positions, Spans
 from ._engine import Site, site_point
 
@@ -41,29 +42,53 @@ class Clean:
         caller to fill in (the read-position engine reads them off an unpatched copy)."""
         index = list(range(len(seqs))) if only is None else list(only)
         layers = range(model.n_layers) if heads else ()
-        parts: dict[str, list[Tensor]] = {}
-        read = [0] * len(seqs)
-        order: list[Tensor] = []
+        runs = CleanRuns(len(index))
         for rows, batch in model.batches([seqs[i] for i in index], batch_size, "right", is_pairs, index=index):
-            tr = trace(model, batch, heads=layers)
-            for key, value in tr.captured.items():
-                parts.setdefault(key, []).append(value)
-            for row, at in zip(rows.tolist(), batch.read_index.tolist()):
-                read[index[row]] = at
-            order.append(torch.as_tensor(rows))
+            runs(rows, batch, trace(model, batch, heads=layers))
+        if only is None:
+            return cls.of(model, seqs, runs)
+        read = [0] * len(seqs)
+        for j, i in enumerate(index):
+            read[i] = runs.read[j]
         rest = [i for i in range(len(seqs)) if i not in set(index)]
         for rows, batch in model.batches([seqs[i] for i in rest], batch_size, "right", is_pairs, index=rest):
             for row, at in zip(rows.tolist(), batch.read_index.tolist()):
                 read[rest[row]] = at
-        inverse = torch.argsort(torch.cat(order))
-        run = {k: torch.cat(v)[inverse.to(v[0].device)] for k, v in parts.items()}
+        run = runs.captured()
         values, coef = model.head_readout(run)
-        if only is None:
-            return cls(seqs, run, read, coef, (values * coef).sum(-1))
         at = torch.tensor(index, device=model.device)
         captured = {k: v.new_zeros((len(seqs), *v.shape[1:])).index_copy(0, at, v) for k, v in run.items()}
         reward = torch.full((len(seqs),), float("nan"), device=model.device).index_copy(0, at, (values * coef).sum(-1))
         return cls(seqs, captured, read, model.head.coefficients(len(seqs)), reward)
+
+    @classmethod
+    def of(cls, model: RewardModel, seqs: list[Tokenized], runs: CleanRuns) -> Clean:
+        """The clean runs of all of `seqs`, from traces already taken (`CleanRuns` saw every batch)."""
+        run = runs.captured()
+        values, coef = model.head_readout(run)
+        return cls(seqs, run, runs.read, coef, (values * coef).sum(-1))
+
+
+class CleanRuns:
+    """Each traced batch's read-position captures and read positions, kept in the order of the
+    sequences traced (batches come length-sorted): call it with `(rows, batch, trace)` per batch."""
+
+    def __init__(self, n: int) -> None:
+        self.parts: dict[str, list[Tensor]] = {}
+        self.order: list[np.ndarray] = []
+        self.read = [0] * n
+
+    def __call__(self, rows: np.ndarray, batch: Batch, tr: Trace) -> None:
+        for key, value in tr.captured.items():
+            self.parts.setdefault(key, []).append(value)
+        for row, at in zip(np.asarray(rows).tolist(), batch.read_index.tolist()):
+            self.read[row] = at
+        self.order.append(np.asarray(rows))
+
+    def captured(self) -> dict[str, Tensor]:
+        """Every point [N, w], rows in the order of the sequences traced."""
+        inverse = torch.as_tensor(np.argsort(np.concatenate(self.order)))
+        return {k: torch.cat(v)[inverse.to(v[0].device)] for k, v in self.parts.items()}
 
 
 def flatten_pairs(pairs: Pair | Sequence[Pair]) -> list[Pair]:
