@@ -50,10 +50,17 @@ if TYPE_CHECKING:
     from .hacking import edit as edit
     from .hacking import probe as probe
     from .model import ArchitectureMap as ArchitectureMap
+    from .model import Reads as Reads
     from .model import RewardModel as RewardModel
     from .model import load as load
+    from .model import load_dpo as load_dpo
+    from .model import load_judge as load_judge
+    from .model import load_prm as load_prm
     from .model import register_architecture as register_architecture
     from .model import wrap as wrap
+    from .model import wrap_dpo as wrap_dpo
+    from .model import wrap_judge as wrap_judge
+    from .model import wrap_prm as wrap_prm
     from .monitor import Monitor as Monitor
     from .monitor import Trajectory as Trajectory
     from .monitor import monitored_reward as monitored_reward
@@ -65,11 +72,12 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ArchitectureMap", "Attribution", "Audit", "Bench", "Cascades", "Comparison", "Concepts", "Conflicts",
-    "Distortion", "Edit", "Faithfulness", "Lens", "Monitor", "Pair", "Patching", "Probes", "RewardLensError",
+    "Distortion", "Edit", "Faithfulness", "Lens", "Monitor", "Pair", "Patching", "Probes", "Reads", "RewardLensError",
     "RewardModel", "SAEConfig", "Scorecard", "Store", "TokenAttribution", "TopKSAE", "Trajectory", "attribute",
     "attribute_features", "attribution_patch", "audit", "bench", "calibrate", "cascade", "compare", "concepts",
-    "conflict", "distortion", "edit", "faithfulness", "lens", "load", "load_pairs", "load_sae", "monitored_reward",
-    "patch", "probe", "register_architecture", "tokens", "train_sae", "wrap",
+    "conflict", "distortion", "edit", "faithfulness", "lens", "load", "load_dpo", "load_judge", "load_pairs",
+    "load_prm", "load_sae", "monitored_reward", "patch", "probe", "register_architecture", "tokens", "train_sae",
+    "wrap", "wrap_dpo", "wrap_judge", "wrap_prm",
 ]
 
 # Each public name → the subpackage face that defines it (the imports above, for the type checker).
@@ -84,7 +92,8 @@ _FACE: dict[str, str] = {
     **dict.fromkeys(("Attribution", "Lens", "TokenAttribution", "attribute", "lens", "tokens"), "exact"),
     **dict.fromkeys(("Cascades", "Concepts", "Conflicts", "Distortion", "Edit", "Probes", "cascade", "concepts",
                      "conflict", "distortion", "edit", "probe"), "hacking"),
-    **dict.fromkeys(("ArchitectureMap", "RewardModel", "load", "register_architecture", "wrap"), "model"),
+    **dict.fromkeys(("ArchitectureMap", "Reads", "RewardModel", "load", "load_dpo", "load_judge", "load_prm",
+                     "register_architecture", "wrap", "wrap_dpo", "wrap_judge", "wrap_prm"), "model"),
     **dict.fromkeys(("Monitor", "Trajectory", "monitored_reward"), "monitor"),
     **dict.fromkeys(("SAEConfig", "TopKSAE", "attribute_features", "load_sae", "train_sae"), "sae"),
 }

@@ -40,6 +40,14 @@ def configs(tok) -> dict[str, tuple[type, object]]:
         "gemma": (seq, tf.GemmaConfig(num_key_value_heads=1, head_dim=16, **dec)),
         "gemma2": (seq, tf.Gemma2Config(num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=16, **dec)),
         "gemma3": (seq, tf.Gemma3TextConfig(num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=16, **dec)),
+        # Multimodal Gemma-3: the language model's sizes sit in text_config; a tiny vision tower rides along.
+        # Its sliding window (8) is shorter than the test texts, so every instrument meets one.
+        "gemma3-mm": (seq, tf.Gemma3Config(
+            text_config=tf.Gemma3TextConfig(num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=16,
+                                            sliding_window=8, **dec),
+            vision_config=tf.SiglipVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                                num_attention_heads=2, image_size=28, patch_size=14),
+            mm_tokens_per_image=1, **c)),
         "olmo2": (seq, tf.Olmo2Config(num_key_value_heads=2, **dec)),
         "gpt2": (seq, tf.GPT2Config(vocab_size=v, n_embd=D, n_layer=L, n_head=H, n_positions=256, **c)),
         "gpt_neox": (seq, tf.GPTNeoXConfig(use_parallel_residual=True, **dec)),
@@ -49,6 +57,15 @@ def configs(tok) -> dict[str, tuple[type, object]]:
             vocab_size=v, hidden_size=D, intermediate_size=FF, num_hidden_layers=L, num_attention_heads=H,
             max_position_embeddings=256, relative_attention=True, pos_att_type=["c2p", "p2c"],
             position_biased_input=False, max_relative_positions=64, **c)),
+        # Positions start at pad_token_id + 1; type_vocab_size=1 as in the released checkpoints.
+        "roberta": (seq, tf.RobertaConfig(type_vocab_size=1, **dec)),
+        "xlm-roberta": (seq, tf.XLMRobertaConfig(type_vocab_size=1, **dec)),
+        # Mixture-of-experts: 4 experts, top-2 routing; Qwen2-MoE adds a shared expert (tests/exact/test_moe.py).
+        "mixtral": (seq, tf.MixtralConfig(num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, **dec)),
+        "qwen2_moe": (seq, tf.Qwen2MoeConfig(num_key_value_heads=2, num_experts=4, num_experts_per_tok=2,
+                                             moe_intermediate_size=32, shared_expert_intermediate_size=64, **dec)),
+        "qwen3_moe": (seq, tf.Qwen3MoeConfig(num_key_value_heads=2, num_experts=4, num_experts_per_tok=2,
+                                             moe_intermediate_size=32, head_dim=16, **dec)),
         "armorm": (LlamaForRewardModelWithGating, tf.LlamaConfig(
             num_key_value_heads=2, num_objectives=3, gating_hidden_dim=16, gating_n_hidden=2,
             gating_temperature=10.0, gating_token_pattern=gate_pattern,
@@ -68,7 +85,8 @@ def perturb_(model: torch.nn.Module, seed: int) -> None:
         for name, p in model.named_parameters():
             if p.ndim == 1:
                 p.add_(0.2 * torch.randn(p.shape, generator=gen))
-            if name.endswith(("score.weight", "classifier.weight", "regression_layer.weight")):
+            if name.endswith(("score.weight", "classifier.weight", "classifier.out_proj.weight",
+                              "regression_layer.weight")):
                 p.copy_(torch.randn(p.shape, generator=gen) / p.shape[-1] ** 0.5)
         if hasattr(model, "reward_transform_matrix"):
             k = model.reward_transform_matrix.shape[0]
@@ -81,6 +99,39 @@ def build(name: str, tok, root: Path, seed: int = 0) -> Path:
     torch.manual_seed(seed)
     model = (cls.from_config(config) if cls is tf.AutoModelForSequenceClassification else cls(config)).eval()
     perturb_(model, seed)
+    path = root / name
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+MOE = ("mixtral", "qwen2_moe", "qwen3_moe")
+"""Mixture-of-experts decoders (also in ARCHS); tests/exact/test_moe.py builds its own, with decisive routers."""
+
+
+def moe_config(name: str, tok, **overrides) -> tf.PretrainedConfig:
+    """A tiny `name` mixture-of-experts config: 2 layers, 4 experts, top-2 routing (Qwen2-MoE: a shared expert)."""
+    c = dict(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=128, **_common(tok))
+    moe = dict(num_experts_per_tok=2, moe_intermediate_size=16, **overrides)
+    if name == "mixtral":
+        moe.pop("moe_intermediate_size")
+        return tf.MixtralConfig(num_local_experts=4, **moe, **c)
+    if name == "qwen2_moe":
+        return tf.Qwen2MoeConfig(num_experts=4, shared_expert_intermediate_size=32, **moe, **c)
+    return tf.Qwen3MoeConfig(num_experts=4, head_dim=8, **moe, **c)
+
+
+def build_moe(name: str, tok, root: Path, seed: int = 0, **overrides) -> Path:
+    """Save a tiny random mixture-of-experts reward model under `root/name`; its routers are scaled up
+    so that tokens choose different experts (at init every router is near uniform)."""
+    torch.manual_seed(seed)
+    model = tf.AutoModelForSequenceClassification.from_config(moe_config(name, tok, **overrides)).eval()
+    perturb_(model, seed)
+    with torch.no_grad():
+        for key, p in model.named_parameters():
+            if key.endswith(".mlp.gate.weight"):
+                p.mul_(30.0)
     path = root / name
     model.save_pretrained(path)
     tok.save_pretrained(path)

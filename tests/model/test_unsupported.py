@@ -1,5 +1,7 @@
-"""Architectures rewardlens cannot decompose yet are refused up front, by name, never with a raw tensor
-error (issue 18 part 3): mixture-of-experts decoders (Mixtral, Qwen2-MoE, Qwen3-MoE)."""
+"""What rewardlens cannot decompose is refused up front, by name, never with a raw tensor error (issue 18
+part 3). Mixture-of-experts decoders are supported (tests/exact/test_moe.py); refused there: a map naming a
+module inside the sparse block, a neuron split of a dense MLP block beside sparse ones (or inside an
+expert), and the expert split of a sparse block whose layout is not understood."""
 
 import numpy as np
 import pytest
@@ -10,73 +12,82 @@ import rewardlens as rl
 from rewardlens.cli import main
 from rewardlens.data import save_pairs
 from rewardlens.errors import ArchitectureError
-from tests.helpers.tiny import PAIRS, own_scores
-
-MOE = ("mixtral", "qwen2_moe", "qwen3_moe")
-
-
-def _config(name: str, tok) -> tf.PretrainedConfig:
-    c = dict(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, max_position_embeddings=128, pad_token_id=tok.pad_token_id,
-             eos_token_id=tok.eos_token_id, bos_token_id=None, num_labels=1)
-    if name == "mixtral":
-        return tf.MixtralConfig(num_local_experts=4, num_experts_per_tok=2, **c)
-    if name == "qwen2_moe":  # with a shared expert: discovery used to propose it alone as the MLP
-        return tf.Qwen2MoeConfig(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
-                                 shared_expert_intermediate_size=32, **c)
-    if name == "qwen3_moe":
-        return tf.Qwen3MoeConfig(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, head_dim=8, **c)
-    return tf.Qwen2Config(**c)  # the dense control
+from tests.helpers.tiny import MOE, PAIRS, build_moe, own_scores
 
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory, tokenizer):
     root = tmp_path_factory.mktemp("unsupported")
-    out = {}
-    for name in (*MOE, "qwen2"):
-        torch.manual_seed(0)
-        model = tf.AutoModelForSequenceClassification.from_config(_config(name, tokenizer)).eval()
-        model.save_pretrained(root / name)
-        tokenizer.save_pretrained(root / name)
-        out[name] = root / name
+    out = {name: build_moe(name, tokenizer, root) for name in MOE}
+    # Qwen2-MoE with a dense layer 0 beside the sparse layer 1.
+    out["mixed"] = build_moe("qwen2_moe", tokenizer, root / "mixed", mlp_only_layers=[0])
+    torch.manual_seed(0)
+    dense = tf.AutoModelForSequenceClassification.from_config(tf.Qwen2Config(
+        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=128, pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id, bos_token_id=None, num_labels=1)).eval()
+    dense.save_pretrained(root / "qwen2")
+    tokenizer.save_pretrained(root / "qwen2")
+    out["qwen2"] = root / "qwen2"
     return out
 
 
-def _assert_names_the_cause(message: str, model_type: str) -> None:
-    assert f"model_type={model_type!r}" in message, message
-    assert "mixture-of-experts" in message and "router" in message, message
-    assert "dense reward model" in message, message  # what the user can do
+INSIDE = [(m, p) for m in MOE for p in ("mlp.experts", "mlp.gate")] + [("qwen2_moe", "mlp.shared_expert.down_proj")]
 
 
-@pytest.mark.parametrize("model_type", MOE)
-def test_load_refuses_a_mixture_of_experts_decoder_by_name(folders, model_type):
-    with pytest.raises(ArchitectureError) as info:
-        rl.load(str(folders[model_type]))
-    _assert_names_the_cause(str(info.value), model_type)
-
-
-@pytest.mark.parametrize("model_type", MOE)
-def test_wrap_refuses_it_even_with_an_explicit_map(folders, tokenizer, model_type):
-    """A map cannot describe a sparse MLP, so wrap(arch=...) is refused before the closure proof runs."""
+@pytest.mark.parametrize(("model_type", "inside"), INSIDE)
+def test_wrap_refuses_a_map_naming_a_module_inside_the_sparse_block(folders, tokenizer, model_type, inside):
+    """Modules inside a sparse block see flattened [n·T, d] states and write part of the sum (or nothing):
+    refused by name, with the fix, before the closure proof runs (it used to die on a tensor size)."""
     model = tf.AutoModelForSequenceClassification.from_pretrained(folders[model_type]).eval()
     llama_like = rl.ArchitectureMap(name="llama-like", layers="model.layers", attn_out="self_attn.o_proj",
-                                   mlp_out="mlp.experts", final_norm="model.norm")
-    for arch in (None, llama_like):
-        with pytest.raises(ArchitectureError) as info:
-            rl.wrap(model, tokenizer, arch=arch)
-        _assert_names_the_cause(str(info.value), model_type)
+                                   mlp_out=inside, final_norm="model.norm")
+    with pytest.raises(ArchitectureError) as info:
+        rl.wrap(model, tokenizer, arch=llama_like)
+    message = str(info.value)
+    assert f"names {inside!r} as layer 0's MLP output" in message and "mixture-of-experts block 'mlp'" in message
+    assert "Set mlp_out='mlp'" in message, message
 
 
-def test_a_dense_model_of_the_same_family_still_loads_and_scores(folders):
-    """The control: the refusal keys on experts, not on the family (dense Qwen2 with the same sizes)."""
+def test_an_expert_split_of_an_unknown_block_layout_is_refused_up_front(folders, pairs):
+    """A sparse block with a child whose role in the sum is unknown: sublayers still close (the block's
+    output is the write); level='neuron' is refused before any forward, naming the child."""
+    model = rl.load(str(folders["qwen3_moe"]))
+    block = model.layer_module(1, "mlp")
+    block.add_module("residual_scale", torch.nn.Identity())
+    try:
+        np.testing.assert_allclose(rl.attribute(model, pairs).reward, own_scores(model, pairs), rtol=1e-5, atol=1e-6)
+        with pytest.raises(ArchitectureError, match="children \\['residual_scale'\\] whose role in the sum"):
+            rl.attribute(model, pairs, level="neuron")
+    finally:
+        del block.residual_scale
+
+
+def test_neurons_inside_an_expert_are_refused(folders):
+    """level='neuron' splits a sparse block into experts; the neurons inside experts have no part and no
+    output projection to read them from."""
+    model = rl.load(str(folders["mixtral"]))
+    with pytest.raises(ArchitectureError, match="splits a sparse block into its experts \\(not into the neurons"):
+        rl.model.projection_inputs(model, "mlp", 0)
+    with pytest.raises(ValueError, match="not to a neuron"):
+        rl.model.Part.mlp(0, 3, expert=1)
+
+
+def test_a_dense_model_of_the_same_family_keeps_its_neurons(folders):
+    """The control: the refusals key on sparse blocks, not on the family (dense Qwen2 with the same sizes
+    keeps its down_proj map and splits into neurons)."""
     rm = rl.load(str(folders["qwen2"]))
-    np.testing.assert_allclose(rm.score(PAIRS), own_scores(rm, PAIRS), rtol=1e-5, atol=1e-6)
+    assert rm.arch.mlp_out == "mlp.down_proj"
+    att = rl.attribute(rm, PAIRS, level="neuron")
+    assert "mlp_L0_N63" in att.names
+    np.testing.assert_allclose(att.reward, own_scores(rm, PAIRS), rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("model_type", MOE)
-def test_the_command_line_says_it_in_one_line_with_exit_code_2(folders, model_type, tmp_path, capsys):
+def test_the_command_line_says_it_in_one_line_with_exit_code_2(folders, tmp_path, capsys):
+    """A neuron split of the dense MLP block beside sparse ones (Qwen2-MoE's mlp_only_layers)."""
     pairs_file = save_pairs(PAIRS[:1], tmp_path / "pairs.jsonl")
-    assert main(["score", str(folders[model_type]), "--pairs", str(pairs_file)]) == 2
+    assert main(["attribute", str(folders["mixed"]), "--pairs", str(pairs_file), "--level", "neuron"]) == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
-    _assert_names_the_cause(err, model_type)
+    assert "layer 0's mlp output 'mlp' (Qwen2MoeMLP) is not a linear projection" in err, err
+    assert "pass layers= with only the sparse layers" in err, err

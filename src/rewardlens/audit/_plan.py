@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..causal import aligned
 from ..data import Pair
@@ -53,6 +53,11 @@ class Plan:
             raise ValueError(f"probe_items must be >= 2 (concepts need two inputs a side) or None, "
                              f"got {self.probe_items}")
 
+    def for_reads(self) -> Plan:
+        """This plan for a reward read at a set of positions: without the steps that read one token per
+        sequence (probes, concepts, divergence, tokens, the paper's prefix statistic)."""
+        return replace(self, probes=False, concepts=False, divergence=False, tokens=False, paper=False)
+
     def items(self) -> list[Item] | None:
         """The built-in items the probes and concepts use (None: all of them)."""
         if self.probe_items is None:
@@ -72,11 +77,14 @@ def chunks(n_pairs: int, chunk_size: int) -> list[range]:
 
 
 def run_keys(model: RewardModel, pairs: Sequence[Pair], plan: Plan) -> dict[str, RunKey]:
-    """The store key of each per-pair instrument (`lens`, `sublayers`, `heads`, `faithfulness`) for this run."""
+    """The store key of each per-pair instrument (`lens`, `sublayers`, `heads`, `faithfulness`, and `steps` for
+    a reward read at a set of positions) for this run."""
     fp, data = fingerprint(model), checksum(pairs)
     seed_positions = "all" if aligned(model, pairs) else "read"
     names = {"lens": "lens", "sublayers": "attribution/sublayer", "heads": "attribution/head",
              "faithfulness": f"faithfulness/head/noising/seed-{seed_positions}" + ("/paper" if plan.paper else "")}
+    if model.reads.multi:  # every read's own score, for where the preference forms
+        names["steps"] = f"steps/{model.reads.at}/{model.reads.combine}"
     return {field: RunKey(fp, data, name, VERSION) for field, name in names.items()}
 
 

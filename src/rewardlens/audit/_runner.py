@@ -24,8 +24,8 @@ import numpy as np
 
 from ..causal import Faithfulness, Patching, aligned, faithfulness, trace_pairs
 from ..data import Pair, progress_bar, row_labels
-from ..errors import OutOfMemoryError, RewardLensWarning, StoreError
-from ..exact import Attribution, Lens
+from ..errors import HeadError, OutOfMemoryError, RewardLensWarning, StoreError
+from ..exact import STEP_FIELDS, Attribution, Lens, Steps
 from ..hacking import Concepts, Conflicts, Probes, cascade, distortion
 from ..model import RewardModel
 from ..sae import FeatureAttribution, TopKSAE
@@ -49,7 +49,7 @@ _ROW_FIELDS: dict[type, tuple[str, ...]] = {
 }
 _PAIR_FIELDS = ("attribution", "direct", "total", "attribution_patching", "seed_attribution", "seed_effect")
 _PAPER_FIELDS = ("paper_attribution", "paper_effect")
-_DERIVED = {"rows", "is_pairs", "pair_ids"}
+_DERIVED = {"rows", "is_pairs", "pair_ids", "steps"}  # steps: stored under their own key
 
 
 @dataclass(frozen=True)
@@ -99,6 +99,9 @@ class Audit:
     """Distortion indices of the probe axes against the probes' quality degradations (from `probes`)."""
     cascades: Cascades | None = None
     """Which probe axes fail together item by item (from `probes`)."""
+    steps: Steps | None = None
+    """A reward read at a set of positions (PRM steps, DPO tokens): every read's own score and weight, both
+    sides of every pair (`Steps.sequence` = 2·pair + side); None for a reward read at one token."""
 
 
 
@@ -128,12 +131,26 @@ def _chunk_entries(model: RewardModel, pairs: Sequence[Pair], span: Sequence[int
     }
     entries: list[tuple[RunKey, str, int, dict[str, Any]]] = []
     meta: dict[RunKey, dict[str, Any]] = {}
+    if dec.steps is not None:
+        entries += _step_entries(dec.steps, span, keys["steps"])
+        meta[keys["steps"]] = {}
     for name, res in results.items():
         pair_fields = _PAIR_FIELDS + (_PAPER_FIELDS if plan.paper else ())
         varying, per = (pair_fields, 1) if name == "faithfulness" else (_ROW_FIELDS[type(res)], 2)
         meta[keys[name]] = _constants(res, varying)
         entries += [(keys[name], str(i), i, _split(res, varying, per, j)) for j, i in enumerate(span)]
     return entries, meta
+
+
+def _step_entries(steps: Steps, span: Sequence[int], key: RunKey) -> list[tuple[RunKey, str, int, dict[str, Any]]]:
+    """Each pair's reads (both sides, numbered by input row `2·pair + side`) as one store unit."""
+    out = []
+    for j, i in enumerate(span):
+        mine = (steps.sequence == 2 * j) | (steps.sequence == 2 * j + 1)
+        unit = {f: getattr(steps, f)[mine] for f in STEP_FIELDS}
+        unit["sequence"] = unit["sequence"] - 2 * j + 2 * i
+        out.append((key, str(i), i, unit))
+    return out
 
 
 def run_pairs(model: RewardModel, pairs: Sequence[Pair], store: Store, plan: Plan = Plan(), *,
@@ -235,6 +252,12 @@ def collect(model: RewardModel, pairs: Sequence[Pair], store: Store, plan: Plan 
         return cls(**records[0][1]) if records else None
 
     lens_, sublayers, heads = per_pair(Lens, "lens"), per_pair(Attribution, "sublayers"), per_pair(Attribution, "heads")
+    steps = None
+    if "steps" in parts:  # renumbered to the audit's pairs (skipped ones leave gaps in the input's numbering)
+        got = parts["steps"][0]
+        pair_of_row = {2 * i + side: 2 * j + side for j, i in enumerate(kept) for side in (0, 1)}
+        got["sequence"] = np.array([pair_of_row[int(r)] for r in got["sequence"]], dtype=np.int64)
+        steps = Steps(**{f: np.asarray(got[f]) for f in STEP_FIELDS}, values=None, names=[])
     stacked, meta = parts["faithfulness"]
     probes = whole(Probes, "probes" + plan.suffix())
     concepts_ = whole(Concepts, "concepts" + plan.suffix())
@@ -253,8 +276,23 @@ def collect(model: RewardModel, pairs: Sequence[Pair], store: Store, plan: Plan 
                  provenance=provenance(model, data, command_line), subsets=[p.subset for p in pairs],
                  divergence=whole(Patching, DIVERGENCE), conflicts=conflicts_, distortion=distortion_,
                  tokens=tokens_, token_pairs=[position[i] for i in token_pairs],
-                 skipped={_pair_id(every, i): reason for i, reason in skipped.items()},
+                 skipped={_pair_id(every, i): reason for i, reason in skipped.items()}, steps=steps,
                  cascades=None if probes is None else cascade(probes))
+
+
+def _plan_for_reads(model: RewardModel, plan: Plan, sae: TopKSAE | None) -> Plan:
+    """A reward read at a set of positions gets the per-pair instruments, patched at that set, and each
+    read's score; the steps that read one token per sequence are left out, and said so."""
+    if sae is not None:  # before any store is made: nothing half-written to clean up
+        raise HeadError("SAE features are read at one token per sequence; this model reads its reward at a set of "
+                        "positions: audit it without --sae")
+    left = [name for name, on in (("probes", plan.probes), ("concepts", plan.concepts), ("divergence",
+            plan.divergence), ("tokens", plan.tokens), ("the paper's prefix statistic", plan.paper)) if on]
+    if left:
+        warnings.warn(f"audit: the model reads its reward at a set of positions (Reads(at={model.reads.at!r})); "
+                      f"{', '.join(left)} read one token per sequence and are left out, and path-frozen (direct) "
+                      "patching is not computed (docs/rm-kinds.md)", RewardLensWarning, stacklevel=3)
+    return plan.for_reads()
 
 
 def audit(model: RewardModel, pairs: Sequence[Pair], *, store: Store | str | Path | None = None,
@@ -269,6 +307,8 @@ def audit(model: RewardModel, pairs: Sequence[Pair], *, store: Store | str | Pat
     (`run_lock`) throughout, so a second audit into it refuses (`RunLockedError`, naming this
     run's pid and start time) instead of racing this one on the same chunks.
     """
+    if model.reads.multi:
+        plan = _plan_for_reads(model, plan, sae)
     path = None if isinstance(store, Store) or store is None or str(store) == ":memory:" else Path(store)
     lock: AbstractContextManager[RunLock | None] = nullcontext() if path is None else run_lock(path.parent)
     with lock:

@@ -71,7 +71,7 @@ def run_whole(model: RewardModel, pairs: Sequence[Pair], store: Store, plan: Pla
         (DIVERGENCE, lambda: patch(model, pairs, level="head", divergence=True, batch_size=plan.batch_size),
          plan.divergence and len(pairs) >= 4),
         (CONFLICT, lambda: conflict(model, pairs, batch_size=2 * plan.batch_size),
-         model.head.n_objectives > 1 and len(pairs) >= 3),
+         model.head.n_objectives > 1 and len(pairs) >= 3 and not model.reads.multi),  # conflicts read one token
         ("probes" + plan.suffix(), lambda: probe(model, items, reference=pairs, batch_size=2 * plan.batch_size,
                                                  progress=progress), plan.probes),
         ("concepts" + plan.suffix(), lambda: concepts(model, items=items, batch_size=2 * plan.batch_size,

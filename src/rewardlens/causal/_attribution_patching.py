@@ -19,13 +19,14 @@ import torch
 from torch import Tensor
 
 from ..data import Pair, counting
-from ..model import Batch, Point, RewardModel, collate, each_batch, eval_mode, rewriting
+from ..model import Batch, Point, RewardModel, Tokenized, collate, each_batch, eval_mode, rewriting
 from ..stats import rank_agreement
 from ..types import Ablation, Inputs, Mode, PatchLevel, Positions, Spans
 from ._engine import Site, head_slice, site_point, sites
 from ._layerwise import layerwise_grads
 from ._patching import Patching, assemble, check_options
 from ._plan import Clean, PatchPlan, encode_pairs
+from ._reads_patch import check_reads_options, matched_reads, traced_reads
 
 Tensors = dict[str, Tensor]
 
@@ -44,7 +45,8 @@ def _probes(points: dict[str, Point], final: Point) -> Iterator[tuple[Tensors, T
         return x + delta
 
     def keep(x: Tensor) -> None:
-        out["final"] = x[torch.arange(x.shape[0], device=x.device), final.cols.to(x.device)]
+        rows = torch.arange(x.shape[0], device=x.device) if final.rows is None else final.rows.to(x.device)
+        out["final"] = x[rows, final.cols.to(x.device)]
 
     hooks = [(p.module, p.where, functools.partial(touch, name)) for name, p in points.items()]
     with rewriting([*hooks, (final.module, final.where, keep)]):
@@ -57,8 +59,10 @@ def _whole_grads(model: RewardModel, batch: Batch, points: dict[str, Point], fin
     with torch.enable_grad(), eval_mode(model.model), _probes(points, final) as (deltas, acts, out):
         model.backbone(**model.batch_kwargs(batch))
         # Layers may sit on several devices (device_map); the head and its norm live on model.device.
-        objectives = model.head(model.final_hidden(out["final"].float().to(model.device)))
-        reward = (objectives * coef).sum()
+        objectives = model.head_values(model.final_hidden(out["final"].float().to(model.device)), batch)
+        per = (objectives * (coef if batch.reads is None else coef[:1])).sum(-1)
+        fold = model.fold(batch, per.detach())  # multi-position read-outs: α frozen at the clean run
+        reward = per.sum() if fold is None else (fold @ per).sum()
         names = list(deltas)
         return acts, dict(zip(names, torch.autograd.grad(reward, [deltas[k] for k in names])))
 
@@ -85,6 +89,11 @@ def attribution_patch(
         check_options(mode, ablation, "total")
         seqs = encode_pairs(model, pairs)
         sweep = sites(model, level)
+        if model.reads.multi:
+            check_reads_options(mode, ablation, positions, "total", False)
+            runs, targets, rewards = _reads_estimate(model, seqs, sweep, mode, level, batch_size)
+            return assemble(pairs, runs, targets, rewards, sweep, mode=mode, positions="read", level=level,
+                            estimand="total", approximate=True, min_margin=min_margin)
         if clean is None:
             clean = Clean.run(model, seqs, heads=level == "head", batch_size=batch_size)
         ref_seqs = None if reference is None else model.encode(reference)[0]
@@ -123,6 +132,46 @@ def attribution_patch(
         rewards = clean.reward[plan.targets][:, None] + estimate
         return assemble(pairs, clean, plan.targets, rewards, sweep, mode=mode, positions=positions, level=level,
                         estimand="total", approximate=True, min_margin=min_margin)
+
+
+def _reads_estimate(
+    model: RewardModel, seqs: list[Tokenized], sweep: list[Site], mode: Mode, level: PatchLevel, batch_size: int,
+) -> tuple[Clean, list[int], Tensor]:
+    """Attribution patching at the set of reads (causal/_reads_patch.py): for each target sequence,
+    `Σ_k (a_src,k − a_tgt,k) · ∂r/∂a_tgt,k` over its reads k, from one backward per batch."""
+    matched_reads(seqs, mode)
+    n = len(seqs)
+    clean = torch.zeros(n)
+    targets = list(range(0 if mode in ("noising", "ablation") else 1, n, 2))
+    estimate = torch.zeros(len(targets), len(sweep))
+    keys = {s.key: s for s in sweep}
+    for lo in range(0, len(targets), batch_size):
+        tgt = targets[lo:lo + batch_size]
+        src = [t + 1 if t % 2 == 0 else t - 1 for t in tgt]
+        acts_at, reward = traced_reads(model, seqs, sorted({*tgt, *src}), level == "head", batch_size)
+        for i, r in reward.items():
+            clean[i] = r
+        batch = collate([seqs[i] for i in tgt], pad_id=model.pad_token_id, side="right", first=False,
+                        device=model.device)
+        assert batch.reads is not None  # a multi-position model's sequences carry their reads
+        final = model.final_points(batch, gate=False)["final"]
+        points = {k: site_point(model, site, batch.read_at) for k, site in keys.items()}
+        acts, grads = _whole_grads(model, batch, points, final, model.head.coefficients(len(tgt)))
+        rows, cols = batch.reads.rows, batch.reads.cols
+        for j, site in enumerate(sweep):
+            sl = head_slice(model, site)
+            a, g = acts[site.key], grads[site.key]
+            act = a[rows.to(a.device), cols.to(a.device)][..., sl].float().to(model.device)
+            grad = g[rows.to(g.device), cols.to(g.device)][..., sl].float().to(model.device)
+            if mode == "ablation":
+                inserted = torch.zeros_like(act)
+            else:
+                inserted = torch.cat([acts_at[s][site.key] for s in src])[..., sl].to(model.device)
+            per_read = ((inserted - act) * grad).sum(-1)
+            estimate[lo:lo + len(tgt), j] = torch.zeros(len(tgt), device=model.device).index_add(
+                0, rows.to(model.device), per_read).cpu()
+    runs = Clean(seqs, {}, [0] * n, model.head.coefficients(n), clean.to(model.device))
+    return runs, targets, (clean[targets][:, None] + estimate).to(model.device)
 
 
 def agreement(exact: Patching, approx: Patching, k: int = 10) -> dict[str, float]:

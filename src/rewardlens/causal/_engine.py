@@ -178,7 +178,8 @@ def copies_supported(model: RewardModel, seqs: list[Tokenized]) -> str | None:
         return f"attn_implementation={impl!r} takes no custom attention mask"
     if "position_ids" not in inspect.signature(model.backbone.forward).parameters:
         return "the backbone takes no position_ids, so copies of the read token cannot share its position"
-    window = getattr(config, "sliding_window", None)
+    # A multimodal model (Gemma-3) keeps its language model's window in text_config.
+    window = getattr(config.get_text_config(), "sliding_window", None)
     if window and max(len(s.ids) for s in seqs) > window:
         return f"a sequence is longer than the sliding window ({window} tokens)"
     return None
@@ -318,8 +319,10 @@ def batched_sweep(
         if resid:
             points.update(_resid_points(model, batch.read_index))
         captured = _forward(model, model.batch_kwargs(batch), points, edits)
-        values_, coef = model.head_readout(captured)
-        rewards[seq_idx, [s for _, s in job]] = (values_ * coef).sum(-1)
+        values_, coef = model.head_readout(captured, batch)
+        reward = (values_ * coef).sum(-1)
+        fold = model.fold(batch, reward)  # multi-position read-outs: the patched run's own combination
+        rewards[seq_idx, [s for _, s in job]] = reward if fold is None else fold @ reward
         if resid and streams is not None:
             stacked = torch.stack([captured[f"resid_{layer}"] for layer in range(model.n_layers)], dim=1)
             streams[seq_idx, [s for _, s in job]] = resid(stacked)

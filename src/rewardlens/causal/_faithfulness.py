@@ -15,7 +15,7 @@ pooling leaves it out; `summary` counts the pairs with a defined ρ.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, get_args
 
 import numpy as np
@@ -162,7 +162,10 @@ def _mean_ci(values: np.ndarray, n_boot: int, seed: int) -> tuple[float, float, 
 
 
 def aligned(model: RewardModel, pairs: Sequence[Pair]) -> bool:
-    """Whether every pair's two sides have the same number of tokens (whole-sequence patching needs it)."""
+    """Whether every pair's two sides have the same number of tokens (whole-sequence patching needs it);
+    never for a reward read at a set of positions, which is patched at that set."""
+    if model.reads.multi:
+        return False
     seqs = encode_pairs(model, pairs)
     return all(len(seqs[i].ids) == len(seqs[i + 1].ids) for i in range(0, len(seqs), 2))
 
@@ -211,12 +214,17 @@ def faithfulness(
         positions: Positions = seed_positions or ("all" if aligned(model, pairs) else "read")
         stage("read-position sweep")
         total, seed_patch = _total_and_seed(model, pairs, level, mode, positions, batch_size, clean)
-        direct = patch(model, pairs, mode=mode, level=level, estimand="direct", batch_size=batch_size, clean=clean)
+        if model.reads.multi:  # path-frozen patching reads one token per sequence: named as not computed (NaN)
+            direct = replace(total, patched_chosen=np.full_like(total.patched_chosen, np.nan),
+                             patched_rejected=np.full_like(total.patched_rejected, np.nan), estimand="direct")
+        else:
+            direct = patch(model, pairs, mode=mode, level=level, estimand="direct", batch_size=batch_size,
+                           clean=clean)
         stage("attribution patching")
         atp = attribution_patch(model, pairs, mode=mode, level=level, batch_size=batch_size, clean=clean)
         index = [att.names.index(n) for n in total.names]
         paper_att = paper_effect = None
-        if paper:
+        if paper and not model.reads.multi:  # prefix noising is not defined for a set of reads
             stage("prefix sweep (the paper's way)")
             prefix = patch(model, pairs, mode="noising", positions="prefix", batch_size=batch_size, clean=clean)
             keep = [j for j, name in enumerate(prefix.names) if Part.parse(name).kind != "embed"]

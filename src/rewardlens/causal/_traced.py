@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import torch
+
 from ..data import Pair
 from ..exact import Decomposition, decompose
 from ..model import RewardModel
@@ -37,6 +39,10 @@ def trace_pairs(model: RewardModel, pairs: Sequence[Pair], *, level: PatchLevel 
     """Trace every pair's two sides once (length-sorted batches of `batch_size`) and keep both views."""
     pairs = flatten_pairs(pairs)
     seqs = encode_pairs(model, pairs)
+    if model.reads.multi:  # the set-of-reads engines trace their own batches; the view keeps the rewards
+        dec = decompose(model, pairs, level=level, batch_size=batch_size)
+        reward = torch.as_tensor(dec.reward, device=model.device)
+        return Traced(pairs, level, dec, Clean(seqs, {}, [0] * len(seqs), model.head.coefficients(len(seqs)), reward))
     runs = CleanRuns(len(seqs))
     dec = decompose(model, pairs, level=level, batch_size=batch_size, on_trace=runs)
     return Traced(pairs, level, dec, Clean.of(model, seqs, runs))

@@ -9,6 +9,7 @@ run function.
 from __future__ import annotations
 
 import argparse
+import codecs
 import math
 import os
 import re
@@ -120,6 +121,30 @@ def add_model_options(p: argparse.ArgumentParser, *, optional_model: bool = Fals
     p.add_argument("--max-length", type=positive(int), default=None)
     p.add_argument("--truncation", choices=["error", "left"], default="error")
     p.add_argument("--trust-remote-code", action="store_true")
+    kind = p.add_argument_group("reward-model kind (docs/rm-kinds.md; default: a sequence classifier)")
+    kind.add_argument("--prm-separator", type=_escaped, default=None,
+                      help="a process RM: read every step at this separator token (escapes allowed: '\\n')")
+    kind.add_argument("--prm-combine", choices=["sum", "mean", "min", "last"], default="min",
+                      help="with --prm-separator: how step scores make the sequence's reward")
+    kind.add_argument("--prm-tokens", type=_two_tokens, default=None,
+                      help="with --prm-separator: read the LM head's log-odds of these two tokens, e.g. '+,-'")
+    kind.add_argument("--judge-tokens", type=_two_tokens, default=None,
+                      help="an LLM judge: the log-odds of two answer tokens, e.g. 'Yes,No'")
+    kind.add_argument("--dpo-reference", default=None,
+                      help="a DPO policy: its implicit reward against this reference model (folder or hub id)")
+    kind.add_argument("--dpo-beta", type=positive(float), default=0.1, help="with --dpo-reference: DPO's beta")
+
+
+def _escaped(text: str) -> str:
+    """A separator as typed on a command line, with backslash escapes ('\\n') turned into characters."""
+    return codecs.decode(text, "unicode_escape")
+
+
+def _two_tokens(text: str) -> tuple[str, str]:
+    parts = text.split(",")
+    if len(parts) != 2 or not all(parts):
+        raise argparse.ArgumentTypeError(f"expected two tokens separated by a comma, e.g. 'Yes,No'; got {text!r}")
+    return parts[0], parts[1]
 
 
 def add_pairs_options(p: argparse.ArgumentParser, *, required: bool = True) -> None:
@@ -265,15 +290,28 @@ def quiet_hub() -> None:
 def load_model(args: argparse.Namespace) -> RewardModel:
     """`rewardlens.load` with the options of `add_model_options`."""
     quiet_hub()
-    from ..model import load
+    from ..model import load, load_dpo, load_judge, load_prm
 
     extra: dict[str, Any] = {"pad_token_id": args.pad_token_id} if args.pad_token_id is not None else {}
     if args.trust_remote_code:
         extra["trust_remote_code"] = True
     if args.offload_folder is not None:
         extra["offload_folder"] = args.offload_folder
-    return load(args.model, dtype=args.dtype, device=args.device, device_map=args.device_map, readout=args.readout,
-                max_length=args.max_length, truncation=args.truncation, **extra)
+    common = dict(dtype=args.dtype, device=args.device, max_length=args.max_length, truncation=args.truncation)
+    kinds = [k for k in ("prm_separator", "judge_tokens", "dpo_reference") if getattr(args, k, None) is not None]
+    if len(kinds) > 1:
+        raise ArgumentError(f"--{kinds[0].replace('_', '-')} and --{kinds[1].replace('_', '-')} name two kinds of "
+                            "reward model; pass one")
+    if kinds and (args.device_map is not None or args.pad_token_id is not None):
+        raise ArgumentError("--device-map and --pad-token-id are for sequence-classification reward models")
+    if getattr(args, "dpo_reference", None) is not None:
+        return load_dpo(args.model, args.dpo_reference, beta=args.dpo_beta, **common, **extra)
+    if getattr(args, "judge_tokens", None) is not None:
+        return load_judge(args.model, tokens=args.judge_tokens, **common, **extra)
+    if getattr(args, "prm_separator", None) is not None:
+        return load_prm(args.model, separator=args.prm_separator, combine=args.prm_combine, tokens=args.prm_tokens,
+                        readout=args.readout, **common, **extra)
+    return load(args.model, device_map=args.device_map, readout=args.readout, **common, **extra)
 
 
 def read_pairs(args: argparse.Namespace) -> list[Pair]:

@@ -16,6 +16,8 @@ from ._decompose import part_names as part_names
 from ._decompose import readout_vectors as readout_vectors
 from ._lens import Lens as Lens
 from ._lens import lens as lens
+from ._steps import STEP_FIELDS as STEP_FIELDS
+from ._steps import Steps as Steps
 from ._tokens import TokenAttribution as TokenAttribution
 from ._tokens import tokens as tokens
 
@@ -24,6 +26,8 @@ __all__ = [
     "Decomposition",
     "LEVELS",
     "Lens",
+    "STEP_FIELDS",
+    "Steps",
     "TokenAttribution",
     "attribute",
     "decompose",

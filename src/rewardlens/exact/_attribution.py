@@ -12,6 +12,7 @@ from ..data import Side, row_labels, side
 from ..model import RewardModel
 from ..types import Inputs, Level, PaddingSide, Ranking
 from ._decompose import Decomposition, decompose
+from ._steps import Steps
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -42,6 +43,8 @@ class Attribution:
     rows: list[str]
     is_pairs: bool
     level: Level
+    steps: Steps | None = None
+    """Multi-position read-outs (PRMs, DPO): each read's own reward, weight and parts (exact/_steps.py)."""
 
     @classmethod
     def from_decomposition(cls, dec: Decomposition, level: Level) -> Attribution:
@@ -50,7 +53,7 @@ class Attribution:
             names=dec.names, values=dec.scalar(dec.values), constant=dec.scalar(obj_const), reward=dec.reward,
             per_objective=dec.values, objective_constant=obj_const, objective_reward=dec.objectives,
             objectives=dec.labels, rows=row_labels(len(dec.values), dec.is_pairs), is_pairs=dec.is_pairs,
-            level=level,
+            level=level, steps=dec.steps,
         )
 
     @property

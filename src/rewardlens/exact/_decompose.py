@@ -24,6 +24,8 @@ from ..model import (
     SublayerKind,
     Trace,
     check_bookkeeping,
+    expert_parts,
+    is_moe_layer,
     out_projection,
     projection_inputs,
     sublayer_part,
@@ -31,6 +33,8 @@ from ..model import (
     verify,
 )
 from ..types import Inputs, Level, PaddingSide
+from ._experts import expert_values
+from ._steps import Steps, batch_steps, fold, join_steps
 
 LEVELS: tuple[Level, ...] = get_args(Level)
 
@@ -49,7 +53,9 @@ def parts(model: RewardModel, level: Level, layers: Iterable[int]) -> list[Part]
             out += [Part.attn(layer, bias=True)] if has_bias_part(model, "attn", layer) else []
         else:
             out.append(Part.attn(layer))
-        if level == "neuron" and layer in layers:
+        if level == "neuron" and layer in layers and is_moe_layer(model, layer):
+            out += expert_parts(model, layer)  # a sparse block splits into its experts
+        elif level == "neuron" and layer in layers:
             out += [Part.mlp(layer, n) for n in range(projection_inputs(model, "mlp", layer)[0])]
             out += [Part.mlp(layer, bias=True)] if has_bias_part(model, "mlp", layer) else []
         else:
@@ -59,9 +65,12 @@ def parts(model: RewardModel, level: Level, layers: Iterable[int]) -> list[Part]
 
 def _sublayer(model: RewardModel, tr: Trace, kind: SublayerKind, layer: int, u: Tensor, fine: bool) -> Tensor:
     """Values [n, k, m] of sublayer `kind` of `layer` read along `u` [n, k, d]: m = 1, or its
-    heads/neurons (plus one bias part when the projection or post-norm has a bias) when `fine`."""
+    heads/neurons (plus one bias part when the projection or post-norm has a bias) when `fine`;
+    a mixture-of-experts block's experts (`expert_values`)."""
     if not fine:
         return torch.einsum("nkd,nd->nk", u, sublayer_part(model, tr, kind, layer))[..., None]
+    if kind == "mlp" and is_moe_layer(model, layer):
+        return expert_values(model, tr, layer, u)
     post = model.arch.attn_post_norm if kind == "attn" else model.arch.mlp_post_norm
     const = None
     if post is not None:  # heads/neurons pass through the post-norm with its scale frozen
@@ -103,7 +112,7 @@ def readout_vectors(
     rows are contracted first (k becomes 1): exact, since every later step is linear in `u`.
     """
     arch, n_layers = model.arch, model.n_layers
-    u, head_const = model.head.rows(model.final_hidden(tr["final"]))
+    u, head_const = model.head_rows(model.final_hidden(tr["final"]), tr.batch)
     if coef is not None:
         u, head_const = (coef[..., None] * u).sum(1, keepdim=True), (coef * head_const).sum(-1, keepdim=True)
     consts = {-1: head_const.clone()}
@@ -167,6 +176,9 @@ class Decomposition:
     n_tokens: np.ndarray
     is_pairs: bool
     labels: list[str]
+    steps: Steps | None = None
+    """Multi-position read-outs (PRMs, DPO): every read's own reward and constant, and, for step
+    separators, its parts — so a PRM audit can say at which step a preference forms."""
 
     @property
     def reward(self) -> np.ndarray:
@@ -230,7 +242,7 @@ def decompose(
     coefficients = np.zeros((n, k), dtype=np.float32)
     depth: list[int] = []
     heads, neurons = fine_layers if level == "head" else set(), fine_layers if level == "neuron" else set()
-    checked = False
+    checked, steps = False, []
     for rows, batch in model.batches(seqs, batch_size, padding_side, is_pairs):
         tr = trace(model, batch, heads=heads, neurons=neurons)
         if on_trace is not None:
@@ -238,17 +250,20 @@ def decompose(
         if not checked:
             check_bookkeeping(model, tr)
             checked = True
-        out, coef = model.head_readout(tr.captured)
+        out, coef = model.head_readout(tr.captured, batch)
         vals, depth, consts = decompose_trace(model, tr, level, fine_layers, None if keep else coef)
-        values[rows] = vals.cpu().numpy()
+        weights = model.fold(batch, (out * coef).sum(-1))  # multi-position read-outs: reads → sequences
+        if weights is not None:
+            steps.append(_steps_of(batch, rows, weights, out, coef, vals, consts[-1], keep))
+            out, coef = fold(weights, out), coef[:1].expand(len(rows), -1)
+        values[rows] = fold(weights, vals).cpu().numpy()
         for d, c in consts.items():
             if d == -1:
-                head_constant[rows] = c.cpu().numpy()
+                head_constant[rows] = fold(weights, c).cpu().numpy()
             else:
-                constants[rows, :, d] = c.cpu().numpy()
-        resid = torch.stack([tr["embed"]] + [tr[f"resid_{layer}"] for layer in range(model.n_layers)], dim=1)
-        lens_obj = model.head(model.final_hidden(resid.flatten(0, 1))).view(len(rows), depth_count, -1)
-        lens_obj = lens_obj.transpose(1, 2)  # [n, k, depth]
+                constants[rows, :, d] = fold(weights, c).cpu().numpy()
+        lens_obj = fold(weights, torch.stack([model.head_values(model.final_hidden(tr[name]), batch) for name in
+                                              ["embed"] + [f"resid_{layer}" for layer in range(model.n_layers)]], 2))
         if not keep:  # contract objectives with the readout; the coefficients become 1
             out = (out * coef).sum(-1, keepdim=True)
             lens_obj = (lens_obj * coef[..., None]).sum(1, keepdim=True)
@@ -259,4 +274,16 @@ def decompose(
         names=names, depth=np.asarray(depth), values=values, head_constant=head_constant, constants=constants,
         objectives=objectives, coefficients=coefficients, normed=normed, n_tokens=np.array([len(s.ids) for s in seqs]),
         is_pairs=is_pairs, labels=list(model.head.labels) if keep or model.head.n_objectives == 1 else ["readout"],
+        steps=join_steps(steps, names) if steps else None,
     )
+
+
+def _steps_of(
+    batch: Batch, rows: np.ndarray, weights: Tensor, out: Tensor, coef: Tensor, vals: Tensor, head_const: Tensor,
+    keep: bool,
+) -> dict[str, np.ndarray]:
+    """A multi-position batch's per-read columns: scalar reward, constant and (PRM steps) parts."""
+    scalar = vals if not keep else torch.einsum("mkp,mk->mp", vals, coef)[:, None]
+    const = (head_const * coef).sum(-1) if keep else head_const[:, 0]
+    kept = scalar[:, 0] if batch.reads is not None and batch.reads.targets is None else None
+    return batch_steps(batch, rows, weights, (out * coef).sum(-1), const, kept)

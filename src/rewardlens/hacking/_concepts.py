@@ -36,7 +36,7 @@ import torch
 
 from ..data import progress_bar
 from ..errors import DataError, warn
-from ..model import RewardModel, Tokenized, flatten_inputs
+from ..model import RewardModel, Tokenized, flatten_inputs, one_read_only
 from ..stats import auroc, bootstrap_ci
 from ..types import Positions, Text
 from ._dose import dose_response, fit_slope, linearity
@@ -327,6 +327,8 @@ def concepts(
     With `truncation='left'` nothing is left out. The user's own sets and items are never trimmed:
     an input that does not fit raises `TokenizationError`, as any input does.
     """
+    if model.reads.multi:  # before the contrast sets are tokenized: they carry no step separators
+        raise one_read_only("concepts")
     if positions not in ("read", "all"):
         raise ValueError(f"positions must be 'read' (the read token t*) or 'all' (every real token), got {positions!r}")
     if unit not in ("difference", "sigma"):

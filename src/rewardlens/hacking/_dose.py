@@ -31,7 +31,7 @@ def dose_response(model: RewardModel, seqs: list[Tokenized], label: str, shift: 
         types = batch.token_type_ids
         big = replace(batch, input_ids=rep(batch.input_ids), attention_mask=rep(batch.attention_mask),
                       position_ids=rep(batch.position_ids), token_type_ids=None if types is None else rep(types),
-                      read_index=rep(batch.read_index), labels=None if batch.labels is None
+                      read_at=rep(batch.read_index), labels=None if batch.labels is None
                       else [x for x in batch.labels for _ in range(a)])
         coef = torch.as_tensor(alphas, dtype=torch.float32, device=model.device).repeat(len(rows))
         add = coef[:, None] * shift[None]  # [rows, d], fp32

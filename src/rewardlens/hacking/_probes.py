@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..data import Pair, margin, progress_bar
-from ..model import RewardModel
+from ..model import RewardModel, one_read_only
 from ..stats import benjamini_hochberg, bootstrap_ci, paired_test, standardized
 from ..types import Conversation, Prompt
 from ._axes import AXES, join, sentences, variant
@@ -162,6 +162,8 @@ def probe(
     are never skipped: one that does not fit raises `TokenizationError`, as any input does.
     `progress`: a tqdm bar on stderr over the scored sequences.
     """
+    if model.reads.multi:  # before the items are tokenized: they carry no step separators
+        raise one_read_only("the probes")
     names = list(AXES) if axes is None else list(axes)
     unknown = [a for a in names if a not in AXES]
     if unknown or not names:

@@ -18,16 +18,26 @@ from ._core import UNSET as UNSET
 from ._core import RewardModel as RewardModel
 from ._core import Unset as Unset
 from ._core import check_structure as check_structure
-from ._core import execution_device as execution_device
-from ._core import onloaded as onloaded
 from ._hooks import Point as Point
 from ._hooks import capture as capture
 from ._hooks import eval_mode as eval_mode
 from ._hooks import first_output as first_output
 from ._hooks import hidden_arg as hidden_arg
 from ._hooks import rewriting as rewriting
+from ._kinds import ReferenceTerm as ReferenceTerm
+from ._kinds import load_dpo as load_dpo
+from ._kinds import load_judge as load_judge
+from ._kinds import load_prm as load_prm
+from ._kinds import read_values as read_values
+from ._kinds import wrap_dpo as wrap_dpo
+from ._kinds import wrap_judge as wrap_judge
+from ._kinds import wrap_prm as wrap_prm
 from ._load import load as load
 from ._load import wrap as wrap
+from ._moe import check_moe_map as check_moe_map
+from ._moe import expert_parts as expert_parts
+from ._moe import expert_writes as expert_writes
+from ._moe import is_moe_layer as is_moe_layer
 from ._oom import OOM_ERRORS as OOM_ERRORS
 from ._oom import PAD_SLACK as PAD_SLACK
 from ._oom import Backoff as Backoff
@@ -36,6 +46,15 @@ from ._parts import KINDS as KINDS
 from ._parts import Part as Part
 from ._parts import PartKind as PartKind
 from ._parts import SublayerKind as SublayerKind
+from ._placement import execution_device as execution_device
+from ._placement import onloaded as onloaded
+from ._reads import COMBINES as COMBINES
+from ._reads import READ_AT as READ_AT
+from ._reads import Combine as Combine
+from ._reads import ReadAt as ReadAt
+from ._reads import Reads as Reads
+from ._reads import ReadSet as ReadSet
+from ._reads import one_read_only as one_read_only
 from ._tokens import Batch as Batch
 from ._tokens import Tokenized as Tokenized
 from ._tokens import collate as collate
@@ -54,6 +73,21 @@ from ._verify import check_bookkeeping as check_bookkeeping
 from ._verify import verify as verify
 
 __all__ = [
+    "COMBINES",
+    "Combine",
+    "READ_AT",
+    "ReadAt",
+    "ReadSet",
+    "Reads",
+    "ReferenceTerm",
+    "load_dpo",
+    "load_judge",
+    "load_prm",
+    "read_values",
+    "wrap_dpo",
+    "wrap_judge",
+    "wrap_prm",
+    "one_read_only",
     "KINDS",
     "Part",
     "PartKind",
@@ -74,12 +108,15 @@ __all__ = [
     "bookkeeping_error",
     "capture",
     "check_bookkeeping",
+    "check_moe_map",
     "check_structure",
     "collate",
     "discover",
     "each_batch",
     "eval_mode",
     "execution_device",
+    "expert_parts",
+    "expert_writes",
     "find_map",
     "first_output",
     "fit_length",
@@ -87,6 +124,7 @@ __all__ = [
     "get_module",
     "hf_config",
     "hidden_arg",
+    "is_moe_layer",
     "load",
     "onloaded",
     "out_projection",

@@ -8,12 +8,13 @@ closure test; `register_architecture` lets users do it for their own (remote-cod
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, cast, get_args
+from typing import TYPE_CHECKING, Any, Literal, cast, get_args
 
 from torch import nn
 
 from ..errors import ArchitectureError, HeadError
 from ..types import HeadKind, Layout, NormKind, Pooling
+from ._moe import moe_paths
 from ._norms import NORM_KINDS, detect_norm_kind
 
 if TYPE_CHECKING:
@@ -30,6 +31,22 @@ def hf_config(model: nn.Module) -> PretrainedConfig:
     return cast("PretrainedConfig", model.config)
 
 
+def text_config(model: nn.Module) -> PretrainedConfig:
+    """The config that holds the language model's sizes (heads, width, positions, pad id).
+
+    The top-level config itself for text models; its `text_config` for multimodal ones
+    (Gemma-3's `Gemma3Config`), whose top level holds no sizes."""
+    config = hf_config(model)
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
+PositionIds = Literal["mask", "model"]
+"""How a forward gets its position ids: 'mask' — rewardlens passes `cumsum(attention_mask) − 1`,
+the unpadded sequence's positions 0..T−1; 'model' — rewardlens passes none and pads with the
+model's pad id, from which the model numbers them itself (RoBERTa: `padding_idx + 1 + i`)."""
+POSITION_IDS: tuple[PositionIds, ...] = get_args(PositionIds)
+
+
 @dataclass(frozen=True)
 class ArchitectureMap:
     """Declarative description of a sequence-classification reward model."""
@@ -41,7 +58,8 @@ class ArchitectureMap:
     attn_out: str
     """Attention output projection, relative to a layer; its input is the concatenated heads."""
     mlp_out: str
-    """MLP down-projection, relative to a layer; its input holds the neurons."""
+    """MLP down-projection, relative to a layer; its input holds the neurons. For a mixture-of-experts
+    MLP, the whole sparse block (`mlp`: router, experts and any shared expert), split into experts."""
     final_norm: str | None
     """Final norm before the head (None for post-norm encoders, whose last layer ends in a norm)."""
     head: str = "score"
@@ -71,6 +89,9 @@ class ArchitectureMap:
     attn_values: str | None = None
     """Value projection relative to a layer (output [n, T, H·d_head]), for attention that does not go
     through transformers' `AttentionInterface` (DeBERTa-v2): token attribution reads values there."""
+    position_ids: PositionIds = "mask"
+    """'mask' (rewardlens passes 0-based positions) or 'model' (the model numbers positions from its pad
+    id, RoBERTa/XLM-R: positions then start at pad_token_id + 1 and the usable length shrinks to match)."""
 
     def __post_init__(self) -> None:
         if self.norm not in NORM_KINDS:
@@ -81,6 +102,8 @@ class ArchitectureMap:
             raise ValueError(f"head_kind must be one of {HEAD_KINDS}, got {self.head_kind!r}")
         if self.pooling not in POOLINGS:
             raise ValueError(f"pooling must be 'last' or 'first', got {self.pooling!r}")
+        if self.position_ids not in POSITION_IDS:
+            raise ValueError(f"position_ids must be one of {POSITION_IDS}, got {self.position_ids!r}")
         if self.layout == "post_norm" and not (self.attn_residual_norm and self.mlp_residual_norm):
             raise ValueError("layout='post_norm' needs attn_residual_norm and mlp_residual_norm")
         if self.layout != "post_norm" and self.final_norm is None:
@@ -124,6 +147,11 @@ _ENCODER: dict[str, Any] = dict(
     pooling="first",
 )
 
+# RoBERTa/XLM-R: BERT's layers; the classifier reads <s> through dense -> tanh -> out_proj (a pooler head),
+# and the embeddings number positions from the pad id (padding_idx + 1 + i), not from 0.
+_ROBERTA: dict[str, Any] = {**_ENCODER, "head": "classifier.out_proj", "pooler": "classifier.dense",
+                            "layers": "roberta.encoder.layer", "position_ids": "model"}
+
 LLAMA = _decoder("llama")
 ARMORM = replace(LLAMA, name="armorm", head="regression_layer", head_kind="gated", gate="gating")
 
@@ -137,6 +165,9 @@ _REGISTRY: dict[str, ArchitectureMap] = {
     "gemma2": _decoder("gemma2", norm="rms_offset", **_POST),
     # Gemma-3 (text) is Gemma-2's residual layout; its q/k norms sit inside attention, before o_proj.
     "gemma3_text": _decoder("gemma3", norm="rms_offset", **_POST),
+    # Multimodal Gemma-3 (Gemma3Config): the same language model under model.language_model, read on text
+    # alone (the vision tower only runs on pixel values, which rewardlens never passes).
+    "gemma3": _decoder("gemma3-mm", prefix="model.language_model", norm="rms_offset", **_POST),
     "olmo2": _decoder("olmo2", **_POST),
     "gpt2": ArchitectureMap(
         name="gpt2", layers="transformer.h", attn_out="attn.c_proj", mlp_out="mlp.c_proj",
@@ -152,9 +183,38 @@ _REGISTRY: dict[str, ArchitectureMap] = {
         name="deberta-v2", layers="deberta.encoder.layer", pooler="pooler.dense", pooler_act="gelu",
         attn_values="attention.self.value_proj", **_ENCODER
     ),
+    "roberta": ArchitectureMap(name="roberta", **_ROBERTA),
+    "xlm-roberta": ArchitectureMap(name="xlm-roberta", **_ROBERTA),
+    # Mixture-of-experts decoders: the MLP sublayer is the whole sparse block (router, experts, shared expert).
+    "mixtral": _decoder("mixtral", mlp_out="mlp"),
+    "qwen2_moe": _decoder("qwen2_moe", mlp_out="mlp"),
+    "qwen3_moe": _decoder("qwen3_moe", mlp_out="mlp"),
     # Keyed by class name: ArmoRM's config says model_type "llama"; its architectures entry decides.
     "LlamaForRewardModelWithGating": ARMORM,
 }
+
+
+def position_limit(model: nn.Module, arch: ArchitectureMap) -> int | None:
+    """The longest sequence the position embeddings hold: `max_position_embeddings`, less the
+    `pad_token_id + 1` ids a model that numbers positions from its pad id never uses (RoBERTa's
+    514 positions with pad id 1 hold 512 tokens); None when the config names no limit."""
+    config = text_config(model)
+    limit = getattr(config, "max_position_embeddings", None)
+    pad = getattr(config, "pad_token_id", None)
+    if limit is None or arch.position_ids != "model" or pad is None:
+        return limit
+    return int(limit) - int(pad) - 1
+
+
+def check_position_pad(arch: ArchitectureMap, model_pad: int | None, pad_token_id: int | None) -> None:
+    """A model that numbers positions from its pad id (`position_ids='model'`) must be padded with
+    that id: any other fill, under left padding, would shift every real token's position."""
+    if arch.position_ids == "model" and pad_token_id != model_pad:
+        raise ArchitectureError(
+            f"map {arch.name!r} lets the model number positions from its pad id {model_pad} (position i of "
+            f"a sequence is pad_id + 1 + i), so batches must be padded with it, not with pad_token_id="
+            f"{pad_token_id}; drop pad_token_id= (an encoder reads its first token whatever the pad id)"
+        )
 
 
 def register_architecture(
@@ -167,37 +227,8 @@ def register_architecture(
         _REGISTRY[key] = arch
 
 
-# Config fields that count a mixture-of-experts MLP's experts (Mixtral, Qwen2/3-MoE, OLMoE, DeepSeek).
-_EXPERT_FIELDS = ("num_local_experts", "num_experts", "n_routed_experts")
-
-
-def refuse_mixture_of_experts(model: nn.Module) -> None:
-    """Refuse a mixture-of-experts decoder before any map is proposed or any instrument runs.
-
-    A sparse MLP computes Σ_e g_e(x)·E_e(x) over the router's chosen experts: no single output
-    projection holds it, so no map can make the MLP a part (discovery would otherwise propose the
-    shared expert alone and fail deep in the closure proof with a tensor-size error).
-    """
-    config = hf_config(model)
-    counts = {f: getattr(config, f, None) for f in _EXPERT_FIELDS}
-    found = [f"{f}={n}" for f, n in counts.items() if isinstance(n, int) and n > 1]
-    found += [n for n, _ in model.named_modules() if n.rsplit(".", 1)[-1] == "experts"][:1]
-    if not found:
-        return
-    raise ArchitectureError(
-        f"{type(model).__name__} (model_type={getattr(config, 'model_type', None)!r}) is a mixture-of-experts "
-        f"decoder ({found[0]}): rewardlens does not decompose mixture-of-experts MLPs yet (each expert's output "
-        "would be a part, weighted by the router's weights on this input), so its parts cannot add up to the "
-        "reward and nothing is measured. Use a dense reward model (Llama, Mistral, Qwen2/3, Gemma, ...); "
-        "registering a map does not help"
-    )
-
-
 def find_map(model: nn.Module) -> ArchitectureMap:
-    """The registered map for `model` (class name first, then model_type), else structural discovery.
-
-    Mixture-of-experts decoders are refused first (`refuse_mixture_of_experts`)."""
-    refuse_mixture_of_experts(model)
+    """The registered map for `model` (class name first, then model_type), else structural discovery."""
     config = hf_config(model)
     for key in (type(model).__name__, *(getattr(config, "architectures", None) or ())):
         if key in _REGISTRY:
@@ -233,8 +264,8 @@ def discover(model: nn.Module) -> ArchitectureMap:
     closure on the loaded model before any number is reported.
     """
     config = hf_config(model)
-    n_layers = getattr(config, "num_hidden_layers", None)
-    width = getattr(config, "hidden_size", None)
+    n_layers = getattr(text_config(model), "num_hidden_layers", None)
+    width = getattr(text_config(model), "hidden_size", None)
     found: dict[str, str] = {}
     layers_path = next(
         (n for n, m in model.named_modules() if isinstance(m, nn.ModuleList) and len(m) == n_layers), None
@@ -250,6 +281,9 @@ def discover(model: nn.Module) -> ArchitectureMap:
     projections = [n for n, m in layer.named_modules() if n and _is_projection(m, width)]
     attn = [n for n in projections if "attn" in n.lower() or "attention" in n.lower()]
     mlp = [n for n in projections if n not in attn and any(k in n.lower() for k in ("mlp", "ffn", "feed_forward"))]
+    # A mixture-of-experts MLP is its whole sparse block (any layer's: some layers may be dense); a projection
+    # inside it (the shared expert's down_proj) writes only part of the sum, on flattened [n·T, d] states.
+    sparse = next((p for m in get_module(model, layers_path).children() for p in moe_paths(m)[:1]), None)
     norm_children = [n for n, m in layer.named_children() if "norm" in type(m).__name__.lower()]
     head_candidates = [
         n for n, m in model.named_children()
@@ -262,7 +296,9 @@ def discover(model: nn.Module) -> ArchitectureMap:
     ]
     if attn:
         found["attn_out"] = attn[-1]
-    if mlp:
+    if sparse is not None:
+        found["mlp_out"] = sparse
+    elif mlp:
         found["mlp_out"] = mlp[-1]
     if head_candidates:
         found["head"] = head_candidates[-1]

@@ -24,6 +24,9 @@ from torch import Tensor, nn
 from transformers import LlamaConfig, LlamaModel, LlamaPreTrainedModel
 from transformers.utils import ModelOutput
 
+from ..errors import TokenizationError
+from ._tokens import Batch
+
 # Llama-3 ids of <|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n
 LLAMA3_GATE_PATTERN = [128009, 128006, 78191, 128007, 271]
 
@@ -101,3 +104,19 @@ class LlamaForRewardModelWithGating(LlamaPreTrainedModel):
         rewards = self.regression_layer(hidden[rows, read])
         score = (gate * (rewards @ self.reward_transform_matrix)).sum(-1)
         return GatedRewardOutput(logits=score[:, None], score=score, rewards=rewards, gating_output=gate)
+
+
+def gate_positions(pattern: list[int], batch: Batch) -> Tensor:
+    """Per row of `batch`, where the gate reads: the start of the last occurrence of the token
+    `pattern` (the end of the last user turn, in ArmoRM's chat template) [n]."""
+    cols = []
+    for row, ids in enumerate(batch.input_ids.tolist()):
+        hits = [j for j in range(len(ids) - len(pattern), -1, -1) if ids[j : j + len(pattern)] == pattern]
+        if not hits or batch.attention_mask[row, hits[0]] == 0:
+            label = batch.labels[row] if batch.labels else f"row {row}"
+            raise TokenizationError(
+                f"{label}: the gate's token pattern {pattern} (end of the last user turn) was not found; "
+                "ArmoRM reads its gate there — format inputs with the model's chat template"
+            )
+        cols.append(hits[0])
+    return torch.tensor(cols)

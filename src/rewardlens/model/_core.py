@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
 import enum
 import inspect
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, cast, get_args
 
@@ -14,13 +13,16 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from ..errors import ArchitectureError, TokenizationError, warn
+from ..errors import ArchitectureError, HeadError, TokenizationError, warn
 from ..types import Inputs, PaddingSide, Readout, Truncation
-from ._arch import ArchitectureMap, find_map, get_module, hf_config
+from ._arch import ArchitectureMap, check_position_pad, find_map, get_module, hf_config, position_limit, text_config
+from ._armorm import gate_positions
 from ._hooks import Point
 from ._norms import NormParams
 from ._oom import batch_loop, run_rows
+from ._placement import execution_device, onloaded, remove_dispatch_hooks
 from ._readout import Head
+from ._reads import READ_LAST, Reads, one_read_only
 from ._tokens import (
     Batch,
     Tokenized,
@@ -28,10 +30,12 @@ from ._tokens import (
     fit_length,
     fits,
     flatten_inputs,
+    judge_question,
     sequence_label,
     tokenize,
     warn_encoded,
     warn_pad_is_eos,
+    with_reads,
 )
 
 if TYPE_CHECKING:
@@ -76,60 +80,6 @@ class Reading:
         return (self.values * self.coefficients).sum(-1)
 
 
-def _offloaded(module: nn.Module) -> bool:
-    """Whether accelerate keeps `module`'s own weights off-device (on 'meta') between forwards."""
-    if getattr(module, "_hf_hook", None) is None:
-        return False
-    from accelerate.utils import has_offloaded_params
-
-    return has_offloaded_params(module)
-
-
-@contextlib.contextmanager
-def onloaded(*modules: nn.Module) -> Iterator[None]:
-    """Inside, the weights of every accelerate-offloaded module under `modules` are real tensors.
-
-    A `device_map` load that offloads (to disk, or to the CPU next to GPUs) leaves those weights
-    on the meta device and lets accelerate's hooks load them for each forward only; reading a head
-    row or a norm scale outside the forward needs the same load, undone on exit. A no-op for
-    models without offloaded weights.
-    """
-    subs = [sub for module in modules for sub in module.modules() if _offloaded(sub)]
-    with contextlib.ExitStack() as stack:
-        if subs:
-            from accelerate.utils import align_module_device
-
-            for sub in subs:
-                stack.enter_context(align_module_device(sub))
-        yield
-
-
-def _remove_dispatch_hooks(module: nn.Module, device: torch.device) -> None:
-    """Free our copy `module` of the accelerate hooks it was copied with, leaving it fp32 on `device`.
-
-    A copied offload hook would load the user's weights (their dtype) into the copy on every call
-    and send them back to 'meta' after; detaching it may restore them, hence the cast after."""
-    if any(getattr(sub, "_hf_hook", None) is not None for sub in module.modules()):
-        from accelerate.hooks import remove_hook_from_module
-
-        remove_hook_from_module(module, recurse=True)
-        module.to(device=device, dtype=torch.float32)
-
-
-def execution_device(model: nn.Module, module: nn.Module) -> torch.device:
-    """Where `module` computes: accelerate's execution device when the model is dispatched with a
-    `device_map` (its weights may sit on 'meta' when offloaded), else the device of its weights."""
-    for candidate in (*module.modules(), model):
-        device = getattr(getattr(candidate, "_hf_hook", None), "execution_device", None)
-        if device is not None:
-            return torch.device(device)
-    for candidate in (module, model):
-        param = next((p for p in candidate.parameters() if not p.is_meta), None)
-        if param is not None:
-            return param.device
-    return torch.device("cpu")
-
-
 class RewardModel:
     """A sequence-classification reward model prepared for exact read-outs.
 
@@ -147,6 +97,8 @@ class RewardModel:
         pad_token_id: int | None | Unset = UNSET,
         max_length: int | None = None,
         truncation: Truncation = "error",
+        reads: Reads = READ_LAST,
+        head: Head | None = None,
     ) -> None:
         if truncation not in TRUNCATIONS:
             raise ValueError(f"truncation must be 'error' or 'left', got {truncation!r}")
@@ -155,10 +107,20 @@ class RewardModel:
         self.encoder = arch.pooling == "first"
         self.device = execution_device(model, get_module(model, arch.head))
         with onloaded(*(get_module(model, p) for p in (arch.head, arch.pooler, arch.gate) if p)):
-            self.head = Head.from_model(model, arch, readout, self.device)
+            self.head = head if head is not None else Head.from_model(model, arch, readout, self.device)
+        if reads.multi and (self.encoder or arch.head_kind != "linear"):
+            raise HeadError("multi-position read-outs are for decoders with a linear head (not a pooler or a gate)")
+        self.reads = reads
+        """Where the reward is read (one token, or a set of positions combined: model/_reads.py)."""
+        self.offsets: Callable[[list[Tokenized]], list[tuple[float, ...]]] | None = None
+        """Multi-position read-outs: a constant per read, from the sequences (a DPO reference's term)."""
+        self.judge: str | None = None
+        """An LLM judge's question, with {prompt} and {response}: each input is asked it (`load_judge`)."""
+        self.reference: RewardModel | None = None
+        """A DPO reward's reference, read the same way (`rewardlens.load_dpo`), else None."""
         if self.head.gating is not None:  # a copy of the user's gate: it must stay ours
-            _remove_dispatch_hooks(self.head.gating, self.device)
-        config_pad = getattr(hf_config(model), "pad_token_id", None)
+            remove_dispatch_hooks(self.head.gating, self.device)
+        config_pad = getattr(text_config(model), "pad_token_id", None)
         # The model's own pooling uses config.pad_token_id; reading by the same rule keeps scores equal.
         self.pad_token_id: int | None = config_pad if pad_token_id is UNSET else pad_token_id
         if self.pad_token_id is None and not self.encoder:
@@ -167,13 +129,15 @@ class RewardModel:
                 "under the attention mask and reads the last real token, as the model does on one "
                 "unpadded input. Pass pad_token_id= to rewardlens.load to read by a pad id instead."
             )
-        limit = getattr(hf_config(model), "max_position_embeddings", None)
-        self.max_length: int | None = max_length if max_length is not None else limit
+        check_position_pad(arch, config_pad, self.pad_token_id)
+        self.max_length: int | None = max_length if max_length is not None else position_limit(model, arch)
         params = inspect.signature(self.backbone.forward).parameters.values()
         self._forward_args = {p.name for p in params}
         # A forward that takes **kwargs still needs real position ids under left padding.
         if any(p.kind is p.VAR_KEYWORD for p in params):
             self._forward_args |= {"position_ids", "use_cache"}
+        if arch.position_ids == "model":  # the model numbers positions from the pad id itself
+            self._forward_args.discard("position_ids")
         self._norms: dict[str, NormParams] = {}
         self.verified = False
         """Set once `rewardlens.model.verify` has proven the map on this model."""
@@ -207,7 +171,7 @@ class RewardModel:
 
     @property
     def n_heads(self) -> int:
-        return int(hf_config(self.model).num_attention_heads)
+        return int(text_config(self.model).num_attention_heads)
 
     @property
     def d_model(self) -> int:
@@ -229,18 +193,52 @@ class RewardModel:
     def encode(self, inputs: Inputs | Text | Pair) -> tuple[list[Tokenized], bool]:
         """Token ids of every sequence (pairs interleaved chosen, rejected) and whether inputs were pairs."""
         items, is_pairs = flatten_inputs(inputs)
+        if self.judge is not None:  # a judge reads its answer after the question it is asked
+            items = [judge_question(item, self.judge) for item in items]
         seqs = [
-            fit_length(tokenize(self.tokenizer, item, encoder=self.encoder), sequence_label(i, is_pairs),
+            fit_length(tokenize(self.tokenizer, item, encoder=self.encoder, generation=self.judge is not None),
+                       sequence_label(i, is_pairs),
                        self.max_length, self.truncation, self.encoder)
             for i, item in enumerate(items)
         ]
         empty = [sequence_label(i, is_pairs) for i, s in enumerate(seqs) if not s.ids]
         if empty:
             raise TokenizationError(f"{empty[0]} tokenized to zero tokens; there is nothing to read")
+        if self.reads.multi:
+            seqs = with_reads(self.tokenizer, self.reads, items, seqs, is_pairs, self.max_length)
+            if self.offsets is not None:
+                seqs = [replace(s, offsets=o) for s, o in zip(seqs, self.offsets(seqs))]
         if not self.encoder:
             warn_pad_is_eos(self.tokenizer, seqs, self.pad_token_id)
         warn_encoded(self.tokenizer, seqs)
         return seqs, is_pairs
+
+    def read_point(self, batch: Batch, module: nn.Module, where: str) -> Point:
+        """Capture `module`'s input ('in') or output ('out') where the reward is read: the read token of
+        each row ([n, width]) or, for a multi-position read-out, every read ([m, width], one per read row)."""
+        if batch.reads is None:
+            return Point(module, where, batch.read_index)
+        return Point(module, where, batch.reads.cols, batch.reads.rows)
+
+    def fold(self, batch: Batch, scores: Tensor) -> Tensor | None:
+        """Multi-position read-outs: the fold [n, m] of read rows into sequences (α of each read, given
+        the per-read scores [m]); None for one read per row."""
+        if batch.reads is None:
+            return None
+        return batch.reads.weights(batch.input_ids.shape[0], scores, self.reads.combine)
+
+    def head_rows(self, h: Tensor, batch: Batch | None = None) -> tuple[Tensor, Tensor]:
+        """`head.rows` at read rows `h` [m, d]: rows [m, k, d], bias [m, k], with each read's target
+        token and offset (multi-position read-outs) from `batch`."""
+        reads = None if batch is None else batch.reads
+        rows, bias = self.head.rows(h, None if reads is None else reads.targets)
+        return rows, bias if reads is None or reads.offsets is None else bias + reads.offsets[:, None]
+
+    def head_values(self, h: Tensor, batch: Batch | None = None) -> Tensor:
+        """The head's objective values [m, k] at read rows `h` [m, d] (targets and offsets from `batch`)."""
+        reads = None if batch is None else batch.reads
+        values = self.head(h, None if reads is None else reads.targets)
+        return values if reads is None or reads.offsets is None else values + reads.offsets[:, None]
 
     def fits(self, inputs: Inputs | Text | Pair) -> list[bool]:
         """Per sequence of `encode(inputs)`: whether it fits `max_length` (or is cut to it); never raises."""
@@ -265,18 +263,7 @@ class RewardModel:
 
     def gate_index(self, batch: Batch) -> Tensor:
         """Gated heads: per row, the position whose hidden state the gate reads (ArmoRM's pattern rule)."""
-        pattern = list(hf_config(self.model).gating_token_pattern)
-        cols = []
-        for row, ids in enumerate(batch.input_ids.tolist()):
-            hits = [j for j in range(len(ids) - len(pattern), -1, -1) if ids[j : j + len(pattern)] == pattern]
-            if not hits or batch.attention_mask[row, hits[0]] == 0:
-                label = batch.labels[row] if batch.labels else f"row {row}"
-                raise TokenizationError(
-                    f"{label}: the gate's token pattern {pattern} (end of the last user turn) was not found; "
-                    "ArmoRM reads its gate there — format inputs with the model's chat template"
-                )
-            cols.append(hits[0])
-        return torch.tensor(cols, device=self.device)
+        return gate_positions(list(hf_config(self.model).gating_token_pattern), batch).to(self.device)
 
     def forward_kwargs(self, **candidates: object) -> dict[str, Any]:
         """The candidates the backbone's forward takes, without the ones that are None."""
@@ -305,6 +292,8 @@ class RewardModel:
         (whose coefficients, and so `reward` and `readout`, are then NaN: the gate was not read). See
         `Reading` for what comes back.
         """
+        if self.reads.multi:
+            raise one_read_only("the read loop (`RewardModel.read`)")
         n, k, d = len(seqs), self.head.n_objectives, self.d_model
         zeros = lambda *shape: torch.zeros(*shape, dtype=torch.float32, device=self.device)  # noqa: E731
         final, hidden, values, coef = zeros(n, d), zeros(n, d), zeros(n, k), zeros(n, k)
@@ -335,9 +324,9 @@ class RewardModel:
     def final_points(self, batch: Batch, *, gate: bool = True) -> dict[str, Point]:
         """Capture points the head needs: the final norm's input (or last layer's output) and the gate."""
         if self.arch.final_norm is None:
-            points = {"final": Point(self.layers[-1], "out", batch.read_index)}
+            points = {"final": self.read_point(batch, self.layers[-1], "out")}
         else:
-            points = {"final": Point(get_module(self.model, self.arch.final_norm), "in", batch.read_index)}
+            points = {"final": self.read_point(batch, get_module(self.model, self.arch.final_norm), "in")}
         if self.arch.head_kind == "gated" and gate and self.head.readout is None:
             if self.arch.final_norm is None:
                 raise ArchitectureError(f"map {self.arch.name!r}: a gated head reads its gate through final_norm")
@@ -353,9 +342,12 @@ class RewardModel:
         gate_h = self.final_hidden(captured["gate"]) if "gate" in captured else None
         return self.head.coefficients(captured["final"].shape[0], gate_h)
 
-    def head_readout(self, captured: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
-        """(objective values [n, k], readout coefficients [n, k]) from captured final points."""
-        return self.head(self.final_hidden(captured["final"])), self.coefficients(captured)
+    def head_readout(self, captured: dict[str, Tensor], batch: Batch | None = None) -> tuple[Tensor, Tensor]:
+        """(objective values [n, k], readout coefficients [n, k]) from captured final points; one row
+        per read row, with each read's target and offset from `batch` (multi-position read-outs)."""
+        if batch is None and self.reads.multi:
+            raise one_read_only()
+        return self.head_values(self.final_hidden(captured["final"]), batch), self.coefficients(captured)
 
     def objectives(self, inputs: Inputs, *, batch_size: int = 16, padding_side: PaddingSide = "right") -> np.ndarray:
         """Per-objective head outputs [n_sequences, k] in fp32 (pairs interleaved chosen, rejected)."""
@@ -370,7 +362,10 @@ class RewardModel:
         objectives = np.zeros((len(seqs), self.head.n_objectives), dtype=np.float32)
         scalar = np.zeros(len(seqs), dtype=np.float32)
         for rows, batch in self.batches(seqs, batch_size, padding_side, is_pairs):
-            values, coef = self.head_readout(self.run(batch, self.final_points(batch)))
+            values, coef = self.head_readout(self.run(batch, self.final_points(batch)), batch)
+            fold = self.fold(batch, (values * coef).sum(-1))
+            if fold is not None:  # multi-position read-outs: reads → sequences (coefficients are fixed)
+                values, coef = fold @ values, coef[:1].expand(len(rows), -1)
             objectives[rows] = values.cpu().numpy()
             scalar[rows] = (values * coef).sum(-1).cpu().numpy()
         return objectives, scalar
@@ -385,7 +380,7 @@ class RewardModel:
 def check_structure(model: RewardModel) -> None:
     """Refuse what no map describes: a head of the wrong width, DeBERTa-v2's convolution layer."""
     config = hf_config(model.model)
-    width = getattr(config, "hidden_size", None)
+    width = getattr(text_config(model.model), "hidden_size", None)
     if width is not None and model.d_model != width:
         raise ArchitectureError(
             f"the head reads vectors of width {model.d_model} but hidden_size is {width}; "

@@ -15,11 +15,13 @@ from torch.utils.hooks import RemovableHandle
 @dataclass(frozen=True)
 class Point:
     """Where to read: a module's input ('in') or output ('out'), at positions `cols` of each row:
-    [n] (one position per row → [n, width]) or [n, m] (m positions per row → [n, m, width])."""
+    [n] (one position per row → [n, width]) or [n, m] (m positions per row → [n, m, width]); with
+    `rows` [m], at `(rows[i], cols[i])` for each read row i (cols [m] → [m, width])."""
 
     module: nn.Module
     where: str
     cols: Tensor
+    rows: Tensor | None = None
 
 
 def hidden_arg(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor:
@@ -78,25 +80,26 @@ class _Index:
     activation shape (every point of a trace shares the batch's read index), not once per hook."""
 
     def __init__(self) -> None:
-        self._cache: dict[tuple[int, int, int, int], tuple[Tensor, Tensor, Tensor]] = {}
+        self._cache: dict[tuple[int, int, int, int, int], tuple[Tensor, Tensor, Tensor]] = {}
 
-    def __call__(self, cols: Tensor, value: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """(rows [n] or [n, 1], cols [n] or [n, m], flat row-major indices [n·m]) on `value`'s device."""
+    def __call__(self, cols: Tensor, value: Tensor, at_rows: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """(rows [n] or [n, 1], cols [n] or [n, m], flat row-major indices [n·m]) on `value`'s device;
+        with `at_rows` [m], the rows are those (one per read row)."""
         b, t = value.shape[0], value.shape[1]
-        key = (id(cols), value.get_device(), b, t)  # get_device: an int, cheaper than a torch.device
+        key = (id(cols), value.get_device(), b, t, id(at_rows))  # get_device: an int, cheaper than a torch.device
         got = self._cache.get(key)
         if got is None:
             c = cols.to(value.device)
-            rows = torch.arange(b, device=value.device)
+            rows = torch.arange(b, device=value.device) if at_rows is None else at_rows.to(value.device)
             rows = rows if c.ndim == 1 else rows[:, None]
             got = self._cache[key] = (rows, c, (rows * t + c).reshape(-1))
         return got
 
 
-def _pick(index: _Index, cols: Tensor, value: Tensor) -> Tensor:
+def _pick(index: _Index, point: Point, value: Tensor) -> Tensor:
     """`value[rows, cols]`: one `index_select` on the flattened activation when it is a contiguous
     [B, T, w] tensor (one kernel, no index built), advanced indexing otherwise."""
-    rows, c, flat = index(cols, value)
+    rows, c, flat = index(point.cols, value, point.rows)
     if value.ndim != 3 or not value.is_contiguous():
         return value[rows, c]
     picked = value.view(-1, value.shape[-1]).index_select(0, flat)
@@ -139,7 +142,7 @@ def capture(points: dict[str, Point], device: torch.device) -> Iterator[dict[str
     def grab(group: list[tuple[str, Point]], value: Tensor) -> None:
         value = value.detach()
         for name, point in group:
-            got = _pick(index, point.cols, value)
+            got = _pick(index, point, value)
             # Many positions per row ([n, m, w], large): cast now, so no half-precision copy waits.
             picked[name] = got if got.ndim == 2 else got.to(device=device, dtype=torch.float32)
 

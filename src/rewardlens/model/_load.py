@@ -11,9 +11,10 @@ from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTok
 
 from ..errors import HeadError, warn
 from ..types import Readout, Truncation
-from ._arch import ArchitectureMap, find_map, hf_config, refuse_mixture_of_experts
+from ._arch import ArchitectureMap, find_map, hf_config
 from ._armorm import LlamaForRewardModelWithGating
 from ._core import UNSET, RewardModel, Unset, check_structure
+from ._moe import check_moe_map
 from ._verify import verify
 
 if TYPE_CHECKING:
@@ -94,7 +95,7 @@ def _check_device_map(device_map: DeviceMap) -> None:
 
 def _from_pretrained(
     path_or_id: str, dtype: str | torch.dtype | None, device_map: DeviceMap | None,
-    attn_implementation: str | None, from_pretrained_kwargs: dict[str, Any],
+    attn_implementation: str | None, from_pretrained_kwargs: dict[str, Any], auto: Any = None,
 ) -> tuple[nn.Module, list[str]]:
     """The sequence-classification model through `from_pretrained` (our own class for ArmoRM), and the
     weights the folder lacked (transformers initialised those at random)."""
@@ -110,7 +111,7 @@ def _from_pretrained(
         kwargs["attn_implementation"] = attn_implementation
     own = next((_OWN_CLASSES[a] for a in (getattr(config, "architectures", None) or ()) if a in _OWN_CLASSES), None)
     # With output_loading_info the typed return (the model alone) becomes (model, loading info).
-    loaded = cast(tuple[nn.Module, dict[str, Any]], (own or AutoModelForSequenceClassification).from_pretrained(
+    loaded = cast(tuple[nn.Module, dict[str, Any]], (own or auto or AutoModelForSequenceClassification).from_pretrained(
         path_or_id, output_loading_info=True, **kwargs))
     model, info = loaded
     return model, sorted(info.get("missing_keys") or ())
@@ -132,6 +133,26 @@ def _refuse_untrained_head(path_or_id: str, model: nn.Module, arch: Architecture
         f"initialised them at random and every score would be noise. The folder was saved as {saved_as[0]} "
         f"({kind}), not as a trained reward model. Point at a folder saved from the sequence-classification "
         "reward model itself, with its head weights")
+
+
+def load_pretrained(
+    path_or_id: str, dtype: str | torch.dtype | None, device: str | torch.device | None,
+    device_map: DeviceMap | None, attn_implementation: str | None, from_pretrained_kwargs: dict[str, Any],
+    auto: Any = None,
+) -> tuple[nn.Module, PreTrainedTokenizerBase, list[str]]:
+    """The model (class `auto`, a sequence classifier by default), its tokenizer and the weights the
+    folder lacked (transformers initialised those at random), placed as asked."""
+    if device is not None and device_map is not None:
+        raise ValueError(f"pass device= or device_map=, not both (got device={device!r}, device_map={device_map!r})")
+    if device_map is not None:
+        _check_device_map(device_map)
+    if device is not None:
+        _check_placement(device, f"device={device!r}")
+    model, missing = _from_pretrained(path_or_id, dtype, device_map, attn_implementation, from_pretrained_kwargs,
+                                      auto)
+    if device is not None and device_map is None:
+        model = model.to(device)
+    return model, AutoTokenizer.from_pretrained(path_or_id, **from_pretrained_kwargs), missing
 
 
 def load(
@@ -157,16 +178,8 @@ def load(
     `truncation` ('error' or 'left') govern long inputs. `check` proves on a check input that the
     architecture map's parts add up to the residual stream and the head matches the model's own.
     """
-    if device is not None and device_map is not None:
-        raise ValueError(f"pass device= or device_map=, not both (got device={device!r}, device_map={device_map!r})")
-    if device_map is not None:
-        _check_device_map(device_map)
-    if device is not None:
-        _check_placement(device, f"device={device!r}")
-    model, missing = _from_pretrained(path_or_id, dtype, device_map, attn_implementation, from_pretrained_kwargs)
-    if device is not None and device_map is None:
-        model = model.to(device)
-    tokenizer = AutoTokenizer.from_pretrained(path_or_id, **from_pretrained_kwargs)
+    model, tokenizer, missing = load_pretrained(path_or_id, dtype, device, device_map, attn_implementation,
+                                                from_pretrained_kwargs)
     arch = find_map(model)
     _refuse_untrained_head(path_or_id, model, arch, missing)
     rm = RewardModel(
@@ -175,6 +188,7 @@ def load(
     )
     rm.source = path_or_id  # type: ignore[attr-defined]  # what results name the model by (audit provenance)
     check_structure(rm)
+    check_moe_map(rm)
     if check:
         verify(rm)
     return rm
@@ -191,12 +205,12 @@ def wrap(
     `max_length=`, `truncation=`). Gemma-2 should have been loaded with
     `attn_implementation="eager"`.
     """
-    refuse_mixture_of_experts(model)  # even with arch=: no map describes a sparse MLP
     config = hf_config(model)
     if getattr(config, "model_type", None) == "gemma2" and config._attn_implementation != "eager":
         warn("Gemma-2 is only exact with attn_implementation='eager'; reload the model with it")
     rm = RewardModel.from_model(model, tokenizer, arch=arch, readout=readout, pad_token_id=pad_token_id,
                                 max_length=max_length, truncation=truncation)
     check_structure(rm)
+    check_moe_map(rm)  # before the check input runs: a module inside a sparse block sees flattened states
     verify(rm)
     return rm

@@ -184,7 +184,7 @@ def select(batch: Batch, index: Sequence[int]) -> tuple[Batch, int]:
     return dataclasses.replace(
         batch, input_ids=pick(batch.input_ids), attention_mask=pick(batch.attention_mask),
         position_ids=pick(batch.position_ids), token_type_ids=types,
-        read_index=batch.read_index[at.to(batch.read_index.device)] - lo,
+        read_at=batch.read_at[at.to(batch.read_at.device)] - lo,
         labels=None if batch.labels is None else [batch.labels[i] for i in index]), lo
 
 
@@ -210,8 +210,7 @@ def run_rows(model: RewardModel, batch: Batch, points: dict[str, Point]) -> dict
         index = [where[r] for r in sub]
         part, shift = select(batch, index)
         at = torch.tensor(index, dtype=torch.long)
-        sliced = {k: dataclasses.replace(p, cols=p.cols[at.to(p.cols.device)] - shift) for k, p in points.items()}
-        return forward(model, part, sliced)
+        return forward(model, part, {k: _slice_point(p, at, shift, n)[0] for k, p in points.items()})
 
     pieces = loop.attempt(list(rows), piece)
     for _, got in pieces:
@@ -221,10 +220,24 @@ def run_rows(model: RewardModel, batch: Batch, points: dict[str, Point]) -> dict
     failed = sorted(set(rows) - {r for sub, _ in pieces for r in sub})
     if failed and (active is None or any(k not in loop.widths for k in points)):
         raise loop.error(failed)  # no loop to report them at its end, or no width to fill them with
-    out = {k: torch.full((n, *p.cols.shape[1:], loop.widths[k]), float("nan"), device=model.device)
-           for k, p in points.items()}
+    out = {k: torch.full((n if p.rows is None else len(p.rows), *p.cols.shape[1:], loop.widths[k]), float("nan"),
+                         device=model.device) for k, p in points.items()}
     for sub, got in pieces:
-        at = torch.tensor([where[r] for r in sub], device=model.device)
+        at = torch.tensor([where[r] for r in sub], dtype=torch.long)
         for k, v in got.items():
-            out[k][at] = v
+            out[k][_slice_point(points[k], at, 0, n)[1].to(model.device)] = v
     return out
+
+
+def _slice_point(point: Point, at: Tensor, shift: int, n: int) -> tuple[Point, Tensor]:
+    """`point` on the batch rows `at` (columns shifted left by `shift`), and which of its captured rows
+    that keeps: `at` itself, or, for a point with read rows, the reads whose row is in `at`."""
+    if point.rows is None:
+        return dataclasses.replace(point, cols=point.cols[at.to(point.cols.device)] - shift), at
+    rank = torch.full((n,), -1, dtype=torch.long)
+    rank[at] = torch.arange(len(at))
+    new = rank[point.rows.cpu()]
+    keep = torch.nonzero(new >= 0)[:, 0]
+    device = point.cols.device
+    return dataclasses.replace(point, cols=point.cols[keep.to(device)] - shift,
+                               rows=new[keep].to(device)), keep

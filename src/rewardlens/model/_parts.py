@@ -2,9 +2,11 @@
 
 The residual stream at the read position is a sum of parts (docs/design.md §1): the embeddings, then
 every attention and MLP sublayer's output. A sublayer splits further into its heads (attention) or
-neurons (MLP), plus one bias part when its output projection or post-norm adds a constant. The
-public labels are strings — `embed`, `attn_L3`, `attn_L3_H2`, `attn_L3_bias`, `mlp_L3`,
-`mlp_L3_N17`, `mlp_L3_bias` — and this module is the only place they are built or parsed.
+neurons (MLP), plus one bias part when its output projection or post-norm adds a constant; a
+mixture-of-experts MLP splits into its routed experts (each weighted by the router on this input)
+and its shared expert. The public labels are strings — `embed`, `attn_L3`, `attn_L3_H2`,
+`attn_L3_bias`, `mlp_L3`, `mlp_L3_N17`, `mlp_L3_bias`, `mlp_L3_E5`, `mlp_L3_shared` — and this
+module is the only place they are built or parsed.
 """
 
 from __future__ import annotations
@@ -20,12 +22,13 @@ PartKind = Literal["embed", "attn", "mlp"]
 KINDS: tuple[PartKind, ...] = ("embed", "attn", "mlp")
 SublayerKind = Literal["attn", "mlp"]
 """The two sublayers of a layer, whose output projections write the attention and MLP parts."""
-_NAME = re.compile(r"(attn|mlp)_L(\d+)(?:_H(\d+)|_N(\d+)|_(bias))?")
+_NAME = re.compile(r"(attn|mlp)_L(\d+)(?:_H(\d+)|_N(\d+)|_(bias)|_E(\d+)|_(shared))?")
 
 
 @dataclass(frozen=True)
 class Part:
-    """A part of the residual stream: `kind` at `layer`, optionally one `head`, one `neuron` or its `bias`.
+    """A part of the residual stream: `kind` at `layer`, optionally one `head`, one `neuron`, its `bias`,
+    one routed `expert` or the `shared` expert (mixture-of-experts MLPs).
 
     The embeddings have `layer` 0 (they enter before layer 0; `depth` tells them apart).
     """
@@ -40,6 +43,10 @@ class Part:
     """One MLP neuron of the sublayer, or None."""
     bias: bool = False
     """The constant the sublayer's output projection (or post-norm) adds, split off from its heads or neurons."""
+    expert: int | None = None
+    """One routed expert of a mixture-of-experts MLP (its output times the router's weight), or None."""
+    shared: bool = False
+    """The shared expert of a mixture-of-experts MLP (Qwen2-MoE: times its sigmoid gate)."""
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -52,6 +59,10 @@ class Part:
             raise ValueError(f"a head belongs to an attention part and a neuron to an MLP part, got {self!r}")
         if self.bias and (self.head is not None or self.neuron is not None):
             raise ValueError(f"a bias part is the sublayer's constant, not one head's or neuron's, got {self!r}")
+        if (self.expert is not None or self.shared) and (self.kind != "mlp" or self.neuron is not None or self.bias):
+            raise ValueError(f"an expert part belongs to an MLP part, not to a neuron or bias, got {self!r}")
+        if self.expert is not None and (self.shared or self.expert < 0):
+            raise ValueError(f"an expert part is one routed expert (>= 0) or the shared expert, got {self!r}")
 
     @classmethod
     def embed(cls) -> Self:
@@ -62,8 +73,11 @@ class Part:
         return cls("attn", layer, head=head, bias=bias)
 
     @classmethod
-    def mlp(cls, layer: int, neuron: int | None = None, *, bias: bool = False) -> Self:
-        return cls("mlp", layer, neuron=neuron, bias=bias)
+    def mlp(
+        cls, layer: int, neuron: int | None = None, *, bias: bool = False, expert: int | None = None,
+        shared: bool = False,
+    ) -> Self:
+        return cls("mlp", layer, neuron=neuron, bias=bias, expert=expert, shared=shared)
 
     @classmethod
     def parse(cls, name: str) -> Self:
@@ -71,21 +85,23 @@ class Part:
         if name == "embed":
             return cls.embed()
         found = _NAME.fullmatch(name)
-        if found is None or (found[3] and found[1] != "attn") or (found[4] and found[1] != "mlp"):
+        if found is None or (found[3] and found[1] != "attn") or (
+                (found[4] or found[6] or found[7]) and found[1] != "mlp"):
             raise ValueError(
                 f"{name!r} is not a part name; parts are 'embed', 'attn_L<l>', 'attn_L<l>_H<h>', "
-                "'attn_L<l>_bias', 'mlp_L<l>', 'mlp_L<l>_N<n>' or 'mlp_L<l>_bias'")
+                "'attn_L<l>_bias', 'mlp_L<l>', 'mlp_L<l>_N<n>', 'mlp_L<l>_bias', 'mlp_L<l>_E<e>' or 'mlp_L<l>_shared'")
         index = lambda g: None if g is None else int(g)  # noqa: E731
         return cls(found[1], int(found[2]), head=index(found[3]), neuron=index(found[4]),  # type: ignore[arg-type]
-                   bias=found[5] is not None)
+                   bias=found[5] is not None, expert=index(found[6]), shared=found[7] is not None)
 
     @property
     def name(self) -> str:
         """The public label, e.g. 'attn_L3_H2'."""
         if self.kind == "embed":
             return "embed"
-        suffix = ("_bias" if self.bias else f"_H{self.head}" if self.head is not None
-                  else f"_N{self.neuron}" if self.neuron is not None else "")
+        suffix = ("_bias" if self.bias else "_shared" if self.shared else f"_H{self.head}" if self.head is not None
+                  else f"_N{self.neuron}" if self.neuron is not None
+                  else f"_E{self.expert}" if self.expert is not None else "")
         return f"{self.kind}_L{self.layer}{suffix}"
 
     @property
@@ -100,7 +116,7 @@ class Part:
 
     @property
     def is_sublayer(self) -> bool:
-        return self.head is None and self.neuron is None and not self.bias
+        return self.head is None and self.neuron is None and not self.bias and self.expert is None and not self.shared
 
     def __str__(self) -> str:
         return self.name

@@ -7,6 +7,11 @@ are frozen at their value on this input:
   gain `g = act(z)/z` frozen gives rows `W_c diag(g) W_p` — exact at this input, like a frozen norm;
 - gated (ArmoRM): `r = W h` per objective, combined by the prompt-dependent gate into
   `score = Σ_k g_k (r T)_k = r · (T g)`.
+- LM-head rows (an LLM judge, a PRM that reads "+" against "−"): the difference of two vocabulary
+  rows is a linear head with k = 2 and readout (1, −1); a soft-capped logit `c·tanh(z/c)` is read
+  as `g·z` with the gain `g = c·tanh(z/c)/z` frozen;
+- a log-probability (an implicit DPO reward): `log p(y) = z_y − log Σ_v exp z_v`; with the
+  log-sum-exp frozen at its value on this input it is the affine row `β·e_y · h − β·LSE`, exact.
 A readout turns the k objective values into the scalar being explained.
 """
 
@@ -68,6 +73,14 @@ class Head:
     pooler_act: nn.Module | None = None
     gating: nn.Module | None = None
     transform: Tensor | None = None
+    softcap: float | None = None
+    """LM heads with soft-capped logits (Gemma-2/3): values are `c·tanh(z/c)`."""
+    log_prob: bool = False
+    """`weight` is the whole vocabulary [V, d] and the head reads `scale · log p(target)`."""
+    scale: float = 1.0
+    """The log-probability's factor (DPO's β)."""
+    tokens: tuple[int, int] | None = None
+    """LM heads read as two vocabulary rows: their token ids (the model's own logits keep all V)."""
 
     @classmethod
     def from_model(
@@ -93,9 +106,38 @@ class Head:
         head.readout = head._readout_vector(readout, arch)
         return head
 
+    @classmethod
+    def from_lm_head(
+        cls, model: nn.Module, path: str, device: torch.device, *, tokens: tuple[int, int] | None = None,
+        labels: list[str] | None = None, scale: float = 1.0,
+    ) -> Head:
+        """An LM head read as rows `tokens` (k = 2, readout +1/−1: their logits' difference), or, with
+        `tokens=None`, as `scale · log p(target)` over the whole vocabulary (targets given per read)."""
+        lin = _linear(model, path, "language-model head")
+        cap = getattr(hf_config(model), "final_logit_softcapping", None)
+        weight = lin.weight if tokens is None else lin.weight[list(tokens)]
+        f32 = lambda t: resident_fp32(t, device, "the language-model head")  # noqa: E731
+        k = weight.shape[0]
+        bias = torch.zeros(k, device=device) if lin.bias is None else f32(
+            lin.bias if tokens is None else lin.bias[list(tokens)])
+        if tokens is None:
+            return cls(f32(weight), bias, ["log_prob"], torch.ones(1, device=device), softcap=cap, log_prob=True,
+                       scale=scale)
+        return cls(f32(weight), bias, labels or [str(t) for t in tokens],
+                   torch.tensor([1.0, -1.0], device=device), softcap=cap, tokens=tokens)
+
+    def own(self, logits: Tensor, targets: Tensor | None = None) -> Tensor:
+        """What the model's own output says this head reads, from its logits at the read rows [m, V]
+        (LM and token-classification models; a sequence classifier's logits are the values): [m, k]."""
+        logits = logits.float()
+        if self.log_prob:
+            picked = torch.log_softmax(logits, -1).gather(-1, self._targets(targets, logits)[:, None])
+            return self.scale * picked
+        return logits if self.tokens is None else logits[:, list(self.tokens)]
+
     @property
     def n_objectives(self) -> int:
-        return self.weight.shape[0]
+        return 1 if self.log_prob else self.weight.shape[0]
 
     def _readout_vector(self, readout: Readout, arch: ArchitectureMap) -> Tensor | None:
         k = self.n_objectives
@@ -125,8 +167,18 @@ class Head:
             raise HeadError(f"readout has {vec.numel()} weights but the head has {k} outputs {self.labels}")
         return vec.to(self.weight.device)
 
-    def rows(self, h: Tensor) -> tuple[Tensor, Tensor]:
-        """Exact affine map at `h` [n, d]: rows [n, k, d] and bias [n, k] with `head(h) = rows·h + bias`."""
+    def rows(self, h: Tensor, targets: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """Exact affine map at `h` [n, d]: rows [n, k, d] and bias [n, k] with `head(h) = rows·h + bias`.
+        A log-probability head reads token `targets` [n] at each row."""
+        if self.log_prob:
+            return self._log_prob_rows(h, self._targets(targets, h))
+        rows, bias = self._affine_rows(h)
+        if self.softcap is None:
+            return rows, bias
+        gain = _cap_gain(torch.einsum("nkd,nd->nk", rows, h) + bias, self.softcap)
+        return rows * gain[..., None], bias * gain
+
+    def _affine_rows(self, h: Tensor) -> tuple[Tensor, Tensor]:
         n = h.shape[0]
         pooler = self._pooler()
         if pooler is None:
@@ -139,13 +191,39 @@ class Head:
         scaled = self.weight[None] * gain[:, None, :]  # [n, k, d_pool]
         return scaled @ pooler_weight, scaled @ pooler_bias + self.bias
 
-    def __call__(self, h: Tensor) -> Tensor:
-        """Objective values [n, k] at final hidden states `h` [n, d] (the head's true function)."""
+    def __call__(self, h: Tensor, targets: Tensor | None = None) -> Tensor:
+        """Objective values [n, k] at final hidden states `h` [n, d] (the head's true function); a
+        log-probability head reads token `targets` [n] at each row."""
+        if self.log_prob:
+            rows, bias = self._log_prob_rows(h, self._targets(targets, h))
+            return torch.einsum("nkd,nd->nk", rows, h) + bias
         pooler = self._pooler()
         if pooler is not None:
             pooler_weight, pooler_bias, pooler_act = pooler
             h = pooler_act(h @ pooler_weight.T + pooler_bias)
-        return h @ self.weight.T + self.bias
+        z = h @ self.weight.T + self.bias
+        return z if self.softcap is None else self.softcap * torch.tanh(z / self.softcap)
+
+    def _targets(self, targets: Tensor | None, h: Tensor) -> Tensor:
+        if targets is None or targets.shape[0] != h.shape[0]:
+            raise HeadError(
+                "a log-probability head reads one target token per read row; this instrument did not pass "
+                "them (it does not support log-probability read-outs yet)")
+        return targets.to(h.device)
+
+    def _log_prob_rows(self, h: Tensor, targets: Tensor, chunk: int = 1024) -> tuple[Tensor, Tensor]:
+        """rows [n, 1, d] `β·g_y·e_y` and bias [n, 1] `β·(g_y·b_y − LSE)`, the log-sum-exp over the
+        (capped) logits frozen at `h`; computed `chunk` rows at a time, so [chunk, V] at most."""
+        lse = torch.cat([self._lse(h[i:i + chunk]) for i in range(0, h.shape[0], chunk)])
+        rows, bias = self.weight[targets], self.bias[targets]
+        if self.softcap is not None:
+            gain = _cap_gain((rows * h).sum(-1) + bias, self.softcap)
+            rows, bias = rows * gain[:, None], bias * gain
+        return self.scale * rows[:, None], self.scale * (bias - lse)[:, None]
+
+    def _lse(self, h: Tensor) -> Tensor:
+        z = h @ self.weight.T + self.bias
+        return torch.logsumexp(z if self.softcap is None else self.softcap * torch.tanh(z / self.softcap), dim=-1)
 
     def _pooler(self) -> tuple[Tensor, Tensor, nn.Module] | None:
         """(weight [d_pool, d], bias [d_pool], activation) of a pooler head, or None without a pooler."""
@@ -164,3 +242,9 @@ class Head:
         with torch.no_grad():
             gate = self.gating(gate_hidden)
         return gate @ self.transform.T
+
+
+def _cap_gain(z: Tensor, cap: float) -> Tensor:
+    """`g = c·tanh(z/c)/z`, so `c·tanh(z/c) = g·z` (1 at z = 0, where both sides are 0)."""
+    safe = torch.where(z == 0, torch.ones_like(z), z)
+    return torch.where(z == 0, torch.ones_like(z), cap * torch.tanh(z / cap) / safe)

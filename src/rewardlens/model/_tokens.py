@@ -13,7 +13,7 @@ Rules (docs/scoring.md explains them for users):
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, TypeGuard
 
 import torch
@@ -22,6 +22,7 @@ from torch import Tensor
 from ..data import Pair
 from ..errors import TokenizationError, warn
 from ..types import Conversation, Inputs, PaddingSide, Text, Truncation
+from ._reads import Reads, ReadSet, collate_reads, one_read_only
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -68,6 +69,12 @@ class Tokenized:
     cut: tuple[str, int, int] | None = field(default=None, compare=False, repr=False)
     """Set by `fit_length` when left truncation removed most of the prompt: (label, prompt tokens
     removed, prompt tokens)."""
+    reads: tuple[int, ...] | None = None
+    """Multi-position read-outs: the positions the reward is read at (model/_reads.py); None: one read token."""
+    targets: tuple[int, ...] | None = None
+    """The token whose log-probability each read reads (LM log-probability read-outs), else None."""
+    offsets: tuple[float, ...] | None = None
+    """A constant added to each read's score (a DPO reference's term), else None."""
 
 
 def _as_ids(out: Any) -> list[int]:
@@ -87,11 +94,25 @@ def _split_response(conv: Conversation) -> tuple[str, str | None]:
     return "\n".join(m["content"] for m in conv), None
 
 
-def tokenize(tokenizer: PreTrainedTokenizerBase, item: Text, *, encoder: bool) -> Tokenized:
-    """Token ids of one text or conversation under the rules in this module's docstring."""
+def judge_question(item: Text, template: str) -> Conversation:
+    """An LLM judge's input: one user turn asking `template` (with `{prompt}` and `{response}` filled in
+    from the conversation's last assistant turn and what precedes it; a plain text is the response)."""
+    if isinstance(item, str):
+        prompt, response = "", item
+    else:
+        prompt, answer = _split_response(item)
+        response = answer or ""
+    return [{"role": "user", "content": template.format(prompt=prompt, response=response)}]
+
+
+def tokenize(tokenizer: PreTrainedTokenizerBase, item: Text, *, encoder: bool, generation: bool = False) -> Tokenized:
+    """Token ids of one text or conversation under the rules in this module's docstring; `generation`
+    ends a conversation with the template's opening of the assistant's turn (a judge reads there)."""
     length: Callable[[], int] | None = None
     if isinstance(item, str):
         enc = tokenizer(item, add_special_tokens=True)
+    elif generation and getattr(tokenizer, "chat_template", None):
+        return Tokenized(_as_ids(tokenizer.apply_chat_template(item, tokenize=True, add_generation_prompt=True)))
     elif getattr(tokenizer, "chat_template", None):
         if len(item) > 1 and item[-1]["role"] == "assistant":
             length = lambda: len(_as_ids(tokenizer.apply_chat_template(item[:-1], tokenize=True,
@@ -109,6 +130,38 @@ def tokenize(tokenizer: PreTrainedTokenizerBase, item: Text, *, encoder: bool) -
                 enc = tokenizer(prompt + "\n\n" + response, add_special_tokens=True)
     types = enc.get("token_type_ids") if encoder else None
     return Tokenized(list(enc["input_ids"]), list(types) if types is not None else None, length)
+
+
+def template_suffix(tokenizer: PreTrainedTokenizerBase, item: Text) -> int:
+    """How many tokens a chat template puts after the assistant's content (end-of-turn marks), so a
+    read rule can stop at the content's end; 0 for plain text or without a chat template."""
+    if isinstance(item, str) or not getattr(tokenizer, "chat_template", None) or item[-1]["role"] != "assistant":
+        return 0
+    empty = _as_ids(tokenizer.apply_chat_template([*item[:-1], {"role": "assistant", "content": ""}], tokenize=True))
+    opened = _as_ids(tokenizer.apply_chat_template(item[:-1], tokenize=True, add_generation_prompt=True))
+    return max(len(empty) - len(opened), 0)
+
+
+def with_reads(
+    tokenizer: PreTrainedTokenizerBase, reads: Reads, items: list[Text], seqs: list[Tokenized], is_pairs: bool,
+    max_length: int | None,
+) -> list[Tokenized]:
+    """`seqs` (tokenized `items`, fitted to length) with their read positions and targets for a
+    multi-position read-out (model/_reads.py)."""
+    separator = reads.separator_id(tokenizer) if reads.at == "separator" else None
+    out = []
+    for i, (item, seq) in enumerate(zip(items, seqs)):
+        label = sequence_label(i, is_pairs)
+        if seq.prompt_length is None and reads.at == "response":
+            raise TokenizationError(f"{label} has no prompt/response split, so no response tokens to read; pass "
+                                    "Pairs or conversations ending with the assistant's turn")
+        prompt = seq.prompt_length() if seq.prompt_length else 0
+        if prompt and len(seq.ids) == max_length:  # a left cut may have moved the response start
+            prompt = max(prompt - (len(tokenize(tokenizer, item, encoder=False).ids) - len(seq.ids)), 0)
+        suffix = template_suffix(tokenizer, item) if separator is not None else 0
+        where, targets = reads.positions(seq.ids, prompt, separator, label, suffix)
+        out.append(replace(seq, reads=where, targets=targets))
+    return out
 
 
 def fits_length(tok: Tokenized, max_length: int | None, truncation: Truncation) -> bool:
@@ -163,9 +216,20 @@ class Batch:
     attention_mask: Tensor
     position_ids: Tensor
     token_type_ids: Tensor | None
-    read_index: Tensor
+    read_at: Tensor
+    """Hugging Face's read position of every row [n] (what `read_index` gives for one read per row)."""
     labels: list[str] | None = None
     """What each row is, for error messages ("input 3", "pair 1 (rejected)")."""
+    reads: ReadSet | None = None
+    """Multi-position read-outs: every read of every row (model/_reads.py); None: one read per row."""
+
+    @property
+    def read_index(self) -> Tensor:
+        """The read position of every row [n]; refused for a multi-position read-out, whose reward is
+        read at a set of positions (`reads`), so an instrument that assumes one read token stops here."""
+        if self.reads is not None:
+            raise one_read_only()
+        return self.read_at
 
 
 def sequence_label(index: int, is_pairs: bool) -> str:
@@ -200,8 +264,12 @@ def collate(
         real = (ids != pad_id) & mask.bool()
         # ... and, for a sequence made only of pad ids, its first token, as on the unpadded input.
         read = torch.where(real.any(-1), (cols * real.long()).amax(-1), mask.argmax(-1))
+    reads = None
+    if seqs[0].reads is not None:
+        shifts = [width - len(s.ids) if side == "left" else 0 for s in seqs]
+        reads = collate_reads([(s.reads or (), s.targets, s.offsets) for s in seqs], shifts, device)
     return Batch(ids.to(device), mask.to(device), positions.to(device), None if types is None else types.to(device),
-                 read.to(device), labels)
+                 read.to(device), labels, reads)
 
 
 def warn_pad_is_eos(tokenizer: PreTrainedTokenizerBase, seqs: list[Tokenized], pad_id: int | None) -> None:

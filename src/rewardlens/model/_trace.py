@@ -13,10 +13,12 @@ from typing import cast
 
 from torch import Tensor, nn
 
-from ._core import RewardModel, onloaded
+from ..errors import ArchitectureError
+from ._core import RewardModel
 from ._hooks import Point
 from ._norms import resident_fp32
 from ._parts import SublayerKind
+from ._placement import onloaded
 from ._tokens import Batch
 
 
@@ -26,7 +28,8 @@ class Trace:
 
     Names: `embed` (input of layer 0), `resid_{l}` (output of layer l), `attn_{l}`/`mlp_{l}` (raw
     output of the sublayer's output projection), `attn_z_{l}`/`mlp_act_{l}` (its input: heads,
-    neurons), `attn_rnorm_{l}`/`mlp_rnorm_{l}` (post-norm layout: input of the residual norm),
+    neurons; for a mixture-of-experts block, the block's input, which its experts read),
+    `attn_rnorm_{l}`/`mlp_rnorm_{l}` (post-norm layout: input of the residual norm),
     `final` (input of the final norm, or the last layer's output) and `gate` (gated heads).
     """
 
@@ -42,23 +45,27 @@ def points(
     model: RewardModel, batch: Batch, *, heads: Iterable[int] = (), neurons: Iterable[int] = (), gate: bool = True
 ) -> dict[str, Point]:
     """Capture points for a full trace; `heads`/`neurons` name the layers whose inputs to keep."""
-    arch, at = model.arch, batch.read_index
+    arch = model.arch
+
+    def at(module: nn.Module, where: str) -> Point:
+        return model.read_point(batch, module, where)
+
     pts = dict(model.final_points(batch, gate=gate))
-    pts["embed"] = Point(model.layers[0], "in", at)
+    pts["embed"] = at(model.layers[0], "in")
     heads, neurons = set(heads), set(neurons)
     for layer in range(model.n_layers):
-        pts[f"resid_{layer}"] = Point(model.layers[layer], "out", at)
+        pts[f"resid_{layer}"] = at(model.layers[layer], "out")
         attn_out, mlp_out = model.layer_module(layer, arch.attn_out), model.layer_module(layer, arch.mlp_out)
-        pts[f"attn_{layer}"] = Point(attn_out, "out", at)
-        pts[f"mlp_{layer}"] = Point(mlp_out, "out", at)
+        pts[f"attn_{layer}"] = at(attn_out, "out")
+        pts[f"mlp_{layer}"] = at(mlp_out, "out")
         if layer in heads:
-            pts[f"attn_z_{layer}"] = Point(attn_out, "in", at)
+            pts[f"attn_z_{layer}"] = at(attn_out, "in")
         if layer in neurons:
-            pts[f"mlp_act_{layer}"] = Point(mlp_out, "in", at)
+            pts[f"mlp_act_{layer}"] = at(mlp_out, "in")
         if arch.layout == "post_norm":
             attn_rnorm, mlp_rnorm = arch.residual_norms
-            pts[f"attn_rnorm_{layer}"] = Point(model.layer_module(layer, attn_rnorm), "in", at)
-            pts[f"mlp_rnorm_{layer}"] = Point(model.layer_module(layer, mlp_rnorm), "in", at)
+            pts[f"attn_rnorm_{layer}"] = at(model.layer_module(layer, attn_rnorm), "in")
+            pts[f"mlp_rnorm_{layer}"] = at(model.layer_module(layer, mlp_rnorm), "in")
     return pts
 
 
@@ -77,7 +84,16 @@ def sublayer_part(model: RewardModel, tr: Trace, kind: SublayerKind, layer: int)
 
 
 def _projection_module(model: RewardModel, kind: SublayerKind, layer: int) -> nn.Module:
-    return model.layer_module(layer, model.arch.attn_out if kind == "attn" else model.arch.mlp_out)
+    path = model.arch.attn_out if kind == "attn" else model.arch.mlp_out
+    module = model.layer_module(layer, path)
+    if not isinstance(getattr(module, "weight", None), Tensor):  # a mixture-of-experts block, or a dense MLP beside one
+        raise ArchitectureError(
+            f"layer {layer}'s {kind} output {path!r} ({type(module).__name__}) is not a linear projection, so it "
+            "has no neurons to split: in a mixture-of-experts model the map names the whole MLP block, and "
+            "level='neuron' splits a sparse block into its experts (not into the neurons inside them) and "
+            "cannot split a dense MLP block; pass layers= with only the sparse layers, or level='sublayer'/'head'"
+        )
+    return module
 
 
 def out_projection(model: RewardModel, kind: SublayerKind, layer: int) -> tuple[Tensor, Tensor | None]:

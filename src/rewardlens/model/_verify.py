@@ -7,6 +7,8 @@ and the fp32 copy of the head, applied to that stream, equals the model's own ou
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import torch
 from torch import Tensor
@@ -14,7 +16,7 @@ from torch import Tensor
 from ..errors import ArchitectureError, ClosureError
 from ._core import RewardModel
 from ._hooks import eval_mode
-from ._tokens import Tokenized, tokenize
+from ._tokens import Batch, Tokenized, tokenize
 from ._trace import Trace, bookkeeping_error, trace
 
 # fp32 closure is ~1e-6; a map that misses a part is off by O(1). Half-precision models sit between.
@@ -47,16 +49,44 @@ def _check_input(model: RewardModel) -> Tokenized:
     return Tokenized(list(enc["input_ids"]), list(types) if types is not None else None)
 
 
+def _check_reads(model: RewardModel) -> Tokenized:
+    """A check input for a multi-position read-out: the check text with the step separator after its
+    third token and at its end (steps), or read from its fourth token on (response tokens)."""
+    ids = list(model.tokenizer(_CHECK_TEXT, add_special_tokens=True)["input_ids"])
+    prompt = min(3, len(ids) - 1)
+    if model.reads.at == "separator":
+        sep = model.reads.separator_id(model.tokenizer)
+        ids = ids[:prompt + 1] + [sep] + ids[prompt + 1:] + [sep]
+    where, targets = model.reads.positions(ids, prompt, None if model.reads.at != "separator" else ids[-1], "check")
+    seq = Tokenized(ids, reads=where, targets=targets)
+    return seq if model.offsets is None else replace(seq, offsets=model.offsets([seq])[0])
+
+
+def _own_values(model: RewardModel, raw: Tensor, batch: Batch) -> Tensor:
+    """The model's own read-out values [m, k] from its output `raw`: a sequence classifier's logits
+    [n, k], or an LM's / token classifier's [n, T, V] read at every read (targets, offsets)."""
+    if raw.ndim == 2:
+        return raw.float()
+    reads = batch.reads
+    if reads is None:
+        at = raw[torch.arange(raw.shape[0], device=raw.device), batch.read_index.to(raw.device)]
+        return model.head.own(at)
+    at = raw[reads.rows.to(raw.device), reads.cols.to(raw.device)]
+    values = model.head.own(at, reads.targets)
+    return values if reads.offsets is None else values + reads.offsets.to(values.device)[:, None]
+
+
 def verify(model: RewardModel) -> None:
     """Prove on a check input that the map's parts add up and the fp32 head equals the model's own.
 
     Raises `ClosureError` or `ArchitectureError` naming what does not fit; marks the model verified.
     Gated heads are compared objective by objective when the model's forward returns `rewards`.
     """
-    _, batch = next(model.batches([_check_input(model)], 1))
+    check = _check_input(model) if not model.reads.multi else _check_reads(model)
+    _, batch = next(model.batches([check], 1))
     tr = trace(model, batch, gate=False)
     check_bookkeeping(model, tr)
-    ours = model.head(model.final_hidden(tr["final"])).cpu().numpy()
+    ours = model.head_values(model.final_hidden(tr["final"]), batch).cpu().numpy()
     kwargs: dict[str, Tensor] = {"input_ids": batch.input_ids}
     if batch.token_type_ids is not None:
         kwargs["token_type_ids"] = batch.token_type_ids
@@ -69,7 +99,7 @@ def verify(model: RewardModel) -> None:
         out = None  # the gate found no chat pattern in the check input; closure above still holds
     raw = None if out is None else getattr(out, "rewards", None) if model.arch.head_kind == "gated" else out.logits
     if raw is not None:
-        theirs = raw.float().cpu().numpy()
+        theirs = _own_values(model, raw, batch).cpu().numpy()
         scale = max(float(np.abs(theirs).max()), 1e-3)
         dtype = next(model.model.parameters()).dtype
         tol = 1e-3 if dtype == torch.float32 else 5e-2

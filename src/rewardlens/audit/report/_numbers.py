@@ -21,6 +21,7 @@ from ...errors import RewardLensError
 from .._runner import Audit
 from . import _instruments as more
 from ._groups import accuracy, labels, spread, subsets, subsets_frame
+from ._steps import steps_summary
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -103,6 +104,7 @@ def summary(audit: Audit) -> dict[str, Any]:
         "cascades": more.cascades(audit),
         "conflicts": more.conflicts(audit),
         "tokens": more.tokens(audit, margin),
+        "steps": steps_summary(audit),
     }
     return out
 

@@ -19,16 +19,20 @@ from .._runner import Audit
 from . import _figures as figures
 from . import _sections as more
 from ._html import Html, e, figure, how, kv, notrun, num, rho, table
+from ._steps import steps_section
 
-SECTIONS = ("summary", "scores", "subsets", "lens", "crystallization", "attribution", "patching", "estimands",
+SECTIONS = ("summary", "scores", "subsets", "steps", "lens", "crystallization", "attribution", "patching", "estimands",
             "divergence", "tokens", "probes", "distortion", "cascades", "concepts", "conflicts", "features")
-TITLES = {"summary": "Summary", "scores": "Scores", "subsets": "By subset", "lens": "Reward lens",
+TITLES = {"summary": "Summary", "scores": "Scores", "subsets": "By subset", "steps": "Steps", "lens": "Reward lens",
           "crystallization": "Crystallization depth", "attribution": "Attribution",
           "patching": "Patching and faithfulness", "estimands": "Direct, indirect and total effects",
           "divergence": "Divergence of patched states", "tokens": "Tokens", "probes": "Reward-hacking probes",
           "distortion": "Distortion index", "cascades": "Cascades", "concepts": "Concepts",
           "conflicts": "Conflicts between terms", "features": "SAE features"}
 NOT_RUN = {
+    "steps": "This model reads its reward at one token per sequence, so there are no steps. A process reward "
+             "model (<code>rewardlens.load_prm</code>) or a DPO reward (<code>rewardlens.load_dpo</code>) reads "
+             "it at a set of positions; this section then says where each pair's preference forms.",
     "probes": "Probes were not run. <code>rewardlens audit</code> runs them unless given <code>--no-probes</code>; "
               "alone: <code>rewardlens probe MODEL</code> or <code>rewardlens.probe(model)</code>.",
     "concepts": "Concepts were not run. <code>rewardlens audit</code> runs them unless given "
@@ -245,6 +249,7 @@ RENDER: dict[str, Callable[[Audit, dict[str, Any]], Html]] = {
     "probes": _probes, "concepts": _concepts, "features": _features, "subsets": more.subsets,
     "crystallization": more.crystallization, "estimands": more.estimands, "divergence": more.divergence,
     "tokens": more.tokens, "distortion": more.distortion, "cascades": more.cascades, "conflicts": more.conflicts,
+    "steps": steps_section,
 }
 
 CSS = """

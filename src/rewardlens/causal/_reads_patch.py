@@ -1,0 +1,106 @@
+"""Patching a reward read at a set of positions (a PRM's steps, a DPO reward's response tokens).
+
+With several reads per sequence, "the read position" becomes the set of reads: a noising patch
+writes, at the k-th read of the chosen side, what the site wrote at the k-th read of the rejected
+side (denoising the reverse), and reads the patched run's own combined reward (its steps
+re-combined; a `min` picks its minimum again). Pairs whose two sides have different numbers of
+reads have no k-th-to-k-th map and are refused. Zero ablation needs no map: it writes zeros at
+every read. Each patched run is a whole forward (`batched_sweep`), so this equals a naive
+one-forward-per-part loop; pairs are swept `batch_size` at a time, so the inserted activations
+held at once stay [batch_size, reads, width] per site.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ..errors import DataError
+from ..model import RewardModel, Tokenized, sequence_label, trace
+from ..types import Ablation, Estimand, Mode, PatchLevel, Positions, Spans
+from ._engine import Site, batched_sweep
+from ._plan import Clean
+
+
+def check_reads_options(mode: Mode, ablation: Ablation, positions: Positions | Spans, estimand: Estimand,
+                        divergence: bool) -> None:
+    """Refuse the options a multi-position read-out does not take (yet), naming what to pass instead."""
+    if not isinstance(positions, str) or positions != "read":
+        raise ValueError(f"positions={positions!r}: a reward read at a set of positions is patched at that set; "
+                         "pass positions='read'")
+    if estimand != "total" or divergence:
+        raise ValueError("a multi-position read-out is patched with estimand='total' and divergence=False for now")
+    if mode == "ablation" and ablation != "zero":
+        raise ValueError("a multi-position read-out takes mode='ablation' with ablation='zero' only for now")
+
+
+def matched_reads(seqs: list[Tokenized], mode: Mode) -> None:
+    """Refuse pairs whose sides have different numbers of reads (no k-th-to-k-th map)."""
+    if mode == "ablation":
+        return
+    bad = [(i // 2, len(seqs[i].reads or ()), len(seqs[i + 1].reads or ())) for i in range(0, len(seqs), 2)
+           if len(seqs[i].reads or ()) != len(seqs[i + 1].reads or ())]
+    if bad:
+        shown = "; ".join(f"pair {p}: {a} on chosen, {b} on rejected" for p, a, b in bad[:5])
+        raise DataError(
+            f"{len(bad)} pair(s) read the reward at different numbers of positions ({shown}), so no read of one "
+            "side maps to one of the other; patch pairs with as many steps on both sides, or use "
+            "mode='ablation' (zero at every read)")
+
+
+def traced_reads(model: RewardModel, seqs: list[Tokenized], index: list[int], heads: bool,
+            batch_size: int) -> tuple[dict[int, dict[str, Tensor]], dict[int, float]]:
+    """Each sequence's captures at its reads {i: {key: [m_i, w]}} and its combined reward {i: r}."""
+    layers = range(model.n_layers) if heads else ()
+    acts: dict[int, dict[str, Tensor]] = {}
+    reward: dict[int, float] = {}
+    for rows, batch in model.batches([seqs[i] for i in index], batch_size, "right", True, index=index):
+        tr = trace(model, batch, heads=layers)
+        values, coef = model.head_readout(tr.captured, batch)
+        scores = (values * coef).sum(-1)
+        fold = model.fold(batch, scores)
+        assert batch.reads is not None and fold is not None  # a multi-position model's batches carry reads
+        per = fold @ scores
+        read_rows = batch.reads.rows
+        for j, row in enumerate(np.asarray(rows).tolist()):
+            mine = torch.nonzero(read_rows == j)[:, 0]
+            acts[index[row]] = {k: v[mine.to(v.device)] for k, v in tr.captured.items()}
+            reward[index[row]] = float(per[j])
+    return acts, reward
+
+
+def _stack(per: list[Tensor], width: int) -> Tensor:
+    """Per-sequence [m_i, ...] → [n, width, ...], short ones padded by repeating their last read."""
+    return torch.stack([torch.cat([x, x[-1:].expand(width - len(x), *x.shape[1:])]) for x in per])
+
+
+def patch_reads(
+    model: RewardModel, seqs: list[Tokenized], sweep: list[Site], *, mode: Mode, level: PatchLevel,
+    batch_size: int,
+) -> tuple[Clean, list[int], Tensor]:
+    """`patch` for a multi-position read-out (module docstring): the clean runs' rewards, the patched
+    sequences and their patched rewards [n_targets, S] (for `assemble`)."""
+    matched_reads(seqs, mode)
+    n = len(seqs)
+    clean = torch.zeros(n)
+    targets = list(range(0 if mode in ("noising", "ablation") else 1, n, 2))
+    rewards = torch.zeros(len(targets), len(sweep))
+    keys = sorted({site.key for site in sweep})
+    for lo in range(0, len(targets), batch_size):
+        tgt = targets[lo:lo + batch_size]
+        src = [t + 1 if t % 2 == 0 else t - 1 for t in tgt]
+        acts, reward = traced_reads(model, seqs, sorted({*tgt, *src}), level == "head", batch_size)
+        for i, r in reward.items():
+            clean[i] = r
+        width = max(len(seqs[t].reads or ()) for t in tgt)
+        cols = _stack([torch.tensor(seqs[t].reads or ()) for t in tgt], width)
+        if mode == "ablation":
+            values = {k: torch.zeros(acts[tgt[0]][k].shape[-1], device=model.device) for k in keys}
+        else:
+            values = {k: _stack([acts[s][k] for s in src], width) for k in keys}
+        got, _ = batched_sweep(model, [seqs[t] for t in tgt], sweep, cols, values, batch_size=batch_size,
+                               labels=[sequence_label(t, True) for t in tgt], index=tgt)
+        rewards[lo:lo + len(tgt)] = got.cpu()
+    runs = Clean(seqs, {}, [0] * n, model.head.coefficients(n), clean.to(model.device))
+    return runs, targets, rewards.to(model.device)

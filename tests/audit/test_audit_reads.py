@@ -1,0 +1,61 @@
+"""The audit of a reward read at a set of positions (a process reward model): the per-pair instruments
+patched at the set of reads, each read's score stored and resumed, and a report that says where each
+pair's preference forms."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import numpy as np
+import pytest
+
+import rewardlens as rl
+from rewardlens.audit import Plan
+from rewardlens.audit.report import write_report
+from rewardlens.errors import HeadError
+from rewardlens.zoo import build_tokenizer
+from tests.model.test_rm_kinds import SEP, STEPS, build
+
+
+@pytest.fixture(scope="module")
+def prm():
+    tok = build_tokenizer()
+    return rl.wrap_prm(build(tok, "llama", "tc"), tok, separator=SEP, combine="min")
+
+
+def test_audit_of_a_process_reward_model(prm, tmp_path):
+    pairs = STEPS * 3
+    store = tmp_path / "run" / "audit.sqlite"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        audit = rl.audit(prm, pairs, store=store, plan=Plan(chunk_size=4))
+    said = [str(w.message) for w in caught if "set of positions" in str(w.message)]
+    assert len(said) == 1 and "probes" in said[0] and "direct" in said[0]
+    att = rl.attribute(prm, pairs)
+    np.testing.assert_allclose(audit.sublayers.values, att.values, atol=1e-6)
+    np.testing.assert_array_equal(audit.steps.sequence, att.steps.sequence)
+    np.testing.assert_allclose(audit.steps.reward, att.steps.reward, atol=1e-6)
+    exact = rl.patch(prm, pairs, level="head")
+    np.testing.assert_allclose(audit.faithfulness.total, exact.effect, atol=1e-5)
+    assert np.isnan(audit.faithfulness.direct).all()  # path-frozen patching is not computed, and says so
+    again = rl.audit(prm, pairs, store=store, plan=Plan(chunk_size=4))  # resumes
+    np.testing.assert_array_equal(again.steps.reward, audit.steps.reward)
+
+    out = write_report(audit, tmp_path / "report")
+    numbers = json.loads((tmp_path / "report" / "numbers.json").read_text())
+    for p, row in enumerate(numbers["steps"]["pairs"]):  # the step whose scores differ most, by hand
+        c, r = att.steps.of(2 * p)["reward"].to_numpy(), att.steps.of(2 * p + 1)["reward"].to_numpy()
+        k = min(len(c), len(r))
+        assert row["forms_at_step"] == int(np.argmax(np.abs(c[:k] - r[:k])))
+        assert row["reads"] == [len(c), len(r)]
+    html = out.read_text(encoding="utf-8")
+    steps = html[html.index('<section id="steps">'):]
+    steps = steps[:steps.index("</section>")]
+    assert 'class="how"' in steps and steps.count("<tr") == len(pairs) + 1
+
+
+def test_audit_refuses_an_sae_for_a_reward_read_at_a_set(prm, tmp_path):
+    with pytest.raises(HeadError, match="without --sae"):
+        rl.audit(prm, STEPS, store=tmp_path / "a" / "audit.sqlite", sae=object())
+    assert not (tmp_path / "a").exists()

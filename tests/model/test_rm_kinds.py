@@ -1,0 +1,368 @@
+"""Process reward models, LLM judges and DPO rewards: every read-out equals the model's own output and
+closes exactly, on every decoder architecture; patching at the set of reads equals a naive loop.
+
+The yardsticks are independent of rewardlens' read rules: positions are found here from the chat
+template's own token ids, and every reward is read off the Hugging Face model's own logits from one
+unpadded forward per sequence.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+
+import numpy as np
+import pytest
+import torch
+import transformers as tf
+
+import rewardlens as rl
+from rewardlens.errors import DataError, HeadError, TokenizationError
+from rewardlens.zoo import build_tokenizer
+from tests.helpers.tiny import configs, perturb_
+
+DECODERS = [a for a in ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3", "olmo2", "gpt2",
+                        "gpt_neox") if a in configs(build_tokenizer())]
+STEPS = [
+    rl.Pair("What is 2+3?", "Step 1: 2+3=5.\nStep 2: so it is 5.\n", "Step 1: 2+3=6.\nStep 2: so it is 6.\n"),
+    rl.Pair("What is 4+4?", "Step 1: 4+4=8.\nStep 2: done.\nStep 3: 8.\n",
+            "Step 1: 4+4=9.\nStep 2: hmm.\nStep 3: 9.\n"),
+]
+SEP = "\n"
+TOL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return build_tokenizer()
+
+
+_CACHE: dict[tuple[str, str, int], torch.nn.Module] = {}
+
+
+def build(tok, arch: str, kind: str, seed: int = 0) -> torch.nn.Module:
+    """A tiny random `arch` as a causal LM ('lm') or a two-label token classifier ('tc'), cached."""
+    key = (arch, kind, seed)
+    if key not in _CACHE:
+        config = copy.deepcopy(configs(tok)[arch][1])
+        if kind == "tc":
+            config.num_labels = 2
+        auto = tf.AutoModelForCausalLM if kind == "lm" else tf.AutoModelForTokenClassification
+        torch.manual_seed(seed)
+        eager = {"attn_implementation": "eager"} if arch == "gemma2" else {}
+        try:
+            model = auto.from_config(config, **eager).eval()
+        except ValueError:
+            pytest.skip(f"transformers has no {auto.__name__} for {arch}")
+        perturb_(model, seed)
+        _CACHE[key] = model
+    return _CACHE[key]
+
+
+def conversations(pairs):
+    return [conv for p in pairs for conv in (p.conversation("chosen"), p.conversation("rejected"))]
+
+
+def template_ids(tok, conv) -> tuple[list[int], int, int]:
+    """(ids, response start, end-of-turn tokens after the response) from the chat template itself."""
+    ids = list(tok.apply_chat_template(conv, tokenize=True, return_dict=True)["input_ids"])
+    opened = tok.apply_chat_template(conv[:-1], tokenize=True, add_generation_prompt=True, return_dict=True)
+    empty = tok.apply_chat_template([*conv[:-1], {"role": "assistant", "content": ""}], tokenize=True,
+                                    return_dict=True)
+    start = len(opened["input_ids"])
+    return ids, start, len(empty["input_ids"]) - start
+
+
+def logits(model, ids) -> torch.Tensor:
+    with torch.no_grad():
+        return model(input_ids=torch.tensor([ids])).logits[0].double()
+
+
+def combine(scores: torch.Tensor, how: str) -> float:
+    return float({"sum": scores.sum(), "mean": scores.mean(), "min": scores.min(), "last": scores[-1]}[how])
+
+
+def own_steps(tok, model, pairs, row, how: str) -> np.ndarray:
+    """The model's own step scores at every separator of the response, combined."""
+    sep = tok.encode(SEP, add_special_tokens=False)[0]
+    out = []
+    for conv in conversations(pairs):
+        ids, start, suffix = template_ids(tok, conv)
+        at = [t for t in range(start, len(ids) - suffix) if ids[t] == sep]
+        out.append(combine(row(logits(model, ids)[at]), how))
+    return np.array(out)
+
+
+def own_dpo(tok, policy, reference, pairs, beta: float) -> np.ndarray:
+    """β Σ_t [log π(y_t) − log π_ref(y_t)] over the response tokens (end of turn included)."""
+    out = []
+    for conv in conversations(pairs):
+        ids, start, _ = template_ids(tok, conv)
+        t = torch.arange(start - 1, len(ids) - 1)
+        y = torch.tensor(ids)[t + 1]
+        lp = torch.log_softmax(logits(policy, ids), -1)[t, y] - torch.log_softmax(logits(reference, ids), -1)[t, y]
+        out.append(beta * float(lp.sum()))
+    return np.array(out)
+
+
+def assert_closes(rm, pairs, own: np.ndarray, level: str = "sublayer", **kwargs) -> rl.Attribution:
+    scale = max(float(np.abs(own).max()), 1.0)
+    np.testing.assert_allclose(rm.score(pairs), own, atol=TOL * scale, rtol=0)
+    att = rl.attribute(rm, pairs, level=level, **kwargs)
+    np.testing.assert_allclose(att.values.sum(1) + att.constant, own, atol=TOL * scale, rtol=0)
+    return att
+
+
+@pytest.mark.parametrize("arch", DECODERS)
+def test_judge_reads_two_vocabulary_rows_where_its_answer_starts(tok, arch):
+    lm = build(tok, arch, "lm")
+    a, b = 11, 17
+    question = "Q: {prompt}\nA: {response}\nGood?"
+    rm = rl.wrap_judge(lm, tok, tokens=(a, b), question=question)
+    own = []
+    for pair in STEPS:
+        for response in (pair.chosen, pair.rejected):
+            asked = [{"role": "user", "content": f"Q: {pair.prompt}\nA: {response}\nGood?"}]
+            ids = tok.apply_chat_template(asked, tokenize=True, add_generation_prompt=True, return_dict=True)
+            z = logits(lm, list(ids["input_ids"]))[-1]
+            own.append(float(z[a] - z[b]))
+    assert_closes(rm, STEPS, np.array(own), level="head")
+
+
+@pytest.mark.parametrize("arch", DECODERS)
+@pytest.mark.parametrize("how", ["sum", "min"])
+def test_prm_reading_lm_rows_at_every_step(tok, arch, how):
+    lm = build(tok, arch, "lm")
+    plus, minus = 23, 29
+    rm = rl.wrap_prm(lm, tok, separator=SEP, tokens=(plus, minus), combine=how)
+    own = own_steps(tok, lm, STEPS, lambda z: z[:, plus] - z[:, minus], how)
+    att = assert_closes(rm, STEPS, own, level="head")
+    steps = att.steps.to_frame()
+    assert steps.groupby("sequence").size().tolist() == [2, 2, 3, 3]  # the template's own "\n" is no step
+    per_step = steps[[c for c in steps.columns if c in att.names]].sum(1) + steps["constant"]
+    np.testing.assert_allclose(per_step, steps["reward"], atol=1e-4)
+
+
+@pytest.mark.parametrize("arch", DECODERS)
+def test_dpo_implicit_reward(tok, arch):
+    policy, reference = build(tok, arch, "lm", seed=0), build(tok, arch, "lm", seed=1)
+    beta = 0.1
+    rm = rl.wrap_dpo(policy, reference, tok, beta=beta)
+    att = assert_closes(rm, STEPS, own_dpo(tok, policy, reference, STEPS, beta))
+    frame = att.steps.to_frame()
+    np.testing.assert_allclose(frame.groupby("sequence")["reward"].sum(), att.reward, atol=1e-4)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2", "gemma2"])
+def test_dpo_reference_as_its_own_decomposition(tok, arch):
+    policy, reference = build(tok, arch, "lm", seed=0), build(tok, arch, "lm", seed=1)
+    rm = rl.wrap_dpo(policy, reference, tok, beta=0.5, reference_term="separate")
+    ours = rl.attribute(rm, STEPS)
+    theirs = rl.attribute(rm.reference, STEPS)
+    total = ours.values.sum(1) + ours.constant - theirs.values.sum(1) - theirs.constant
+    np.testing.assert_allclose(total, own_dpo(tok, policy, reference, STEPS, 0.5), atol=1e-4)
+
+
+@pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2", "gpt2", "gpt_neox"])
+@pytest.mark.parametrize("how", ["mean", "last"])
+def test_two_label_token_classification_prm(tok, arch, how):
+    tc = build(tok, arch, "tc")
+    rm = rl.wrap_prm(tc, tok, separator=SEP, combine=how)
+    own = own_steps(tok, tc, STEPS, lambda z: z[:, 1] - z[:, 0], how)
+    assert_closes(rm, STEPS, own, level="head")
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_padding_side_and_batch_size_change_nothing(tok, side):
+    rm = rl.wrap_prm(build(tok, "llama", "lm"), tok, separator=SEP, tokens=(23, 29), combine="min")
+    one = rl.attribute(rm, STEPS, batch_size=1)
+    att = rl.attribute(rm, STEPS, batch_size=4, padding_side=side)
+    np.testing.assert_allclose(att.values, one.values, atol=1e-5)
+    np.testing.assert_array_equal(att.steps.position, one.steps.position)
+
+
+def _naive_patched(rm, lm, tok, pairs, row, how):
+    """Noising at the set of reads by brute force: per (pair, sublayer site) one hooked unpadded forward
+    of the chosen side whose site output at its k-th step is the rejected side's at its k-th step."""
+    sep = tok.encode(SEP, add_special_tokens=False)[0]
+    convs = conversations(pairs)
+    sides = []
+    for conv in convs:
+        ids, start, suffix = template_ids(tok, conv)
+        sides.append((ids, [t for t in range(start, len(ids) - suffix) if ids[t] == sep]))
+    modules = [(rm.layers[0], "in")] + [
+        (rm.layer_module(layer, path), "out") for layer in range(rm.n_layers)
+        for path in (rm.arch.attn_out, rm.arch.mlp_out)]
+    out = np.zeros((len(pairs), len(modules)))
+    for p in range(len(pairs)):
+        (ids_c, at_c), (ids_r, at_r) = sides[2 * p], sides[2 * p + 1]
+        for s, (module, where) in enumerate(modules):
+            grabbed = {}
+
+            def keep(x, grabbed=grabbed):
+                grabbed["x"] = x.detach().clone()
+                return x
+
+            def put(x, grabbed=grabbed, at_c=at_c, at_r=at_r):
+                x = x.clone()
+                x[0, at_c] = grabbed["x"][0, at_r]
+                return x
+
+            for fn, ids in ((keep, ids_r), (put, ids_c)):
+                with _hook(module, where, fn):
+                    z = logits(lm, ids)
+            out[p, s] = combine(row(z[at_c]), how)
+    return out
+
+
+@contextlib.contextmanager
+def _hook(module, where, fn):
+    if where == "in":
+        handle = module.register_forward_pre_hook(
+            lambda m, a, k: ((fn(a[0]), *a[1:]), k) if a else (a, {**k, "hidden_states": fn(k["hidden_states"])}),
+            with_kwargs=True)
+    else:
+        handle = module.register_forward_hook(lambda m, a, o: (fn(o[0]), *o[1:]) if isinstance(o, tuple) else fn(o))
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma2", "gpt_neox"])
+def test_patching_at_the_set_of_reads_equals_a_naive_loop(tok, arch):
+    lm = build(tok, arch, "lm")
+    rm = rl.wrap_prm(lm, tok, separator=SEP, tokens=(23, 29), combine="min")
+    got = rl.patch(rm, STEPS, mode="noising", level="sublayer")
+    naive = _naive_patched(rm, lm, tok, STEPS, lambda z: z[:, 23] - z[:, 29], "min")
+    np.testing.assert_allclose(got.patched_chosen, naive, atol=1e-4)
+    np.testing.assert_allclose(got.patched_rejected, got.rejected[:, None].repeat(naive.shape[1], 1), atol=0)
+
+
+def test_reads_weights_by_hand():
+    reads = rl.model.ReadSet(torch.tensor([0, 0, 0, 1, 1]), torch.tensor([3, 5, 9, 2, 4]),
+                             torch.tensor([0, 1, 2, 0, 1]), None, None)
+    scores = torch.tensor([0.5, -1.0, -1.0, 2.0, 3.0])
+    expect = {"sum": [[1, 1, 1, 0, 0], [0, 0, 0, 1, 1]], "mean": [[1 / 3] * 3 + [0, 0], [0, 0, 0, 0.5, 0.5]],
+              "min": [[0, 1, 0, 0, 0], [0, 0, 0, 1, 0]], "last": [[0, 0, 1, 0, 0], [0, 0, 0, 0, 1]]}
+    for how, want in expect.items():  # min's tie (-1, -1) goes to the earlier step
+        np.testing.assert_allclose(reads.weights(2, scores, how).numpy(), want, atol=1e-7, err_msg=how)
+
+
+def test_bad_inputs_get_clear_errors(tok):
+    lm = build(tok, "llama", "lm")
+    with pytest.raises(HeadError, match="not one"):
+        rl.wrap_prm(lm, tok, separator="Step 1", tokens=(23, 29))
+    rm = rl.wrap_prm(lm, tok, separator=SEP, tokens=(23, 29))
+    with pytest.raises(TokenizationError, match="no step separator"):
+        rm.score([rl.Pair("q?", "one step without a break", "another")])
+    with pytest.raises(DataError, match="different numbers of positions"):
+        rl.patch(rm, [rl.Pair("q?", "a.\nb.\n", "a.\n")])
+    with pytest.raises(HeadError, match="set of positions"):
+        rl.tokens(rm, STEPS)
+    with pytest.raises(HeadError, match="set of positions"):
+        rl.probe(rm)
+    with pytest.raises(ValueError, match="positions='read'"):
+        rl.patch(rm, STEPS, positions="all")
+    dpo = rl.wrap_dpo(lm, build(tok, "llama", "lm", seed=1), tok)
+    with pytest.raises(TokenizationError, match="no prompt/response split"):
+        dpo.score(["a plain text has no response to read"])
+    with pytest.raises(ValueError, match="beta"):
+        rl.wrap_dpo(lm, lm, tok, beta=0.0)
+    with pytest.raises(ValueError, match="separator"):
+        rl.Reads(at="separator")
+
+
+def test_soft_capped_logits_are_read_with_their_gain_frozen(tok):
+    """Gemma-2's final soft-cap `c·tanh(z/c)`, made to bite (c = 0.2): judge and DPO still close."""
+    config = copy.deepcopy(configs(tok)["gemma2"][1])
+    config.final_logit_softcapping = 0.2
+    torch.manual_seed(0)
+    lm = tf.AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
+    perturb_(lm, 0)
+    ref = copy.deepcopy(lm)
+    perturb_(ref, 1)
+    own = []
+    for conv in conversations(STEPS):  # the question '{response}': the conversation's answer is what is judged
+        ids = tok.apply_chat_template([{"role": "user", "content": conv[-1]["content"]}], tokenize=True,
+                                      add_generation_prompt=True, return_dict=True)["input_ids"]
+        z = logits(lm, list(ids))[-1]
+        own.append(float(z[11] - z[17]))
+    assert max(abs(x) for x in own) < 0.4  # the cap is active: raw logit differences are far larger
+    judge = rl.wrap_judge(lm, tok, tokens=(11, 17), question="{response}")
+    assert_closes(judge, STEPS, np.array(own), level="head")
+    assert_closes(rl.wrap_dpo(lm, ref, tok, beta=1.0), STEPS, own_dpo(tok, lm, ref, STEPS, 1.0))
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_attribution_patching_at_the_set_of_reads_equals_autograd(tok, arch):
+    """The first-order estimate Σ_k (a_rejected,k − a_chosen,k)·∂r/∂a_chosen,k, recomputed here through
+    the model's own forward and its own logits (torch.min routes the gradient to the lowest step)."""
+    lm = build(tok, arch, "lm")
+    rm = rl.wrap_prm(lm, tok, separator=SEP, tokens=(23, 29), combine="min")
+    got = rl.attribution_patch(rm, STEPS, level="sublayer")
+    sep = tok.encode(SEP, add_special_tokens=False)[0]
+    modules = [(rm.layers[0], "in")] + [
+        (rm.layer_module(layer, path), "out") for layer in range(rm.n_layers)
+        for path in (rm.arch.attn_out, rm.arch.mlp_out)]
+    convs = conversations(STEPS)
+    for p in range(len(STEPS)):
+        sides = []
+        for conv in (convs[2 * p], convs[2 * p + 1]):
+            ids, start, suffix = template_ids(tok, conv)
+            sides.append((ids, [t for t in range(start, len(ids) - suffix) if ids[t] == sep]))
+        (ids_c, at_c), (ids_r, at_r) = sides
+        for s, (module, where) in enumerate(modules):
+            kept = {}
+
+            def keep(x, kept=kept):
+                kept["x"] = x.detach().clone()
+                return x
+
+            with _hook(module, where, keep), torch.no_grad():
+                lm(input_ids=torch.tensor([ids_r]))
+            source = kept["x"][0, at_r]
+
+            def probe(x, kept=kept):
+                kept["a"] = x.detach().clone()
+                kept["d"] = torch.zeros_like(x, requires_grad=True)
+                return x + kept["d"]
+
+            with _hook(module, where, probe), torch.enable_grad():
+                z = lm(input_ids=torch.tensor([ids_c])).logits[0]
+                reward = (z[at_c, 23] - z[at_c, 29]).min()
+                (grad,) = torch.autograd.grad(reward, kept["d"])
+            estimate = float(((source - kept["a"][0, at_c]) * grad[0, at_c]).sum())
+            assert got.patched_chosen[p, s] - got.chosen[p] == pytest.approx(estimate, abs=1e-4)
+
+
+def test_command_line_reads_each_kind(tok, tmp_path, capsys):
+    """`--prm-separator`, `--judge-tokens` and `--dpo-reference` load through from_pretrained and score
+    like the API."""
+    import json
+
+    from rewardlens.cli import main
+    from rewardlens.data import save_pairs
+
+    folders = {}
+    for name, model in {"tc": build(tok, "llama", "tc"), "lm": build(tok, "llama", "lm"),
+                        "ref": build(tok, "llama", "lm", seed=1)}.items():
+        model.save_pretrained(tmp_path / name)
+        tok.save_pretrained(tmp_path / name)
+        folders[name] = str(tmp_path / name)
+    pairs = str(save_pairs(STEPS, tmp_path / "steps.jsonl"))
+    runs = {
+        "prm": (["--prm-separator", "\\n", "--prm-combine", "sum"],
+                rl.wrap_prm(build(tok, "llama", "tc"), tok, separator=SEP, combine="sum"), "tc"),
+        "judge": (["--judge-tokens", "A,B"], rl.wrap_judge(build(tok, "llama", "lm"), tok, tokens=("A", "B")), "lm"),
+        "dpo": (["--dpo-reference", folders["ref"], "--dpo-beta", "0.2"],
+                rl.wrap_dpo(build(tok, "llama", "lm"), build(tok, "llama", "lm", seed=1), tok, beta=0.2), "lm"),
+    }
+    for what, (flags, api, folder) in runs.items():
+        assert main(["score", folders[folder], "--pairs", pairs, "--json", *flags]) == 0, what
+        out = json.loads(capsys.readouterr().out)
+        rewards = api.score(STEPS)
+        np.testing.assert_allclose([p["margin"] for p in out["pairs"]], rewards[0::2] - rewards[1::2], atol=1e-5)
+    assert main(["score", folders["lm"], "--pairs", pairs, "--judge-tokens", "A,B", "--dpo-reference",
+                 folders["ref"]]) == 2
+    assert "two kinds" in capsys.readouterr().err
