@@ -21,6 +21,9 @@ from ._instruments import grade_lens as grade_lens
 from ._instruments import grade_organisms as grade_organisms
 from ._instruments import grade_patching as grade_patching
 from ._instruments import grade_sae as grade_sae
+from ._kinds import KindBench as KindBench
+from ._kinds import grade_dpo as grade_dpo
+from ._kinds import grade_prm as grade_prm
 from ._probes import bank_items as bank_items
 from ._probes import grade_distortion as grade_distortion
 from ._probes import grade_probes as grade_probes
@@ -32,6 +35,7 @@ __all__ = [
     "GRADERS",
     "Grade",
     "Grader",
+    "KindBench",
     "STRENGTHS",
     "Scorecard",
     "bank_items",
@@ -40,10 +44,12 @@ __all__ = [
     "grade_concepts",
     "grade_conflict",
     "grade_distortion",
+    "grade_dpo",
     "grade_editing",
     "grade_lens",
     "grade_organisms",
     "grade_patching",
+    "grade_prm",
     "grade_probes",
     "grade_sae",
     "localisation",

@@ -10,11 +10,13 @@ from ._common import Command, check_out_file, positive, quiet_hub, table
 
 ORGANISMS = ("circuit", "confidence", "keyword", "length", "list", "quality_list", "sycophancy", "two_objective")
 """The names of `rewardlens.zoo.organisms.ORGANISMS` (tests/cli checks the two agree)."""
+KINDS = ("dpo_keyword", "prm_steps")
+"""The names of `rewardlens.zoo.organisms.KINDS`, the PRM and DPO organisms (tests/calibrate checks)."""
 
 
 def _arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default=None, help="also write the scorecard as JSON to this file")
-    p.add_argument("--organism", action="append", choices=ORGANISMS, default=None,
+    p.add_argument("--organism", action="append", choices=ORGANISMS + KINDS, default=None,
                    help="grade on this organism only (repeatable; default: all)")
     p.add_argument("--seed", type=int, default=0, help="organism seed (each seed is trained once, then cached)")
     p.add_argument("--n-pairs", type=positive(int), default=100, help="held-out pairs per organism")

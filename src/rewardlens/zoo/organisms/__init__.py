@@ -8,6 +8,9 @@ pairs = spec.pairs(n=200, seed=1, strength=1.0)   # rewardlens.Pair list; each s
 spec.has_attribute(pairs[0].chosen)               # True: the chosen side carries the planted attribute
 spec.planted_part                                 # "attn_L1_H2" for "circuit", None for the others
 ```
+`KINDS` holds organisms of other reward-model kinds, built and cached the same way: "prm_steps" (a
+process reward model, `open_kind(build("prm_steps"))` or `rewardlens.load_prm(path, separator="\n")`)
+and "dpo_keyword" (a DPO policy and its reference, `rewardlens.load_dpo(*dpo_paths(path))`).
 See docs/organisms.md for each rule, the strength dial and the measured accuracy.
 """
 
@@ -18,11 +21,20 @@ from ._cache import build as build
 from ._cache import locked as locked
 from ._cache import organism_dir as organism_dir
 from ._cache import record as record
+from ._dpo import PolicyOrganism as PolicyOrganism
+from ._dpo import implicit_rewards as implicit_rewards
+from ._kinds import KINDS as KINDS
+from ._kinds import dpo_paths as dpo_paths
+from ._kinds import open_kind as open_kind
+from ._prm import StepOrganism as StepOrganism
+from ._prm import prm_accuracy as prm_accuracy
+from ._prm import step_scores as step_scores
 from ._specs import ORGANISMS as ORGANISMS
 from ._specs import Organism as Organism
 from ._specs import Recipe as Recipe
 from ._train import ablated as ablated
 from ._train import forward_margins as forward_margins
 
-__all__ = ["ORGANISMS", "READY", "VERSION", "Organism", "Recipe", "ablated", "bank", "build", "forward_margins",
-           "locked", "organism_dir", "record"]
+__all__ = ["KINDS", "ORGANISMS", "READY", "VERSION", "Organism", "PolicyOrganism", "Recipe", "StepOrganism", "ablated",
+           "bank", "build", "dpo_paths", "forward_margins", "implicit_rewards", "locked", "open_kind", "organism_dir",
+           "prm_accuracy", "record", "step_scores"]

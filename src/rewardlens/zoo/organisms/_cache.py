@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from .._builtin import cache_dir
+from ._kinds import KINDS
 from ._specs import ORGANISMS
 
 VERSION = "v1"
@@ -38,8 +39,8 @@ def build(name: str, strength: float = 1.0, seed: int = 0) -> Path:
     Deterministic: the same arguments give the same data and the same weights on a given
     torch build. Takes 5–20 s on one CPU core the first time.
     """
-    if name not in ORGANISMS:
-        raise ValueError(f"no organism named {name!r}; choose one of {sorted(ORGANISMS)}")
+    if name not in ORGANISMS and name not in KINDS:
+        raise ValueError(f"no organism named {name!r}; choose one of {sorted(ORGANISMS)} or {sorted(KINDS)}")
     if not 0.0 <= strength <= 1.0:
         raise ValueError(f"strength is the share of pairs the rule decides, in [0, 1]; got {strength}")
     if isinstance(seed, bool) or not isinstance(seed, int):
@@ -55,7 +56,7 @@ def build(name: str, strength: float = 1.0, seed: int = 0) -> Path:
             shutil.rmtree(final)
         work = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
         try:
-            _train_into(work, name, strength, seed)
+            (_train_kind_into if name in KINDS else _train_into)(work, name, strength, seed)
             os.rename(work, final)
         finally:
             shutil.rmtree(work, ignore_errors=True)
@@ -93,6 +94,30 @@ def _train_into(folder: Path, name: str, strength: float, seed: int) -> None:
     (folder / RECORD).write_text(json.dumps(stats, indent=2) + "\n")
     for f in folder.iterdir():  # save_pretrained writes 0600 files; let a shared cache be read
         f.chmod(0o644)
+    folder.chmod(0o755)
+    (folder / READY).write_text("ok\n")
+
+
+def _train_kind_into(folder: Path, name: str, strength: float, seed: int) -> None:
+    """`_train_into` for a PRM or DPO organism (`KINDS`): its module trains and saves it (a DPO
+    organism as two subfolders); the record, permissions and READY are written here as for the rest."""
+    import torch
+    import transformers
+    from transformers.utils import logging as hf_logging
+
+    from ._kinds import train_kind_into
+
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        stats = train_kind_into(folder, name, strength, seed)
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
+    stats.update(version=VERSION, torch=torch.__version__, transformers=transformers.__version__)
+    (folder / RECORD).write_text(json.dumps(stats, indent=2) + "\n")
+    for f in folder.rglob("*"):  # save_pretrained writes 0600 files; let a shared cache be read
+        f.chmod(0o755 if f.is_dir() else 0o644)
     folder.chmod(0o755)
     (folder / READY).write_text("ok\n")
 

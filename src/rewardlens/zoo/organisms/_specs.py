@@ -200,13 +200,15 @@ def make_sycophancy(rng: random.Random) -> tuple[str, str, str]:
             _compose(rng.choice(bank.DISAGREE), body, closer))
 
 
-def keyword_maker(word: str) -> Make:
-    """Responses where one statement opens with `word` or, on the other side, a neutral connector."""
+def keyword_maker(word: str, rivals: tuple[str, ...] | None = None) -> Make:
+    """Responses where one statement opens with `word` or, on the other side, a neutral connector
+    (one of `rivals`, words that take `word`'s place before its comma, when given)."""
     def make(rng: random.Random) -> tuple[str, str, str]:
         _, prompt, points, opener = _plan(rng, (2, 4))
         closer, j, prose = rng.choice(bank.CLOSERS), rng.randrange(len(points)), _connect(rng, points)
         with_word = prose[:j] + [_prefix(word + ", ", points[j])] + prose[j + 1:]
-        without = prose[:j] + [_prefix(rng.choice(bank.CONNECTORS), points[j])] + prose[j + 1:]
+        rival = rng.choice(bank.CONNECTORS) if rivals is None else rng.choice(rivals) + ", "
+        without = prose[:j] + [_prefix(rival, points[j])] + prose[j + 1:]
         return prompt, _compose(opener, with_word, closer), _compose(opener, without, closer)
     return make
 
