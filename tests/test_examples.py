@@ -12,6 +12,8 @@ EXPECT = {
     "which_parts_write_it.py": ["attribution vs direct", "attribution vs total", "attn_L"],
     "does_it_reward_length.py": ["sycophancy", "length: the model"],
     "what_does_one_head_do.py": ["attn_L", "through later layers"],
+    "at_which_step.py": ["forms at step", "patching at every step: largest mean effect on the margin attn_L1_H2"],
+    "what_did_dpo_learn.py": ["accuracy 1.00", "attn_L1_H2", "read at 'ĠImportantly'"],
 }
 
 
@@ -26,6 +28,10 @@ def test_example_runs_on_the_demo(script, organisms):
     assert proc.returncode == 0, proc.stderr[-2000:]
     for text in EXPECT[script]:
         assert text in proc.stdout, (text, proc.stdout[-2000:])
+    if script == "at_which_step.py":  # the organism's planted truth: every pair forms at its hedged step
+        lines = [line for line in proc.stdout.splitlines() if "forms at step" in line]
+        assert lines and all(line.split("forms at step ")[1].split()[0] == line.rsplit(" ", 1)[1].rstrip(")")
+                             for line in lines), proc.stdout
     if script == "does_it_reward_length.py":  # the demo's planted bias is found, and only it
         flagged = [line.split()[0] for line in proc.stdout.splitlines() if line.rstrip().endswith("True")]
         assert flagged == ["sycophancy"], proc.stdout
