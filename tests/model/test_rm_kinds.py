@@ -22,7 +22,7 @@ from rewardlens.zoo import build_tokenizer
 from tests.helpers.tiny import configs, perturb_
 
 DECODERS = [a for a in ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3", "olmo2", "gpt2",
-                        "gpt_neox") if a in configs(build_tokenizer())]
+                        "gpt_neox", "mixtral", "qwen2_moe", "qwen3_moe") if a in configs(build_tokenizer())]
 STEPS = [
     rl.Pair("What is 2+3?", "Step 1: 2+3=5.\nStep 2: so it is 5.\n", "Step 1: 2+3=6.\nStep 2: so it is 6.\n"),
     rl.Pair("What is 4+4?", "Step 1: 4+4=8.\nStep 2: done.\nStep 3: 8.\n",
@@ -366,3 +366,32 @@ def test_command_line_reads_each_kind(tok, tmp_path, capsys):
     assert main(["score", folders["lm"], "--pairs", pairs, "--judge-tokens", "A,B", "--dpo-reference",
                  folders["ref"]]) == 2
     assert "two kinds" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("arch", ["mixtral", "qwen2_moe"])
+def test_experts_split_every_step_exactly(tok, arch):
+    """A mixture-of-experts PRM at expert level: each step's experts sum to the step's MLP, and close."""
+    lm = build(tok, arch, "lm")
+    rm = rl.wrap_prm(lm, tok, separator=SEP, tokens=(23, 29), combine="sum")
+    own = own_steps(tok, lm, STEPS, lambda z: z[:, 23] - z[:, 29], "sum")
+    att = assert_closes(rm, STEPS, own, level="neuron")
+    assert any("_E" in name for name in att.names)
+    frame = att.steps.to_frame()
+    per_step = frame[[c for c in frame.columns if c in att.names]].sum(1) + frame["constant"]
+    np.testing.assert_allclose(per_step, frame["reward"], atol=1e-4)
+
+
+def test_the_reference_runs_once_per_sequence_across_instruments(tok):
+    policy, reference = build(tok, "llama", "lm", seed=0), build(tok, "llama", "lm", seed=1)
+    rm = rl.wrap_dpo(policy, reference, tok, beta=0.1, batch_size=2)
+    seen = []
+    handle = reference.model.register_forward_hook(lambda m, a, o: seen.append(1))
+    try:
+        first = rl.attribute(rm, STEPS)
+        ran = len(seen)
+        again = rl.attribute(rm, STEPS)
+        rl.patch(rm, STEPS, mode="ablation")
+    finally:
+        handle.remove()
+    assert ran == 2 and len(seen) == ran  # 4 sequences in batches of 2, then nothing more
+    np.testing.assert_array_equal(again.values, first.values)

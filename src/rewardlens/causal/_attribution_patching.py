@@ -26,7 +26,7 @@ from ._engine import Site, head_slice, site_point, sites
 from ._layerwise import layerwise_grads
 from ._patching import Patching, assemble, check_options
 from ._plan import Clean, PatchPlan, encode_pairs
-from ._reads_patch import check_reads_options, matched_reads, traced_reads
+from ._reads_patch import ReadChunks, check_reads_options
 
 Tensors = dict[str, Tensor]
 
@@ -139,18 +139,10 @@ def _reads_estimate(
 ) -> tuple[Clean, list[int], Tensor]:
     """Attribution patching at the set of reads (causal/_reads_patch.py): for each target sequence,
     `Σ_k (a_src,k − a_tgt,k) · ∂r/∂a_tgt,k` over its reads k, from one backward per batch."""
-    matched_reads(seqs, mode)
-    n = len(seqs)
-    clean = torch.zeros(n)
-    targets = list(range(0 if mode in ("noising", "ablation") else 1, n, 2))
-    estimate = torch.zeros(len(targets), len(sweep))
+    chunks = ReadChunks(model, seqs, mode, level, batch_size)
+    estimate = torch.zeros(len(chunks.targets), len(sweep))
     keys = {s.key: s for s in sweep}
-    for lo in range(0, len(targets), batch_size):
-        tgt = targets[lo:lo + batch_size]
-        src = [t + 1 if t % 2 == 0 else t - 1 for t in tgt]
-        acts_at, reward = traced_reads(model, seqs, sorted({*tgt, *src}), level == "head", batch_size)
-        for i, r in reward.items():
-            clean[i] = r
+    for lo, tgt, src, acts_at in chunks:
         batch = collate([seqs[i] for i in tgt], pad_id=model.pad_token_id, side="right", first=False,
                         device=model.device)
         assert batch.reads is not None  # a multi-position model's sequences carry their reads
@@ -170,8 +162,8 @@ def _reads_estimate(
             per_read = ((inserted - act) * grad).sum(-1)
             estimate[lo:lo + len(tgt), j] = torch.zeros(len(tgt), device=model.device).index_add(
                 0, rows.to(model.device), per_read).cpu()
-    runs = Clean(seqs, {}, [0] * n, model.head.coefficients(n), clean.to(model.device))
-    return runs, targets, (clean[targets][:, None] + estimate).to(model.device)
+    runs = chunks.clean_runs()
+    return runs, chunks.targets, (runs.reward[chunks.targets][:, None] + estimate.to(model.device))
 
 
 def agreement(exact: Patching, approx: Patching, k: int = 10) -> dict[str, float]:

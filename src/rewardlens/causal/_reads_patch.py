@@ -12,6 +12,8 @@ held at once stay [batch_size, reads, width] per site.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 import torch
 from torch import Tensor
@@ -75,24 +77,43 @@ def _stack(per: list[Tensor], width: int) -> Tensor:
     return torch.stack([torch.cat([x, x[-1:].expand(width - len(x), *x.shape[1:])]) for x in per])
 
 
+class ReadChunks:
+    """A sweep at the set of reads, `batch_size` pairs at a time: iterating yields each chunk's first
+    target number, its targets (the patched sides), their sources (the other side of each pair) and
+    both sides' captures at their reads; `clean_runs()` then holds every side's clean reward."""
+
+    def __init__(self, model: RewardModel, seqs: list[Tokenized], mode: Mode, level: PatchLevel,
+                 batch_size: int) -> None:
+        matched_reads(seqs, mode)
+        self.model, self.seqs, self.heads, self.batch_size = model, seqs, level == "head", batch_size
+        self.targets = list(range(0 if mode in ("noising", "ablation") else 1, len(seqs), 2))
+        self.clean = torch.zeros(len(seqs))
+
+    def __iter__(self) -> Iterator[tuple[int, list[int], list[int], dict[int, dict[str, Tensor]]]]:
+        for lo in range(0, len(self.targets), self.batch_size):
+            tgt = self.targets[lo:lo + self.batch_size]
+            src = [t + 1 if t % 2 == 0 else t - 1 for t in tgt]
+            acts, reward = traced_reads(self.model, self.seqs, sorted({*tgt, *src}), self.heads, self.batch_size)
+            for i, r in reward.items():
+                self.clean[i] = r
+            yield lo, tgt, src, acts
+
+    def clean_runs(self) -> Clean:
+        """Every side's clean reward, as the `Clean` that `assemble` reads."""
+        n, device = len(self.seqs), self.model.device
+        return Clean(self.seqs, {}, [0] * n, self.model.head.coefficients(n), self.clean.to(device))
+
+
 def patch_reads(
     model: RewardModel, seqs: list[Tokenized], sweep: list[Site], *, mode: Mode, level: PatchLevel,
     batch_size: int,
 ) -> tuple[Clean, list[int], Tensor]:
     """`patch` for a multi-position read-out (module docstring): the clean runs' rewards, the patched
     sequences and their patched rewards [n_targets, S] (for `assemble`)."""
-    matched_reads(seqs, mode)
-    n = len(seqs)
-    clean = torch.zeros(n)
-    targets = list(range(0 if mode in ("noising", "ablation") else 1, n, 2))
-    rewards = torch.zeros(len(targets), len(sweep))
+    chunks = ReadChunks(model, seqs, mode, level, batch_size)
+    rewards = torch.zeros(len(chunks.targets), len(sweep))
     keys = sorted({site.key for site in sweep})
-    for lo in range(0, len(targets), batch_size):
-        tgt = targets[lo:lo + batch_size]
-        src = [t + 1 if t % 2 == 0 else t - 1 for t in tgt]
-        acts, reward = traced_reads(model, seqs, sorted({*tgt, *src}), level == "head", batch_size)
-        for i, r in reward.items():
-            clean[i] = r
+    for lo, tgt, src, acts in chunks:
         width = max(len(seqs[t].reads or ()) for t in tgt)
         cols = _stack([torch.tensor(seqs[t].reads or ()) for t in tgt], width)
         if mode == "ablation":
@@ -102,5 +123,4 @@ def patch_reads(
         got, _ = batched_sweep(model, [seqs[t] for t in tgt], sweep, cols, values, batch_size=batch_size,
                                labels=[sequence_label(t, True) for t in tgt], index=tgt)
         rewards[lo:lo + len(tgt)] = got.cpu()
-    runs = Clean(seqs, {}, [0] * n, model.head.coefficients(n), clean.to(model.device))
-    return runs, targets, rewards.to(model.device)
+    return chunks.clean_runs(), chunks.targets, rewards.to(model.device)

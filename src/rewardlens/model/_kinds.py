@@ -193,6 +193,26 @@ def read_values(model: RewardModel, seqs: list[Tokenized], batch_size: int = 8) 
     return [tuple(v) for v in out]
 
 
+class ReferenceTerms:
+    """`−β log π_ref(y_t)` at every read of each sequence, from batched reference forwards; remembered by
+    token ids, so the instruments of one audit chunk (trace, patching, attribution patching) run the
+    reference once per sequence, not once per instrument."""
+
+    def __init__(self, reference: RewardModel, batch_size: int, keep: int = 4096) -> None:
+        self.reference, self.batch_size, self.keep = reference, batch_size, keep
+        self.memo: dict[tuple[tuple[int, ...], tuple[int, ...]], tuple[float, ...]] = {}
+
+    def __call__(self, seqs: list[Tokenized]) -> list[tuple[float, ...]]:
+        key = [(tuple(s.ids), s.reads or ()) for s in seqs]
+        todo = [i for i, k in enumerate(key) if k not in self.memo]
+        if len(self.memo) + len(todo) > self.keep:  # a bound on memory over a long run
+            self.memo.clear()
+            todo = list(range(len(seqs)))
+        for i, values in zip(todo, read_values(self.reference, [seqs[i] for i in todo], self.batch_size)):
+            self.memo[key[i]] = tuple(-v for v in values)
+        return [self.memo[k] for k in key]
+
+
 def wrap_dpo(
     policy: nn.Module, reference: nn.Module, tokenizer: PreTrainedTokenizerBase, *, beta: float = 0.1,
     reference_term: ReferenceTerm = "constant", batch_size: int = 8, max_length: int | None = None,
@@ -215,7 +235,7 @@ def wrap_dpo(
     ref = _log_prob_model(reference, tokenizer, beta, max_length, truncation)
     rm.reference = ref
     if reference_term == "constant":
-        rm.offsets = lambda seqs: [tuple(-v for v in vals) for vals in read_values(ref, seqs, batch_size)]
+        rm.offsets = ReferenceTerms(ref, batch_size)
     if check:
         verify(ref)
     return _finish(rm, source, check)

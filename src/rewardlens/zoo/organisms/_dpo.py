@@ -27,7 +27,7 @@ from torch import nn
 from ...data import Pair, Side
 from ._attributes import mentions
 from ._specs import Recipe, keyword_maker
-from ._train import FFN, HEADS, HIDDEN, LAYERS, TRAIN_THREADS, organism_tokenizer, part_parameters, threads
+from ._train import TRAIN_THREADS, organism_config, organism_tokenizer, part_parameters, threads
 
 if TYPE_CHECKING:
     from transformers import LlamaForCausalLM, PreTrainedTokenizerBase, PreTrainedTokenizerFast
@@ -88,14 +88,9 @@ DPO = PolicyOrganism("dpo_keyword", f"the policy's implicit reward prefers respo
 
 def initial_lm(seed: int) -> LlamaForCausalLM:
     """The seeded, untrained reference (and the policy's starting point); the caller's RNG is kept."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
-    tok = organism_tokenizer()
-    config = LlamaConfig(
-        vocab_size=len(tok), hidden_size=HIDDEN, intermediate_size=FFN, num_hidden_layers=LAYERS,
-        num_attention_heads=HEADS, num_key_value_heads=HEADS, max_position_embeddings=512,
-        pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, bos_token_id=None, tie_word_embeddings=False,
-    )
+    config = organism_config(tie_word_embeddings=False)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return LlamaForCausalLM(config).eval()

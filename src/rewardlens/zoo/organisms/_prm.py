@@ -24,7 +24,7 @@ from torch import Tensor, nn
 
 from ...data import Pair
 from ._specs import Recipe
-from ._train import FFN, HEADS, HIDDEN, LAYERS, TRAIN_THREADS, organism_tokenizer, part_parameters, threads
+from ._train import HIDDEN, TRAIN_THREADS, organism_config, organism_tokenizer, part_parameters, threads
 
 if TYPE_CHECKING:
     from transformers import LlamaForTokenClassification, PreTrainedTokenizerBase, PreTrainedTokenizerFast
@@ -136,18 +136,11 @@ def encode_steps(tok: PreTrainedTokenizerBase, prompt: str, response: str) -> tu
 def initial_prm(seed: int) -> LlamaForTokenClassification:
     """The seeded, untrained two-label token classifier; its frozen head rows are random of norm ~1
     (as the circuit organism's) so one head can reach large step scores through it."""
-    from transformers import LlamaConfig, LlamaForTokenClassification
+    from transformers import LlamaForTokenClassification
 
-    tok = organism_tokenizer()
-    # PretrainedConfig takes these through **kwargs, which LlamaConfig's typed signature does not show.
     # No classifier dropout: its default 0.1 would draw from the unseeded global RNG while training.
-    extra: dict[str, Any] = {"num_labels": 2, "id2label": {0: "wrong", 1: "right"},
-                             "label2id": {"wrong": 0, "right": 1}, "classifier_dropout": 0.0}
-    config = LlamaConfig(
-        vocab_size=len(tok), hidden_size=HIDDEN, intermediate_size=FFN, num_hidden_layers=LAYERS,
-        num_attention_heads=HEADS, num_key_value_heads=HEADS, max_position_embeddings=512,
-        pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, bos_token_id=None, **extra,
-    )
+    config = organism_config(num_labels=2, id2label={0: "wrong", 1: "right"}, label2id={"wrong": 0, "right": 1},
+                             classifier_dropout=0.0)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = LlamaForTokenClassification(config)

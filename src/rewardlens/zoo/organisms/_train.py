@@ -21,7 +21,12 @@ from . import _bank as bank
 from ._specs import ORGANISMS, Organism
 
 if TYPE_CHECKING:
-    from transformers import LlamaForSequenceClassification, PreTrainedTokenizerBase, PreTrainedTokenizerFast
+    from transformers import (
+        LlamaConfig,
+        LlamaForSequenceClassification,
+        PreTrainedTokenizerBase,
+        PreTrainedTokenizerFast,
+    )
 
 VOCAB_SIZE = 2048
 HIDDEN, FFN, LAYERS, HEADS = 64, 128, 2, 4
@@ -51,6 +56,20 @@ def organism_tokenizer() -> PreTrainedTokenizerFast:
     return build_tokenizer(VOCAB_SIZE, corpus)
 
 
+def organism_config(**extra: Any) -> LlamaConfig:
+    """The organisms' Llama size with the organism tokenizer's vocabulary and special ids; `extra`
+    (num_labels, id2label, ...) go to PretrainedConfig through **kwargs, which LlamaConfig's typed
+    signature does not show."""
+    from transformers import LlamaConfig
+
+    tok = organism_tokenizer()
+    return LlamaConfig(
+        vocab_size=len(tok), hidden_size=HIDDEN, intermediate_size=FFN, num_hidden_layers=LAYERS,
+        num_attention_heads=HEADS, num_key_value_heads=HEADS, max_position_embeddings=512,
+        pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, bos_token_id=None, **extra,
+    )
+
+
 def initial_model(spec: Organism, seed: int) -> LlamaForSequenceClassification:
     """The seeded, untrained `LlamaForSequenceClassification` an organism starts from.
 
@@ -58,20 +77,14 @@ def initial_model(spec: Organism, seed: int) -> LlamaForSequenceClassification:
     norm 1 (instead of the default std 0.02), so the trained part can reach margins of several
     reward units through it. The caller's global torch RNG is left as it was.
     """
-    from transformers import LlamaConfig, LlamaForSequenceClassification
+    from transformers import LlamaForSequenceClassification
 
-    tok = organism_tokenizer()
     k = len(spec.objectives)
     labels = {i: name for i, name in enumerate(spec.objectives)} if k > 1 else None
-    # num_labels goes to PretrainedConfig through **kwargs, which LlamaConfig's typed signature does not show.
     extra: dict[str, Any] = {"num_labels": k}
     if labels:
         extra.update(id2label=labels, label2id={v: i for i, v in labels.items()})
-    config = LlamaConfig(
-        vocab_size=len(tok), hidden_size=HIDDEN, intermediate_size=FFN, num_hidden_layers=LAYERS,
-        num_attention_heads=HEADS, num_key_value_heads=HEADS, max_position_embeddings=512,
-        pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, bos_token_id=None, **extra,
-    )
+    config = organism_config(**extra)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = LlamaForSequenceClassification(config)
