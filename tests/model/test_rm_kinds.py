@@ -229,8 +229,13 @@ def _hook(module, where, fn):
         handle.remove()
 
 
-@pytest.mark.parametrize("arch", ["llama", "gemma2", "gpt_neox"])
-def test_patching_at_the_set_of_reads_equals_a_naive_loop(tok, arch):
+@pytest.mark.parametrize("engine", ["stepped", "whole forwards"])
+@pytest.mark.parametrize("arch", ["llama", "gemma2", "gpt_neox", "qwen2_moe"])
+def test_patching_at_the_set_of_reads_equals_a_naive_loop(tok, arch, engine, monkeypatch):
+    if engine == "whole forwards":  # the fallback for models whose layers cannot be stepped
+        import rewardlens.causal._reads_patch as reads_patch
+
+        monkeypatch.setattr(reads_patch, "stepped_sweep", lambda *args, **kwargs: None)
     lm = build(tok, arch, "lm")
     rm = rl.wrap_prm(lm, tok, separator=SEP, tokens=(23, 29), combine="min")
     got = rl.patch(rm, STEPS, mode="noising", level="sublayer")

@@ -23,6 +23,7 @@ from ..model import RewardModel, Tokenized, sequence_label, trace
 from ..types import Ablation, Estimand, Mode, PatchLevel, Positions, Spans
 from ._engine import Site, batched_sweep
 from ._plan import Clean
+from ._stepped import stepped_sweep
 
 
 def check_reads_options(mode: Mode, ablation: Ablation, positions: Positions | Spans, estimand: Estimand,
@@ -120,7 +121,10 @@ def patch_reads(
             values = {k: torch.zeros(acts[tgt[0]][k].shape[-1], device=model.device) for k in keys}
         else:
             values = {k: _stack([acts[s][k] for s in src], width) for k in keys}
-        got, _ = batched_sweep(model, [seqs[t] for t in tgt], sweep, cols, values, batch_size=batch_size,
-                               labels=[sequence_label(t, True) for t in tgt], index=tgt)
+        labels, targets = [sequence_label(t, True) for t in tgt], [seqs[t] for t in tgt]
+        # Each run from its own layer where stepping reproduces the model; else whole forwards.
+        got = stepped_sweep(model, targets, sweep, cols, values, batch_size=batch_size, labels=labels, index=tgt)
+        if got is None:
+            got, _ = batched_sweep(model, targets, sweep, cols, values, batch_size=batch_size, labels=labels, index=tgt)
         rewards[lo:lo + len(tgt)] = got.cpu()
     return chunks.clean_runs(), chunks.targets, rewards.to(model.device)

@@ -22,7 +22,18 @@ import torch
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
-from ..model import OOM_ERRORS, Batch, RewardModel, Tokenized, collate, each_batch, eval_mode, get_module, hidden_arg
+from ..model import (
+    OOM_ERRORS,
+    Batch,
+    ReadSet,
+    RewardModel,
+    Tokenized,
+    collate,
+    each_batch,
+    eval_mode,
+    get_module,
+    hidden_arg,
+)
 from ._engine import Declined, Overwrite, Site, head_slice, patched, take_values
 
 
@@ -78,6 +89,8 @@ def _rows(value: Any, rows: Tensor, size: int) -> Any:
 
 def _readout(model: RewardModel, rec: Recording, hidden: Tensor, rows: Tensor) -> Tensor:
     """Rewards [r] of stepped rows from the last layer's output [r, T, d] (gate: the run's own)."""
+    if rec.batch.reads is not None:
+        return _read_set(model, rec.batch.reads, hidden, rows)
     at = rec.batch.read_index[rows.to(rec.batch.read_index.device)]
     r = torch.arange(len(rows), device=hidden.device)
     x = hidden[r, at.to(hidden.device)].float().to(model.device)
@@ -89,6 +102,23 @@ def _readout(model: RewardModel, rec: Recording, hidden: Tensor, rows: Tensor) -
     else:
         coef = model.head.coefficients(len(rows))
     return (values * coef).sum(-1)
+
+
+def _read_set(model: RewardModel, reads: ReadSet, hidden: Tensor, rows: Tensor) -> Tensor:
+    """A multi-position read-out's rewards [r] of stepped rows (batch rows `rows`, repeats allowed):
+    every read of each row's sequence, its head value, recombined as the patched run's own."""
+    mine = [torch.nonzero(reads.rows == b)[:, 0] for b in rows.tolist()]
+    job = torch.cat([torch.full((len(m),), r, dtype=torch.long) for r, m in enumerate(mine)])
+    idx = torch.cat(mine)
+    pick = lambda t: None if t is None else t[idx.to(t.device)]  # noqa: E731
+    sub = ReadSet(job.to(reads.rows.device), reads.cols[idx.to(reads.cols.device)],
+                  reads.steps[idx.to(reads.steps.device)], pick(reads.targets), pick(reads.offsets))
+    x = hidden[job.to(hidden.device), sub.cols.to(hidden.device)].float().to(model.device)
+    values = model.head(model.final_hidden(x), sub.targets)
+    if sub.offsets is not None:
+        values = values + sub.offsets.to(values.device)[:, None]
+    scores = (values * model.head.coefficients(1)).sum(-1)
+    return sub.weights(len(rows), scores, model.reads.combine) @ scores
 
 
 def stepping_works(model: RewardModel, rec: Recording, tol: float = 1e-4) -> bool:

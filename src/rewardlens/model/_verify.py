@@ -64,16 +64,14 @@ def _check_reads(model: RewardModel) -> Tokenized:
 
 def _own_values(model: RewardModel, raw: Tensor, batch: Batch) -> Tensor:
     """The model's own read-out values [m, k] from its output `raw`: a sequence classifier's logits
-    [n, k], or an LM's / token classifier's [n, T, V] read at every read (targets, offsets)."""
+    [n, k], or an LM's / token classifier's [n, T, V] read at every read (with its target)."""
     if raw.ndim == 2:
         return raw.float()
     reads = batch.reads
     if reads is None:
         at = raw[torch.arange(raw.shape[0], device=raw.device), batch.read_index.to(raw.device)]
         return model.head.own(at)
-    at = raw[reads.rows.to(raw.device), reads.cols.to(raw.device)]
-    values = model.head.own(at, reads.targets)
-    return values if reads.offsets is None else values + reads.offsets.to(values.device)[:, None]
+    return model.head.own(raw[reads.rows.to(raw.device), reads.cols.to(raw.device)], reads.targets)
 
 
 def verify(model: RewardModel) -> None:
@@ -86,7 +84,10 @@ def verify(model: RewardModel) -> None:
     _, batch = next(model.batches([check], 1))
     tr = trace(model, batch, gate=False)
     check_bookkeeping(model, tr)
-    ours = model.head_values(model.final_hidden(tr["final"]), batch).cpu().numpy()
+    # The head alone, without per-read offsets (a DPO reference's term, proven by its own verify): an
+    # implicit reward near 0 must not hide a head that is off by more than its terms' float error.
+    head = model.head(model.final_hidden(tr["final"]), None if batch.reads is None else batch.reads.targets)
+    ours = head.cpu().numpy()
     kwargs: dict[str, Tensor] = {"input_ids": batch.input_ids}
     if batch.token_type_ids is not None:
         kwargs["token_type_ids"] = batch.token_type_ids
