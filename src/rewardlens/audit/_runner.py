@@ -290,8 +290,8 @@ def _plan_for_reads(model: RewardModel, plan: Plan, sae: TopKSAE | None) -> Plan
             plan.divergence), ("tokens", plan.tokens), ("the paper's prefix statistic", plan.paper)) if on]
     if left:
         warnings.warn(f"audit: the model reads its reward at a set of positions (Reads(at={model.reads.at!r})); "
-                      f"{', '.join(left)} read one token per sequence and are left out, and path-frozen (direct) "
-                      "patching is not computed (docs/rm-kinds.md)", RewardLensWarning, stacklevel=3)
+                      f"{', '.join(left)} read one token per sequence and are left out (docs/rm-kinds.md)",
+                      RewardLensWarning, stacklevel=3)
     return plan.for_reads()
 
 

@@ -41,11 +41,18 @@ def direct_rewards(
     out = []
     for site in sweep:
         rep, hit = _at_read(values[site.key], read, cols, len(targets))
-        old, new = _part(model, tr, site, rep)
-        new = torch.where(hit[:, None], new, old)
-        final = _propagate(model, tr, site, old, new)
+        final = patched_final(model, tr, site, rep, hit)
         out.append((model.head(model.final_hidden(final)) * coef).sum(-1))
     return torch.stack(out, 1)
+
+
+def patched_final(model: RewardModel, tr: Trace, site: Site, rep: Tensor, hit: Tensor | None = None) -> Tensor:
+    """The final residual [n, d] of each trace row with `site`'s activation replaced by `rep` [n, w]
+    (where `hit` [n] says so; everywhere when None) and every later part held at its clean value."""
+    old, new = _part(model, tr, site, rep)
+    if hit is not None:
+        new = torch.where(hit[:, None], new, old)
+    return _propagate(model, tr, site, old, new)
 
 
 def _at_read(value: Tensor, read: Tensor, cols: Tensor | None, n: int) -> tuple[Tensor, Tensor]:

@@ -15,7 +15,7 @@ pooling leaves it out; `summary` counts the pairs with a defined ρ.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, get_args
 
 import numpy as np
@@ -214,12 +214,7 @@ def faithfulness(
         positions: Positions = seed_positions or ("all" if aligned(model, pairs) else "read")
         stage("read-position sweep")
         total, seed_patch = _total_and_seed(model, pairs, level, mode, positions, batch_size, clean)
-        if model.reads.multi:  # path-frozen patching reads one token per sequence: named as not computed (NaN)
-            direct = replace(total, patched_chosen=np.full_like(total.patched_chosen, np.nan),
-                             patched_rejected=np.full_like(total.patched_rejected, np.nan), estimand="direct")
-        else:
-            direct = patch(model, pairs, mode=mode, level=level, estimand="direct", batch_size=batch_size,
-                           clean=clean)
+        direct = patch(model, pairs, mode=mode, level=level, estimand="direct", batch_size=batch_size, clean=clean)
         stage("attribution patching")
         atp = attribution_patch(model, pairs, mode=mode, level=level, batch_size=batch_size, clean=clean)
         index = [att.names.index(n) for n in total.names]

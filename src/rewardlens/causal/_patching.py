@@ -27,7 +27,7 @@ from ._direct import direct_rewards
 from ._divergence import score_patched, scorer
 from ._engine import Site, batched_sweep, copies_supported, read_sweep, sites
 from ._plan import Clean, PatchPlan, encode_pairs, pair_ids
-from ._reads_patch import check_reads_options, patch_reads
+from ._reads_patch import check_reads_options, direct_reads, patch_reads
 from ._stepped import stepped_sweep
 
 if TYPE_CHECKING:
@@ -210,10 +210,10 @@ def patch(
         sweep = sites(model, level) if sweep is None else list(sweep)
         if model.reads.multi:  # a reward read at a set of positions is patched at that set
             check_reads_options(mode, ablation, positions, estimand, divergence)
-            runs, read_targets, patched = patch_reads(model, seqs, sweep, mode=mode, level=level,
-                                                      batch_size=batch_size)
+            engine = direct_reads if estimand == "direct" else patch_reads
+            runs, read_targets, patched = engine(model, seqs, sweep, mode=mode, level=level, batch_size=batch_size)
             return assemble(pairs, runs, read_targets, patched, sweep, mode=mode, positions="read", level=level,
-                            estimand="total", min_margin=min_margin)
+                            estimand=estimand, min_margin=min_margin)
         # The read-position engine can read each target's clean reward off an unpatched copy, so the
         # clean trace need only cover the sequences whose activations are inserted.
         copies = estimand == "total" and positions == "read" and copies_supported(model, seqs) is None

@@ -5,9 +5,11 @@ writes, at the k-th read of the chosen side, what the site wrote at the k-th rea
 side (denoising the reverse), and reads the patched run's own combined reward (its steps
 re-combined; a `min` picks its minimum again). Pairs whose two sides have different numbers of
 reads have no k-th-to-k-th map and are refused. Zero ablation needs no map: it writes zeros at
-every read. Each patched run is a whole forward (`batched_sweep`), so this equals a naive
-one-forward-per-part loop; pairs are swept `batch_size` at a time, so the inserted activations
-held at once stay [batch_size, reads, width] per site.
+every read. Each patched run starts at its patched layer (`stepped_sweep`; whole forwards by
+`batched_sweep` where layers cannot be stepped), so this equals a naive one-forward-per-part loop;
+pairs are swept `batch_size` at a time, so the inserted activations held at once stay
+[batch_size, reads, width] per site. Path-frozen (direct) patching needs no forward beyond the
+clean traces: each read's final residual moves by the site's change alone (`patched_final`).
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ import torch
 from torch import Tensor
 
 from ..errors import DataError
-from ..model import RewardModel, Tokenized, sequence_label, trace
+from ..model import RewardModel, Tokenized, Trace, collate, sequence_label, trace
 from ..types import Ablation, Estimand, Mode, PatchLevel, Positions, Spans
+from ._direct import patched_final
 from ._engine import Site, batched_sweep
 from ._plan import Clean
 from ._stepped import stepped_sweep
@@ -32,8 +35,9 @@ def check_reads_options(mode: Mode, ablation: Ablation, positions: Positions | S
     if not isinstance(positions, str) or positions != "read":
         raise ValueError(f"positions={positions!r}: a reward read at a set of positions is patched at that set; "
                          "pass positions='read'")
-    if estimand != "total" or divergence:
-        raise ValueError("a multi-position read-out is patched with estimand='total' and divergence=False for now")
+    if divergence:
+        raise ValueError("divergence scores read one token per sequence; patch a multi-position read-out with "
+                         "divergence=False")
     if mode == "ablation" and ablation != "zero":
         raise ValueError("a multi-position read-out takes mode='ablation' with ablation='zero' only for now")
 
@@ -103,6 +107,31 @@ class ReadChunks:
         """Every side's clean reward, as the `Clean` that `assemble` reads."""
         n, device = len(self.seqs), self.model.device
         return Clean(self.seqs, {}, [0] * n, self.model.head.coefficients(n), self.clean.to(device))
+
+
+def direct_reads(
+    model: RewardModel, seqs: list[Tokenized], sweep: list[Site], *, mode: Mode, level: PatchLevel,
+    batch_size: int,
+) -> tuple[Clean, list[int], Tensor]:
+    """Path-frozen patching at the set of reads, from the traces alone: at each read of a target, the
+    site's write is the source's k-th read's (zero for ablation) and every later part keeps its clean
+    value; the final norm's scale is recomputed per read, and the reads are recombined as the patched
+    run's own (a `min` picks again). No forward beyond the clean traces."""
+    chunks = ReadChunks(model, seqs, mode, level, batch_size)
+    rewards = torch.zeros(len(chunks.targets), len(sweep))
+    for lo, tgt, src, acts in chunks:
+        tr = Trace(None, {k: torch.cat([acts[t][k] for t in tgt]) for k in acts[tgt[0]]})
+        batch = collate([seqs[t] for t in tgt], pad_id=model.pad_token_id, side="right", first=False,
+                        device=model.device)
+        coef = model.coefficients(tr.captured)
+        for j, site in enumerate(sweep):
+            rep = torch.zeros_like(tr[site.key]) if mode == "ablation" else torch.cat([acts[s][site.key] for s in src])
+            values = model.head_values(model.final_hidden(patched_final(model, tr, site, rep)), batch)
+            scores = (values * coef).sum(-1)
+            fold = model.fold(batch, scores)
+            assert fold is not None  # a multi-position model's batches carry their reads
+            rewards[lo:lo + len(tgt), j] = (fold @ scores).cpu()
+    return chunks.clean_runs(), chunks.targets, rewards.to(model.device)
 
 
 def patch_reads(
