@@ -164,6 +164,34 @@ def test_dpo_reference_as_its_own_decomposition(tok, arch):
     np.testing.assert_allclose(total, own_dpo(tok, policy, reference, STEPS, 0.5), atol=1e-4)
 
 
+def test_without_a_chat_template_the_join_belongs_to_the_prompt(tok):
+    """A plain decoder reads `prompt + "\\n\\n" + response`; here "\\n\\n" is two "\\n" tokens, which must
+    be neither steps of a PRM nor tokens of a DPO response. Yardstick: the prompt-with-join's own ids."""
+    plain = copy.deepcopy(tok)
+    plain.chat_template = None
+    policy, reference = build(tok, "llama", "lm", seed=0), build(tok, "llama", "lm", seed=1)
+    sep = tok.encode(SEP, add_special_tokens=False)[0]
+    assert plain.encode("\n\n", add_special_tokens=False) == [sep, sep]  # the case the rule must get right
+    prm = rl.wrap_prm(policy, plain, separator=SEP, tokens=(23, 29), combine="sum")
+    dpo = rl.wrap_dpo(policy, reference, plain, beta=0.1)
+    own_prm, own_dpo_, n_steps = [], [], []
+    for pair in STEPS:
+        for response in (pair.chosen, pair.rejected):
+            head = plain(pair.prompt + "\n\n", add_special_tokens=True)["input_ids"]
+            ids = plain(pair.prompt + "\n\n" + response, add_special_tokens=True)["input_ids"]
+            assert ids[:len(head)] == head
+            at = [t for t in range(len(head), len(ids)) if ids[t] == sep]
+            own_prm.append(combine(logits(policy, ids)[at][:, 23] - logits(policy, ids)[at][:, 29], "sum"))
+            t = torch.arange(len(head) - 1, len(ids) - 1)
+            y = torch.tensor(ids)[t + 1]
+            lp = [torch.log_softmax(logits(m, ids), -1)[t, y] for m in (policy, reference)]
+            own_dpo_.append(0.1 * float((lp[0] - lp[1]).sum()))
+            n_steps.append(response.count("\n"))
+    att = assert_closes(prm, STEPS, np.array(own_prm))
+    assert att.steps.to_frame().groupby("sequence").size().tolist() == n_steps
+    assert_closes(dpo, STEPS, np.array(own_dpo_))
+
+
 @pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2", "gpt2", "gpt_neox"])
 @pytest.mark.parametrize("how", ["mean", "last"])
 def test_two_label_token_classification_prm(tok, arch, how):

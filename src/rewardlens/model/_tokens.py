@@ -3,8 +3,9 @@
 Rules (docs/scoring.md explains them for users):
 - a chat conversation is tokenized once with `apply_chat_template(tokenize=True)`; templating to
   text and re-tokenizing would duplicate BOS on Llama-3;
-- without a chat template, a decoder reads `prompt + "\\n\\n" + response` and an encoder reads the
-  text pair `(prompt, response)` ([CLS] p [SEP] r [SEP]);
+- without a chat template, a decoder reads `prompt + "\\n\\n" + response` (the join counts as the
+  prompt's when a read rule asks where the response starts) and an encoder reads the text pair
+  `(prompt, response)` ([CLS] p [SEP] r [SEP]);
 - the read position of a decoder is Hugging Face's: the rightmost token whose id is not the pad id
   (the last attended token when there is no pad id); an encoder reads its first token;
 - sequences longer than the limit are refused, or cut from the left so the read token survives.
@@ -26,6 +27,9 @@ from ._reads import Reads, ReadSet, collate_reads, one_read_only
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
+
+JOIN = "\n\n"
+"""What a decoder without a chat template reads between prompt and response (part of the prompt)."""
 
 
 def _is_conversation(x: object) -> TypeGuard[Conversation]:
@@ -122,14 +126,24 @@ def tokenize(tokenizer: PreTrainedTokenizerBase, item: Text, *, encoder: bool, g
         prompt, response = _split_response(item)
         if response is None:
             enc = tokenizer(prompt, add_special_tokens=True)
-        else:
+        elif encoder:
             length = lambda: len(tokenizer(prompt, add_special_tokens=True)["input_ids"])
-            if encoder:
-                enc = tokenizer(prompt, response, add_special_tokens=True)
-            else:
-                enc = tokenizer(prompt + "\n\n" + response, add_special_tokens=True)
+            enc = tokenizer(prompt, response, add_special_tokens=True)
+        else:
+            enc = tokenizer(prompt + JOIN + response, add_special_tokens=True)
+            full = list(enc["input_ids"])
+            # The join belongs to the prompt; a token it merges with the response stays the response's.
+            length = lambda: _shared_prefix(tokenizer(prompt + JOIN, add_special_tokens=True)["input_ids"], full)
     types = enc.get("token_type_ids") if encoder else None
     return Tokenized(list(enc["input_ids"]), list(types) if types is not None else None, length)
+
+
+def _shared_prefix(a: list[int], b: list[int]) -> int:
+    """How many leading token ids `a` and `b` share."""
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
 
 
 def template_suffix(tokenizer: PreTrainedTokenizerBase, item: Text) -> int:
