@@ -25,7 +25,7 @@ from ..errors import HeadError
 from ..types import Readout, Truncation
 from ._arch import find_map, get_module
 from ._core import RewardModel, check_structure
-from ._load import load_pretrained
+from ._load import load_pretrained, refuse_untrained
 from ._placement import execution_device
 from ._readout import Head
 from ._reads import Combine, Reads
@@ -98,6 +98,14 @@ QUESTION = ("Here is a request and a response to it.\n\nRequest: {prompt}\n\nRes
 """The default judge question: `{prompt}` and `{response}` come from each input."""
 
 
+_NOT_AN_LM = "not as a language model with its LM head. Point at the causal LM's own folder (…ForCausalLM)"
+
+
+def _classifier_path(model: nn.Module) -> str | None:
+    """The token or sequence classifier's linear head (`score` or `classifier`), if the model has one."""
+    return next((p for p in ("score", "classifier") if isinstance(getattr(model, p, None), nn.Linear)), None)
+
+
 def wrap_judge(
     model: nn.Module, tokenizer: PreTrainedTokenizerBase, *, tokens: tuple[str | int, str | int] = ("Yes", "No"),
     question: str = QUESTION, max_length: int | None = None, truncation: Truncation = "error", check: bool = True,
@@ -124,8 +132,9 @@ def load_judge(path_or_id: str, *, tokens: tuple[str | int, str | int] = ("Yes",
                max_length: int | None = None, truncation: Truncation = "error", check: bool = True,
                **from_pretrained_kwargs: Any) -> RewardModel:
     """Load a causal LM as a judge (see `wrap_judge`) through `from_pretrained`."""
-    model, tokenizer, _ = load_pretrained(path_or_id, dtype, device, None, None, from_pretrained_kwargs,
-                                          AutoModelForCausalLM)
+    model, tokenizer, missing = load_pretrained(path_or_id, dtype, device, None, None, from_pretrained_kwargs,
+                                                AutoModelForCausalLM)
+    refuse_untrained(path_or_id, model, [lm_head_path(model)], missing, _NOT_AN_LM)
     return wrap_judge(model, tokenizer, tokens=tokens, question=question, max_length=max_length,
                       truncation=truncation, check=check, source=path_or_id)
 
@@ -147,7 +156,7 @@ def wrap_prm(
         head = Head.from_lm_head(model, path, execution_device(model, get_module(model, path)), tokens=ids,
                                  labels=[str(t) for t in tokens])
         return _finish(_lm_model(model, tokenizer, head, path, reads, max_length, truncation), source, check)
-    found = next((p for p in ("score", "classifier") if isinstance(getattr(model, p, None), nn.Linear)), None)
+    found = _classifier_path(model)
     if found is None:
         raise HeadError(f"{type(model).__name__} has no `score` or `classifier` linear head; pass tokens=('+', '-') "
                         "for a PRM that reads its LM head")
@@ -167,7 +176,13 @@ def load_prm(path_or_id: str, *, separator: str | int, combine: Combine = "min",
     """Load a process reward model (see `wrap_prm`): a causal LM when `tokens` is given, else a token
     classifier (or a sequence classifier whose head is read at every step)."""
     auto = AutoModelForCausalLM if tokens is not None else AutoModelForTokenClassification
-    model, tokenizer, _ = load_pretrained(path_or_id, dtype, device, None, None, from_pretrained_kwargs, auto)
+    model, tokenizer, missing = load_pretrained(path_or_id, dtype, device, None, None, from_pretrained_kwargs, auto)
+    if tokens is not None:
+        refuse_untrained(path_or_id, model, [lm_head_path(model)], missing, _NOT_AN_LM)
+    else:
+        refuse_untrained(path_or_id, model, [p for p in (_classifier_path(model),) if p], missing,
+                         "not as a token-classification PRM. A PRM that scores steps with its LM head (\"+\" against "
+                         "\"-\" at each step tag) is read with tokens=('+', '-') (--prm-tokens '+,-')")
     return wrap_prm(model, tokenizer, separator=separator, combine=combine, readout=readout, tokens=tokens,
                     max_length=max_length, truncation=truncation, check=check, source=path_or_id)
 
@@ -246,8 +261,11 @@ def load_dpo(policy: str, reference: str, *, beta: float = 0.1, reference_term: 
              max_length: int | None = None, truncation: Truncation = "error", check: bool = True,
              **from_pretrained_kwargs: Any) -> RewardModel:
     """Load a DPO policy and its reference (causal LMs) as the implicit reward model (see `wrap_dpo`)."""
-    model, tokenizer, _ = load_pretrained(policy, dtype, device, None, None, from_pretrained_kwargs,
-                                          AutoModelForCausalLM)
-    ref, _, _ = load_pretrained(reference, dtype, device, None, None, from_pretrained_kwargs, AutoModelForCausalLM)
+    model, tokenizer, missing = load_pretrained(policy, dtype, device, None, None, from_pretrained_kwargs,
+                                                AutoModelForCausalLM)
+    refuse_untrained(policy, model, [lm_head_path(model)], missing, _NOT_AN_LM)
+    ref, _, missing = load_pretrained(reference, dtype, device, None, None, from_pretrained_kwargs,
+                                      AutoModelForCausalLM)
+    refuse_untrained(reference, ref, [lm_head_path(ref)], missing, _NOT_AN_LM)
     return wrap_dpo(model, ref, tokenizer, beta=beta, reference_term=reference_term, max_length=max_length,
                     truncation=truncation, check=check, source=policy)

@@ -118,10 +118,17 @@ def _from_pretrained(
 
 
 def _refuse_untrained_head(path_or_id: str, model: nn.Module, arch: ArchitectureMap, missing: list[str]) -> None:
-    """A head whose weights the folder lacks was initialised at random by transformers: every score
-    from it is noise that changes from run to run, so nothing may be measured on it."""
+    """A reward head (with its pooler or gate) whose weights the folder lacks is refused (`refuse_untrained`)."""
     heads = [p for p in (arch.head, arch.pooler if arch.head_kind == "pooler" else None,
                          arch.gate if arch.head_kind == "gated" else None) if p]
+    refuse_untrained(path_or_id, model, heads, missing, "not as a trained reward model. Point at a folder saved "
+                     "from the sequence-classification reward model itself, with its head weights")
+
+
+def refuse_untrained(path_or_id: str, model: nn.Module, heads: list[str], missing: list[str], fix: str) -> None:
+    """A head (module paths `heads`) whose weights the folder lacks was initialised at random by
+    transformers: every score from it is noise that changes from run to run, so nothing may be
+    measured on it. `fix` ends the message: what the folder is not, and what to point at instead."""
     untrained = [k for k in missing if any(k == h or k.startswith(h + ".") for h in heads)]
     if not untrained:
         return
@@ -129,10 +136,9 @@ def _refuse_untrained_head(path_or_id: str, model: nn.Module, arch: Architecture
     kind = ("a causal language model" if any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in saved_as)
             else "a base model without a head" if any(a.endswith("Model") for a in saved_as) else "a model")
     raise HeadError(
-        f"{path_or_id}: the reward head's weights {untrained[:4]} are not in the folder, so transformers "
-        f"initialised them at random and every score would be noise. The folder was saved as {saved_as[0]} "
-        f"({kind}), not as a trained reward model. Point at a folder saved from the sequence-classification "
-        "reward model itself, with its head weights")
+        f"{path_or_id}: the weights {untrained[:4]} of the head rewardlens reads are not in the folder, so "
+        f"transformers initialised them at random and every score would be noise. The folder was saved as "
+        f"{saved_as[0]} ({kind}), {fix}")
 
 
 def load_pretrained(
