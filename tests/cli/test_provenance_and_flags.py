@@ -72,3 +72,16 @@ def test_library_audit_provenance(tiny_root, pairs, tmp_path):
     write_report(result, tmp_path)
     prov = json.loads((tmp_path / "numbers.json").read_text())["provenance"]
     assert prov["model_path"] == str(tiny_root["llama"].resolve())
+
+
+@pytest.mark.parametrize(("typed", "meant"), [("ки", "ки"), ("→", "→"), ("\\n", "\n"), ("\\n\\n", "\n\n"),
+                                              ("a\\tb", "a\tb"), ("\\\\n", "\\n"), ("\\x", "\\x")])
+def test_a_step_separator_keeps_non_ascii_and_expands_escapes(typed, meant):
+    """Math-Shepherd's step tag 'ки' must reach the tokenizer as typed, while '\\n' becomes a newline."""
+    import argparse
+
+    from rewardlens.cli._common import add_model_options
+
+    parser = argparse.ArgumentParser()
+    add_model_options(parser)
+    assert parser.parse_args(["model", "--prm-separator", typed]).prm_separator == meant

@@ -9,7 +9,6 @@ run function.
 from __future__ import annotations
 
 import argparse
-import codecs
 import math
 import os
 import re
@@ -135,9 +134,13 @@ def add_model_options(p: argparse.ArgumentParser, *, optional_model: bool = Fals
     kind.add_argument("--dpo-beta", type=positive(float), default=0.1, help="with --dpo-reference: DPO's beta")
 
 
+_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\"}
+
+
 def _escaped(text: str) -> str:
-    """A separator as typed on a command line, with backslash escapes ('\\n') turned into characters."""
-    return codecs.decode(text, "unicode_escape")
+    """A separator as typed on a command line, with the escapes \\n, \\t, \\r and \\\\ turned into characters;
+    everything else, non-ASCII step tags such as Math-Shepherd's 'ки' included, stays as typed."""
+    return re.sub(r"\\(.)", lambda m: _ESCAPES.get(m.group(1), m.group(0)), text)
 
 
 def _two_tokens(text: str) -> tuple[str, str]:
