@@ -65,13 +65,28 @@ def conversations(pairs):
 
 
 def template_ids(tok, conv) -> tuple[list[int], int, int]:
-    """(ids, response start, end-of-turn tokens after the response) from the chat template itself."""
+    """(ids, first token of the assistant's content, tokens after it), found by characters: the
+    content's place in the template's text, mapped to tokens through the tokenizer's offsets."""
+    ids, offsets = _ids_and_offsets(tok, conv)
+    text = tok.apply_chat_template(conv, tokenize=False)
+    at = text.rindex(conv[-1]["content"])
+    start = next(i for i, (a, _) in enumerate(offsets) if a >= at)
+    end = next(i for i, (a, _) in enumerate(offsets) if a >= at + len(conv[-1]["content"]))
+    return ids, start, len(ids) - end
+
+
+def generation_start(tok, conv) -> int:
+    """The first token after the generation prompt (what a DPO trainer calls the completion), by characters."""
+    _, offsets = _ids_and_offsets(tok, conv)
+    at = len(tok.apply_chat_template(conv[:-1], tokenize=False, add_generation_prompt=True))
+    return next(i for i, (a, _) in enumerate(offsets) if a >= at)
+
+
+def _ids_and_offsets(tok, conv) -> tuple[list[int], list[tuple[int, int]]]:
     ids = list(tok.apply_chat_template(conv, tokenize=True, return_dict=True)["input_ids"])
-    opened = tok.apply_chat_template(conv[:-1], tokenize=True, add_generation_prompt=True, return_dict=True)
-    empty = tok.apply_chat_template([*conv[:-1], {"role": "assistant", "content": ""}], tokenize=True,
-                                    return_dict=True)
-    start = len(opened["input_ids"])
-    return ids, start, len(empty["input_ids"]) - start
+    enc = tok(tok.apply_chat_template(conv, tokenize=False), add_special_tokens=False, return_offsets_mapping=True)
+    assert list(enc["input_ids"]) == ids  # the text re-tokenizes to the template's ids (no BOS here)
+    return ids, list(enc["offset_mapping"])
 
 
 def logits(model, ids) -> torch.Tensor:
@@ -98,7 +113,7 @@ def own_dpo(tok, policy, reference, pairs, beta: float) -> np.ndarray:
     """β Σ_t [log π(y_t) − log π_ref(y_t)] over the response tokens (end of turn included)."""
     out = []
     for conv in conversations(pairs):
-        ids, start, _ = template_ids(tok, conv)
+        ids, start = template_ids(tok, conv)[0], generation_start(tok, conv)
         t = torch.arange(start - 1, len(ids) - 1)
         y = torch.tensor(ids)[t + 1]
         lp = torch.log_softmax(logits(policy, ids), -1)[t, y] - torch.log_softmax(logits(reference, ids), -1)[t, y]
@@ -164,6 +179,28 @@ def test_dpo_reference_as_its_own_decomposition(tok, arch):
     np.testing.assert_allclose(total, own_dpo(tok, policy, reference, STEPS, 0.5), atol=1e-4)
 
 
+THINK = (  # Qwen3's way: a finished assistant turn carries an empty think block its generation prompt lacks
+    "{% for m in messages %}{% if m['role'] == 'assistant' and loop.last %}<|im_start|>assistant\n<think>\n\n"
+    "</think>\n\n{{ m['content'] }}<|im_end|>\n{% else %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
+    "<|im_end|>\n{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def test_a_template_that_writes_a_think_block_before_the_content(tok):
+    """Steps are searched in the content alone (the think block's newlines are no steps, the content's
+    last step is not cut off); a DPO reward reads all the assistant's turn adds to its generation
+    prompt, the think block included, as a DPO trainer's completion does."""
+    think = copy.deepcopy(tok)
+    think.chat_template = THINK
+    policy, reference = build(tok, "llama", "lm", seed=0), build(tok, "llama", "lm", seed=1)
+    prm = rl.wrap_prm(policy, think, separator=SEP, tokens=(23, 29), combine="last")
+    att = assert_closes(prm, STEPS, own_steps(think, policy, STEPS, lambda z: z[:, 23] - z[:, 29], "last"))
+    n_steps = [response.count("\n") for pair in STEPS for response in (pair.chosen, pair.rejected)]
+    assert att.steps.to_frame().groupby("sequence").size().tolist() == n_steps
+    dpo = rl.wrap_dpo(policy, reference, think, beta=0.1)
+    assert_closes(dpo, STEPS, own_dpo(think, policy, reference, STEPS, 0.1))
+
+
 def test_without_a_chat_template_the_join_belongs_to_the_prompt(tok):
     """A plain decoder reads `prompt + "\\n\\n" + response`; here "\\n\\n" is two "\\n" tokens, which must
     be neither steps of a PRM nor tokens of a DPO response. Yardstick: the prompt-with-join's own ids."""
@@ -199,6 +236,26 @@ def test_two_label_token_classification_prm(tok, arch, how):
     rm = rl.wrap_prm(tc, tok, separator=SEP, combine=how)
     own = own_steps(tok, tc, STEPS, lambda z: z[:, 1] - z[:, 0], how)
     assert_closes(rm, STEPS, own, level="head")
+
+
+def test_a_judges_fits_is_the_rule_its_encode_refuses_by(tok):
+    """A judge reads each input as its question (longer than the input): `fits` must say what `encode`
+    takes, or the built-in probe items would crash it instead of being skipped."""
+    lm = build(tok, "llama", "lm")
+    texts = [p.chosen for p in STEPS] + ["Step 1: " + "long " * 30 + "\n"]
+    asked = [len(s.ids) for s in rl.wrap_judge(lm, tok, tokens=("A", "B")).encode(texts)[0]]
+    limit = min(asked)
+    raw = [len(tok(t)["input_ids"]) for t in texts]
+    assert any(r <= limit < a for r, a in zip(raw, asked))  # a text that fits as it is, not as a question
+    judge = rl.wrap_judge(lm, tok, tokens=("A", "B"), max_length=limit)
+    takes = []
+    for text in texts:
+        try:
+            judge.encode([text])
+            takes.append(True)
+        except TokenizationError:
+            takes.append(False)
+    assert judge.fits(texts) == takes and takes == [n <= limit for n in asked]
 
 
 @pytest.mark.parametrize("side", ["left", "right"])

@@ -28,7 +28,7 @@ from ._tokens import (
     Tokenized,
     collate,
     fit_length,
-    fits,
+    fits_length,
     flatten_inputs,
     judge_question,
     sequence_label,
@@ -193,12 +193,10 @@ class RewardModel:
     def encode(self, inputs: Inputs | Text | Pair) -> tuple[list[Tokenized], bool]:
         """Token ids of every sequence (pairs interleaved chosen, rejected) and whether inputs were pairs."""
         items, is_pairs = flatten_inputs(inputs)
-        if self.judge is not None:  # a judge reads its answer after the question it is asked
-            items = [judge_question(item, self.judge) for item in items]
+        items = [self.as_read(item) for item in items]
         seqs = [
-            fit_length(tokenize(self.tokenizer, item, encoder=self.encoder, generation=self.judge is not None),
-                       sequence_label(i, is_pairs),
-                       self.max_length, self.truncation, self.encoder)
+            fit_length(self.tokenize(item), sequence_label(i, is_pairs), self.max_length, self.truncation,
+                       self.encoder)
             for i, item in enumerate(items)
         ]
         empty = [sequence_label(i, is_pairs) for i, s in enumerate(seqs) if not s.ids]
@@ -242,7 +240,18 @@ class RewardModel:
 
     def fits(self, inputs: Inputs | Text | Pair) -> list[bool]:
         """Per sequence of `encode(inputs)`: whether it fits `max_length` (or is cut to it); never raises."""
-        return fits(self.tokenizer, inputs, self.encoder, self.max_length, self.truncation)
+        items, _ = flatten_inputs(inputs)
+        if self.max_length is None or self.truncation == "left":  # nothing is refused: no need to tokenize
+            return [True] * len(items)
+        return [fits_length(self.tokenize(self.as_read(item)), self.max_length, self.truncation) for item in items]
+
+    def as_read(self, item: Text) -> Text:
+        """What the model reads for one input: the input itself, or the question a judge is asked of it."""
+        return item if self.judge is None else judge_question(item, self.judge)
+
+    def tokenize(self, item: Text) -> Tokenized:
+        """Token ids of `as_read(item)`, before any length rule (a judge's read after the generation prompt)."""
+        return tokenize(self.tokenizer, item, encoder=self.encoder, generation=self.judge is not None)
 
     def batches(
         self, seqs: list[Tokenized], batch_size: int, padding_side: PaddingSide = "right", is_pairs: bool = False,

@@ -146,14 +146,17 @@ def _shared_prefix(a: list[int], b: list[int]) -> int:
     return n
 
 
-def template_suffix(tokenizer: PreTrainedTokenizerBase, item: Text) -> int:
-    """How many tokens a chat template puts after the assistant's content (end-of-turn marks), so a
-    read rule can stop at the content's end; 0 for plain text or without a chat template."""
+def content_span(tokenizer: PreTrainedTokenizerBase, item: Text) -> tuple[int, int] | None:
+    """(first token of the assistant's content, tokens the template writes after it) of a conversation
+    ending with the assistant's turn, or None without a chat template. Found from the turn rendered
+    with empty content, not from the generation prompt: a template may write more before the content
+    of a finished turn (Qwen3's empty think block) than it opens a new turn with."""
     if isinstance(item, str) or not getattr(tokenizer, "chat_template", None) or item[-1]["role"] != "assistant":
-        return 0
+        return None
+    full = _as_ids(tokenizer.apply_chat_template(item, tokenize=True))
     empty = _as_ids(tokenizer.apply_chat_template([*item[:-1], {"role": "assistant", "content": ""}], tokenize=True))
-    opened = _as_ids(tokenizer.apply_chat_template(item[:-1], tokenize=True, add_generation_prompt=True))
-    return max(len(empty) - len(opened), 0)
+    start = _shared_prefix(empty, full)
+    return start, len(empty) - start
 
 
 def with_reads(
@@ -161,18 +164,22 @@ def with_reads(
     max_length: int | None,
 ) -> list[Tokenized]:
     """`seqs` (tokenized `items`, fitted to length) with their read positions and targets for a
-    multi-position read-out (model/_reads.py)."""
+    multi-position read-out (model/_reads.py): steps are searched in the assistant's content, and a
+    DPO reward reads every token the assistant's turn adds to its generation prompt."""
     separator = reads.separator_id(tokenizer) if reads.at == "separator" else None
     out = []
     for i, (item, seq) in enumerate(zip(items, seqs)):
         label = sequence_label(i, is_pairs)
+        if not isinstance(item, str) and item[-1]["role"] != "assistant":
+            raise TokenizationError(f"{label} ends with a {item[-1]['role']!r} turn, so it has no response to read "
+                                    "the reward in; end each conversation with the assistant's turn")
         if seq.prompt_length is None and reads.at == "response":
             raise TokenizationError(f"{label} has no prompt/response split, so no response tokens to read; pass "
                                     "Pairs or conversations ending with the assistant's turn")
-        prompt = seq.prompt_length() if seq.prompt_length else 0
+        span = content_span(tokenizer, item) if separator is not None else None
+        prompt, suffix = span or (seq.prompt_length() if seq.prompt_length else 0, 0)
         if prompt and len(seq.ids) == max_length:  # a left cut may have moved the response start
             prompt = max(prompt - (len(tokenize(tokenizer, item, encoder=False).ids) - len(seq.ids)), 0)
-        suffix = template_suffix(tokenizer, item) if separator is not None else 0
         where, targets = reads.positions(seq.ids, prompt, separator, label, suffix)
         out.append(replace(seq, reads=where, targets=targets))
     return out
@@ -181,19 +188,6 @@ def with_reads(
 def fits_length(tok: Tokenized, max_length: int | None, truncation: Truncation) -> bool:
     """Whether `fit_length` takes `tok` (as it is, or cut from the left) rather than refusing it: the one rule."""
     return max_length is None or len(tok.ids) <= max_length or truncation == "left"
-
-
-def fits(
-    tokenizer: PreTrainedTokenizerBase, inputs: Inputs | Text | Pair, encoder: bool, max_length: int | None,
-    truncation: Truncation,
-) -> list[bool]:
-    """Per sequence of `inputs` (pairs interleaved chosen, rejected): whether it fits, without raising.
-
-    Tokenizes only when a sequence could be refused (a limit and no left truncation)."""
-    items, _ = flatten_inputs(inputs)
-    if max_length is None or truncation == "left":
-        return [True] * len(items)
-    return [fits_length(tokenize(tokenizer, x, encoder=encoder), max_length, truncation) for x in items]
 
 
 def fit_length(
