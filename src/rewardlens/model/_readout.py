@@ -201,7 +201,9 @@ class Head:
         if pooler is not None:
             pooler_weight, pooler_bias, pooler_act = pooler
             h = pooler_act(h @ pooler_weight.T + pooler_bias)
-        z = h @ self.weight.T + self.bias
+        # A product and a sum per row, not a matrix product: BLAS may round two identical rows of one
+        # batch differently (by row block), and two identical sequences must score identically.
+        z = (h[:, None, :] * self.weight[None]).sum(-1) + self.bias
         return z if self.softcap is None else self.softcap * torch.tanh(z / self.softcap)
 
     def _targets(self, targets: Tensor | None, h: Tensor) -> Tensor:
