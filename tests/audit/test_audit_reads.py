@@ -13,7 +13,7 @@ import pytest
 import rewardlens as rl
 from rewardlens.audit import Plan
 from rewardlens.audit.report import write_report
-from rewardlens.errors import HeadError
+from rewardlens.errors import DataError, HeadError
 from rewardlens.zoo import build_tokenizer
 from tests.model.test_rm_kinds import SEP, STEPS, build
 
@@ -60,3 +60,31 @@ def test_audit_refuses_an_sae_for_a_reward_read_at_a_set(prm, tmp_path):
     with pytest.raises(HeadError, match="without --sae"):
         rl.audit(prm, STEPS, store=tmp_path / "a" / "audit.sqlite", sae=object())
     assert not (tmp_path / "a").exists()
+
+
+UNEQUAL = [  # the two sides take different numbers of steps (and tokens): no step-to-step map
+    rl.Pair("What is 2+3?", "Step 1: 2+3=5.\nStep 2: so it is 5.\n", "Step 1: 2+3=6.\n"),
+    rl.Pair("What is 4+4?", "Step 1: 4+4=8.\n", "Step 1: 4+4=9.\nStep 2: hmm.\nStep 3: 9.\n"),
+]
+
+
+@pytest.mark.parametrize("kind", ["prm", "dpo"])
+def test_an_audit_whose_pairs_have_no_read_to_read_map_patches_by_ablation(prm, kind, tmp_path):
+    """A DPO reward's two responses almost never have one length: the audit must not refuse them, but
+    patch by zero ablation at every read (defined for any pair), say so once, and match `patch`."""
+    tok = build_tokenizer()
+    model = prm if kind == "prm" else rl.wrap_dpo(build(tok, "llama", "lm"), build(tok, "llama", "lm", seed=1), tok)
+    with pytest.raises(DataError, match="mode='ablation'"):
+        rl.patch(model, UNEQUAL)  # noising has no map here, and says what to do
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        audit = rl.audit(model, UNEQUAL, store=tmp_path / "audit.sqlite", plan=Plan(chunk_size=1))
+    said = [str(w.message) for w in caught if "zero ablation" in str(w.message)]
+    assert len(said) == 1
+    assert audit.faithfulness.mode == "ablation"
+    for estimand, got in (("total", audit.faithfulness.total), ("direct", audit.faithfulness.direct)):
+        exact = rl.patch(model, UNEQUAL, mode="ablation", level="head", estimand=estimand)
+        np.testing.assert_allclose(got, exact.effect, atol=1e-5)
+        assert np.abs(exact.effect).max() > 1e-3  # ablation moves the reward: the comparison can fail
+    again = rl.audit(model, UNEQUAL, store=tmp_path / "audit.sqlite", plan=Plan(chunk_size=1))  # resumes
+    np.testing.assert_array_equal(again.faithfulness.total, audit.faithfulness.total)

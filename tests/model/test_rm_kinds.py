@@ -21,8 +21,9 @@ from rewardlens.errors import DataError, HeadError, TokenizationError
 from rewardlens.zoo import build_tokenizer
 from tests.helpers.tiny import configs, perturb_
 
-DECODERS = [a for a in ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3", "olmo2", "gpt2",
-                        "gpt_neox", "mixtral", "qwen2_moe", "qwen3_moe", "gemma3-mm") if a in configs(build_tokenizer())]
+DECODERS = [a for a in ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3", "gemma3-mm",
+                        "olmo2", "gpt2", "gpt_neox", "mixtral", "qwen2_moe", "qwen3_moe")
+            if a in configs(build_tokenizer())]
 STEPS = [
     rl.Pair("What is 2+3?", "Step 1: 2+3=5.\nStep 2: so it is 5.\n", "Step 1: 2+3=6.\nStep 2: so it is 6.\n"),
     rl.Pair("What is 4+4?", "Step 1: 4+4=8.\nStep 2: done.\nStep 3: 8.\n",

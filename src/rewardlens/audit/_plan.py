@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from ..causal import aligned
+from ..causal import aligned, patch_mode
 from ..data import Pair
 from ..hacking import Item
 from ..model import RewardModel
@@ -82,7 +82,8 @@ def run_keys(model: RewardModel, pairs: Sequence[Pair], plan: Plan) -> dict[str,
     fp, data = fingerprint(model), checksum(pairs)
     seed_positions = "all" if aligned(model, pairs) else "read"
     names = {"lens": "lens", "sublayers": "attribution/sublayer", "heads": "attribution/head",
-             "faithfulness": f"faithfulness/head/noising/seed-{seed_positions}" + ("/paper" if plan.paper else "")}
+             "faithfulness": f"faithfulness/head/{patch_mode(model, pairs)}/seed-{seed_positions}"
+                             + ("/paper" if plan.paper else "")}
     if model.reads.multi:  # every read's own score, for where the preference forms
         names["steps"] = f"steps/{model.reads.at}/{model.reads.combine}"
     return {field: RunKey(fp, data, name, VERSION) for field, name in names.items()}

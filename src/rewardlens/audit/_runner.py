@@ -22,14 +22,14 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
-from ..causal import Faithfulness, Patching, aligned, faithfulness, trace_pairs
+from ..causal import Faithfulness, Patching, aligned, faithfulness, patch_mode, trace_pairs
 from ..data import Pair, progress_bar, row_labels
 from ..errors import HeadError, OutOfMemoryError, RewardLensWarning, StoreError
 from ..exact import STEP_FIELDS, Attribution, Lens, Steps
 from ..hacking import Concepts, Conflicts, Probes, cascade, distortion
 from ..model import RewardModel
 from ..sae import FeatureAttribution, TopKSAE
-from ..types import Positions
+from ..types import Mode, Positions
 from ._lock import RunLock, run_lock
 from ._plan import Plan, chunks, run_keys, skipped_key
 from ._store import RunKey, Store
@@ -115,7 +115,7 @@ def _constants(result: Lens | Attribution | Faithfulness, varying: Sequence[str]
 
 
 def _chunk_entries(model: RewardModel, pairs: Sequence[Pair], span: Sequence[int], keys: dict[str, RunKey],
-                   seed_positions: Positions, plan: Plan
+                   seed_positions: Positions, mode: Mode, plan: Plan
                    ) -> tuple[list[tuple[RunKey, str, int, dict[str, Any]]], dict[RunKey, dict[str, Any]]]:
     part = [pairs[i] for i in span]
     # One traced forward per batch: the lens and both attribution levels are views of its head-level
@@ -126,7 +126,7 @@ def _chunk_entries(model: RewardModel, pairs: Sequence[Pair], span: Sequence[int
         "lens": Lens.from_decomposition(dec),
         "sublayers": Attribution.from_decomposition(dec.coarsen(), "sublayer"),
         "heads": Attribution.from_decomposition(dec, "head"),
-        "faithfulness": faithfulness(model, part, level="head", batch_size=plan.batch_size,
+        "faithfulness": faithfulness(model, part, level="head", mode=mode, batch_size=plan.batch_size,
                                      seed_positions=seed_positions, paper=plan.paper, traced=traced),
     }
     entries: list[tuple[RunKey, str, int, dict[str, Any]]] = []
@@ -161,6 +161,12 @@ def run_pairs(model: RewardModel, pairs: Sequence[Pair], store: Store, plan: Pla
     the merged store of an earlier run)."""
     pairs = list(pairs)
     seed_positions: Positions = "all" if aligned(model, pairs) else "read"
+    mode = patch_mode(model, pairs)
+    if mode != "noising":
+        warnings.warn("audit: some pairs read the reward at different numbers of positions on their two sides (a "
+                      "DPO reward's responses differ in length), so no read of one side maps to one of the other: "
+                      "faithfulness patches by zero ablation at every read instead of noising (docs/rm-kinds.md)",
+                      RewardLensWarning, stacklevel=2)
     keys, skipped = run_keys(model, pairs, plan), skipped_key(model, pairs)
     done = set.intersection(*(store.done(k) for k in keys.values())) | store.done(skipped)
     if skip is not None:
@@ -173,7 +179,7 @@ def run_pairs(model: RewardModel, pairs: Sequence[Pair], store: Store, plan: Pla
         left = [i for i in span if str(i) not in done]
         while left:
             try:
-                entries, meta = _chunk_entries(model, pairs, left, keys, seed_positions, plan)
+                entries, meta = _chunk_entries(model, pairs, left, keys, seed_positions, mode, plan)
             except OutOfMemoryError as exc:  # pairs that fit in no batch: recorded, and the rest computed
                 left = _skip(store, skipped, pairs, left, exc)
                 continue

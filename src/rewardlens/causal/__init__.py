@@ -10,6 +10,7 @@ from ._faithfulness import ESTIMANDS as ESTIMANDS
 from ._faithfulness import Faithfulness as Faithfulness
 from ._faithfulness import aligned as aligned
 from ._faithfulness import faithfulness as faithfulness
+from ._faithfulness import patch_mode as patch_mode
 from ._patching import MODES as MODES
 from ._patching import Patching as Patching
 from ._patching import patch as patch
@@ -26,6 +27,7 @@ __all__ = [
     "attribution_patch",
     "faithfulness",
     "patch",
+    "patch_mode",
     "trace_pairs",
     "Traced",
 ]

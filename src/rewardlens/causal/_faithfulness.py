@@ -170,6 +170,16 @@ def aligned(model: RewardModel, pairs: Sequence[Pair]) -> bool:
     return all(len(seqs[i].ids) == len(seqs[i + 1].ids) for i in range(0, len(seqs), 2))
 
 
+def patch_mode(model: RewardModel, pairs: Sequence[Pair]) -> Mode:
+    """The mode an audit patches in: noising, unless the reward is read at a set of positions and some
+    pair's sides are read at different numbers of them (a DPO reward's responses of two lengths): no
+    read of one side then maps to one of the other, and zero ablation at every read is what is defined."""
+    if not model.reads.multi:
+        return "noising"
+    counts = model.read_counts(list(pairs))
+    return "noising" if counts[0::2] == counts[1::2] else "ablation"
+
+
 def faithfulness(
     model: RewardModel,
     pairs: Sequence[Pair],
@@ -238,8 +248,10 @@ def _total_and_seed(model: RewardModel, pairs: Sequence[Pair], level: PatchLevel
                     batch_size: int, clean: Clean) -> tuple[Patching, Patching]:
     """The total read-position effects at `level` and the sublayer noising effects behind the seed
     statistic. Both at the read position in noising mode: one sweep over the union of the two
-    levels' sites (they share the embeddings and MLPs; the attention sublayers join the heads)."""
-    if positions != "read" or mode != "noising":
+    levels' sites (they share the embeddings and MLPs; the attention sublayers join the heads). A
+    reward read at a set of positions seeds in the run's mode: ablation is asked for it exactly when
+    its pairs have no read-to-read map for noising (`patch_mode`)."""
+    if positions != "read" or (mode != "noising" and not model.reads.multi):
         total = patch(model, pairs, mode=mode, level=level, batch_size=batch_size, clean=clean)
         return total, patch(model, pairs, mode="noising", positions=positions, batch_size=batch_size, clean=clean)
     fine, coarse = sites(model, level), sites(model, "sublayer")

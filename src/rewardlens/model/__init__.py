@@ -17,7 +17,6 @@ from ._arch import register_architecture as register_architecture
 from ._core import UNSET as UNSET
 from ._core import RewardModel as RewardModel
 from ._core import Unset as Unset
-from ._core import check_structure as check_structure
 from ._hooks import Point as Point
 from ._hooks import capture as capture
 from ._hooks import eval_mode as eval_mode
@@ -70,6 +69,7 @@ from ._trace import projection_inputs as projection_inputs
 from ._trace import sublayer_part as sublayer_part
 from ._trace import trace as trace
 from ._verify import check_bookkeeping as check_bookkeeping
+from ._verify import check_structure as check_structure
 from ._verify import verify as verify
 
 __all__ = [

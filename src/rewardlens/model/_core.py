@@ -192,6 +192,16 @@ class RewardModel:
     # ---- tokens and batches -------------------------------------------------------------------
     def encode(self, inputs: Inputs | Text | Pair) -> tuple[list[Tokenized], bool]:
         """Token ids of every sequence (pairs interleaved chosen, rejected) and whether inputs were pairs."""
+        seqs, is_pairs = self._read_positions(inputs)
+        if self.offsets is not None:
+            seqs = [replace(s, offsets=o) for s, o in zip(seqs, self.offsets(seqs))]
+        if not self.encoder:
+            warn_pad_is_eos(self.tokenizer, seqs, self.pad_token_id)
+        warn_encoded(self.tokenizer, seqs)
+        return seqs, is_pairs
+
+    def _read_positions(self, inputs: Inputs | Text | Pair) -> tuple[list[Tokenized], bool]:
+        """`encode` before any offset or warning: token ids, fitted to length, with their reads."""
         items, is_pairs = flatten_inputs(inputs)
         items = [self.as_read(item) for item in items]
         seqs = [
@@ -204,12 +214,12 @@ class RewardModel:
             raise TokenizationError(f"{empty[0]} tokenized to zero tokens; there is nothing to read")
         if self.reads.multi:
             seqs = with_reads(self.tokenizer, self.reads, items, seqs, is_pairs, self.max_length)
-            if self.offsets is not None:
-                seqs = [replace(s, offsets=o) for s, o in zip(seqs, self.offsets(seqs))]
-        if not self.encoder:
-            warn_pad_is_eos(self.tokenizer, seqs, self.pad_token_id)
-        warn_encoded(self.tokenizer, seqs)
         return seqs, is_pairs
+
+    def read_counts(self, inputs: Inputs | Text | Pair) -> list[int]:
+        """How many positions each sequence's reward is read at (1 for a one-token read-out); no forward,
+        and no DPO reference term computed."""
+        return [len(s.reads) if s.reads is not None else 1 for s in self._read_positions(inputs)[0]]
 
     def read_point(self, batch: Batch, module: nn.Module, where: str) -> Point:
         """Capture `module`'s input ('in') or output ('out') where the reward is read: the read token of
@@ -385,18 +395,3 @@ class RewardModel:
             f"objectives={self.head.n_objectives}, dtype={next(self.model.parameters()).dtype})"
         )
 
-
-def check_structure(model: RewardModel) -> None:
-    """Refuse what no map describes: a head of the wrong width, DeBERTa-v2's convolution layer."""
-    config = hf_config(model.model)
-    width = getattr(text_config(model.model), "hidden_size", None)
-    if width is not None and model.d_model != width:
-        raise ArchitectureError(
-            f"the head reads vectors of width {model.d_model} but hidden_size is {width}; "
-            f"the map's head path {model.arch.head!r} points at the wrong module"
-        )
-    if getattr(config, "conv_kernel_size", 0):
-        raise ArchitectureError(
-            f"this DeBERTa-v2 has a convolution layer (conv_kernel_size={config.conv_kernel_size}) that adds "
-            "a part to the first layer's output; no architecture map can describe it yet"
-        )

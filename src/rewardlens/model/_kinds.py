@@ -24,13 +24,13 @@ from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 from ..errors import HeadError
 from ..types import Readout, Truncation
 from ._arch import find_map, get_module
-from ._core import RewardModel, check_structure
+from ._core import RewardModel
 from ._load import load_pretrained, refuse_untrained
 from ._placement import execution_device
 from ._readout import Head
 from ._reads import Combine, Reads
 from ._tokens import Tokenized
-from ._verify import verify
+from ._verify import check_structure, verify
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

@@ -13,9 +13,9 @@ from ..errors import HeadError, warn
 from ..types import Readout, Truncation
 from ._arch import ArchitectureMap, find_map, hf_config
 from ._armorm import LlamaForRewardModelWithGating
-from ._core import UNSET, RewardModel, Unset, check_structure
+from ._core import UNSET, RewardModel, Unset
 from ._moe import check_moe_map
-from ._verify import verify
+from ._verify import check_structure, verify
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from ..errors import ArchitectureError, ClosureError
+from ._arch import hf_config, text_config
 from ._core import RewardModel
 from ._hooks import eval_mode
 from ._tokens import Batch, Tokenized, tokenize
@@ -111,3 +112,19 @@ def verify(model: RewardModel) -> None:
                 f"({model.arch.final_norm!r}, kind {model.arch.norm!r}), head or read position"
             )
     model.verified = True
+
+
+def check_structure(model: RewardModel) -> None:
+    """Refuse what no map describes: a head of the wrong width, DeBERTa-v2's convolution layer."""
+    config = hf_config(model.model)
+    width = getattr(text_config(model.model), "hidden_size", None)
+    if width is not None and model.d_model != width:
+        raise ArchitectureError(
+            f"the head reads vectors of width {model.d_model} but hidden_size is {width}; "
+            f"the map's head path {model.arch.head!r} points at the wrong module"
+        )
+    if getattr(config, "conv_kernel_size", 0):
+        raise ArchitectureError(
+            f"this DeBERTa-v2 has a convolution layer (conv_kernel_size={config.conv_kernel_size}) that adds "
+            "a part to the first layer's output; no architecture map can describe it yet"
+        )
