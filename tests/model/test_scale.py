@@ -205,3 +205,27 @@ def test_device_maps_without_real_devices_are_refused(tiny_root):
     if kind is None:
         with pytest.raises(ValueError, match="no accelerator"):
             rl.load(folder, device_map=0)
+
+
+def test_a_judge_whose_lm_head_is_offloaded_reads_its_real_rows(tmp_path):
+    """A judge's head rows are two rows of the LM head: read where an offloaded head's weights are real."""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    from rewardlens.zoo import build_tokenizer
+
+    tok = build_tokenizer()
+    config = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, pad_token_id=tok.pad_token_id)
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "lm")
+    tok.save_pretrained(tmp_path / "lm")
+    placement = {"model.embed_tokens": "cpu", "model.layers": "cpu", "model.norm": "cpu", "model.rotary_emb": "cpu",
+                 "lm_head": "disk"}
+    offloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "lm", device_map=placement,
+                                                     offload_folder=str(tmp_path / "offload"))
+    assert offloaded.lm_head.weight.is_meta
+    judge = rl.wrap_judge(offloaded, tok, tokens=("A", "B"))
+    plain = rl.wrap_judge(AutoModelForCausalLM.from_pretrained(tmp_path / "lm"), tok, tokens=("A", "B"))
+    torch.testing.assert_close(judge.head.weight, plain.head.weight, rtol=0, atol=0)
+    _close(judge.score(PAIRS), plain.score(PAIRS))
+    assert offloaded.lm_head.weight.is_meta  # offloaded again, not left in memory

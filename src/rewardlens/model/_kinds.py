@@ -26,7 +26,7 @@ from ..types import Readout, Truncation
 from ._arch import find_map, get_module
 from ._core import RewardModel
 from ._load import load_pretrained, refuse_untrained
-from ._placement import execution_device
+from ._placement import execution_device, onloaded
 from ._readout import Head
 from ._reads import Combine, Reads
 from ._tokens import Tokenized
@@ -101,6 +101,14 @@ QUESTION = ("Here is a request and a response to it.\n\nRequest: {prompt}\n\nRes
 _NOT_AN_LM = "not as a language model with its LM head. Point at the causal LM's own folder (…ForCausalLM)"
 
 
+def _lm_head(model: nn.Module, path: str, **kwargs: Any) -> Head:
+    """`Head.from_lm_head` on the execution device of the LM head at `path`; an offloaded head's weights
+    are read where they are real (`onloaded`)."""
+    module = get_module(model, path)
+    with onloaded(module):
+        return Head.from_lm_head(model, path, execution_device(model, module), **kwargs)
+
+
 def _classifier_path(model: nn.Module) -> str | None:
     """The token or sequence classifier's linear head (`score` or `classifier`), if the model has one."""
     return next((p for p in ("score", "classifier") if isinstance(getattr(model, p, None), nn.Linear)), None)
@@ -120,8 +128,7 @@ def wrap_judge(
         raise ValueError("the judge's question must contain {response} (and may contain {prompt})")
     ids = (token_id(tokenizer, tokens[0]), token_id(tokenizer, tokens[1]))
     path = lm_head_path(model)
-    head = Head.from_lm_head(model, path, execution_device(model, get_module(model, path)), tokens=ids,
-                             labels=[str(t) for t in tokens])
+    head = _lm_head(model, path, tokens=ids, labels=[str(t) for t in tokens])
     rm = _lm_model(model, tokenizer, head, path, Reads(), max_length, truncation)
     rm.judge = question
     return _finish(rm, source, check)
@@ -153,8 +160,7 @@ def wrap_prm(
     if tokens is not None:
         ids = (token_id(tokenizer, tokens[0]), token_id(tokenizer, tokens[1]))
         path = lm_head_path(model)
-        head = Head.from_lm_head(model, path, execution_device(model, get_module(model, path)), tokens=ids,
-                                 labels=[str(t) for t in tokens])
+        head = _lm_head(model, path, tokens=ids, labels=[str(t) for t in tokens])
         return _finish(_lm_model(model, tokenizer, head, path, reads, max_length, truncation), source, check)
     found = _classifier_path(model)
     if found is None:
@@ -192,7 +198,7 @@ def _log_prob_model(
     truncation: Truncation,
 ) -> RewardModel:
     path = lm_head_path(model)
-    head = Head.from_lm_head(model, path, execution_device(model, get_module(model, path)), scale=beta)
+    head = _lm_head(model, path, scale=beta)
     return _lm_model(model, tokenizer, head, path, Reads(at="response"), max_length, truncation)
 
 
