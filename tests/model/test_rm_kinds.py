@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import warnings
 
 import numpy as np
 import pytest
@@ -237,6 +238,20 @@ def test_two_label_token_classification_prm(tok, arch, how):
     rm = rl.wrap_prm(tc, tok, separator=SEP, combine=how)
     own = own_steps(tok, tc, STEPS, lambda z: z[:, 1] - z[:, 0], how)
     assert_closes(rm, STEPS, own, level="head")
+
+
+def test_steps_are_read_where_they_are_even_when_the_separator_is_the_pad_id(tok):
+    """A set of reads has explicit positions: a pad id equal to the separator (and to the template's last
+    token) moves no read and earns no warning about reading early."""
+    lm = copy.deepcopy(build(tok, "llama", "lm"))
+    lm.config.pad_token_id = tok.encode(SEP, add_special_tokens=False)[0]
+    rm = rl.wrap_prm(lm, tok, separator=SEP, tokens=(23, 29), combine="mean")
+    assert rm.pad_token_id == lm.config.pad_token_id
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for side in ("left", "right"):
+            np.testing.assert_allclose(rm.score(STEPS, padding_side=side),
+                                       own_steps(tok, lm, STEPS, lambda z: z[:, 23] - z[:, 29], "mean"), atol=TOL)
 
 
 def test_a_judges_fits_is_the_rule_its_encode_refuses_by(tok):

@@ -195,7 +195,7 @@ class RewardModel:
         seqs, is_pairs = self._read_positions(inputs)
         if self.offsets is not None:
             seqs = [replace(s, offsets=o) for s, o in zip(seqs, self.offsets(seqs))]
-        if not self.encoder:
+        if not self.encoder and not self.reads.multi:  # a set of reads has explicit positions: no pad rule
             warn_pad_is_eos(self.tokenizer, seqs, self.pad_token_id)
         warn_encoded(self.tokenizer, seqs)
         return seqs, is_pairs
