@@ -128,3 +128,30 @@ def test_pairs_without_a_group_hash_as_before_the_field_existed():
     assert checksum(DEMO_PAIRS) == checksum(before)  # the dicts hash as the old `asdict` of each pair did
     grouped = [dataclasses.replace(p, group="g") for p in DEMO_PAIRS]
     assert checksum(grouped) != checksum(DEMO_PAIRS)
+
+
+def test_fingerprint_follows_every_choice_that_defines_a_reward(tiny_root):
+    """A rerun into the same store must not reuse a different reward's rows: the separator, the combine
+    rule, a judge's question and tokens, DPO's beta and its reference each make another reward."""
+    from rewardlens.zoo import build_tokenizer
+    from tests.model.test_rm_kinds import SEP, build
+
+    tok = build_tokenizer()
+    lm, other = build(tok, "llama", "lm"), build(tok, "llama", "lm", seed=1)
+    plain = rl.load(str(tiny_root["llama"]))
+    before = fingerprint(plain)
+    models = {
+        "prm": rl.wrap_prm(lm, tok, separator=SEP, tokens=(23, 29), combine="min"),
+        "prm-sum": rl.wrap_prm(lm, tok, separator=SEP, tokens=(23, 29), combine="sum"),
+        "prm-dot": rl.wrap_prm(lm, tok, separator=".", tokens=(23, 29), combine="min"),
+        "judge": rl.wrap_judge(lm, tok, tokens=(23, 29)),
+        "judge-asked": rl.wrap_judge(lm, tok, tokens=(23, 29), question="Rate: {response}"),
+        "dpo": rl.wrap_dpo(lm, other, tok, beta=0.5),
+        "dpo-beta": rl.wrap_dpo(lm, other, tok, beta=2.0),
+        "dpo-self": rl.wrap_dpo(lm, lm, tok, beta=0.5),
+        "dpo-separate": rl.wrap_dpo(lm, other, tok, beta=0.5, reference_term="separate"),
+    }
+    prints = {name: fingerprint(model) for name, model in models.items()}
+    assert len(set(prints.values())) == len(prints), prints
+    assert prints["prm"] == fingerprint(rl.wrap_prm(lm, tok, separator=SEP, tokens=(23, 29), combine="min"))
+    assert fingerprint(plain) == before  # a sequence classifier's fingerprint did not move

@@ -108,7 +108,21 @@ def fingerprint(model: RewardModel) -> str:
         tensors += [norm.gamma, norm.beta]
     parts = [config.encode(), dtype.encode(), options.encode()]
     parts += [b"-" if t is None else t.detach().float().cpu().contiguous().numpy().tobytes() for t in tensors]
-    return _digest(parts)
+    return _digest(parts + _kind(model))
+
+
+def _kind(model: RewardModel) -> list[bytes]:
+    """What defines a reward beyond one head read at one token: where it is read and combined, a judge's
+    question, an LM head's rows or log-probability scale, and a DPO reference (by its own fingerprint).
+    Nothing for a sequence-classification RM, so its fingerprint is what it always was."""
+    head = model.head
+    if not (model.reads.multi or model.judge is not None or head.tokens is not None or head.log_prob):
+        return []
+    reads = model.reads
+    kind = [reads.at, reads.separator, reads.combine, model.judge, head.tokens, head.scale, head.log_prob,
+            model.offsets is not None]
+    reference = [] if model.reference is None else [fingerprint(model.reference).encode()]
+    return [json.dumps(kind, default=str).encode(), *reference]
 
 
 def checksum(items: Sequence[Any]) -> str:
