@@ -88,3 +88,25 @@ def test_an_audit_whose_pairs_have_no_read_to_read_map_patches_by_ablation(prm, 
         assert np.abs(exact.effect).max() > 1e-3  # ablation moves the reward: the comparison can fail
     again = rl.audit(model, UNEQUAL, store=tmp_path / "audit.sqlite", plan=Plan(chunk_size=1))  # resumes
     np.testing.assert_array_equal(again.faithfulness.total, audit.faithfulness.total)
+
+
+def test_the_command_line_audits_a_prm_and_a_dpo_reward_with_default_flags(tmp_path):
+    """`rewardlens audit` takes the same plan as `rl.audit`: the one-token steps left out, not crashed on."""
+    from rewardlens.cli import main
+    from rewardlens.data import save_pairs
+
+    tok = build_tokenizer()
+    for name, model in {"tc": build(tok, "llama", "tc"), "lm": build(tok, "llama", "lm"),
+                        "ref": build(tok, "llama", "lm", seed=1)}.items():
+        model.save_pretrained(tmp_path / name)
+        tok.save_pretrained(tmp_path / name)
+    pairs = str(save_pairs(STEPS, tmp_path / "steps.jsonl"))
+    runs = {"prm": ("tc", ["--prm-separator", "\\n"]), "dpo": ("lm", ["--dpo-reference", str(tmp_path / "ref")])}
+    for what, (folder, flags) in runs.items():
+        out = tmp_path / f"out-{what}"
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            assert main(["audit", str(tmp_path / folder), "--pairs", pairs, "--out", str(out), "--quiet",
+                         *flags]) == 0, what
+        numbers = json.loads((out / "numbers.json").read_text())
+        assert len(numbers["steps"]["pairs"]) == len(STEPS), what

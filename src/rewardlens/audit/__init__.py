@@ -11,6 +11,7 @@ from ._plan import Plan as Plan
 from ._runner import Audit as Audit
 from ._runner import audit as audit
 from ._runner import collect as collect
+from ._runner import plan_for_model as plan_for_model
 from ._runner import run_pairs as run_pairs
 from ._store import RunKey as RunKey
 from ._store import Store as Store
@@ -34,6 +35,7 @@ __all__ = [
     "collect",
     "fingerprint",
     "run_lock",
+    "plan_for_model",
     "run_pairs",
     "run_whole",
     "shown_pairs",

@@ -286,9 +286,12 @@ def collect(model: RewardModel, pairs: Sequence[Pair], store: Store, plan: Plan 
                  cascades=None if probes is None else cascade(probes))
 
 
-def _plan_for_reads(model: RewardModel, plan: Plan, sae: TopKSAE | None) -> Plan:
-    """A reward read at a set of positions gets the per-pair instruments, patched at that set, and each
+def plan_for_model(model: RewardModel, plan: Plan, sae: TopKSAE | None) -> Plan:
+    """`plan` as `model` can run it (every audit entry point asks this before any store is written): a
+    reward read at a set of positions gets the per-pair instruments, patched at that set, and each
     read's score; the steps that read one token per sequence are left out, and said so."""
+    if not model.reads.multi:
+        return plan
     if sae is not None:  # before any store is made: nothing half-written to clean up
         raise HeadError("SAE features are read at one token per sequence; this model reads its reward at a set of "
                         "positions: audit it without --sae")
@@ -313,8 +316,7 @@ def audit(model: RewardModel, pairs: Sequence[Pair], *, store: Store | str | Pat
     (`run_lock`) throughout, so a second audit into it refuses (`RunLockedError`, naming this
     run's pid and start time) instead of racing this one on the same chunks.
     """
-    if model.reads.multi:
-        plan = _plan_for_reads(model, plan, sae)
+    plan = plan_for_model(model, plan, sae)
     path = None if isinstance(store, Store) or store is None or str(store) == ":memory:" else Path(store)
     lock: AbstractContextManager[RunLock | None] = nullcontext() if path is None else run_lock(path.parent)
     with lock:
@@ -329,4 +331,4 @@ def audit(model: RewardModel, pairs: Sequence[Pair], *, store: Store | str | Pat
                 db.close()
 
 
-__all__ = ["Audit", "audit", "collect", "provenance", "run_pairs"]
+__all__ = ["Audit", "audit", "collect", "plan_for_model", "provenance", "run_pairs"]

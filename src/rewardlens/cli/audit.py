@@ -134,7 +134,7 @@ def _run_locks(folders: list[Path], rank: int, world: int) -> Iterator[None]:
 def _locked_run(args: argparse.Namespace, state: dict[str, Any], rank: int, world: int, out: Path, main_path: Path,
                 model: RewardModel, pairs: list[Pair]) -> dict[str, Any]:
     """The audit proper, once this run holds its folders: per-pair chunks, whole-model results, report."""
-    from ..audit import Plan, Store, collect, run_pairs, run_whole
+    from ..audit import Plan, Store, collect, plan_for_model, run_pairs, run_whole
 
     state.update(model=model, pairs=pairs, store=main_path)
     plan = Plan(chunk_size=args.chunk_size, batch_size=args.batch_size, probes=not args.no_probes,
@@ -142,6 +142,7 @@ def _locked_run(args: argparse.Namespace, state: dict[str, Any], rank: int, worl
                 fraction=args.fraction, divergence=not args.no_divergence, paper=args.paper_statistic,
                 tokens=not args.no_tokens)
     sae = _sae(args, model)
+    plan = plan_for_model(model, plan, sae)
     progress = not args.quiet
     main_store = Store(main_path)
     computed: int | None = None
