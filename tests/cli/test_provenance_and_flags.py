@@ -85,3 +85,14 @@ def test_a_step_separator_keeps_non_ascii_and_expands_escapes(typed, meant):
     parser = argparse.ArgumentParser()
     add_model_options(parser)
     assert parser.parse_args(["model", "--prm-separator", typed]).prm_separator == meant
+
+
+@pytest.mark.parametrize("flags", [["--prm-combine", "sum"], ["--prm-tokens", "+,-"], ["--dpo-beta", "0.5"],
+                                   ["--judge-tokens", "A,B", "--readout", "1"]])
+def test_an_option_of_a_kind_not_chosen_is_refused_not_dropped(tiny_root, pairs, tmp_path, capsys, flags):
+    """Dropped silently, each of these would score a plain sequence classifier (or a fixed read-out) while
+    the user believes another reward is measured."""
+    pairs_file = save_pairs(pairs, tmp_path / "pairs.jsonl")
+    assert main(["score", str(tiny_root["llama"]), "--pairs", str(pairs_file), *flags]) == 2
+    err = capsys.readouterr().err
+    assert flags[0] in err or "--readout" in err

@@ -123,15 +123,16 @@ def add_model_options(p: argparse.ArgumentParser, *, optional_model: bool = Fals
     kind = p.add_argument_group("reward-model kind (docs/rm-kinds.md; default: a sequence classifier)")
     kind.add_argument("--prm-separator", type=_escaped, default=None,
                       help="a process RM: read every step at this separator token (escapes allowed: '\\n')")
-    kind.add_argument("--prm-combine", choices=["sum", "mean", "min", "last"], default="min",
-                      help="with --prm-separator: how step scores make the sequence's reward")
+    kind.add_argument("--prm-combine", choices=["sum", "mean", "min", "last"], default=None,
+                      help="with --prm-separator: how step scores make the sequence's reward (default min)")
     kind.add_argument("--prm-tokens", type=_two_tokens, default=None,
                       help="with --prm-separator: read the LM head's log-odds of these two tokens, e.g. '+,-'")
     kind.add_argument("--judge-tokens", type=_two_tokens, default=None,
                       help="an LLM judge: the log-odds of two answer tokens, e.g. 'Yes,No'")
     kind.add_argument("--dpo-reference", default=None,
                       help="a DPO policy: its implicit reward against this reference model (folder or hub id)")
-    kind.add_argument("--dpo-beta", type=positive(float), default=0.1, help="with --dpo-reference: DPO's beta")
+    kind.add_argument("--dpo-beta", type=positive(float), default=None,
+                      help="with --dpo-reference: DPO's beta (default 0.1)")
 
 
 _ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\"}
@@ -307,14 +308,33 @@ def load_model(args: argparse.Namespace) -> RewardModel:
                             "reward model; pass one")
     if kinds and (args.device_map is not None or args.pad_token_id is not None):
         raise ArgumentError("--device-map and --pad-token-id are for sequence-classification reward models")
+    _refuse_orphans(args, kinds[0] if kinds else None)
     if getattr(args, "dpo_reference", None) is not None:
-        return load_dpo(args.model, args.dpo_reference, beta=args.dpo_beta, **common, **extra)
+        beta = 0.1 if args.dpo_beta is None else args.dpo_beta
+        return load_dpo(args.model, args.dpo_reference, beta=beta, **common, **extra)
     if getattr(args, "judge_tokens", None) is not None:
         return load_judge(args.model, tokens=args.judge_tokens, **common, **extra)
     if getattr(args, "prm_separator", None) is not None:
-        return load_prm(args.model, separator=args.prm_separator, combine=args.prm_combine, tokens=args.prm_tokens,
-                        readout=args.readout, **common, **extra)
+        return load_prm(args.model, separator=args.prm_separator, combine=args.prm_combine or "min",
+                        tokens=args.prm_tokens, readout=args.readout, **common, **extra)
     return load(args.model, device_map=args.device_map, readout=args.readout, **common, **extra)
+
+
+_BELONGS = {"prm_combine": "prm_separator", "prm_tokens": "prm_separator", "dpo_beta": "dpo_reference"}
+"""Options that mean something only with the kind they name."""
+
+
+def _refuse_orphans(args: argparse.Namespace, kind: str | None) -> None:
+    """Refuse a kind's option given without its kind, and --readout for a judge or DPO reward (their
+    read-out is fixed): silently dropped, the run would measure another reward than the one asked for."""
+    flag = lambda name: "--" + name.replace("_", "-")  # noqa: E731
+    for option, owner in _BELONGS.items():
+        if getattr(args, option, None) is not None and kind != owner:
+            raise ArgumentError(f"{flag(option)} is for {flag(owner)}, which was not given; pass {flag(owner)} "
+                                f"too, or drop {flag(option)}")
+    if kind in ("judge_tokens", "dpo_reference") and getattr(args, "readout", None) is not None:
+        raise ArgumentError(f"--readout picks a sequence classifier's or PRM's output; {flag(kind)} reads a fixed "
+                            "one (the log-odds of two tokens, or the implicit DPO reward): drop --readout")
 
 
 def read_pairs(args: argparse.Namespace) -> list[Pair]:
