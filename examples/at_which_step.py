@@ -10,16 +10,16 @@ No folder: the `prm_steps` organism, whose planted rule marks a step wrong when 
 """
 
 import argparse
-import codecs
 
 import numpy as np
 
 import rewardlens as rl
+from rewardlens.causal import patch_mode
 
 parser = argparse.ArgumentParser(description=__doc__)
 parser.add_argument("model", nargs="?", help="a PRM folder (token classifier); default: the prm_steps organism")
-parser.add_argument("--pairs", help="preference pairs whose sides have the same number of steps")
-parser.add_argument("--separator", default="\\n", help="the step separator (escapes allowed)")
+parser.add_argument("--pairs", help="preference pairs (JSONL, CSV, ...)")
+parser.add_argument("--separator", default="\\n", help="the step separator ('\\n' for a newline)")
 parser.add_argument("--limit", type=int, default=12)
 args = parser.parse_args()
 wrong = None
@@ -31,7 +31,7 @@ if args.model is None:
 else:
     if not args.pairs:
         parser.error("a model needs --pairs FILE")
-    model = rl.load_prm(args.model, separator=codecs.decode(args.separator, "unicode_escape"))
+    model = rl.load_prm(args.model, separator=args.separator.replace("\\n", "\n"))
     pairs = rl.load_pairs(args.pairs)[: args.limit]
 
 att = rl.attribute(model, pairs, level="head")
@@ -55,7 +55,10 @@ for p in range(len(pairs)):
 mean = np.mean(gaps, axis=0)
 for j in np.argsort(-np.abs(mean))[:3]:
     print(f"  {att.names[j]:<14}{mean[j]:+.2f}")
-patched = rl.patch(model, pairs, level="head")  # at every step: the rejected side's k-th step into the chosen's
+# At every step: the rejected side's k-th step into the chosen's (noising), or zero at every step
+# (ablation) when some pair's sides have different numbers of steps and no step maps to another.
+mode = patch_mode(model, pairs)
+patched = rl.patch(model, pairs, level="head", mode=mode)
 effects = patched.effect.mean(0)
 top = int(np.argmax(np.abs(effects)))
-print(f"patching at every step: largest mean effect on the margin {patched.names[top]} {effects[top]:+.2f}")
+print(f"patching at every step ({mode}): largest mean effect on the margin {patched.names[top]} {effects[top]:+.2f}")

@@ -39,10 +39,11 @@ for name, value in att.top(3, by="margin"):
     print(f"  {name:<14}{value:+.3f}")
 steps = att.steps.to_frame()
 tokens = model.tokenizer.convert_ids_to_tokens
-print("the response token whose read differs most between the sides, per pair:")
+print("the response token whose read differs most between the sides (over the reads both have), per pair:")
 for p in range(min(len(pairs), 5)):
     c, r = steps[steps.sequence == 2 * p], steps[steps.sequence == 2 * p + 1]
-    gap = c["reward"].to_numpy() - r["reward"].to_numpy()
+    n = min(len(c), len(r))  # two responses rarely have one length: compare token k with token k
+    gap = c["reward"].to_numpy()[:n] - r["reward"].to_numpy()[:n]
     k = int(np.argmax(np.abs(gap)))
     ids = model.encode([pairs[p]])[0][0].ids
     at = int(c["position"].to_numpy()[k])

@@ -12,7 +12,8 @@ EXPECT = {
     "which_parts_write_it.py": ["attribution vs direct", "attribution vs total", "attn_L"],
     "does_it_reward_length.py": ["sycophancy", "length: the model"],
     "what_does_one_head_do.py": ["attn_L", "through later layers"],
-    "at_which_step.py": ["forms at step", "patching at every step: largest mean effect on the margin attn_L1_H2"],
+    "at_which_step.py": ["forms at step", "patching at every step (noising)",
+                         "largest mean effect on the margin attn_L1_H2"],
     "what_did_dpo_learn.py": ["accuracy 1.00", "attn_L1_H2", "read at 'ĠImportantly'"],
 }
 
