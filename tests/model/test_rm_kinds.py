@@ -465,6 +465,12 @@ def test_bad_inputs_get_clear_errors(tok):
         rl.wrap_dpo(lm, lm, tok, beta=0.0)
     with pytest.raises(ValueError, match="separator"):
         rl.Reads(at="separator")
+    config = copy.deepcopy(configs(tok)["llama"][1])
+    classifier = tf.AutoModelForSequenceClassification.from_config(config)
+    with pytest.raises(HeadError, match="sequence classifier"):
+        rl.wrap_prm(classifier, tok, separator=SEP)
+    with pytest.raises(TokenizationError, match="ends with a 'user' turn"):
+        rm.score([[{"role": "user", "content": "Step 1: a.\nStep 2: b.\n"}]])
 
 
 def test_soft_capped_logits_are_read_with_their_gain_frozen(tok):

@@ -110,7 +110,7 @@ def _lm_head(model: nn.Module, path: str, **kwargs: Any) -> Head:
 
 
 def _classifier_path(model: nn.Module) -> str | None:
-    """The token or sequence classifier's linear head (`score` or `classifier`), if the model has one."""
+    """The token classifier's linear head (`score` or `classifier`), if the model has one."""
     return next((p for p in ("score", "classifier") if isinstance(getattr(model, p, None), nn.Linear)), None)
 
 
@@ -162,6 +162,10 @@ def wrap_prm(
         path = lm_head_path(model)
         head = _lm_head(model, path, tokens=ids, labels=[str(t) for t in tokens])
         return _finish(_lm_model(model, tokenizer, head, path, reads, max_length, truncation), source, check)
+    if type(model).__name__.endswith("ForSequenceClassification"):
+        raise HeadError(f"{type(model).__name__} is a sequence classifier: its output is one score per sequence, "
+                        "so no step's own score can be checked against it. A PRM is a token classifier (load it "
+                        "with AutoModelForTokenClassification, or rl.load_prm) or an LM read with tokens=('+', '-')")
     found = _classifier_path(model)
     if found is None:
         raise HeadError(f"{type(model).__name__} has no `score` or `classifier` linear head; pass tokens=('+', '-') "
@@ -180,7 +184,7 @@ def load_prm(path_or_id: str, *, separator: str | int, combine: Combine = "min",
              device: str | torch.device | None = None, max_length: int | None = None,
              truncation: Truncation = "error", check: bool = True, **from_pretrained_kwargs: Any) -> RewardModel:
     """Load a process reward model (see `wrap_prm`): a causal LM when `tokens` is given, else a token
-    classifier (or a sequence classifier whose head is read at every step)."""
+    classifier."""
     auto = AutoModelForCausalLM if tokens is not None else AutoModelForTokenClassification
     model, tokenizer, missing = load_pretrained(path_or_id, dtype, device, None, None, from_pretrained_kwargs, auto)
     if tokens is not None:
