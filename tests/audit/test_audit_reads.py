@@ -110,3 +110,20 @@ def test_the_command_line_audits_a_prm_and_a_dpo_reward_with_default_flags(tmp_p
                          *flags]) == 0, what
         numbers = json.loads((out / "numbers.json").read_text())
         assert len(numbers["steps"]["pairs"]) == len(STEPS), what
+
+
+def test_a_nan_step_score_is_never_where_a_preference_forms():
+    from rewardlens.audit.report._steps import forms_at
+    from rewardlens.exact import Steps
+
+    def steps(chosen, rejected):
+        reward = np.array([*chosen, *rejected], dtype=float)
+        seq = np.array([0] * len(chosen) + [1] * len(rejected))
+        step = np.array([*range(len(chosen)), *range(len(rejected))])
+        return Steps(sequence=seq, step=step, position=step + 10, weight=np.ones_like(reward), reward=reward,
+                     constant=np.zeros_like(reward), values=None, names=[])
+
+    assert forms_at(steps([np.nan, 1.0, 0.0], [0.0, 0.5, 0.0]), 0) == 1  # argmax would pick the NaN read
+    assert forms_at(steps([1.0, 2.0], [1.0, -2.0]), 0) == 1
+    assert forms_at(steps([np.nan], [0.0]), 0) is None
+    assert forms_at(steps([], [0.0]), 0) is None

@@ -29,10 +29,17 @@ def _side(steps: Steps, row: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 def forms_at(steps: Steps, pair: int) -> int | None:
     """The step (0-based) whose score differs most between the two sides of `pair`, over the steps both
-    sides have; None when a side has no read."""
+    sides have; None when a side has no read or no such step has a finite score on both sides."""
     chosen, rejected = _side(steps, 2 * pair)[0], _side(steps, 2 * pair + 1)[0]
     shared = min(len(chosen), len(rejected))
-    return None if shared == 0 else int(np.argmax(np.abs(chosen[:shared] - rejected[:shared])))
+    return _largest(np.abs(chosen[:shared] - rejected[:shared]))
+
+
+def _largest(x: np.ndarray) -> int | None:
+    """Where `x` [m] is largest among its finite entries; None when it has none (no read, or only NaN:
+    a NaN read must not pass for the step where a preference forms)."""
+    finite = np.isfinite(x)
+    return None if not finite.any() else int(np.argmax(np.where(finite, x, -np.inf)))
 
 
 def steps_summary(audit: Audit) -> dict[str, Any] | None:
@@ -44,7 +51,7 @@ def steps_summary(audit: Audit) -> dict[str, Any] | None:
     pairs = []
     for p, pid in enumerate(audit.pair_ids):
         sides = [_side(s, 2 * p + side) for side in (0, 1)]
-        top = [int(pos[np.argmax(np.abs(w * r))]) if len(r) else None for r, w, pos in sides]
+        top = [None if (k := _largest(np.abs(w * r))) is None else int(pos[k]) for r, w, pos in sides]
         pairs.append({"pair_id": pid, "reads": [len(r) for r, _, _ in sides],
                       "chosen": sides[0][0].tolist(), "rejected": sides[1][0].tolist(),
                       "forms_at_step": forms_at(s, p), "top_read_position": top})
