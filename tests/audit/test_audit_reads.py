@@ -40,6 +40,7 @@ def test_audit_of_a_process_reward_model(prm, tmp_path):
     np.testing.assert_allclose(audit.faithfulness.total, exact.effect, atol=1e-5)
     direct = rl.patch(prm, pairs, level="head", estimand="direct")
     np.testing.assert_allclose(audit.faithfulness.direct, direct.effect, atol=1e-5)
+    assert audit.faithfulness.seed_mode == "noising"  # as many steps on both sides: the seed noises
     again = rl.audit(prm, pairs, store=store, plan=Plan(chunk_size=4))  # resumes
     np.testing.assert_array_equal(again.steps.reward, audit.steps.reward)
 
@@ -81,7 +82,8 @@ def test_an_audit_whose_pairs_have_no_read_to_read_map_patches_by_ablation(prm, 
         audit = rl.audit(model, UNEQUAL, store=tmp_path / "audit.sqlite", plan=Plan(chunk_size=1))
     said = [str(w.message) for w in caught if "zero ablation" in str(w.message)]
     assert len(said) == 1
-    assert audit.faithfulness.mode == "ablation"
+    assert audit.faithfulness.mode == "ablation" and audit.faithfulness.seed_mode == "ablation"
+    assert "|ablation, read|" in audit.faithfulness.summary()[-1]["comparison"]
     for estimand, got in (("total", audit.faithfulness.total), ("direct", audit.faithfulness.direct)):
         exact = rl.patch(model, UNEQUAL, mode="ablation", level="head", estimand=estimand)
         np.testing.assert_allclose(got, exact.effect, atol=1e-5)

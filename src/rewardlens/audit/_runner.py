@@ -163,10 +163,10 @@ def run_pairs(model: RewardModel, pairs: Sequence[Pair], store: Store, plan: Pla
     seed_positions: Positions = "all" if aligned(model, pairs) else "read"
     mode = patch_mode(model, pairs)
     if mode != "noising":
-        warnings.warn("audit: some pairs read the reward at different numbers of positions on their two sides (a "
-                      "DPO reward's responses differ in length), so no read of one side maps to one of the other: "
-                      "faithfulness patches by zero ablation at every read instead of noising (docs/rm-kinds.md)",
-                      RewardLensWarning, stacklevel=2)
+        warnings.warn("audit: some pairs read the reward at different numbers of positions on their two sides "
+                      "(PRM answers with different numbers of steps, DPO responses of different lengths), so no read "
+                      "of one side maps to one of the other: faithfulness patches by zero ablation at every read "
+                      "instead of noising, its seed statistic too (docs/rm-kinds.md)", RewardLensWarning, stacklevel=2)
     keys, skipped = run_keys(model, pairs, plan), skipped_key(model, pairs)
     done = set.intersection(*(store.done(k) for k in keys.values())) | store.done(skipped)
     if skip is not None:

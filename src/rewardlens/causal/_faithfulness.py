@@ -62,6 +62,9 @@ class Faithfulness:
     level: PatchLevel
     n_boot: int = 2000
     seed: int = 0
+    seed_mode: Mode = "noising"
+    """How `seed_effect` patched: noising, or zero ablation for a reward read at a set of positions whose
+    pairs have no read-to-read map (`patch_mode`)."""
     paper_attribution: np.ndarray | None = None
     """[n_pairs, 2L] sublayer attribution over the attention and MLP sublayers (no embeddings), when
     the paper's way was asked for (`faithfulness(paper=True)`); else None."""
@@ -117,8 +120,8 @@ class Faithfulness:
             rows.append({"comparison": f"attribution vs {name}", "rho": mean, "lo": lo, "hi": hi,
                          "pairs": int(np.isfinite(self.rho(name)).sum())})
         mean, lo, hi = self.seed_statistic()
-        rows.append({"comparison": f"seed statistic |attribution| vs |noising, {self.seed_positions}|", "rho": mean,
-                     "lo": lo, "hi": hi, "pairs": int(np.isfinite(self.seed_rho).sum())})
+        rows.append({"comparison": f"seed statistic |attribution| vs |{self.seed_mode}, {self.seed_positions}|",
+                     "rho": mean, "lo": lo, "hi": hi, "pairs": int(np.isfinite(self.seed_rho).sum())})
         if self.paper_effect is not None:
             mean, lo, hi = self.paper_statistic()
             rows.append({"comparison": "seed statistic, the paper's way: |attribution| vs |noising, prefix| over "
@@ -240,8 +243,15 @@ def faithfulness(
             names=total.names, pair_ids=total.pair_ids, attribution=att.margin[:, index], direct=direct.effect,
             total=total.effect, attribution_patching=atp.effect, seed_attribution=sub_att.margin[:, seed_index],
             seed_effect=seed_patch.effect, seed_positions=positions, mode=mode, level=level, n_boot=n_boot, seed=seed,
+            seed_mode=_seeds_in(model, mode),
             paper_attribution=paper_att, paper_effect=paper_effect,
         )
+
+
+def _seeds_in(model: RewardModel, mode: Mode) -> Mode:
+    """The seed statistic's mode: noising, but zero ablation for a reward read at a set of positions
+    patched by ablation (its pairs may have no read-to-read map for noising)."""
+    return "ablation" if model.reads.multi and mode == "ablation" else "noising"
 
 
 def _total_and_seed(model: RewardModel, pairs: Sequence[Pair], level: PatchLevel, mode: Mode, positions: Positions,
@@ -251,7 +261,7 @@ def _total_and_seed(model: RewardModel, pairs: Sequence[Pair], level: PatchLevel
     levels' sites (they share the embeddings and MLPs; the attention sublayers join the heads). A
     reward read at a set of positions seeds in the run's mode: ablation is asked for it exactly when
     its pairs have no read-to-read map for noising (`patch_mode`)."""
-    if positions != "read" or (mode != "noising" and not model.reads.multi):
+    if positions != "read" or mode != _seeds_in(model, mode):
         total = patch(model, pairs, mode=mode, level=level, batch_size=batch_size, clean=clean)
         return total, patch(model, pairs, mode="noising", positions=positions, batch_size=batch_size, clean=clean)
     fine, coarse = sites(model, level), sites(model, "sublayer")

@@ -141,7 +141,7 @@ def _faithfulness(audit: Audit) -> dict[str, Any]:
     return {
         "level": f.level, "mode": f.mode, "n_parts": len(f.names), "pooled": pooled,
         "seed_statistic": {"rho": rho, "lo": lo, "hi": hi, "pairs": pairs, "positions": f.seed_positions,
-                           "paper": SEED_PAPER},
+                           "mode": f.seed_mode, "paper": SEED_PAPER},
         "paper_statistic": paper,
         "attribution_patching_agreement": f.agreement(),
     }

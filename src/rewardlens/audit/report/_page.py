@@ -82,7 +82,7 @@ def _summary(a: Audit, s: dict[str, Any]) -> Html:
         ("closure error max |reward − Σ parts − constant|", f"{num(s['closure_error']['max'])} reward units"),
         ("attribution vs direct effect, pooled ρ [95% CI]", rho(**_rho(faith["pooled"]["direct"]))),
         ("attribution vs total effect, pooled ρ [95% CI]", rho(**_rho(faith["pooled"]["total"]))),
-        (f"seed statistic |attribution| vs |noising, {seed['positions']}|",
+        (f"seed statistic |attribution| vs |{seed['mode']}, {seed['positions']}|",
          f"{rho(seed['rho'], seed['lo'], seed['hi'])} (paper: {paper})"),
         ("flagged probe axes", flagged),
         *_more_summary(s),
@@ -166,7 +166,7 @@ def _patching(a: Audit, s: dict[str, Any]) -> Html:
     f = s["faithfulness"]
     rows = [(f"attribution vs {k}", rho(v["rho"], v["lo"], v["hi"]), v["pairs"]) for k, v in f["pooled"].items()]
     seed = f["seed_statistic"]
-    rows.append((f"seed statistic |attribution| vs |noising, {seed['positions']}| (sublayers)",
+    rows.append((f"seed statistic |attribution| vs |{seed['mode']}, {seed['positions']}| (sublayers)",
                  rho(seed["rho"], seed["lo"], seed["hi"]), seed["pairs"]))
     if f["paper_statistic"] is not None:
         ps = f["paper_statistic"]
