@@ -32,6 +32,7 @@ def test_as_flags_spellings():
     assert as_flags("or pass strict=True to refuse them") == "or pass --strict to refuse them"
     assert as_flags("name the layer (layer= or --layer)") == "name the layer (--layer)"
     assert as_flags("an unrelated message: a=1, x_max_length=2") == "an unrelated message: a=1, x_max_length=2"
+    assert as_flags("use mode='ablation' with ablation='zero'") == "use --mode ablation with --ablation zero"
 
 
 def test_report_names_model_and_data_and_removes_only_its_own_stale_tables(capsys, tiny_root, pairs, tmp_path):

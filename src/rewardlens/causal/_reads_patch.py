@@ -36,8 +36,8 @@ def check_reads_options(mode: Mode, ablation: Ablation, positions: Positions | S
         raise ValueError(f"positions={positions!r}: a reward read at a set of positions is patched at that set; "
                          "pass positions='read'")
     if divergence:
-        raise ValueError("divergence scores read one token per sequence; patch a multi-position read-out with "
-                         "divergence=False")
+        raise ValueError("divergence scores read one token per sequence; patch a multi-position read-out without "
+                         "them (leave divergence off)")
     if mode == "ablation" and ablation != "zero":
         raise ValueError("a multi-position read-out takes mode='ablation' with ablation='zero' only for now")
 

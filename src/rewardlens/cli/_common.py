@@ -249,7 +249,8 @@ FLAGS = {
     "strict": "--strict", "limit": "--limit", "chunk_size": "--chunk-size", "probe_items": "--probe-items",
     "sae_layer": "--sae-layer", "layer": "--layer", "positions": "--positions", "estimand": "--estimand",
     "fraction": "--fraction", "n_boot": "--n-boot", "seed": "--seed", "k": "--k", "expansion_factor":
-    "--expansion-factor", "num_latents": "--latents", "min_effect": "--min-effect",
+    "--expansion-factor", "num_latents": "--latents", "min_effect": "--min-effect", "mode": "--mode",
+    "ablation": "--ablation", "divergence": "--divergence",
 }
 """The Python keyword a rewardlens error message names as the fix → the flag a command-line user passes."""
 _KEYWORD = re.compile(r"\b(?<![-.])(" + "|".join(FLAGS) + r")=('[^']*'|\"[^\"]*\"|<[^>]*>|True\b|[^\s,;)]+)?")
