@@ -23,24 +23,15 @@ It also checks that the audit's stored numbers equal the instruments' own to flo
 from __future__ import annotations
 
 import argparse
-import time
 from collections.abc import Callable
 
 import numpy as np
 import torch
-from decompose import cpu_memory_mode, peak_bytes, sync
+from decompose import cpu_memory_mode, peak_bytes, seconds
 
 import rewardlens as rl
 from rewardlens.audit import Plan, Store, collect, run_pairs
 from rewardlens.zoo.realmodels import dpo_pairs, load_reward_model
-
-
-def seconds(fn: Callable[[], object], device: torch.device) -> float:
-    sync(device)
-    start = time.perf_counter()
-    fn()
-    sync(device)
-    return time.perf_counter() - start
 
 
 def plain_forward(model: rl.RewardModel, pairs: list[rl.Pair]) -> Callable[[], None]:

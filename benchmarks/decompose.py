@@ -165,6 +165,15 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def seconds(fn: Callable[[], object], device: torch.device) -> float:
+    """Wall time of one call of `fn`, with the device's queue drained before and after."""
+    sync(device)
+    start = time.perf_counter()
+    fn()
+    sync(device)
+    return time.perf_counter() - start
+
+
 def time_all(fns: Calls, warm: Calls, device: torch.device, repeats: int) -> tuple[dict, dict]:
     """Median seconds per call over `repeats` interleaved rounds after a warm-up, and last results."""
     outs = {name: fn() for name, fn in warm.items()}

@@ -22,23 +22,14 @@ layer up (`stepped_sweep`), so it costs about one forward per two parts.
 from __future__ import annotations
 
 import argparse
-import time
 from collections.abc import Callable
 
 import numpy as np
 import torch
-from decompose import sync
+from decompose import seconds
 
 import rewardlens as rl
 from rewardlens.zoo.realmodels import dpo_pairs, reward_model_dir
-
-
-def seconds(fn: Callable[[], object], device: torch.device) -> float:
-    sync(device)
-    start = time.perf_counter()
-    fn()
-    sync(device)
-    return time.perf_counter() - start
 
 
 def plain(models: list[torch.nn.Module], seqs: list[list[int]], device: torch.device) -> Callable[[], None]:
