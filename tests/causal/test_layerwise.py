@@ -10,7 +10,7 @@ import pytest
 import rewardlens as rl
 from rewardlens.causal import attribution_patch, trace_pairs
 from rewardlens.causal._engine import site_point, sites
-from rewardlens.model import collate
+from rewardlens.model import TraceKey, collate
 from rewardlens.zoo import DEMO_PAIRS
 from tests.helpers.tiny import ARCHS
 
@@ -22,7 +22,7 @@ def _setup(model):
     seqs, _ = model.encode(DEMO_PAIRS[:3])
     batch = collate(seqs, pad_id=model.pad_token_id, side="right", first=model.encoder, device=model.device)
     points = {s.key: site_point(model, s, batch.read_index) for s in sites(model, "head")}
-    final = model.final_points(batch, gate=False)["final"]
+    final = model.final_points(batch, gate=False)[TraceKey.final()]
     coef = trace_pairs(model, DEMO_PAIRS[:3]).clean.coef  # the readout (a gated head's from its clean gate)
     return batch, points, final, coef
 

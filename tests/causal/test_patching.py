@@ -7,7 +7,7 @@ import rewardlens as rl
 from rewardlens import Pair
 from rewardlens.causal import patch
 from rewardlens.errors import DataError, TokenizationError
-from rewardlens.model import tokenize
+from rewardlens.model import TraceKey, tokenize
 from tests.helpers.naive import naive_patch
 from tests.helpers.tiny import ARCHS
 
@@ -155,7 +155,7 @@ def test_direct_patching_is_attribution_with_the_final_scale_recomputed(tiny_roo
     att = rl.attribute(model, pairs)
     seqs, _ = model.encode(pairs)
     clean = Clean.run(model, seqs, heads=False, batch_size=8)
-    x = clean.captured["final"][0::2]
+    x = clean.captured[TraceKey.final()][0::2]
     norm = model.norm(model.arch.final_norm)
     w = model.head.weight[0]
     const = float(model.head.bias[0]) + (0.0 if norm.beta is None else float(w @ norm.beta))
@@ -167,7 +167,8 @@ def test_direct_patching_is_attribution_with_the_final_scale_recomputed(tiny_roo
         if name == "embed":
             continue
         kind, layer = name.split("_L")[0], int(name.split("_L")[1])
-        tgt, src = clean.captured[f"{kind}_{layer}"][0::2], clean.captured[f"{kind}_{layer}"][1::2]
+        key = TraceKey.sublayer(kind, layer)
+        tgt, src = clean.captured[key][0::2], clean.captured[key][1::2]
         unscaled = (torch.tensor(res.patched_chosen[:, p]) - const) * (s / norm.scale(x + src - tgt)) + const
         np.testing.assert_allclose(unscaled.numpy(), res.chosen + (u * (src - tgt)).sum(-1).numpy(), atol=1e-5)
         np.testing.assert_allclose((u * tgt).sum(-1).numpy(), att.chosen[:, att.names.index(name)], atol=1e-5)

@@ -8,12 +8,12 @@ import pytest
 import torch
 
 import rewardlens as rl
-from rewardlens.calibrate import Bench, grade_concepts
+from rewardlens.calibrate import OrganismBench, grade_concepts
 from rewardlens.calibrate._concepts import CONTROL_SHARE, contrast
 from rewardlens.cli import main
 from rewardlens.errors import DataError, RewardLensWarning, TokenizationError
 from rewardlens.hacking import AXES, concepts, contrast_sets, items
-from rewardlens.model import collate, trace
+from rewardlens.model import TraceKey, collate, trace
 from rewardlens.zoo.organisms import ORGANISMS, build
 from tests.helpers.tiny import own_scores
 
@@ -119,7 +119,7 @@ def test_directions_cosine_and_sigma_agree_with_an_independent_trace():
     for inputs in (pos, neg):
         seqs, _ = model.encode(inputs)
         batch = collate(seqs, pad_id=model.pad_token_id, side="right", first=model.encoder, device=model.device)
-        x = trace(model, batch)[f"resid_{model.n_layers - 1}"].double()
+        x = trace(model, batch)[TraceKey.resid(model.n_layers - 1)].double()
         resid.append(x)
         head.append(model.final_hidden(x.float()).double())
     h_dir = head[0].mean(0) - head[1].mean(0)
@@ -176,7 +176,7 @@ def test_sigma_units_overrate_an_unrelated_concept_on_the_list_organism(planted)
 
 
 def test_grader_passes_on_the_organisms():
-    rows = grade_concepts(Bench(organisms=["list", "sycophancy"], n_pairs=40))
+    rows = grade_concepts(OrganismBench(organisms=["list", "sycophancy"], n_pairs=40))
     assert len(rows) == 8 and all(r.passed for r in rows), [r for r in rows if not r.passed]
 
 

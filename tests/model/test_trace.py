@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import rewardlens as rl
-from rewardlens.model import collate, trace
+from rewardlens.model import TraceKey, collate, trace
 
 
 def test_trace_holds_only_the_read_position(tiny_root, pairs):
@@ -17,7 +17,7 @@ def test_trace_holds_only_the_read_position(tiny_root, pairs):
     tr = trace(model, batch, heads=range(model.n_layers), neurons=range(model.n_layers))
     # Neuron level keeps [n, d_mlp] per layer, never [n, tokens, d_mlp].
     assert all(t.ndim == 2 and t.shape[0] == len(seqs) and t.dtype == torch.float32 for t in tr.captured.values())
-    assert tr["mlp_act_0"].shape[1] == model.model.config.intermediate_size
+    assert tr[TraceKey.mlp_act(0)].shape[1] == model.model.config.intermediate_size
 
 
 def test_bfloat16_backbone_keeps_an_fp32_head_and_closes_to_bf16_precision(tiny_root, pairs):

@@ -1,6 +1,7 @@
 """TopK SAEs: exact feature attribution, sparsify/SAELens folders, training, shards, reports and CLI."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -11,6 +12,7 @@ import rewardlens as rl
 from rewardlens.cli import main
 from rewardlens.data import save_pairs
 from rewardlens.errors import ArchitectureError, DataError
+from rewardlens.model import TraceKey
 from rewardlens.sae import (
     ActivationSource,
     SAEConfig,
@@ -170,7 +172,8 @@ def test_folder_names_are_sparsify_hook_points(tiny_root, arch, name):
 
     model = rl.load(str(tiny_root[arch]))
     assert hookpoint(model, "resid_1") == name and hookpoint(model, "mlp_1") == "mlp_1"
-    assert point_of_folder(model, name) == point_of_folder(model, "resid_1") == "resid_1"
+    assert point_of_folder(model, name) == point_of_folder(model, "resid_1") == TraceKey.resid(1)
+    assert hookpoint(model, TraceKey.resid(1)) == name and hookpoint(model, TraceKey.mlp(1)) == "mlp_1"
 
 
 def test_save_round_trips_in_sparsify_and_saelens_layouts(tmp_path):
@@ -228,6 +231,19 @@ def test_folders_and_models_that_do_not_fit_are_refused_by_name(tmp_path, llama,
         SAEConfig(skip_connection=True)
     with pytest.raises(DataError, match="no SAE folder for layer 0"):
         load_sae_for(llama, tmp_path, layer=0)
+
+
+def test_hook_points_are_trace_keys_or_their_names(llama):
+    by_key = ActivationSource(llama, CORPUS[:4], TraceKey.mlp_act(1))
+    by_name = ActivationSource(llama, CORPUS[:4], "mlp_act_1")  # the user's string, parsed once
+    assert by_key.point == by_name.point == TraceKey.mlp_act(1)
+    assert by_key.fingerprint() == by_name.fingerprint()
+    assert by_key.d_in == by_name.d_in == llama.model.config.intermediate_size
+    assert torch.equal(torch.cat([c.x for c in by_key]), torch.cat([c.x for c in by_name]))
+    # The string form of a point the model lacks, or one no SAE reads, is refused by name.
+    for bad in ("resid_03", "layers.1", "attn_rnorm_0", "gate", TraceKey.resid(7), TraceKey.gate()):
+        with pytest.raises(ArchitectureError, match=re.escape(f"no hook point {str(bad)!r}")):
+            ActivationSource(llama, CORPUS, bad)
 
 
 # ---- activations, shards, training ------------------------------------------------------------

@@ -18,48 +18,48 @@ from collections.abc import Iterator, Sequence
 import torch
 from torch import Tensor
 
-from ..data import Pair, counting
-from ..model import Batch, Point, RewardModel, Tokenized, collate, each_batch, eval_mode, rewriting
+from ..data import Inputs, Pair, counting
+from ..model import Batch, Point, RewardModel, Tokenized, TraceKey, collate, each_batch, eval_mode, rewriting
 from ..stats import rank_agreement
-from ..types import Ablation, Inputs, Mode, PatchLevel, Positions, Spans
+from ..types import Ablation, Mode, PatchLevel, Positions, Spans
 from ._engine import Site, head_slice, site_point, sites
 from ._layerwise import layerwise_grads
 from ._patching import Patching, assemble, check_options
 from ._plan import Clean, PatchPlan, encode_pairs
 from ._reads_patch import ReadChunks, check_reads_options
 
-Tensors = dict[str, Tensor]
+Tensors = dict[TraceKey, Tensor]
 
 
 @contextlib.contextmanager
-def _probes(points: dict[str, Point], final: Point) -> Iterator[tuple[Tensors, Tensors, Tensors]]:
+def _probes(points: dict[TraceKey, Point], final: Point) -> Iterator[tuple[Tensors, Tensors, Tensors]]:
     """Add a zero leaf to each point's activation (→ its gradient is ∂r/∂a) and keep the activation
     and the final residual (with its graph)."""
     deltas: Tensors = {}
     acts: Tensors = {}
     out: Tensors = {}
 
-    def touch(name: str, x: Tensor) -> Tensor:
+    def touch(name: TraceKey, x: Tensor) -> Tensor:
         delta = torch.zeros_like(x, requires_grad=True)
         deltas[name], acts[name] = delta, x.detach()
         return x + delta
 
     def keep(x: Tensor) -> None:
         rows = torch.arange(x.shape[0], device=x.device) if final.rows is None else final.rows.to(x.device)
-        out["final"] = x[rows, final.cols.to(x.device)]
+        out[TraceKey.final()] = x[rows, final.cols.to(x.device)]
 
     hooks = [(p.module, p.where, functools.partial(touch, name)) for name, p in points.items()]
     with rewriting([*hooks, (final.module, final.where, keep)]):
         yield deltas, acts, out
 
 
-def _whole_grads(model: RewardModel, batch: Batch, points: dict[str, Point], final: Point,
+def _whole_grads(model: RewardModel, batch: Batch, points: dict[TraceKey, Point], final: Point,
                  coef: Tensor) -> tuple[Tensors, Tensors]:
     """(activations, ∂r/∂activation) at every point from one backward through the whole forward."""
     with torch.enable_grad(), eval_mode(model.model), _probes(points, final) as (deltas, acts, out):
         model.backbone(**model.batch_kwargs(batch))
         # Layers may sit on several devices (device_map); the head and its norm live on model.device.
-        objectives = model.head_values(model.final_hidden(out["final"].float().to(model.device)), batch)
+        objectives = model.head_values(model.final_hidden(out[TraceKey.final()].float().to(model.device)), batch)
         per = (objectives * (coef if batch.reads is None else coef[:1])).sum(-1)
         fold = model.fold(batch, per.detach())  # multi-position read-outs: α frozen at the clean run
         reward = per.sum() if fold is None else (fold @ per).sum()
@@ -107,7 +107,7 @@ def attribution_patch(
             index = [plan.targets[int(r)] for r in rows]
             batch = collate([seqs[i] for i in index], pad_id=model.pad_token_id, side="right", first=model.encoder,
                             device=model.device)
-            final = model.final_points(batch, gate=False)["final"]
+            final = model.final_points(batch, gate=False)[TraceKey.final()]
             points = {k: site_point(model, site, batch.read_index) for k, site in keys.items()}
             # One layer at a time where stepping reproduces the model (memory: one layer's activations);
             # else one backward through the whole forward.
@@ -146,7 +146,7 @@ def _reads_estimate(
         batch = collate([seqs[i] for i in tgt], pad_id=model.pad_token_id, side="right", first=False,
                         device=model.device)
         assert batch.reads is not None  # a multi-position model's sequences carry their reads
-        final = model.final_points(batch, gate=False)["final"]
+        final = model.final_points(batch, gate=False)[TraceKey.final()]
         points = {k: site_point(model, site, batch.read_at) for k, site in keys.items()}
         acts, grads = _whole_grads(model, batch, points, final, model.head.coefficients(len(tgt)))
         rows, cols = batch.reads.rows, batch.reads.cols

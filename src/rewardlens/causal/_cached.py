@@ -28,6 +28,7 @@ from ..model import (
     Point,
     RewardModel,
     Tokenized,
+    TraceKey,
     capture,
     collate,
     each_batch,
@@ -80,7 +81,7 @@ def cached_read_sweep(
     seqs: list[Tokenized],
     read: list[int],
     sweep: list[Site],
-    values: dict[str, Tensor],
+    values: dict[TraceKey, Tensor],
     coef: Tensor,
     *,
     batch_size: int = 8,
@@ -107,8 +108,10 @@ def cached_read_sweep(
         batch = collate([seqs[i] for i in rows], pad_id=model.pad_token_id, side="right", first=False,
                         device=model.device)
         at = torch.tensor([read[i] for i in rows], device=model.device)
-        points = {f"in_{layer}": Point(model.layers[layer], "in", at) for layer in range(model.n_layers)}
-        points["final"] = final_point(model, at)
+        # Each layer's input (keyed by the layer: what a copy starting there reads) and the final residual.
+        points: dict[int | TraceKey, Point] = {layer: Point(model.layers[layer], "in", at)
+                                               for layer in range(model.n_layers)}
+        points[TraceKey.final()] = final_point(model, at)
         kwargs = {**model.batch_kwargs(batch), "use_cache": True}
         try:
             with torch.no_grad(), eval_mode(model.model), capture(points, model.device) as captured:
@@ -120,7 +123,8 @@ def cached_read_sweep(
         cache = getattr(out, name, None) if hasattr(out, name) else getattr(out, "past_key_values", None)
         if cache is None or not hasattr(cache, "layers"):
             raise Declined
-        clean[rows] = (model.head(model.final_hidden(captured["final"])) * coef[rows]).sum(-1)
+        final = captured[TraceKey.final()]
+        clean[rows] = (model.head(model.final_hidden(final)) * coef[rows]).sum(-1)
         width = batch.input_ids.shape[1]
         for first_layer, group in sorted(groups.items()):
             got = _group(model, batch, at, width, cache, name, captured, first_layer, [sweep[s] for s in group],
@@ -128,8 +132,8 @@ def cached_read_sweep(
             if got is None:
                 raise Declined
             proof, patched_rewards = got
-            if not torch.allclose(proof, captured["final"][:, None].expand_as(proof), rtol=1e-3, atol=1e-4 * float(
-                    captured["final"].abs().max())):
+            tol = 1e-4 * float(final.abs().max())
+            if not torch.allclose(proof, final[:, None].expand_as(proof), rtol=1e-3, atol=tol):
                 raise Declined
             rewards[rows[:, None], torch.tensor(group)[None]] = patched_rewards
 
@@ -159,9 +163,9 @@ def _groups(sweep: list[Site], min_copies: int) -> dict[int, list[int]]:
 
 
 def _group(
-    model: RewardModel, batch: Batch, at: Tensor, width: int, cache: Any, name: str, captured: dict[str, Tensor],
-    first_layer: int,
-    group: list[Site], values: dict[str, Tensor], rows: Tensor, coef: Tensor, dtype: torch.dtype,
+    model: RewardModel, batch: Batch, at: Tensor, width: int, cache: Any, name: str,
+    captured: dict[int | TraceKey, Tensor], first_layer: int,
+    group: list[Site], values: dict[TraceKey, Tensor], rows: Tensor, coef: Tensor, dtype: torch.dtype,
 ) -> tuple[Tensor, Tensor] | None:
     """Run the copies of one starting layer: (the two proof copies' final residuals [B, 2, d], the
     group's patched rewards [B, G])."""
@@ -177,7 +181,7 @@ def _group(
               name: fork, "use_cache": True}
     try:
         args, layer_kwargs = _continuation_args(model, model.forward_kwargs(**kwargs))
-        hidden = captured[f"in_{first_layer}"][:, None].expand(b, copies, -1).to(dtype).contiguous()
+        hidden = captured[first_layer][:, None].expand(b, copies, -1).to(dtype).contiguous()
         edits = [Overwrite(site, torch.arange(b), torch.full((b, 1), 1 + k), take_values(values[site.key], rows,
                       head_slice(model, site), read=True)) for k, site in enumerate(group)]
         with torch.no_grad(), eval_mode(model.model), patched(model, edits):

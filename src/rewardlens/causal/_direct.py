@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from ..model import RewardModel, SublayerKind, Trace, out_projection
+from ..model import RewardModel, SublayerKind, Trace, TraceKey, out_projection
 from ._engine import Site, head_slice
 
 SUBLAYERS: tuple[SublayerKind, ...] = ("attn", "mlp")
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 
 def direct_rewards(
-    model: RewardModel, clean: Clean, targets: list[int], sweep: list[Site], values: dict[str, Tensor],
+    model: RewardModel, clean: Clean, targets: list[int], sweep: list[Site], values: dict[TraceKey, Tensor],
     cols: Tensor | None,
 ) -> Tensor:
     """Path-frozen patched rewards [n_targets, S].
@@ -76,8 +76,8 @@ def _post(model: RewardModel, kind: SublayerKind, layer: int, raw: Tensor) -> Te
 def _part(model: RewardModel, tr: Trace, site: Site, rep: Tensor) -> tuple[Tensor, Tensor]:
     """(clean, patched) value [n, d] the site's part adds to the residual at the read position."""
     if site.kind == "embed":
-        return tr["embed"], rep
-    raw = tr[f"{site.kind}_{site.layer}"]
+        return tr[TraceKey.embed()], rep
+    raw = tr[TraceKey.sublayer(site.kind, site.layer)]
     if site.head is None:
         new_raw = rep
     else:
@@ -91,15 +91,15 @@ def _propagate(model: RewardModel, tr: Trace, site: Site, old: Tensor, new: Tens
     """The final residual [n, d] with the site's part changed from `old` to `new`, later parts frozen."""
     arch = model.arch
     if arch.layout != "post_norm":
-        return tr["final"] + (new - old)
+        return tr[TraceKey.final()] + (new - old)
     start = 0 if site.kind == "embed" else site.layer
-    x = new if site.kind == "embed" else (tr["embed"] if start == 0 else tr[f"resid_{start - 1}"])
+    x = new if site.kind == "embed" else tr[TraceKey.at_depth(start)]  # what layer `start` reads
     attn_rnorm, mlp_rnorm = arch.residual_norms
     for layer in range(start, model.n_layers):
         parts: dict[str, Tensor] = {}
         for kind in SUBLAYERS:
             patched = site.kind == kind and site.layer == layer
-            parts[kind] = new if patched else _post(model, kind, layer, tr[f"{kind}_{layer}"])
+            parts[kind] = new if patched else _post(model, kind, layer, tr[TraceKey.sublayer(kind, layer)])
         mid = model.norm(attn_rnorm, layer)(x + parts["attn"])
         x = model.norm(mlp_rnorm, layer)(mid + parts["mlp"])
     return x

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..model import RewardModel, Tokenized
+from ..model import RewardModel, Tokenized, TraceKey
 from ._engine import Site
 
 if TYPE_CHECKING:
@@ -91,7 +91,7 @@ class Scorer:
         self.fits: list[Natural] = []
         self.limits: list[float] = []
         for layer in range(model.n_layers):
-            acts = natural.captured[f"resid_{layer}"]
+            acts = natural.captured[TraceKey.resid(layer)]
             self.fits.append(Natural.fit(acts))
             self.limits.append(max(thresholds(acts, quantile), 1e-30))
 

@@ -26,9 +26,9 @@ import contextlib
 import functools
 import inspect
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, get_args
+from typing import Any, TypeVar, get_args
 
 import torch
 from torch import Tensor, nn
@@ -39,6 +39,7 @@ from ..model import (
     Point,
     RewardModel,
     Tokenized,
+    TraceKey,
     capture,
     collate,
     each_batch,
@@ -51,6 +52,8 @@ from ..model import (
 from ..types import PatchLevel
 
 PATCH_LEVELS: tuple[PatchLevel, ...] = get_args(PatchLevel)
+K = TypeVar("K", bound=Hashable)
+"""The key of a capture point: a `TraceKey`, or one of an engine's own (the unpatched copies)."""
 
 
 class Declined(Exception):
@@ -63,11 +66,11 @@ class Site(Part):
     """A patchable part: the embeddings, a sublayer, or one attention head (`Part` names it)."""
 
     @property
-    def key(self) -> str:
-        """Trace name of the activation the site overwrites (heads: the output projection's input)."""
+    def key(self) -> TraceKey:
+        """Trace key of the activation the site overwrites (heads: the output projection's input)."""
         if self.kind == "embed":
-            return "embed"
-        return f"attn_z_{self.layer}" if self.head is not None else f"{self.kind}_{self.layer}"
+            return TraceKey.embed()
+        return TraceKey.attn_z(self.layer) if self.head is not None else TraceKey.sublayer(self.kind, self.layer)
 
 
 def sites(model: RewardModel, level: PatchLevel) -> list[Site]:
@@ -154,13 +157,14 @@ def final_point(model: RewardModel, cols: Tensor) -> Point:
     return Point(get_module(model.model, model.arch.final_norm), "in", cols)
 
 
-def _resid_points(model: RewardModel, cols: Tensor) -> dict[str, Point]:
-    return {f"resid_{layer}": Point(model.layers[layer], "out", cols) for layer in range(model.n_layers)}
+def _resid_points(model: RewardModel, cols: Tensor) -> dict[TraceKey, Point]:
+    """The residual after every layer, at positions `cols`."""
+    return {TraceKey.resid(layer): Point(model.layers[layer], "out", cols) for layer in range(model.n_layers)}
 
 
 def _forward(
-    model: RewardModel, kwargs: dict[str, Any], points: dict[str, Point], edits: list[Overwrite]
-) -> dict[str, Tensor]:
+    model: RewardModel, kwargs: dict[str, Any], points: Mapping[K, Point], edits: list[Overwrite]
+) -> dict[K, Tensor]:
     kwargs = model.forward_kwargs(**kwargs)
     with torch.no_grad(), eval_mode(model.model), capture(points, model.device) as captured, patched(model, edits):
         model.backbone(**kwargs)
@@ -190,7 +194,7 @@ def read_sweep(
     seqs: list[Tokenized],
     read: list[int],
     sweep: list[Site],
-    values: dict[str, Tensor],
+    values: dict[TraceKey, Tensor],
     coef: Tensor,
     *,
     batch_size: int = 8,
@@ -229,9 +233,12 @@ def read_sweep(
                      take_values(values[site.key], rows, head_slice(model, site), read=True))
                 for j, site in enumerate(part)
             ]
-            points = {"final": final_point(model, cols[:, 1:-1]), "first": final_point(model, cols[:, 0]),
-                      "last": final_point(model, cols[:, -1]),
-                      **(_resid_points(model, cols[:, 1:-1]) if resid else {})}
+            # The patched copies' final residuals, plus two unpatched copies ('first', 'last': engine-local keys).
+            points: dict[TraceKey | str, Point] = {
+                TraceKey.final(): final_point(model, cols[:, 1:-1]), "first": final_point(model, cols[:, 0]),
+                "last": final_point(model, cols[:, -1])}
+            if resid:
+                points.update(_resid_points(model, cols[:, 1:-1]).items())
             try:
                 captured = _forward(model, kwargs, points, edits)
             except OOM_ERRORS:
@@ -244,11 +251,12 @@ def read_sweep(
             gap = (captured["first"] - captured["last"]).norm(dim=-1) / captured["first"].norm(dim=-1).clamp_min(1e-12)
             if gap.max() > 1e-3:
                 raise Declined
-            objectives = model.head(model.final_hidden(captured["final"].flatten(0, 1))).view(len(rows), len(part), -1)
+            finals = captured[TraceKey.final()].flatten(0, 1)  # [B * patched copies, d]
+            objectives = model.head(model.final_hidden(finals)).view(len(rows), len(part), -1)
             rewards[rows, lo : lo + len(part)] = (objectives * coef[rows][:, None]).sum(-1)
             clean[rows] = (model.head(model.final_hidden(captured["first"])) * coef[rows]).sum(-1)
             if resid and streams is not None:
-                stacked = torch.stack([captured[f"resid_{layer}"] for layer in range(model.n_layers)], dim=2)
+                stacked = torch.stack([captured[TraceKey.resid(layer)] for layer in range(model.n_layers)], dim=2)
                 streams[rows, lo : lo + len(part)] = resid(stacked)
 
     try:
@@ -285,7 +293,7 @@ def batched_sweep(
     seqs: list[Tokenized],
     sweep: list[Site],
     cols: Tensor,
-    values: dict[str, Tensor],
+    values: dict[TraceKey, Tensor],
     *,
     batch_size: int = 8,
     resid: Callable[[Tensor], Tensor] | None = None,
@@ -324,7 +332,7 @@ def batched_sweep(
         fold = model.fold(batch, reward)  # multi-position read-outs: the patched run's own combination
         rewards[seq_idx, [s for _, s in job]] = reward if fold is None else fold @ reward
         if resid and streams is not None:
-            stacked = torch.stack([captured[f"resid_{layer}"] for layer in range(model.n_layers)], dim=1)
+            stacked = torch.stack([captured[TraceKey.resid(layer)] for layer in range(model.n_layers)], dim=1)
             streams[seq_idx, [s for _, s in job]] = resid(stacked)
 
     # A run that fits in no batch is reported by its sequence (the loop's rows are (sequence, site) jobs).

@@ -19,11 +19,11 @@ from contextlib import AbstractContextManager
 import torch
 from torch import Tensor
 
-from ..model import Batch, RewardModel, eval_mode, get_module
+from ..model import Batch, RewardModel, TraceKey, eval_mode, get_module
 from ._stepped import Recording
 
-Tensors = dict[str, Tensor]
-Probes = Callable[[], AbstractContextManager[tuple[Tensors, Tensors, Tensors]]]
+Tensors = dict[TraceKey, Tensor]
+ProbeContext = Callable[[], AbstractContextManager[tuple[Tensors, Tensors, Tensors]]]
 
 
 def _close(mine: Tensor, want: Tensor, mask: Tensor, tol: float) -> bool:
@@ -32,9 +32,9 @@ def _close(mine: Tensor, want: Tensor, mask: Tensor, tol: float) -> bool:
 
 
 def layerwise_grads(
-    model: RewardModel, batch: Batch, coef: Tensor, probes: Probes, tol: float = 1e-4
+    model: RewardModel, batch: Batch, coef: Tensor, probes: ProbeContext, tol: float = 1e-4
 ) -> tuple[Tensors, Tensors] | None:
-    """(activations, gradients of the reward) at every point that `probes()` touches, keyed by name,
+    """(activations, gradients of the reward) at every point that `probes()` touches, by trace key,
     each [B, T, w]; None when stepping does not reproduce the model's forward on `batch`.
 
     `probes()` is a context manager yielding `(deltas, acts, _)` (attribution patching's zero-leaf

@@ -17,7 +17,7 @@ from torch import Tensor
 
 from ..data import Pair, pair_of
 from ..errors import DataError, RewardLensWarning, TokenizationError
-from ..model import Batch, RewardModel, Tokenized, Trace, sequence_label, trace
+from ..model import Batch, RewardModel, Tokenized, Trace, TraceKey, sequence_label, trace
 from ..types import Ablation, Mode, Positions, Spans
 from ._engine import Site, site_point
 
@@ -27,7 +27,7 @@ class Clean:
     """The clean run of every sequence at its read position: trace points [N, w], rewards, readout."""
 
     seqs: list[Tokenized]
-    captured: dict[str, Tensor]
+    captured: dict[TraceKey, Tensor]
     read: list[int]
     coef: Tensor
     reward: Tensor
@@ -74,7 +74,7 @@ class CleanRuns:
     sequences traced (batches come length-sorted): call it with `(rows, batch, trace)` per batch."""
 
     def __init__(self, n: int) -> None:
-        self.parts: dict[str, list[Tensor]] = {}
+        self.parts: dict[TraceKey, list[Tensor]] = {}
         self.order: list[np.ndarray] = []
         self.read = [0] * n
 
@@ -85,7 +85,7 @@ class CleanRuns:
             self.read[row] = at
         self.order.append(np.asarray(rows))
 
-    def captured(self) -> dict[str, Tensor]:
+    def captured(self) -> dict[TraceKey, Tensor]:
         """Every point [N, w], rows in the order of the sequences traced."""
         inverse = torch.as_tensor(np.argsort(np.concatenate(self.order)))
         return {k: torch.cat(v)[inverse.to(v[0].device)] for k, v in self.parts.items()}
@@ -197,11 +197,11 @@ def _span_cols(spans: str | Spans, read: int) -> list[int]:
 
 
 def capture_columns(
-    model: RewardModel, seqs: list[Tokenized], index: list[int], cols: Tensor, keys: dict[str, Site], batch_size: int,
-    *, is_pairs: bool = True,
-) -> dict[str, Tensor]:
+    model: RewardModel, seqs: list[Tokenized], index: list[int], cols: Tensor, keys: dict[TraceKey, Site],
+    batch_size: int, *, is_pairs: bool = True,
+) -> dict[TraceKey, Tensor]:
     """Site activations of sequences `index` at columns `cols` [len(index), m] → key → [len(index), m, w]."""
-    out: dict[str, list[Tensor]] = {k: [] for k in keys}
+    out: dict[TraceKey, list[Tensor]] = {k: [] for k in keys}
     order: list[Tensor] = []
     for rows, batch in model.batches([seqs[i] for i in index], batch_size, "right", is_pairs, index=index):
         points = {k: site_point(model, site, cols[rows].to(model.device)) for k, site in keys.items()}
@@ -213,14 +213,14 @@ def capture_columns(
     return {k: torch.cat(v)[inverse.to(v[0].device)] for k, v in out.items()}
 
 
-def _by_key(sweep: list[Site]) -> dict[str, Site]:
+def _by_key(sweep: list[Site]) -> dict[TraceKey, Site]:
     return {site.key: site for site in sweep}
 
 
 def _ablation_values(
     model: RewardModel, clean: Clean, sweep: list[Site], ablation: Ablation, positions: Positions | Spans,
     reference: list[Tokenized] | None, batch_size: int,
-) -> dict[str, Tensor]:
+) -> dict[TraceKey, Tensor]:
     """One replacement vector [w] per key: zeros, or the mean activation over the reference set
     (at its read positions for positions='read', else over every real token)."""
     keys = _by_key(sweep)
@@ -249,7 +249,7 @@ class PatchPlan:
     targets: list[int]
     cols: Tensor | None
     valid: Tensor | None
-    values: dict[str, Tensor]
+    values: dict[TraceKey, Tensor]
 
     @classmethod
     def make(
@@ -279,7 +279,7 @@ class PatchPlan:
             values = capture_columns(model, clean.seqs, sources, cols_s, _by_key(sweep), batch_size)
         return cls(targets, cols, valid, values)
 
-    def at_columns(self, clean: Clean) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+    def at_columns(self, clean: Clean) -> tuple[Tensor, Tensor, dict[TraceKey, Tensor]]:
         """The plan with read positions written as columns: cols [n_targets, m], valid, values."""
         if self.cols is not None:
             assert self.valid is not None  # make() sets columns and their mask together

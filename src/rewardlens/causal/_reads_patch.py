@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from ..errors import DataError
-from ..model import RewardModel, Tokenized, Trace, collate, sequence_label, trace
+from ..model import RewardModel, Tokenized, Trace, TraceKey, collate, sequence_label, trace
 from ..types import Ablation, Estimand, Mode, PatchLevel, Positions, Spans
 from ._direct import patched_final
 from ._engine import Site, batched_sweep
@@ -57,10 +57,10 @@ def matched_reads(seqs: list[Tokenized], mode: Mode) -> None:
 
 
 def traced_reads(model: RewardModel, seqs: list[Tokenized], index: list[int], heads: bool,
-            batch_size: int) -> tuple[dict[int, dict[str, Tensor]], dict[int, float]]:
+            batch_size: int) -> tuple[dict[int, dict[TraceKey, Tensor]], dict[int, float]]:
     """Each sequence's captures at its reads {i: {key: [m_i, w]}} and its combined reward {i: r}."""
     layers = range(model.n_layers) if heads else ()
-    acts: dict[int, dict[str, Tensor]] = {}
+    acts: dict[int, dict[TraceKey, Tensor]] = {}
     reward: dict[int, float] = {}
     for rows, batch in model.batches([seqs[i] for i in index], batch_size, "right", True, index=index):
         tr = trace(model, batch, heads=layers)
@@ -94,7 +94,7 @@ class ReadChunks:
         self.targets = list(range(0 if mode in ("noising", "ablation") else 1, len(seqs), 2))
         self.clean = torch.zeros(len(seqs))
 
-    def __iter__(self) -> Iterator[tuple[int, list[int], list[int], dict[int, dict[str, Tensor]]]]:
+    def __iter__(self) -> Iterator[tuple[int, list[int], list[int], dict[int, dict[TraceKey, Tensor]]]]:
         for lo in range(0, len(self.targets), self.batch_size):
             tgt = self.targets[lo:lo + self.batch_size]
             src = [t + 1 if t % 2 == 0 else t - 1 for t in tgt]
@@ -142,7 +142,7 @@ def patch_reads(
     sequences and their patched rewards [n_targets, S] (for `assemble`)."""
     chunks = ReadChunks(model, seqs, mode, level, batch_size)
     rewards = torch.zeros(len(chunks.targets), len(sweep))
-    keys = sorted({site.key for site in sweep})
+    keys = list(dict.fromkeys(site.key for site in sweep))  # each key once, in sweep order
     for lo, tgt, src, acts in chunks:
         width = max(len(seqs[t].reads or ()) for t in tgt)
         cols = _stack([torch.tensor(seqs[t].reads or ()) for t in tgt], width)

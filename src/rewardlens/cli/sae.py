@@ -59,11 +59,12 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _train(args: argparse.Namespace) -> dict[str, Any]:
+    from ..model import TraceKey
     from ..sae import ActivationSource, SAEConfig, TrainConfig, cache_activations, evaluate, hookpoint, train_sae
 
     pairs = read_pairs(args)
     model = load_model(args)
-    point = f"resid_{args.layer}"
+    point = TraceKey.resid(args.layer)
     source = ActivationSource(model, pairs, point, positions=args.positions, batch_size=args.batch_size,
                               skip_first=args.skip_first, progress=not args.quiet)
     data = cache_activations(source, args.cache) if args.cache else source
@@ -76,7 +77,7 @@ def _train(args: argparse.Namespace) -> dict[str, Any]:
     folder = result.sae.save(f"{args.out}/{hookpoint(model, point)}")
     stats = evaluate(result.sae, data, max_norm=result.max_norm)
     return {
-        "command": "train", "folder": str(folder), "point": point, "positions": args.positions,
+        "command": "train", "folder": str(folder), "point": point.name, "positions": args.positions,
         "d_in": result.sae.d_in, "latents": result.sae.n_latents, "k": result.sae.k,
         "activations": source.n_rows, "steps": len(result.fvu), "seconds": result.seconds,
         "activations_per_second": result.activations_per_second,

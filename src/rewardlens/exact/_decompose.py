@@ -17,12 +17,14 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..data import Inputs
 from ..model import (
     Batch,
     Part,
     RewardModel,
     SublayerKind,
     Trace,
+    TraceKey,
     check_bookkeeping,
     expert_parts,
     is_moe_layer,
@@ -32,7 +34,7 @@ from ..model import (
     trace,
     verify,
 )
-from ..types import Inputs, Level, PaddingSide
+from ..types import Level, PaddingSide
 from ._experts import expert_values
 from ._steps import Steps, batch_steps, fold, join_steps
 
@@ -74,16 +76,16 @@ def _sublayer(model: RewardModel, tr: Trace, kind: SublayerKind, layer: int, u: 
     post = model.arch.attn_post_norm if kind == "attn" else model.arch.mlp_post_norm
     const = None
     if post is not None:  # heads/neurons pass through the post-norm with its scale frozen
-        u, const = model.norm(post, layer).pullback(u, tr[f"{kind}_{layer}"])
+        u, const = model.norm(post, layer).pullback(u, tr[TraceKey.sublayer(kind, layer)])
         const = const if model.norm(post, layer).beta is not None else None
     weight, bias = out_projection(model, kind, layer)
     proj = u @ weight  # [n, k, in]
     if kind == "attn":
         n, k = proj.shape[:2]
-        z = tr[f"attn_z_{layer}"]
+        z = tr[TraceKey.attn_z(layer)]
         per = (proj.view(n, k, model.n_heads, -1) * z.view(n, 1, model.n_heads, -1)).sum(-1)
     else:
-        per = proj * tr[f"mlp_act_{layer}"][:, None, :]
+        per = proj * tr[TraceKey.mlp_act(layer)][:, None, :]
     if bias is None:
         if const is None:
             return per
@@ -112,21 +114,21 @@ def readout_vectors(
     rows are contracted first (k becomes 1): exact, since every later step is linear in `u`.
     """
     arch, n_layers = model.arch, model.n_layers
-    u, head_const = model.head_rows(model.final_hidden(tr["final"]), tr.batch)
+    u, head_const = model.head_rows(model.final_hidden(tr[TraceKey.final()]), tr.batch)
     if coef is not None:
         u, head_const = (coef[..., None] * u).sum(1, keepdim=True), (coef * head_const).sum(-1, keepdim=True)
     consts = {-1: head_const.clone()}
     if arch.final_norm is not None:
-        u, c = model.norm(arch.final_norm).pullback(u, tr["final"])
+        u, c = model.norm(arch.final_norm).pullback(u, tr[TraceKey.final()])
         consts[-1] = consts[-1] + c
     u_attn: list[Tensor] = [u] * n_layers
     u_mlp: list[Tensor] = [u] * n_layers
     if arch.layout == "post_norm":
         attn_rnorm, mlp_rnorm = arch.residual_norms
         for layer in reversed(range(n_layers)):
-            u, c_mlp = model.norm(mlp_rnorm, layer).pullback(u, tr[f"mlp_rnorm_{layer}"])
+            u, c_mlp = model.norm(mlp_rnorm, layer).pullback(u, tr[TraceKey.mlp_rnorm(layer)])
             u_mlp[layer] = u
-            u, c_attn = model.norm(attn_rnorm, layer).pullback(u, tr[f"attn_rnorm_{layer}"])
+            u, c_attn = model.norm(attn_rnorm, layer).pullback(u, tr[TraceKey.attn_rnorm(layer)])
             u_attn[layer] = u
             consts[layer + 1] = consts.get(layer + 1, 0) + c_mlp + c_attn
     return u, u_attn, u_mlp, consts
@@ -139,7 +141,7 @@ def decompose_trace(
     readout `coef` is given), each part's depth (0 = embeddings, l+1 = layer l) and the
     constants by depth."""
     u_embed, u_attn, u_mlp, consts = readout_vectors(model, tr, coef)
-    blocks = [torch.einsum("nkd,nd->nk", u_embed, tr["embed"])[..., None]]
+    blocks = [torch.einsum("nkd,nd->nk", u_embed, tr[TraceKey.embed()])[..., None]]
     depth = [0]
     for layer in range(model.n_layers):
         sublayers: tuple[tuple[SublayerKind, Tensor, bool], ...] = (
@@ -262,8 +264,8 @@ def decompose(
                 head_constant[rows] = fold(weights, c).cpu().numpy()
             else:
                 constants[rows, :, d] = fold(weights, c).cpu().numpy()
-        lens_obj = fold(weights, torch.stack([model.head_values(model.final_hidden(tr[name]), batch) for name in
-                                              ["embed"] + [f"resid_{layer}" for layer in range(model.n_layers)]], 2))
+        lens_obj = fold(weights, torch.stack([model.head_values(model.final_hidden(tr[TraceKey.at_depth(d)]), batch)
+                                              for d in range(model.n_layers + 1)], 2))
         if not keep:  # contract objectives with the readout; the coefficients become 1
             out = (out * coef).sum(-1, keepdim=True)
             lens_obj = (lens_obj * coef[..., None]).sum(1, keepdim=True)

@@ -12,13 +12,13 @@ import torch
 from torch import Tensor
 
 from ..errors import ArchitectureError
-from ..model import RewardModel, Trace, expert_writes
+from ..model import RewardModel, Trace, TraceKey, expert_writes
 
 
 def expert_values(model: RewardModel, tr: Trace, layer: int, u: Tensor) -> Tensor:
     """Values [n, k, P] of `layer`'s sparse block read along `u` [n, k, d], one per expert (`expert_parts` order).
 
-    Needs the block's input in the trace (`mlp_act_{layer}`: traced with `neurons` holding `layer`)."""
+    Needs the block's input in the trace (`TraceKey.mlp_act(layer)`: traced with `neurons` holding `layer`)."""
     post = model.arch.mlp_post_norm
     if post is not None:
         raise ArchitectureError(
@@ -26,5 +26,5 @@ def expert_values(model: RewardModel, tr: Trace, layer: int, u: Tensor) -> Tenso
             "output; rewardlens splits a sparse block into experts only when its output is added as is. "
             "Use level='sublayer' or 'head' (the whole block stays one exact part)"
         )
-    writes = expert_writes(model, layer, tr[f"mlp_act_{layer}"], tr[f"mlp_{layer}"])  # [n, P, d]
+    writes = expert_writes(model, layer, tr[TraceKey.mlp_act(layer)], tr[TraceKey.mlp(layer)])  # [n, P, d]
     return torch.einsum("nkd,npd->nkp", u, writes)

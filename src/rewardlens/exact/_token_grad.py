@@ -17,7 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import TokenizationError
-from ..model import Batch, RewardModel, eval_mode, rewriting
+from ..model import Batch, RewardModel, TraceKey, eval_mode, rewriting
 
 
 def _baseline(model: RewardModel, embeddings: nn.Module, baseline: str, like: Tensor) -> Tensor:
@@ -37,7 +37,7 @@ def _baseline(model: RewardModel, embeddings: nn.Module, baseline: str, like: Te
 def total_effect_approx(model: RewardModel, batch: Batch, coef: Tensor, baseline: str) -> Tensor:
     """[n, T] per padded column: `∂r/∂e_s · (e_s − e_base)` with the readout `coef` [n, k] held fixed."""
     embeddings = cast(nn.Module, model.backbone.get_input_embeddings())  # type: ignore[operator]
-    final = model.final_points(batch, gate=False)["final"]
+    final = model.final_points(batch, gate=False)[TraceKey.final()]
     kept: dict[str, Tensor] = {}
 
     def touch(x: Tensor) -> Tensor:

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..model import Batch, RewardModel, Tokenized, rewriting
+from ..model import Batch, RewardModel, Tokenized, TraceKey, rewriting
 from ..types import Positions
 
 
@@ -73,7 +73,7 @@ def _dose_last(model: RewardModel, seqs: list[Tokenized], shift: Tensor, alphas:
         dosed = {}
         for key, x in captured.items():
             x = x.float().repeat_interleave(a, 0)  # [rows * a, d]: each input once per α
-            moves = key == "final" or positions == "all"
+            moves = key == TraceKey.final() or positions == "all"
             dosed[key] = x + coef.repeat(len(rows))[:, None] * shift.to(x.device)[None] if moves else x
         values, weights = model.head_readout(dosed)
         _record(out, base, rows, (values * weights).sum(-1), a, zero)

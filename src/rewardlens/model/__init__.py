@@ -3,7 +3,8 @@
 Everything an instrument needs of a reward model lives here: `load`/`wrap` (through `from_pretrained`,
 then the load-time proof `verify`), `RewardModel` (the fp32 head, the read position, batches), the
 declarative architecture maps, the hooks that capture and rewrite module outputs, and the trace
-(one hooked forward → every part's write at the read position). See docs/design.md §1–§3.
+(one hooked forward → every part's write at the read position, keyed by `TraceKey`). See
+docs/design.md §1–§3.
 """
 
 from ._arch import HEAD_KINDS as HEAD_KINDS
@@ -23,6 +24,9 @@ from ._hooks import eval_mode as eval_mode
 from ._hooks import first_output as first_output
 from ._hooks import hidden_arg as hidden_arg
 from ._hooks import rewriting as rewriting
+from ._keys import TRACE_KINDS as TRACE_KINDS
+from ._keys import TraceKey as TraceKey
+from ._keys import TraceKind as TraceKind
 from ._kinds import ReferenceTerm as ReferenceTerm
 from ._kinds import load_dpo as load_dpo
 from ._kinds import load_judge as load_judge
@@ -103,6 +107,9 @@ __all__ = [
     "RewardModel",
     "Tokenized",
     "Trace",
+    "TRACE_KINDS",
+    "TraceKey",
+    "TraceKind",
     "UNSET",
     "Unset",
     "bookkeeping_error",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 import inspect
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, cast, get_args
@@ -14,10 +14,11 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import ArchitectureError, HeadError, TokenizationError, warn
-from ..types import Inputs, PaddingSide, Readout, Truncation
+from ..types import PaddingSide, Readout, Truncation
 from ._arch import ArchitectureMap, check_position_pad, find_map, get_module, hf_config, position_limit, text_config
 from ._armorm import gate_positions
-from ._hooks import Point
+from ._hooks import Point, PointKey
+from ._keys import TraceKey
 from ._norms import NormParams
 from ._oom import batch_loop, run_rows
 from ._placement import execution_device, onloaded, remove_dispatch_hooks
@@ -41,7 +42,7 @@ from ._tokens import (
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-    from ..data import Pair
+    from ..data import Inputs, Pair
     from ..types import Text
 
 TRUNCATIONS: tuple[Truncation, ...] = get_args(Truncation)
@@ -295,8 +296,8 @@ class RewardModel:
                                    position_ids=batch.position_ids, token_type_ids=batch.token_type_ids,
                                    use_cache=False)
 
-    def run(self, batch: Batch, points: dict[str, Point]) -> dict[str, Tensor]:
-        """One no-grad forward of the backbone on `batch`, returning the captured points in fp32 (split
+    def run(self, batch: Batch, points: Mapping[PointKey, Point]) -> dict[PointKey, Tensor]:
+        """One no-grad forward of the backbone on `batch`: the captured points in fp32, by their keys (split
         into pieces of rows on CUDA out-of-memory: model/_oom.py)."""
         return run_rows(self, batch, points)
 
@@ -307,9 +308,9 @@ class RewardModel:
         """The read loop: one batched no-grad forward per batch, capturing only the read position.
 
         `seqs` as `encode` returns them (pairs interleaved chosen, rejected); `layers` the depths whose
-        residual to keep (`"embed"` or a layer index as a string); `gate=False` skips a gated head's gate
-        (whose coefficients, and so `reward` and `readout`, are then NaN: the gate was not read). See
-        `Reading` for what comes back.
+        residual to keep (`"embed"` or a layer index as a string, negative from the end); `gate=False`
+        skips a gated head's gate (whose coefficients, and so `reward` and `readout`, are then NaN: the
+        gate was not read). See `Reading` for what comes back.
         """
         if self.reads.multi:
             raise one_read_only("the read loop (`RewardModel.read`)")
@@ -317,56 +318,57 @@ class RewardModel:
         zeros = lambda *shape: torch.zeros(*shape, dtype=torch.float32, device=self.device)  # noqa: E731
         final, hidden, values, coef = zeros(n, d), zeros(n, d), zeros(n, k), zeros(n, k)
         kept = {label: zeros(n, d) for label in layers}
+        keys = {label: TraceKey.embed() if label == "embed" else TraceKey.resid(range(self.n_layers)[int(label)])
+                for label in layers}
         vectors = zeros(n, d) if readout else None
         unread_gate = not gate and self.arch.head_kind == "gated" and self.head.readout is None
         if unread_gate:
             coef.fill_(float("nan"))
         for rows, batch in self.batches(seqs, batch_size):
             points = self.final_points(batch, gate=gate)
-            for label in layers:
-                where = (self.layers[0], "in") if label == "embed" else (self.layers[int(label)], "out")
-                points[label] = Point(*where, batch.read_index)
+            for key in keys.values():
+                where = (self.layers[0], "in") if key.layer is None else (self.layers[key.layer], "out")
+                points[key] = Point(*where, batch.read_index)
             captured = self.run(batch, points)
             index = torch.as_tensor(rows, device=self.device)
-            h = self.final_hidden(captured["final"])
-            final[index], hidden[index], values[index] = captured["final"], h, self.head(h)
+            h = self.final_hidden(captured[TraceKey.final()])
+            final[index], hidden[index], values[index] = captured[TraceKey.final()], h, self.head(h)
             if not unread_gate:
                 coef[index] = self.coefficients(captured)
-            for label in layers:
-                kept[label][index] = captured[label]
+            for label, key in keys.items():
+                kept[label][index] = captured[key]
             if vectors is not None:
                 head_rows, _ = self.head.rows(h)
                 vectors[index] = (coef[index][:, :, None] * head_rows).sum(1)
         return Reading(final, hidden, kept, values, coef, vectors)
 
     # ---- the reward ---------------------------------------------------------------------------
-    def final_points(self, batch: Batch, *, gate: bool = True) -> dict[str, Point]:
-        """Capture points the head needs: the final norm's input (or last layer's output) and the gate."""
-        if self.arch.final_norm is None:
-            points = {"final": self.read_point(batch, self.layers[-1], "out")}
-        else:
-            points = {"final": self.read_point(batch, get_module(self.model, self.arch.final_norm), "in")}
+    def final_points(self, batch: Batch, *, gate: bool = True) -> dict[TraceKey, Point]:
+        """Capture points the head needs: `final` (the final norm's input, or the last layer's output) and `gate`."""
+        final_norm = self.arch.final_norm
+        where = (self.layers[-1], "out") if final_norm is None else (get_module(self.model, final_norm), "in")
+        points = {TraceKey.final(): self.read_point(batch, *where)}
         if self.arch.head_kind == "gated" and gate and self.head.readout is None:
             if self.arch.final_norm is None:
                 raise ArchitectureError(f"map {self.arch.name!r}: a gated head reads its gate through final_norm")
-            points["gate"] = Point(get_module(self.model, self.arch.final_norm), "in", self.gate_index(batch))
+            points[TraceKey.gate()] = Point(get_module(self.model, self.arch.final_norm), "in", self.gate_index(batch))
         return points
 
     def final_hidden(self, x: Tensor) -> Tensor:
         """The head's input [n, d] from the captured final residual `x` [n, d], in fp32."""
         return x if self.arch.final_norm is None else self.norm(self.arch.final_norm)(x)
 
-    def coefficients(self, captured: dict[str, Tensor]) -> Tensor:
+    def coefficients(self, captured: Mapping[TraceKey, Tensor]) -> Tensor:
         """Readout coefficients [n, k] for captured final points (the frozen gate, for ArmoRM)."""
-        gate_h = self.final_hidden(captured["gate"]) if "gate" in captured else None
-        return self.head.coefficients(captured["final"].shape[0], gate_h)
+        gate_h = self.final_hidden(captured[TraceKey.gate()]) if TraceKey.gate() in captured else None
+        return self.head.coefficients(captured[TraceKey.final()].shape[0], gate_h)
 
-    def head_readout(self, captured: dict[str, Tensor], batch: Batch | None = None) -> tuple[Tensor, Tensor]:
+    def head_readout(self, captured: Mapping[TraceKey, Tensor], batch: Batch | None = None) -> tuple[Tensor, Tensor]:
         """(objective values [n, k], readout coefficients [n, k]) from captured final points; one row
         per read row, with each read's target and offset from `batch` (multi-position read-outs)."""
         if batch is None and self.reads.multi:
             raise one_read_only()
-        return self.head_values(self.final_hidden(captured["final"]), batch), self.coefficients(captured)
+        return self.head_values(self.final_hidden(captured[TraceKey.final()]), batch), self.coefficients(captured)
 
     def objectives(self, inputs: Inputs, *, batch_size: int = 16, padding_side: PaddingSide = "right") -> np.ndarray:
         """Per-objective head outputs [n_sequences, k] in fp32 (pairs interleaved chosen, rejected)."""

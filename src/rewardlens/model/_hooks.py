@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import Tensor, nn
@@ -22,6 +22,10 @@ class Point:
     where: str
     cols: Tensor
     rows: Tensor | None = None
+
+
+PointKey = TypeVar("PointKey", bound=Hashable)
+"""The key of a capture point: a `TraceKey` for a trace's points, anything hashable for an engine's own."""
 
 
 def hidden_arg(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor:
@@ -106,11 +110,11 @@ def _pick(index: _Index, point: Point, value: Tensor) -> Tensor:
     return picked if c.ndim == 1 else picked.view(*c.shape, value.shape[-1])
 
 
-def _to_fp32(picked: dict[str, Tensor], device: torch.device) -> dict[str, Tensor]:
+def _to_fp32(picked: dict[PointKey, Tensor], device: torch.device) -> dict[PointKey, Tensor]:
     """Every picked activation in fp32 on `device`; those that need a cast or a move are stacked by
     shape first, so a half-precision trace casts once per shape instead of once per point."""
-    out: dict[str, Tensor] = {}
-    groups: dict[tuple[tuple[int, ...], torch.dtype, torch.device], list[str]] = {}
+    out: dict[PointKey, Tensor] = {}
+    groups: dict[tuple[tuple[int, ...], torch.dtype, torch.device], list[PointKey]] = {}
     for name, value in picked.items():
         if value.dtype == torch.float32 and value.device == device:
             out[name] = value
@@ -123,30 +127,31 @@ def _to_fp32(picked: dict[str, Tensor], device: torch.device) -> dict[str, Tenso
 
 
 @contextlib.contextmanager
-def capture(points: dict[str, Point], device: torch.device) -> Iterator[dict[str, Tensor]]:
-    """Record `[rows, cols]` of every point in fp32 on `device` during the forward passes inside.
+def capture(points: Mapping[PointKey, Point], device: torch.device) -> Iterator[dict[PointKey, Tensor]]:
+    """Record `[rows, cols]` of every point in fp32 on `device` during the forward passes inside, under
+    the point's key (a `TraceKey` for trace points; an engine's own points may use keys of their own).
 
     Only the named positions are kept, so memory is [n, width] per point (or [n, m, width]) whatever
     the sequence length. The dictionary is filled when the block exits normally (the cast to fp32
     is done then, once per shape); hooks are removed on exit, also when the forward raises. Points
     on the same module share one hook, and the positions' indices are built once per forward.
     """
-    captured: dict[str, Tensor] = {}
-    picked: dict[str, Tensor] = {}
+    captured: dict[PointKey, Tensor] = {}
+    picked: dict[PointKey, Tensor] = {}
     index = _Index()
-    by_module: dict[int, tuple[nn.Module, list[tuple[str, Point]], list[tuple[str, Point]]]] = {}
+    by_module: dict[int, tuple[nn.Module, list[tuple[PointKey, Point]], list[tuple[PointKey, Point]]]] = {}
     for name, point in points.items():
         _, ins, outs = by_module.setdefault(id(point.module), (point.module, [], []))
         (ins if point.where == "in" else outs).append((name, point))
 
-    def grab(group: list[tuple[str, Point]], value: Tensor) -> None:
+    def grab(group: list[tuple[PointKey, Point]], value: Tensor) -> None:
         value = value.detach()
         for name, point in group:
             got = _pick(index, point, value)
             # Many positions per row ([n, m, w], large): cast now, so no half-precision copy waits.
             picked[name] = got if got.ndim == 2 else got.to(device=device, dtype=torch.float32)
 
-    def both(ins: list[tuple[str, Point]], outs: list[tuple[str, Point]], args: tuple[Any, ...],
+    def both(ins: list[tuple[PointKey, Point]], outs: list[tuple[PointKey, Point]], args: tuple[Any, ...],
              kwargs: dict[str, Any], out: Output) -> None:
         if ins:
             grab(ins, hidden_arg(args, kwargs))

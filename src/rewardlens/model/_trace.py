@@ -16,6 +16,7 @@ from torch import Tensor, nn
 from ..errors import ArchitectureError
 from ._core import RewardModel
 from ._hooks import Point
+from ._keys import TraceKey
 from ._norms import resident_fp32
 from ._parts import SublayerKind
 from ._placement import onloaded
@@ -24,48 +25,51 @@ from ._tokens import Batch
 
 @dataclass
 class Trace:
-    """Captured activations for one batch, keyed by point name, each [n, width] fp32.
+    """Captured activations for one batch, keyed by `TraceKey`, each [n, width] fp32.
 
-    Names: `embed` (input of layer 0), `resid_{l}` (output of layer l), `attn_{l}`/`mlp_{l}` (raw
-    output of the sublayer's output projection), `attn_z_{l}`/`mlp_act_{l}` (its input: heads,
+    Keys: `embed` (input of layer 0), `resid(l)` (output of layer l), `attn(l)`/`mlp(l)` (raw
+    output of the sublayer's output projection), `attn_z(l)`/`mlp_act(l)` (its input: heads,
     neurons; for a mixture-of-experts block, the block's input, which its experts read),
-    `attn_rnorm_{l}`/`mlp_rnorm_{l}` (post-norm layout: input of the residual norm),
+    `attn_rnorm(l)`/`mlp_rnorm(l)` (post-norm layout: input of the residual norm),
     `final` (input of the final norm, or the last layer's output) and `gate` (gated heads).
     """
 
     batch: Batch | None
     """The traced batch; None for a trace assembled from stored activations (path-frozen patching)."""
-    captured: dict[str, Tensor]
+    captured: dict[TraceKey, Tensor]
 
-    def __getitem__(self, name: str) -> Tensor:
-        return self.captured[name]
+    def __getitem__(self, key: TraceKey) -> Tensor:
+        """The activation [n, width] at `key`."""
+        if isinstance(key, str):  # the string form is for the boundary only: say how to cross it
+            raise TypeError(f"a trace is keyed by TraceKey values, not strings: use TraceKey.parse({key!r})")
+        return self.captured[key]
 
 
 def points(
     model: RewardModel, batch: Batch, *, heads: Iterable[int] = (), neurons: Iterable[int] = (), gate: bool = True
-) -> dict[str, Point]:
-    """Capture points for a full trace; `heads`/`neurons` name the layers whose inputs to keep."""
+) -> dict[TraceKey, Point]:
+    """Capture points for a full trace, by key; `heads`/`neurons` name the layers whose inputs to keep."""
     arch = model.arch
 
     def at(module: nn.Module, where: str) -> Point:
         return model.read_point(batch, module, where)
 
     pts = dict(model.final_points(batch, gate=gate))
-    pts["embed"] = at(model.layers[0], "in")
+    pts[TraceKey.embed()] = at(model.layers[0], "in")
     heads, neurons = set(heads), set(neurons)
     for layer in range(model.n_layers):
-        pts[f"resid_{layer}"] = at(model.layers[layer], "out")
+        pts[TraceKey.resid(layer)] = at(model.layers[layer], "out")
         attn_out, mlp_out = model.layer_module(layer, arch.attn_out), model.layer_module(layer, arch.mlp_out)
-        pts[f"attn_{layer}"] = at(attn_out, "out")
-        pts[f"mlp_{layer}"] = at(mlp_out, "out")
+        pts[TraceKey.attn(layer)] = at(attn_out, "out")
+        pts[TraceKey.mlp(layer)] = at(mlp_out, "out")
         if layer in heads:
-            pts[f"attn_z_{layer}"] = at(attn_out, "in")
+            pts[TraceKey.attn_z(layer)] = at(attn_out, "in")
         if layer in neurons:
-            pts[f"mlp_act_{layer}"] = at(mlp_out, "in")
+            pts[TraceKey.mlp_act(layer)] = at(mlp_out, "in")
         if arch.layout == "post_norm":
             attn_rnorm, mlp_rnorm = arch.residual_norms
-            pts[f"attn_rnorm_{layer}"] = at(model.layer_module(layer, attn_rnorm), "in")
-            pts[f"mlp_rnorm_{layer}"] = at(model.layer_module(layer, mlp_rnorm), "in")
+            pts[TraceKey.attn_rnorm(layer)] = at(model.layer_module(layer, attn_rnorm), "in")
+            pts[TraceKey.mlp_rnorm(layer)] = at(model.layer_module(layer, mlp_rnorm), "in")
     return pts
 
 
@@ -79,7 +83,7 @@ def trace(
 def sublayer_part(model: RewardModel, tr: Trace, kind: SublayerKind, layer: int) -> Tensor:
     """What sublayer `kind` ('attn'/'mlp') of `layer` adds to the residual [n, d] (post-norm applied)."""
     post = model.arch.attn_post_norm if kind == "attn" else model.arch.mlp_post_norm
-    raw = tr[f"{kind}_{layer}"]
+    raw = tr[TraceKey.sublayer(kind, layer)]
     return raw if post is None else model.norm(post, layer)(raw)
 
 
@@ -124,21 +128,22 @@ def bookkeeping_error(model: RewardModel, tr: Trace) -> float:
     a second residual branch) shows up here before any number is reported.
     """
     arch, worst = model.arch, 0.0
-    x = tr["embed"]
+    x = tr[TraceKey.embed()]
     for layer in range(model.n_layers):
         attn, mlp = sublayer_part(model, tr, "attn", layer), sublayer_part(model, tr, "mlp", layer)
         if arch.layout == "post_norm":
             attn_rnorm, mlp_rnorm = arch.residual_norms
-            worst = max(worst, _rel(tr[f"attn_rnorm_{layer}"], x + attn))
-            mid = model.norm(attn_rnorm, layer)(tr[f"attn_rnorm_{layer}"])
-            worst = max(worst, _rel(tr[f"mlp_rnorm_{layer}"], mid + mlp))
-            x = model.norm(mlp_rnorm, layer)(tr[f"mlp_rnorm_{layer}"])
+            at_attn, at_mlp = tr[TraceKey.attn_rnorm(layer)], tr[TraceKey.mlp_rnorm(layer)]
+            worst = max(worst, _rel(at_attn, x + attn))
+            mid = model.norm(attn_rnorm, layer)(at_attn)
+            worst = max(worst, _rel(at_mlp, mid + mlp))
+            x = model.norm(mlp_rnorm, layer)(at_mlp)
         else:
             x = x + attn + mlp
-        worst = max(worst, _rel(tr[f"resid_{layer}"], x))
-        x = tr[f"resid_{layer}"]  # restart from the truth so errors do not compound across layers
+        worst = max(worst, _rel(tr[TraceKey.resid(layer)], x))
+        x = tr[TraceKey.resid(layer)]  # restart from the truth so errors do not compound across layers
     if arch.final_norm is not None:
-        worst = max(worst, _rel(tr["final"], x))
+        worst = max(worst, _rel(tr[TraceKey.final()], x))
     return worst
 
 

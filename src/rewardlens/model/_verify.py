@@ -17,6 +17,7 @@ from ..errors import ArchitectureError, ClosureError
 from ._arch import hf_config, text_config
 from ._core import RewardModel
 from ._hooks import eval_mode
+from ._keys import TraceKey
 from ._tokens import Batch, Tokenized, tokenize
 from ._trace import Trace, bookkeeping_error, trace
 
@@ -87,7 +88,7 @@ def verify(model: RewardModel) -> None:
     check_bookkeeping(model, tr)
     # The head alone, without per-read offsets (a DPO reference's term, proven by its own verify): an
     # implicit reward near 0 must not hide a head that is off by more than its terms' float error.
-    head = model.head(model.final_hidden(tr["final"]), None if batch.reads is None else batch.reads.targets)
+    head = model.head(model.final_hidden(tr[TraceKey.final()]), None if batch.reads is None else batch.reads.targets)
     ours = head.cpu().numpy()
     kwargs: dict[str, Tensor] = {"input_ids": batch.input_ids}
     if batch.token_type_ids is not None:

@@ -2,8 +2,9 @@
 
 A source yields `Activations` chunks (one model batch, or one shard) and can be iterated again
 (each pass reruns the model, or rereads the shards); nothing ever holds the whole set. Hook points
-are the Trace's names (`resid_{l}`, `attn_{l}`, `mlp_{l}`, `attn_z_{l}`, `mlp_act_{l}`, `embed`,
-`final`), read at the read position `t*` ('read') or at every non-pad token ('all').
+are trace keys (`TraceKey.resid(l)`, or its string form `resid_{l}`, parsed here: the boundary; also
+`attn_{l}`, `mlp_{l}`, `attn_z_{l}`, `mlp_act_{l}`, `embed`, `final`), read at the read position `t*`
+('read') or at every non-pad token ('all').
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,15 +20,16 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..data import progress_bar
+from ..data import Inputs, progress_bar
 from ..errors import ArchitectureError, DataError, warn
-from ..model import Batch, Point, RewardModel, points, projection_inputs, rewriting
-from ..types import Inputs, SaePositions
+from ..model import Batch, Point, RewardModel, TraceKey, TraceKind, points, projection_inputs, rewriting
+from ..types import SaePositions
 from ._autoencoder import CONFIG, TopKSAE, sae_folders
 
 POSITIONS = ("read", "all")
 CACHE_FORMAT = "rewardlens-activations-v1"
-_NAME = re.compile(r"^(resid|attn|mlp|attn_z|mlp_act)_(\d+)$")
+HOOK_KINDS: tuple[TraceKind, ...] = ("embed", "final", "resid", "attn", "mlp", "attn_z", "mlp_act")
+"""The trace points an SAE can read (not the post-norm residual norms' inputs, nor a gated head's gate)."""
 
 
 @dataclass(frozen=True)
@@ -40,50 +41,63 @@ class Activations:
     pos: Tensor
 
 
-def check_point(model: RewardModel, name: str) -> int | None:
-    """Refuse a hook point the model does not have; return its layer (None for embed/final)."""
-    m = _NAME.match(name)
-    if name in ("embed", "final") or (m and int(m[2]) < model.n_layers):
-        return int(m[2]) if m else None
-    raise ArchitectureError(
-        f"the model has no hook point {name!r}; it has embed, final and, for layers 0..{model.n_layers - 1}, "
-        "resid_{l} (a layer's output: the residual stream), attn_{l}, mlp_{l}, attn_z_{l}, mlp_act_{l}"
-    )
+def _hook_key(name: str) -> TraceKey | None:
+    """The hook point a string names (`'resid_3'`), or None when it names none an SAE reads."""
+    try:
+        key = TraceKey.parse(name)
+    except ValueError:
+        return None
+    return key if key.kind in HOOK_KINDS else None
 
 
-def point_width(model: RewardModel, name: str) -> int:
-    """Width of the activations at hook point `name`."""
-    layer = check_point(model, name)
-    if name.startswith(("attn_z_", "mlp_act_")):
-        assert layer is not None  # check_point gave these points their layer
-        return projection_inputs(model, "attn" if name.startswith("attn") else "mlp", layer)[0]
+def check_point(model: RewardModel, point: TraceKey | str) -> TraceKey:
+    """The hook point `point` names (a `TraceKey`, or its string form, parsed here); refuses one the model
+    does not have."""
+    if not isinstance(point, (TraceKey, str)):
+        raise TypeError(f"a hook point is a TraceKey or its name, such as 'resid_3'; got {type(point).__name__}")
+    key = _hook_key(point) if isinstance(point, str) else point if point.kind in HOOK_KINDS else None
+    if key is None or (key.layer is not None and key.layer >= model.n_layers):
+        raise ArchitectureError(
+            f"the model has no hook point {str(point)!r}; it has embed, final and, for layers 0..{model.n_layers - 1}, "
+            "resid_{l} (a layer's output: the residual stream), attn_{l}, mlp_{l}, attn_z_{l}, mlp_act_{l}"
+        )
+    return key
+
+
+def point_width(model: RewardModel, point: TraceKey | str) -> int:
+    """Width of the activations at hook point `point`."""
+    key = check_point(model, point)
+    if key.kind in ("attn_z", "mlp_act"):
+        assert key.layer is not None  # these kinds always carry a layer (TraceKey checks it)
+        return projection_inputs(model, "attn" if key.kind == "attn_z" else "mlp", key.layer)[0]
     return model.d_model
 
 
-def hookpoint(model: RewardModel, point: str) -> str:
-    """The SAE folder name for `point`: sparsify's module path from `base_model` for a layer's
-    output (`layers.3` for Llama, `encoder.layer.3` for BERT, `h.3` for GPT-2), else `point` itself."""
-    layer = check_point(model, point)
-    if not point.startswith("resid_"):
-        return point
+def hookpoint(model: RewardModel, point: TraceKey | str) -> str:
+    """The SAE folder name for `point` (a `TraceKey` or its name): sparsify's module path from `base_model`
+    for a layer's output (`layers.3` for Llama, `encoder.layer.3` for BERT, `h.3` for GPT-2), else the
+    point's name (`mlp_3`)."""
+    key = check_point(model, point)
+    if key.kind != "resid":
+        return key.name
     prefix, path = getattr(model.model, "base_model_prefix", ""), model.arch.layers
     rel = path[len(prefix) + 1:] if prefix and path.startswith(prefix + ".") else path
-    return f"{rel}.{layer}"
+    return f"{rel}.{key.layer}"
 
 
-def point_of_folder(model: RewardModel, name: str) -> str | None:
-    """The hook point an SAE folder name stands for (`layers.3` or `resid_3` → `resid_3`), or None."""
+def point_of_folder(model: RewardModel, name: str) -> TraceKey | None:
+    """The hook point an SAE folder name stands for (`layers.3` or `resid_3` → `TraceKey.resid(3)`), or None."""
     for layer in range(model.n_layers):
-        if name in (f"resid_{layer}", hookpoint(model, f"resid_{layer}")):
-            return f"resid_{layer}"
-    return name if _NAME.match(name) or name in ("embed", "final") else None
+        key = TraceKey.resid(layer)
+        if name in (key.name, hookpoint(model, key)):
+            return key
+    return _hook_key(name)
 
 
-def _point(model: RewardModel, name: str, batch: Batch) -> Point:
-    layer = check_point(model, name)
-    heads = [layer] if name.startswith("attn_z_") and layer is not None else []
-    neurons = [layer] if name.startswith("mlp_act_") and layer is not None else []
-    return points(model, batch, heads=heads, neurons=neurons, gate=False)[name]
+def _point(model: RewardModel, key: TraceKey, batch: Batch) -> Point:
+    heads = [key.layer] if key.kind == "attn_z" and key.layer is not None else []
+    neurons = [key.layer] if key.kind == "mlp_act" and key.layer is not None else []
+    return points(model, batch, heads=heads, neurons=neurons, gate=False)[key]
 
 
 @contextlib.contextmanager
@@ -99,7 +113,8 @@ def _capture_tokens(point: Point, mask: Tensor, out: list[Tensor]) -> Iterator[N
 
 
 class ActivationSource:
-    """Activations of `model` at hook point `point` over `inputs`, one model batch at a time.
+    """Activations of `model` at hook point `point` (a `TraceKey`, or its name such as `'resid_3'`) over
+    `inputs`, one model batch at a time.
 
     `inputs`: strings, chat conversations or Pairs (rows interleave chosen, rejected). Tokenized
     once here; every iteration reruns the model (`n_rows` activations of width `d_in`).
@@ -110,16 +125,17 @@ class ActivationSource:
     sequences of each pass.
     """
 
-    def __init__(self, model: RewardModel, inputs: Inputs, point: str, *, positions: SaePositions = "read",
+    def __init__(self, model: RewardModel, inputs: Inputs, point: TraceKey | str, *, positions: SaePositions = "read",
                  batch_size: int = 8, skip_first: int | None = None, progress: bool = False) -> None:
         if positions not in POSITIONS:
             raise ValueError(f"positions must be one of {POSITIONS}, got {positions!r}")
         self.skip_first = (0 if model.encoder else 1) if skip_first is None else skip_first
         if self.skip_first < 0:
             raise ValueError(f"skip_first must be >= 0, got {skip_first}")
-        self.model, self.point, self.positions, self.batch_size = model, point, positions, batch_size
+        self.point = check_point(model, point)  # a user's string becomes a TraceKey here, once
+        self.model, self.positions, self.batch_size = model, positions, batch_size
         self.progress = progress
-        self.d_in = point_width(model, point)
+        self.d_in = point_width(model, self.point)
         self.seqs, self.is_pairs = model.encode(inputs)
         self.n_rows = (len(self.seqs) if positions == "read"
                        else sum(max(len(s.ids) - self.skip_first, 0) for s in self.seqs))
@@ -134,7 +150,7 @@ class ActivationSource:
         config: Any = self.model.model.config  # a transformers PretrainedConfig
         head = float(self.model.head.weight.double().sum())
         h.update(json.dumps([getattr(config, "_name_or_path", ""), config.model_type, self.model.n_layers, head,
-                             self.point, self.positions, self.skip_first]).encode())
+                             self.point.name, self.positions, self.skip_first]).encode())
         for s in self.seqs:
             h.update(json.dumps(s.ids).encode())
         return h.hexdigest()[:16]
@@ -147,7 +163,7 @@ class ActivationSource:
                 rows_t = torch.as_tensor(rows, dtype=torch.long)
                 bar.update(len(rows))
                 if self.positions == "read":
-                    x = model.run(batch, {"x": pt})["x"]
+                    x = model.run(batch, {self.point: pt})[self.point]
                     pos = batch.position_ids.gather(1, batch.read_index[:, None])[:, 0].cpu()
                     yield Activations(x, rows_t, pos)
                     continue
@@ -172,7 +188,11 @@ class ShardedActivations:
         if meta.get("format") != CACHE_FORMAT:
             raise DataError(f"{index} has format {meta.get('format')!r}, expected {CACHE_FORMAT!r}")
         self.meta = meta
-        self.point, self.positions = meta["point"], meta["positions"]
+        self.positions = meta["positions"]
+        try:
+            self.point = TraceKey.parse(meta["point"])  # the stored file holds the string form
+        except (TypeError, ValueError) as exc:
+            raise DataError(f"{index} names no hook point ({exc}); delete the folder to rebuild it") from None
         self.d_in, self.n_rows = meta["d_in"], meta["n_rows"]
         missing = [s["file"] for s in meta["shards"] if not (self.folder / s["file"]).is_file()]
         if missing:
@@ -228,7 +248,7 @@ def cache_activations(source: ActivationSource, folder: str | Path, *, rows_per_
             if sum(len(a.seq) for a in pending) >= rows_per_shard:
                 flush()
     flush()
-    meta = {"format": CACHE_FORMAT, "point": source.point, "positions": source.positions, "d_in": source.d_in,
+    meta = {"format": CACHE_FORMAT, "point": source.point.name, "positions": source.positions, "d_in": source.d_in,
             "n_rows": sum(s["rows"] for s in shards), "dtype": str(dtype).removeprefix("torch."),
             "fingerprint": fingerprint, "shards": shards}
     (folder / "index.json").write_text(json.dumps(meta, indent=1))
@@ -267,13 +287,13 @@ def load_sae_for(model: RewardModel, path: str | Path, layer: int | None = None)
     """
     path = Path(path)
     if layer is not None:
-        check_point(model, f"resid_{layer}")
-        names = [hookpoint(model, f"resid_{layer}"), f"resid_{layer}"]
+        key = check_point(model, TraceKey.resid(layer))
+        names = [hookpoint(model, key), key.name]
         if (path / CONFIG).is_file():
             sae = TopKSAE.load(path)
             named = point_of_folder(model, path.name)
-            if named is not None and named.startswith("resid_") and named != f"resid_{layer}":
-                warn(f"the SAE folder {path} is named for {named} but is applied at resid_{layer} as asked")
+            if named is not None and named.kind == "resid" and named != key:
+                warn(f"the SAE folder {path} is named for {named} but is applied at {key} as asked")
         else:
             found = next((n for n in names if (path / n / CONFIG).is_file()), None)
             if found is None:
@@ -284,12 +304,12 @@ def load_sae_for(model: RewardModel, path: str | Path, layer: int | None = None)
         sae = TopKSAE.load(path)
         assert sae.folder is not None  # TopKSAE.load records the folder
         point = point_of_folder(model, sae.folder.name)
-        if point is None or not point.startswith("resid_"):
+        if point is None or point.kind != "resid" or point.layer is None:
             raise DataError(
                 f"cannot tell which layer the SAE folder {sae.folder} belongs to from its name {sae.folder.name!r}; "
                 f"name the layer (layer= or --layer), or name the folder {hookpoint(model, 'resid_0')!r}-style"
             )
-        layer = int(point.removeprefix("resid_"))
+        layer = point.layer
     if sae.d_in != model.d_model:
         raise ArchitectureError(
             f"the SAE in {sae.folder} reads vectors of width {sae.d_in} but this model's residual stream has width "

@@ -15,8 +15,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..model import RewardModel
-from ..types import Inputs, SaePositions
+from ..data import Inputs
+from ..model import RewardModel, TraceKey
+from ..types import SaePositions
 from ._activations import Activations, ActivationSource
 from ._attribution import FeatureAttribution, check_width
 from ._autoencoder import TopKSAE
@@ -136,7 +137,8 @@ def feature_report(model: RewardModel, sae: TopKSAE, attribution: FeatureAttribu
     ranked = attribution.top(top, by=kind)
     features = np.array([f for f, _ in ranked], dtype=np.int64)
     enc = sae if sae.b_dec.device == model.device else copy.deepcopy(sae).to(model.device)  # never move the caller's
-    source = ActivationSource(model, corpus, f"resid_{attribution.layer}", positions=positions, batch_size=batch_size)
+    source = ActivationSource(model, corpus, TraceKey.resid(attribution.layer), positions=positions,
+                              batch_size=batch_size)
     # Extra candidates, so that windows repeated verbatim in the corpus (cloned pairs) count once.
     tops = _TopContexts(torch.as_tensor(features, device=model.device), 4 * n_contexts)
     stats = evaluate(enc, source, visit=tops)
