@@ -2,7 +2,7 @@
 
     python scripts/findings.py smollm2-dpo            # the 60 held-out dpo_en_demo pairs
     python scripts/findings.py minilm-dpo
-    python scripts/findings.py smollm2-dpo --limit 2 --probe-items 6 --out /tmp/f   # CI's reduced run
+    python scripts/findings.py smollm2-dpo --limit 2 --shortest --probe-items 6 --out /tmp/f   # CI's reduced run
 
 It runs the full audit (`rewardlens.audit._runner`: lens, attribution, read-position patching, the
 faithfulness report, probes, concepts) on the model that `rewardlens.zoo.realmodels` builds offline,
@@ -35,16 +35,26 @@ def _median_iqr(x: np.ndarray) -> list[float | None]:
     return [float(v) for v in np.percentile(x, [25, 50, 75])] if len(x) else [None, None, None]
 
 
-def findings(name: str, limit: int | None, out: Path, progress: bool, probe_items: int | None = None) -> dict:
+def shortest(model: object, pairs: list, n: int) -> list:
+    """The `n` pairs whose longer side has the fewest tokens, in their held-out order: CI's reduced run, whose
+    prefix patching (the paper's statistic) costs in proportion to the patched side's length."""
+    seqs, _ = model.encode(pairs)  # type: ignore[attr-defined]
+    longer = [max(len(seqs[2 * i].ids), len(seqs[2 * i + 1].ids)) for i in range(len(pairs))]
+    keep = sorted(sorted(range(len(pairs)), key=lambda i: (longer[i], i))[:n])
+    return [pairs[i] for i in keep]
+
+
+def findings(name: str, limit: int | None, out: Path, progress: bool, probe_items: int | None = None,
+             short: bool = False) -> dict:
     import rewardlens as rl
     from rewardlens.audit import Plan
-    from rewardlens.audit.report import write_report
-    from rewardlens.audit.report._numbers import plain, summary
+    from rewardlens.audit.report import plain, summary, write_report
     from rewardlens.zoo import realmodels
 
     t0 = time.monotonic()
     model = realmodels.load_reward_model(name)
-    pairs = realmodels.dpo_pairs("test")[:limit]
+    held_out = realmodels.dpo_pairs("test")
+    pairs = shortest(model, held_out, limit) if short and limit else held_out[:limit]
     out.mkdir(parents=True, exist_ok=True)
     # paper=True: the seed paper's statistic its own way too (prefix noising, attention and MLP sublayers)
     plan = Plan(chunk_size=4, batch_size=4, probe_items=probe_items, paper=True)
@@ -57,23 +67,20 @@ def findings(name: str, limit: int | None, out: Path, progress: bool, probe_item
     grid = np.arange(ln.n_layers + 1) / ln.n_layers
     margin = ln.reward[0::2] - ln.reward[1::2]
 
-    heads = audit.heads
-    hm = heads.margin.mean(0)
-    head_rows = [{"part": heads.names[i], "attribution": float(hm[i]),
-                  "total": float(f.total.mean(0)[f.names.index(heads.names[i])]),
-                  "direct": float(f.direct.mean(0)[f.names.index(heads.names[i])])}
-                 for i in np.argsort(-np.abs(hm), kind="stable") if "_H" in heads.names[i]][:10]
+    heads = audit.heads  # ranked by |mean margin contribution| (`Attribution.top`), heads only
+    head_rows = [{"part": part, "attribution": value,
+                  "total": float(f.total.mean(0)[f.names.index(part)]),
+                  "direct": float(f.direct.mean(0)[f.names.index(part)])}
+                 for part, value in heads.top(len(heads.names), by="margin") if "_H" in part][:10]
     neurons = rl.attribute(model, pairs, level="neuron", batch_size=4)
-    nm = neurons.margin.mean(0)
     # Relative to the mean |margin|: a model near chance has a mean margin near 0, which no share can use.
-    neuron_rows = [{"part": neurons.names[i], "attribution": float(nm[i]),
-                    "per_mean_abs_margin": float(nm[i] / np.abs(margin).mean())}
-                   for i in np.argsort(-np.abs(nm), kind="stable") if "_N" in neurons.names[i]][:10]
+    neuron_rows = [{"part": part, "attribution": value, "per_mean_abs_margin": float(value / np.abs(margin).mean())}
+                   for part, value in neurons.top(len(neurons.names), by="margin") if "_N" in part][:10]
 
     indirect = np.abs(f.indirect).sum() / max(np.abs(f.total).sum(), 1e-12)
     result = {
         "model": name, "command": f"python scripts/findings.py {name}" + (f" --limit {limit}" if limit else "")
-        + (f" --probe-items {probe_items}" if probe_items else ""),
+        + (" --shortest" if short and limit else "") + (f" --probe-items {probe_items}" if probe_items else ""),
         "n_pairs": len(pairs), "split": "test", "n_layers": ln.n_layers,
         "training": realmodels.metrics(name),
         "accuracy": numbers["scores"]["accuracy"], "mean_margin": numbers["scores"]["mean_margin"],
@@ -182,13 +189,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("model", choices=["smollm2-dpo", "minilm-dpo"])
     parser.add_argument("--limit", type=int, default=None, help="only the first N held-out pairs (CI: 3)")
     parser.add_argument("--out", type=Path, default=None, help="default docs/findings/<model>/")
+    parser.add_argument("--shortest", action="store_true",
+                        help="with --limit N: the N held-out pairs with the fewest tokens, not the first N")
     parser.add_argument("--probe-items", type=int, default=None,
                         help="probes and concepts on only N built-in items (CI's reduced run: 6)")
     parser.add_argument("--doc", type=Path, default=None, help="rewrite this doc's block for the model")
     parser.add_argument("--quiet", action="store_true")
     args = parser.parse_args(argv)
     out = args.out or REPO / "docs" / "findings" / args.model
-    result = findings(args.model, args.limit, out, progress=not args.quiet, probe_items=args.probe_items)
+    result = findings(args.model, args.limit, out, progress=not args.quiet, probe_items=args.probe_items,
+                      short=args.shortest)
     if args.doc:
         rewrite_doc(args.doc, args.model, (out / "tables.md").read_text())
     print(f"{args.model}: accuracy {result['accuracy']:.3f} on {result['n_pairs']} pairs, "

@@ -31,3 +31,24 @@ def test_wilson_covers_about_its_level_on_average_over_p():
     cover = [np.mean([lo <= p <= hi for lo, hi in (wilson(int(k), n) for k in rng.binomial(n, p, 1000))])
              for p in np.linspace(0.1, 0.9, 9)]
     assert 0.93 < np.mean(cover) < 0.97
+
+
+def test_ranked_puts_nan_last_keeps_ties_in_order_and_cuts_at_k():
+    from rewardlens.stats import ranked
+
+    score = np.array([1.0, np.nan, 3.0, -np.inf, 3.0, np.nan, 0.0])
+    assert ranked(score).tolist() == [2, 4, 0, 6, 3, 1, 5]  # 3 before 3 as given; -inf before NaN
+    assert ranked(score, 2).tolist() == [2, 4]
+    assert ranked(np.array([])).tolist() == []
+
+
+def test_top_parts_ranks_by_mean_abs_not_abs_mean():
+    from rewardlens.stats import top_parts
+
+    # Column 0 flips sign (|mean| 0, mean|.| 2); column 1 is steady (1); column 2 is NaN on one row.
+    values = np.array([[2.0, 1.0, np.nan], [-2.0, 1.0, 5.0]])
+    assert top_parts(values).tolist() == [0, 1, 2]
+    assert top_parts(values, 1).tolist() == [0]
+    assert top_parts(np.zeros((0, 3))).tolist() == [0, 1, 2]  # no rows: every part ties, part order
+    with pytest.raises(ValueError, match=r"\[n, P\] array, got shape \(3,\)"):
+        top_parts(np.ones(3))

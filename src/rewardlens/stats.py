@@ -58,6 +58,32 @@ def bootstrap_ci(
     return float(np.quantile(draws, tail)), float(np.quantile(draws, 1 - tail))
 
 
+def ranked(score: np.ndarray, k: int | None = None) -> np.ndarray:
+    """Indices of `score` [P] from largest to smallest, NaN last, ties in their given order; the first `k`.
+
+    The one ordering every "top" list uses (a sort by `-score` alone would put NaN first on some
+    inputs and break ties by the sort's whim)."""
+    s = np.asarray(score, dtype=np.float64)
+    nan = np.isnan(s)
+    order = np.argsort(np.where(nan, 0.0, -s), kind="stable")
+    order = np.concatenate([order[~nan[order]], order[nan[order]]])  # NaN after every number, -inf included
+    return order if k is None else order[:k]
+
+
+def top_parts(values: np.ndarray, k: int | None = None) -> np.ndarray:
+    """Indices of the columns of `values` [n, P] by mean |value| over rows (NaN last, ties stable).
+
+    The ranking rule of every table of top parts (docs/design.md §4): the mean of |effect|, not
+    |mean effect|, so a part that moves the margin a lot with a sign that flips between pairs is
+    large, and stays in the list."""
+    v = np.asarray(values, dtype=np.float64)
+    if v.ndim != 2:
+        raise ValueError(f"top_parts ranks the columns of an [n, P] array, got shape {v.shape}")
+    if not v.shape[0]:  # no rows: nothing to average, every part ties and keeps its order
+        return ranked(np.zeros(v.shape[1]), k)
+    return ranked(np.abs(v).mean(0), k)
+
+
 def topk_overlap(a: np.ndarray, b: np.ndarray, k: int) -> float:
     """Share of the `k` largest entries of `a` that are also among the `k` largest of `b`."""
     if k < 1:
@@ -70,7 +96,9 @@ def rank_agreement(exact: np.ndarray, approx: np.ndarray, k: int = 10) -> dict[s
     """How well `approx` [n, P] ranks parts like `exact` [n, P].
 
     `spearman_per_pair`: mean over rows of Spearman ρ across parts; `spearman_mean`: ρ between the
-    column means; `topk_overlap`: share of the top-`k` parts by mean |value| that both put there;
+    column means; `topk_overlap`: share of the top-`k` parts by |mean value| that both put there
+    (the overlap of the two means' orders, which a ρ of the means also measures; tables of top
+    parts rank by mean |value|, `top_parts`);
     `max_abs_error`: largest |approx − exact|.
     """
     per_row = rowwise_spearman(exact, approx)

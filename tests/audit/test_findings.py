@@ -1,5 +1,6 @@
 """docs/findings.md cannot rot: its tables are the committed findings.json rendered, and the pipeline that
-regenerates them runs here on a few pairs (scripts/findings.py --limit 2 --probe-items 6)."""
+regenerates them runs here on a few pairs (scripts/findings.py --limit 2 --shortest --probe-items 6: the two
+shortest held-out pairs, since the paper's prefix statistic costs in proportion to length)."""
 
 import importlib.util
 import json
@@ -45,7 +46,8 @@ def reduced(tmp_path_factory):
     def run(name: str):
         if name not in done:
             folder = tmp_path_factory.mktemp(name)
-            done[name] = (script.findings(name, limit=2, out=folder, progress=False, probe_items=6), folder)
+            done[name] = (script.findings(name, limit=2, out=folder, progress=False, probe_items=6, short=True),
+                          folder)
         return done[name]
     return run
 
@@ -66,7 +68,7 @@ def test_the_reduced_run_agrees_with_the_model_itself(reduced, name):
 
     result, _ = reduced(name)
     model = realmodels.load_reward_model(name)
-    rewards = model.score(realmodels.dpo_pairs("test")[:2])
+    rewards = model.score(_script().shortest(model, realmodels.dpo_pairs("test"), 2))
     margin = rewards[0::2] - rewards[1::2]
     assert result["accuracy"] == pytest.approx(np.mean(margin > 0))
     assert result["mean_margin"] == pytest.approx(margin.mean(), rel=1e-4, abs=1e-5)

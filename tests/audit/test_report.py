@@ -177,7 +177,7 @@ def test_subset_numbers_equal_a_naive_loop(audit, numbers):
     assert got["names"] == names
     r = audit.lens.reward.astype(np.float64)
     f = audit.faithfulness
-    top = np.argsort(-np.abs(f.total.mean(0)), kind="stable")[:10]
+    top = np.argsort(-np.abs(f.total).mean(0), kind="stable")[:10]  # mean |effect|, the one ranking rule
     assert got["top_parts"]["parts"] == [f.names[i] for i in top]
     for name in names:
         rows = [i for i, s in enumerate(SUBSETS) if (s or "(no subset)") == name]

@@ -55,3 +55,23 @@ def test_positions_option_parses_and_refuses(capsys, tiny_root, demo_file):
     assert "token-aligned" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["patch", str(tiny_root["llama"]), "--pairs", demo_file, "--positions", "x"])
+
+
+def test_audit_and_patch_list_the_same_top_parts(capsys, tiny_root, demo_file, tmp_path):
+    """One ranking rule (`stats.top_parts`): the audit's table of top parts is `rewardlens patch`'s at the
+    audit's level, mode and positions, and every number in it is the patching result's own mean."""
+    path = str(tiny_root["llama"])
+    audited = _json(capsys, ["audit", path, "--pairs", demo_file, "--json", "--out", str(tmp_path),
+                             "--no-probes", "--no-concepts", "--no-divergence", "--no-tokens", "--quiet",
+                             "--top", "6"])
+    patched = _json(capsys, ["patch", path, "--pairs", demo_file, "--json", "--level", "head", "--top", "6"])
+    assert [t["part"] for t in audited["top_parts"]] == [t["part"] for t in patched["top_parts"]]
+    res = patch(rl.load(path), DEMO_PAIRS, level="head")
+    for t in audited["top_parts"]:
+        assert t["total_effect"] == pytest.approx(float(res.effect[:, res.names.index(t["part"])].mean()), abs=1e-6)
+    # The rule is mean |effect|, not |mean effect|: the two orders differ on this model's parts.
+    size, mean = np.abs(res.effect).mean(0), np.abs(res.effect.mean(0))
+    assert [res.names[i] for i in np.argsort(-size, kind="stable")[:6]] == [t["part"] for t in audited["top_parts"]]
+    stored = json.loads((tmp_path / "numbers.json").read_text())["top_parts"]
+    assert [t["part"] for t in stored] == [t["part"] for t in audited["top_parts"]]  # printed = stored
+    assert not np.array_equal(np.argsort(-size, kind="stable"), np.argsort(-mean, kind="stable"))

@@ -6,10 +6,10 @@
 from ._lock import Holder as Holder
 from ._lock import RunLock as RunLock
 from ._lock import run_lock as run_lock
+from ._plan import STORED_RESULTS as STORED_RESULTS
 from ._plan import VERSION as VERSION
 from ._plan import Plan as Plan
 from ._runner import Audit as Audit
-from ._runner import audit as audit
 from ._runner import collect as collect
 from ._runner import plan_for_model as plan_for_model
 from ._runner import run_pairs as run_pairs
@@ -17,16 +17,23 @@ from ._store import RunKey as RunKey
 from ._store import Store as Store
 from ._store import checksum as checksum
 from ._store import fingerprint as fingerprint
+from ._store import schema_version as schema_version
 from ._whole import TOKEN_PAIRS as TOKEN_PAIRS
 from ._whole import run_whole as run_whole
 from ._whole import shown_pairs as shown_pairs
+from ._workflow import ResumeStatus as ResumeStatus
+from ._workflow import audit as audit
+from ._workflow import resume_status as resume_status
+from ._workflow import shard_path as shard_path
 
 __all__ = [
     "Audit",
     "Holder",
     "Plan",
     "RunLock",
+    "ResumeStatus",
     "RunKey",
+    "STORED_RESULTS",
     "TOKEN_PAIRS",
     "Store",
     "VERSION",
@@ -37,6 +44,9 @@ __all__ = [
     "run_lock",
     "plan_for_model",
     "run_pairs",
+    "schema_version",
+    "resume_status",
     "run_whole",
+    "shard_path",
     "shown_pairs",
 ]

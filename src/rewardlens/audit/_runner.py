@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, fields, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -30,26 +29,15 @@ from ..hacking import Concepts, Conflicts, Probes, cascade, distortion
 from ..model import RewardModel
 from ..sae import FeatureAttribution, TopKSAE
 from ..types import Mode, Positions
-from ._lock import RunLock, run_lock
 from ._plan import Plan, chunks, run_keys, skipped_key
 from ._store import RunKey, Store
-from ._whole import CONFLICT, DIVERGENCE, run_whole, sae_name, stored_tokens, whole_key
+from ._whole import CONFLICT, DIVERGENCE, sae_name, stored_tokens, whole_key
 
 if TYPE_CHECKING:  # annotations only
     from ..exact import TokenAttribution
     from ..hacking import Cascades, Distortion
 
 _Result = TypeVar("_Result")
-
-# Fields of each per-pair result that are indexed by input row (two per pair) or by pair; the
-# rest are the same for every chunk and go into the run's metadata.
-_ROW_FIELDS: dict[type, tuple[str, ...]] = {
-    Lens: ("linear", "normed", "reward", "linear_objectives", "normed_objectives"),
-    Attribution: ("values", "constant", "reward", "per_objective", "objective_constant", "objective_reward"),
-}
-_PAIR_FIELDS = ("attribution", "direct", "total", "attribution_patching", "seed_attribution", "seed_effect")
-_PAPER_FIELDS = ("paper_attribution", "paper_effect")
-_DERIVED = {"rows", "is_pairs", "pair_ids", "steps"}  # steps: stored under their own key
 
 
 @dataclass(frozen=True)
@@ -111,7 +99,16 @@ def _split(result: Lens | Attribution | Faithfulness, field_names: Sequence[str]
 
 def _constants(result: Lens | Attribution | Faithfulness, varying: Sequence[str]) -> dict[str, Any]:
     return {f.name: getattr(result, f.name) for f in fields(result)
-            if f.name not in varying and f.name not in _DERIVED}
+            if f.name not in varying and f.name not in result.STORED.derived}
+
+
+def _varying(result: Lens | Attribution | Faithfulness) -> tuple[tuple[str, ...], int]:
+    """The fields `result` declares cut by chunk (`STORED`), and rows per pair they have (2 or 1); a
+    per-pair field left None (the paper's statistic, not asked for) is the run's metadata."""
+    stored = result.STORED
+    if stored.per_row:
+        return stored.per_row, 2
+    return tuple(f for f in stored.per_pair if getattr(result, f) is not None), 1
 
 
 def _chunk_entries(model: RewardModel, pairs: Sequence[Pair], span: Sequence[int], keys: dict[str, RunKey],
@@ -135,8 +132,7 @@ def _chunk_entries(model: RewardModel, pairs: Sequence[Pair], span: Sequence[int
         entries += _step_entries(dec.steps, span, keys["steps"])
         meta[keys["steps"]] = {}
     for name, res in results.items():
-        pair_fields = _PAIR_FIELDS + (_PAPER_FIELDS if plan.paper else ())
-        varying, per = (pair_fields, 1) if name == "faithfulness" else (_ROW_FIELDS[type(res)], 2)
+        varying, per = _varying(res)
         meta[keys[name]] = _constants(res, varying)
         entries += [(keys[name], str(i), i, _split(res, varying, per, j)) for j, i in enumerate(span)]
     return entries, meta
@@ -304,31 +300,4 @@ def plan_for_model(model: RewardModel, plan: Plan, sae: TopKSAE | None) -> Plan:
     return plan.for_reads()
 
 
-def audit(model: RewardModel, pairs: Sequence[Pair], *, store: Store | str | Path | None = None,
-          plan: Plan = Plan(), sae: TopKSAE | None = None, progress: bool = False,
-          data: str | Path | None = None) -> Audit:
-    """Run (or finish) the audit of `pairs` in `store` and return it.
-
-    `data`: the file the pairs came from, recorded in the audit's `provenance` (None: not known).
-
-    `store`: a `Store`, a path to one, or None for an in-memory run. Finished pairs already in the
-    store are not computed again. Given a path, the run holds the run lock of the store's folder
-    (`run_lock`) throughout, so a second audit into it refuses (`RunLockedError`, naming this
-    run's pid and start time) instead of racing this one on the same chunks.
-    """
-    plan = plan_for_model(model, plan, sae)
-    path = None if isinstance(store, Store) or store is None or str(store) == ":memory:" else Path(store)
-    lock: AbstractContextManager[RunLock | None] = nullcontext() if path is None else run_lock(path.parent)
-    with lock:
-        db = store if isinstance(store, Store) else Store(path if path is not None else ":memory:")
-        own = db is not store
-        try:
-            run_pairs(model, pairs, db, plan, progress=progress)
-            run_whole(model, pairs, db, plan, sae=sae, progress=progress)
-            return collect(model, pairs, db, plan, sae=sae, data=data)
-        finally:
-            if own:
-                db.close()
-
-
-__all__ = ["Audit", "audit", "collect", "plan_for_model", "provenance", "run_pairs"]
+__all__ = ["Audit", "collect", "plan_for_model", "provenance", "run_pairs"]

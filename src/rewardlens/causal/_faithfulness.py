@@ -16,15 +16,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, get_args
+from typing import TYPE_CHECKING, Any, ClassVar, get_args
 
 import numpy as np
 
 from ..data import Pair, counting, stage
 from ..exact import Attribution
 from ..model import Part, RewardModel
-from ..stats import bootstrap_ci, rank_agreement, rowwise_spearman
-from ..types import Comparison, Mode, PatchLevel, Positions
+from ..stats import bootstrap_ci, rank_agreement, rowwise_spearman, top_parts
+from ..types import Mode, PatchLevel, Positions, Stored, Versus
 from ._attribution_patching import attribution_patch
 from ._engine import sites
 from ._patching import Patching, encode_pairs, patch
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     import pandas as pd
     from matplotlib.figure import Figure
 
-ESTIMANDS: tuple[Comparison, ...] = get_args(Comparison)
+ESTIMANDS: tuple[Versus, ...] = get_args(Versus)
 SEED_POSITIONS: tuple[Positions, ...] = ("all", "read")  # "prefix" is the paper's own statistic (`paper=True`)
 
 
@@ -71,18 +71,23 @@ class Faithfulness:
     paper_effect: np.ndarray | None = None
     """[n_pairs, 2L] prefix-noising effect of the same sublayers (`patch(positions='prefix')`), or None."""
 
+    STORED: ClassVar[Stored] = Stored(
+        per_pair=("attribution", "direct", "total", "attribution_patching", "seed_attribution", "seed_effect",
+                  "paper_attribution", "paper_effect"), derived=("pair_ids",))
+    """How the audit's store keeps a faithfulness report (`types.Stored`)."""
+
     @property
     def indirect(self) -> np.ndarray:
         """Total − direct [n_pairs, P]: the part's effect through later layers."""
         return self.total - self.direct
 
-    def rho(self, estimand: Comparison) -> np.ndarray:
+    def rho(self, estimand: Versus) -> np.ndarray:
         """Per-pair Spearman ρ [n_pairs] between attribution and `estimand` across parts."""
         if estimand not in ESTIMANDS:
             raise ValueError(f"estimand must be one of {ESTIMANDS}, got {estimand!r}")
         return rowwise_spearman(self.attribution, getattr(self, estimand))
 
-    def pooled(self, estimand: Comparison) -> tuple[float, float, float]:
+    def pooled(self, estimand: Versus) -> tuple[float, float, float]:
         """(mean ρ over pairs, bootstrap interval low, high) for `estimand`; NaN if undefined."""
         return _mean_ci(self.rho(estimand), self.n_boot, self.seed)
 
@@ -107,6 +112,12 @@ class Faithfulness:
         """The seed paper's statistic computed its way (`paper_rho`'s mean, bootstrap interval);
         NaN when `faithfulness(paper=True)` was not asked for."""
         return _mean_ci(self.paper_rho, self.n_boot, self.seed)
+
+    def top(self, n: int = 10) -> list[int]:
+        """Indices into `names` of the `n` parts with the largest mean |total effect| over pairs (NaN last,
+        ties in part order): the rule `Patching.top` ranks by (`stats.top_parts`), so the audit's list of
+        top parts is `rewardlens patch`'s for the same pairs and level."""
+        return [int(i) for i in top_parts(self.total, n)]
 
     def agreement(self, k: int = 10) -> dict[str, float]:
         """How well attribution patching ranks parts against exact total patching."""
@@ -145,7 +156,7 @@ class Faithfulness:
         import matplotlib.pyplot as plt
 
         fig, axes = plt.subplots(1, 2, figsize=(9, 4), sharex=True)
-        shown: tuple[Comparison, ...] = ("direct", "total")
+        shown: tuple[Versus, ...] = ("direct", "total")
         for ax, name in zip(axes, shown):
             ax.scatter(self.attribution.ravel(), getattr(self, name).ravel(), s=8, alpha=0.6)
             mean, lo, hi = self.pooled(name)

@@ -19,9 +19,10 @@ from typing import TYPE_CHECKING, Literal, get_args
 import numpy as np
 from torch import Tensor
 
-from ..data import Pair, chosen, counting, rejected
+from ..data import Inputs, Pair, chosen, counting, rejected
 from ..model import RewardModel, sequence_label
-from ..types import Ablation, Estimand, Inputs, Mode, PatchLevel, Positions, Spans
+from ..stats import top_parts
+from ..types import Ablation, Estimand, Mode, PatchLevel, Positions, Spans
 from ._cached import cached_read_sweep
 from ._direct import direct_rewards
 from ._divergence import score_patched, scorer
@@ -102,8 +103,8 @@ class Patching:
         Ranked by the mean of |effect|, not |mean effect|: a part that moves the margin a lot but with
         a sign that flips between pairs is large, and stays in the list (NaN effects rank last).
         """
-        size, mean = np.abs(self.effect).mean(0), self.effect.mean(0)
-        return [(self.names[i], float(mean[i])) for i in np.argsort(-size, kind="stable")[:n]]
+        mean = self.effect.mean(0)
+        return [(self.names[i], float(mean[i])) for i in top_parts(self.effect, n)]
 
     def reliability(self) -> dict[str, float]:
         """How much of the result rests on out-of-distribution patched runs.

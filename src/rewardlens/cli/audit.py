@@ -8,10 +8,8 @@ main store once all ranks are done, runs the whole-model instruments and writes 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -34,7 +32,6 @@ from ._common import (
 )
 
 if TYPE_CHECKING:
-    from ..audit import Audit
     from ..data import Pair
     from ..model import RewardModel
     from ..sae import TopKSAE
@@ -94,112 +91,46 @@ def _audit(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _run(args: argparse.Namespace, state: dict[str, Any]) -> dict[str, Any]:
+    """Parse into a plan, call the audit workflow, write the report; every number comes from `summary`."""
     rank, world = _distributed(args)
     out = Path(args.out)
     main_path = Path(args.store) if args.store else out / "results.sqlite"
-    model, pairs = _inputs(args)
+    model, pairs = _inputs(args)  # a bad pairs file is refused before anything heavy is imported
     if not pairs:
         raise ValueError("no pairs to audit")
-    with _run_locks([out, main_path.parent], rank, world):
-        return _locked_run(args, state, rank, world, out, main_path, model, pairs)
+    from ..audit import Plan, audit, resume_status
+    from ..audit.report import plain, summary, write_report
 
-
-@contextlib.contextmanager
-def _run_locks(folders: list[Path], rank: int, world: int) -> Iterator[None]:
-    """Rank 0 holds the run lock of every folder this run writes (docs/audit.md, Concurrency), so a
-    second audit into the same `--out` refuses, naming this one; the other ranks learn of a refusal
-    from rank 0 instead of waiting at a barrier for a rank that stopped."""
-    from ..audit import run_lock
-    from ..errors import RunLockedError
-
-    with contextlib.ExitStack() as locks:
-        refusal = None
-        if rank == 0:
-            try:
-                for folder in dict.fromkeys(f.resolve() for f in folders):
-                    locks.enter_context(run_lock(folder))
-            except RunLockedError as exc:
-                refusal = str(exc)
-        if world > 1:
-            import torch.distributed as dist
-
-            box = [refusal]
-            dist.broadcast_object_list(box, src=0)
-            refusal = box[0]
-        if refusal is not None:
-            raise RunLockedError(refusal)
-        yield
-
-
-def _locked_run(args: argparse.Namespace, state: dict[str, Any], rank: int, world: int, out: Path, main_path: Path,
-                model: RewardModel, pairs: list[Pair]) -> dict[str, Any]:
-    """The audit proper, once this run holds its folders: per-pair chunks, whole-model results, report."""
-    from ..audit import Plan, Store, collect, plan_for_model, run_pairs, run_whole
-
-    state.update(model=model, pairs=pairs, store=main_path)
     plan = Plan(chunk_size=args.chunk_size, batch_size=args.batch_size, probes=not args.no_probes,
                 concepts=not args.no_concepts, probe_items=args.probe_items, sae_layer=args.sae_layer,
                 fraction=args.fraction, divergence=not args.no_divergence, paper=args.paper_statistic,
                 tokens=not args.no_tokens)
-    sae = _sae(args, model)
-    plan = plan_for_model(model, plan, sae)
-    progress = not args.quiet
-    main_store = Store(main_path)
-    computed: int | None = None
+    state.update(model=model, pairs=pairs, plan=plan, store=main_path, rank=rank, world=world)
+    before = resume_status(main_path, model, pairs, plan).kept if world == 1 else None
     try:
-        if world == 1:
-            computed = run_pairs(model, pairs, main_store, plan, progress=progress)
-        else:
-            state["store"] = main_path.with_name(f"{main_path.stem}.rank{rank}{main_path.suffix}")
-            shard = Store(state["store"])
-            try:
-                run_pairs(model, pairs, shard, plan, rank=rank, world_size=world, progress=progress,
-                          skip=main_store)
-            finally:
-                shard.close()
+        result = audit(model, pairs, store=main_path, plan=plan, sae=_sae(args, model), progress=not args.quiet,
+                       data=args.pairs or "the built-in audit pairs (rewardlens.zoo.AUDIT_PAIRS)",
+                       command_line=args.command_line, rank=rank, world_size=world, hold=[out])
+    finally:
+        if world > 1:
             import torch.distributed as dist
 
-            dist.barrier()  # every shard is complete before rank 0 reads them
-            if rank != 0:
-                dist.destroy_process_group()
-                return {"rank": rank}
-            for r in range(world):
-                main_store.merge(main_path.with_name(f"{main_path.stem}.rank{r}{main_path.suffix}"))
             dist.destroy_process_group()
-            state["store"] = main_path
-        run_whole(model, pairs, main_store, plan, sae=sae, progress=progress)
-        result = collect(model, pairs, main_store, plan, sae=sae, command_line=args.command_line,
-                         data=args.pairs or "the built-in audit pairs (rewardlens.zoo.AUDIT_PAIRS)")
-    finally:
-        main_store.close()
-    from ..audit.report import write_report
-
-    report = write_report(result, out)
-    return {**_result(result, args.top), "report": str(report), "store": str(main_path),
-            "pairs_from_store": None if computed is None else len(pairs) - computed}
+    if result is None:  # ranks other than 0: rank 0 reports for all
+        return {"rank": rank}
+    numbers = summary(result, top=args.top)
+    report = write_report(result, out, numbers)
+    return plain({**numbers, "report": str(report), "store": str(main_path), "pairs_from_store": before})
 
 
 def _kept(args: argparse.Namespace, state: dict[str, Any]) -> str:
-    """What the store keeps of this run after an interrupt, and the command that resumes it."""
-    path: Path | None = state.get("store")
-    if "model" not in state or path is None or not path.is_file():
+    """What the store keeps of this run after an interrupt (`resume_status`), and the command that resumes it."""
+    if "model" not in state:
         return f"rewardlens: interrupted before this run stored anything; start it again with: {args.command_line}"
-    from ..audit import VERSION, Store, checksum, fingerprint
+    from ..audit import resume_status, shard_path
 
-    model, pairs = state["model"], state["pairs"]
-    key = (fingerprint(model), checksum(pairs), VERSION)
-    store = Store(path)
-    try:
-        done = [store.done(k) for k, _ in store.runs() if (k.model, k.data, k.version) == key]
-    finally:
-        store.close()
-    per_pair = [units for units in done if "all" not in units]
-    kept = set.intersection(*per_pair) if per_pair else set()
-    n_kept = sum(str(i) in kept for i in range(len(pairs)))
-    whole = sum("all" in units for units in done)
-    also = f" and {whole} whole-model result{'s' * (whole != 1)}" if whole else ""
-    return (f"rewardlens: interrupted; {path} keeps the finished chunks of {n_kept} of {len(pairs)} pairs{also}; "
-            f"resume with: {args.command_line}")
+    path = state["store"] if state["world"] == 1 else shard_path(state["store"], state["rank"])
+    return resume_status(path, state["model"], state["pairs"], state["plan"]).message(args.command_line)
 
 
 def _sae(args: argparse.Namespace, model: RewardModel) -> TopKSAE | None:
@@ -208,29 +139,6 @@ def _sae(args: argparse.Namespace, model: RewardModel) -> TopKSAE | None:
     from ..sae import load_sae
 
     return load_sae(args.sae, device=model.device)
-
-
-def _result(audit: Audit, top: int) -> dict[str, Any]:
-    """numbers.json's summary plus the per-pair scores and the parts with the largest total effect."""
-    import numpy as np
-
-    from ..audit.report import margins, plain, summary
-
-    chosen, rejected, margin = margins(audit)
-    f, d = audit.faithfulness, audit.divergence
-    att, total, direct = f.attribution.mean(0), f.total.mean(0), f.direct.mean(0)
-    order = np.argsort(-np.abs(total), kind="stable")[:top]
-    # Runs of each part whose patched state left the natural distribution (None: divergence not run).
-    flagged = {} if d is None else dict(zip(d.names, d.flagged.sum(0).tolist()))
-    subsets = audit.subsets or [None] * len(audit.pair_ids)
-    return plain({
-        **summary(audit),
-        "pairs": [{"id": pid, "subset": subsets[i], "chosen": chosen[i], "rejected": rejected[i], "margin": margin[i]}
-                  for i, pid in enumerate(audit.pair_ids)],
-        "top_parts": [{"part": f.names[i], "attribution": att[i], "total_effect": total[i], "direct_effect": direct[i],
-                       "indirect_effect": total[i] - direct[i], "out_of_distribution_runs": flagged.get(f.names[i])}
-                      for i in order],
-    })
 
 
 def _show(result: dict[str, Any]) -> None:

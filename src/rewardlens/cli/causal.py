@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
     from ..data import Pair
     from ..model import RewardModel
-    from ..types import Ablation, Comparison, Estimand, Mode, PatchLevel, Positions, Spans
+    from ..types import Ablation, Estimand, Mode, PatchLevel, Positions, Spans, Versus
 
 
 def positions(text: str) -> Positions | Spans:
@@ -47,8 +47,11 @@ def positions(text: str) -> Positions | Spans:
 def rank_parts(names: Sequence[str], effect: np.ndarray, margin: np.ndarray, top: int, *, min_margin: float = 1e-4,
                flagged: np.ndarray | None = None) -> dict[str, Any]:
     """The `top` parts by mean |effect| over pairs [n, P], with the signed mean effect beside it and the
-    share of the margin as a ratio of means (mean effect / mean margin), None with a reason when undefined."""
+    share of the margin as a ratio of means (mean effect / mean margin), None with a reason when undefined.
+    Ranked by `stats.top_parts` (NaN last, ties in part order), the rule `Patching.top` and the audit use."""
     import numpy as np
+
+    from ..stats import top_parts
 
     n = effect.shape[0]
     if n == 0:
@@ -58,14 +61,13 @@ def rank_parts(names: Sequence[str], effect: np.ndarray, margin: np.ndarray, top
     note = None
     if not math.isfinite(mean_margin) or abs(mean_margin) < min_margin:
         note = f"mean margin {mean_margin:.3g} is under {min_margin:g}: a share of it is undefined"
-    score = np.where(np.isfinite(mean_abs), mean_abs, -np.inf)  # NaN parts last, not first
     return {
         "mean_margin": finite(mean_margin), "share_note": note,
         "top_parts": [
             {"part": names[i], "mean_abs_effect": finite(float(mean_abs[i])), "mean_effect": finite(float(mean[i])),
              "share_of_mean_margin": None if note else finite(float(mean[i]) / mean_margin),
              "flagged_share": None if flagged is None else float(flagged[:, i].mean())}
-            for i in np.argsort(-score, kind="stable")[:top]
+            for i in top_parts(effect, top)
         ],
     }
 
@@ -111,6 +113,7 @@ def _patch(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def show_patch(result: dict[str, Any]) -> None:
+    """Print `patch_summary`'s result as the table `rewardlens patch` shows (also a section of the audit's)."""
     what = f"{result['estimand']} effect, {result['mode']}, {result['positions']} positions, {result['level']} level"
     print(f"top parts by mean |effect| over {result['n_pairs']} pairs on the chosen − rejected margin ({what}; exact),")
     print("with the signed mean effect and the mean effect / mean margin:")
@@ -143,7 +146,7 @@ def _faithfulness(args: argparse.Namespace) -> dict[str, Any]:
     rep = faithfulness(model, pairs, level=args.level, mode=args.mode, n_boot=args.boot, batch_size=args.batch_size,
                        paper=args.paper_statistic, progress=not args.quiet)
     rows = [{k: (finite(v) if isinstance(v, float) else v) for k, v in row.items()} for row in rep.summary()]
-    estimands: tuple[Comparison, ...] = ("direct", "total", "indirect")
+    estimands: tuple[Versus, ...] = ("direct", "total", "indirect")
     return {
         "level": rep.level, "mode": rep.mode, "seed_positions": rep.seed_positions, "summary": rows,
         "attribution_patching_agreement": {k: finite(v) for k, v in rep.agreement().items()},

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, get_args
+from typing import TYPE_CHECKING, ClassVar, get_args
 
 import numpy as np
 
-from ..data import Side, row_labels, side
+from ..data import Inputs, Side, row_labels, side
 from ..model import RewardModel
-from ..types import Inputs, Level, PaddingSide, Ranking
+from ..stats import ranked, top_parts
+from ..types import Level, PaddingSide, Ranking, Stored
 from ._decompose import Decomposition, decompose
 from ._steps import Steps
 
@@ -46,6 +47,11 @@ class Attribution:
     steps: Steps | None = None
     """Multi-position read-outs (PRMs, DPO): each read's own reward, weight and parts (exact/_steps.py)."""
 
+    STORED: ClassVar[Stored] = Stored(
+        per_row=("values", "constant", "reward", "per_objective", "objective_constant", "objective_reward"),
+        derived=("rows", "is_pairs", "steps"))
+    """How the audit's store keeps an attribution (`types.Stored`; its steps are stored under their own key)."""
+
     @classmethod
     def from_decomposition(cls, dec: Decomposition, level: Level) -> Attribution:
         obj_const = dec.constants.sum(-1) + dec.head_constant
@@ -80,12 +86,15 @@ class Attribution:
         return self.chosen - self.rejected
 
     def top(self, n: int = 10, *, by: Ranking = "mean_abs") -> list[tuple[str, float]]:
-        """The `n` parts with the largest mean |contribution| ('mean_abs') or mean margin ('margin')."""
+        """The `n` parts with the largest mean |contribution| ('mean_abs', the rule of `stats.top_parts`)
+        or |mean margin| ('margin', with its sign), largest first, NaN last, ties in part order."""
         if by not in RANKINGS:
             raise ValueError(f"by must be 'mean_abs' or 'margin', got {by!r}")
-        score = self.margin.mean(0) if by == "margin" else np.abs(self.values).mean(0)
-        order = np.argsort(-np.abs(score))[:n]
-        return [(self.names[i], float(score[i])) for i in order]
+        if by == "margin":  # the signed mean margin, ranked by its size
+            score = self.margin.mean(0)
+            return [(self.names[i], float(score[i])) for i in ranked(np.abs(score), n)]
+        score = np.abs(self.values).mean(0)
+        return [(self.names[i], float(score[i])) for i in top_parts(self.values, n)]
 
     def to_frame(self) -> pd.DataFrame:
         """Long table: one row per (input, part) with its contribution."""

@@ -27,11 +27,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..data import counting, pair_of, row_labels
+from ..data import Inputs, counting, pair_of, row_labels
 from ..errors import ArchitectureError
-from ..model import Batch, Part, RewardModel, Trace, out_projection, trace, verify
-from ..stats import spearman, topk_overlap
-from ..types import Inputs, PaddingSide
+from ..model import Batch, Part, RewardModel, Trace, TraceKey, out_projection, trace, verify
+from ..stats import ranked, spearman, topk_overlap
+from ..types import PaddingSide
 from ._attention_rows import rows_at_read
 from ._decompose import decompose_trace, part_names, readout_vectors
 from ._token_grad import total_effect_approx
@@ -104,8 +104,7 @@ class TokenAttribution:
     def top(self, row: int, k: int = 10) -> list[tuple[int, str, float]]:
         """The `k` tokens of `row` with the largest |value|: (position, token text, value), largest first."""
         vals = self.values[row]
-        order = np.argsort(-np.abs(vals), kind="stable")[:k]
-        return [(int(i), self.tokens[row][i], float(vals[i])) for i in order]
+        return [(int(i), self.tokens[row][i], float(vals[i])) for i in ranked(np.abs(vals), k)]
 
     def table(self, row: int) -> pd.DataFrame:
         """One row's tokens in order: position, token, value (and total_approx), `is_read` marks `t*`."""
@@ -183,7 +182,7 @@ def head_readouts(model: RewardModel, tr: Trace, coef: Tensor) -> dict[int, Tens
     for layer in range(model.n_layers):
         u = u_attn[layer]
         if post is not None:
-            u, _ = model.norm(post, layer).pullback(u, tr[f"attn_{layer}"])
+            u, _ = model.norm(post, layer).pullback(u, tr[TraceKey.attn(layer)])
         weight, _ = out_projection(model, "attn", layer)
         out[layer] = (u @ weight)[:, 0].view(u.shape[0], model.n_heads, -1)
     return out

@@ -14,6 +14,7 @@ import numpy as np
 from ..data import margin
 from ..errors import DataError
 from ..model import KINDS
+from ..stats import ranked
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -123,9 +124,10 @@ class Trajectory:
         return margin(self.rewards, axis=1)
 
     def top(self, n: int = 5, at: int = -1) -> list[tuple[str, float]]:
-        """The `n` parts with the largest |mean margin contribution| at snapshot index `at`."""
+        """The `n` parts with the largest |mean margin contribution| at snapshot index `at` (NaN last, ties
+        in part order: `stats.ranked`)."""
         row = self.part_margin[at]
-        return [(self.parts[i], float(row[i])) for i in np.argsort(-np.abs(row))[:n]]
+        return [(self.parts[i], float(row[i])) for i in ranked(np.abs(row), n)]
 
     def to_frame(self) -> pd.DataFrame:
         """One row per snapshot (index `step`): every metric, then `probe/<axis>` columns."""

@@ -22,11 +22,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..data import Side, row_labels, side
+from ..data import Inputs, Side, row_labels, side
 from ..errors import ArchitectureError
 from ..exact import decompose_trace, part_names, readout_vectors
-from ..model import RewardModel, Trace, check_bookkeeping, trace, verify
-from ..types import Inputs, PaddingSide
+from ..model import RewardModel, Trace, TraceKey, check_bookkeeping, trace, verify
+from ..stats import ranked
+from ..types import PaddingSide
 from ._autoencoder import TopKSAE
 
 if TYPE_CHECKING:
@@ -39,10 +40,10 @@ def resid_readout(model: RewardModel, tr: Trace, layer: int, coef: Tensor) -> Te
     _, u_attn, _, _ = readout_vectors(model, tr, coef)
     if layer + 1 < model.n_layers:
         return u_attn[layer + 1][:, 0]  # what reads the next layer's input reads x_l
-    u, _ = model.head.rows(model.final_hidden(tr["final"]))
+    u, _ = model.head.rows(model.final_hidden(tr[TraceKey.final()]))
     u = (coef[..., None] * u).sum(1)
     if model.arch.final_norm is not None:
-        u = model.norm(model.arch.final_norm).pullback(u[:, None], tr["final"])[0][:, 0]
+        u = model.norm(model.arch.final_norm).pullback(u[:, None], tr[TraceKey.final()])[0][:, 0]
     return u
 
 
@@ -105,8 +106,7 @@ class FeatureAttribution:
             raise ValueError(f"by must be 'mean_abs', 'mean' or 'margin', got {by!r}")
         score = {"margin": lambda: self.margin.mean(0), "mean": lambda: self.values.mean(0),
                  "mean_abs": lambda: np.abs(self.values).mean(0)}[by]()
-        order = np.argsort(-np.abs(score), kind="stable")[:n]
-        return [(int(self.features[i]), float(score[i])) for i in order]
+        return [(int(self.features[i]), float(score[i])) for i in ranked(np.abs(score), n)]
 
     def to_frame(self) -> pd.DataFrame:
         """Long table: one row per (input, fired feature) with activation, contribution and alignment."""
@@ -189,7 +189,7 @@ def attribute_features(model: RewardModel, sae: TopKSAE, inputs: Inputs, *, laye
             rest_mask = np.asarray(depth) > layer + 1
             rest = np.zeros((n, int(rest_mask.sum())), np.float32)
         u = resid_readout(model, tr, layer, coef)  # [b, d]
-        x = tr[f"resid_{layer}"]
+        x = tr[TraceKey.resid(layer)]
         acts, idx = enc.encode(x)
         acts = acts.float()
         x_hat = (acts[..., None] * W[idx]).sum(1) + b

@@ -22,7 +22,7 @@ NO_SUBSET = "(no subset)"
 LEVEL = 0.95
 """Coverage of every per-subset interval."""
 TOP_PARTS = 10
-"""How many parts (largest mean |total effect| over all pairs) the per-subset effect table follows."""
+"""How many parts (largest mean |total effect| over all pairs) the report's tables of top parts follow."""
 KINDS: tuple[LensKind, ...] = ("linear", "normed")
 
 
@@ -61,10 +61,10 @@ def spread(depth: np.ndarray) -> dict[str, Any]:
     return {"median": float(med), "q25": float(q25), "q75": float(q75), "defined": int(len(finite))}
 
 
-def top_parts(audit: Audit, k: int = TOP_PARTS) -> np.ndarray:
-    """Indices into `faithfulness.names` of the `k` parts with the largest |mean total effect| over all pairs."""
-    total = audit.faithfulness.total.mean(0)
-    return np.argsort(-np.abs(np.nan_to_num(total, nan=0.0)), kind="stable")[:k]
+def top_parts(audit: Audit, k: int = TOP_PARTS) -> list[int]:
+    """Indices into `faithfulness.names` of the `k` parts with the largest mean |total effect| over all
+    pairs (`Faithfulness.top`, the rule every table of top parts uses)."""
+    return audit.faithfulness.top(k)
 
 
 def seed_statistic(audit: Audit, mask: np.ndarray) -> dict[str, Any]:

@@ -13,14 +13,14 @@ import numpy as np
 
 from .._runner import Audit
 from .._whole import TOKEN_PAIRS, shown_pairs
-from ._groups import top_parts
+from ._groups import TOP_PARTS, top_parts
 
 """The token section shows at most this many pairs: those with the largest |margin|."""
 
 
 def estimands(audit: Audit) -> list[dict[str, Any]]:
-    """Per top part (largest |mean total effect|): mean attribution, direct, indirect and total effect,
-    and the indirect share mean|indirect| / (mean|direct| + mean|indirect|) (NaN when both are zero)."""
+    """Per top part (largest mean |total effect|, `Faithfulness.top`): mean attribution, direct, indirect and
+    total effect, and the indirect share mean|indirect| / (mean|direct| + mean|indirect|) (NaN when both are zero)."""
     f = audit.faithfulness
     out = []
     for i in top_parts(audit):
@@ -31,6 +31,18 @@ def estimands(audit: Audit) -> list[dict[str, Any]]:
                     "total": float(f.total[:, i].mean()),
                     "indirect_share": float(np.abs(indirect).mean()) / size if size > 0 else float("nan")})
     return out
+
+
+def top_parts_table(audit: Audit, k: int = TOP_PARTS) -> list[dict[str, Any]]:
+    """The `k` top parts (`Faithfulness.top`: mean |total effect|, noising at the read positions), each
+    with its mean exact attribution, total, direct and indirect effect, and its patched runs out of the
+    natural distribution (None when divergence was not run)."""
+    f, d = audit.faithfulness, audit.divergence
+    flagged = {} if d is None else dict(zip(d.names, d.flagged.sum(0).tolist()))
+    att, total, direct = f.attribution.mean(0), f.total.mean(0), f.direct.mean(0)
+    return [{"part": f.names[i], "attribution": float(att[i]), "total_effect": float(total[i]),
+             "direct_effect": float(direct[i]), "indirect_effect": float(total[i] - direct[i]),
+             "out_of_distribution_runs": flagged.get(f.names[i])} for i in f.top(k)]
 
 
 def divergence(audit: Audit) -> dict[str, Any] | None:

@@ -20,7 +20,7 @@ from ...data import chosen, margin, pair_of, rejected
 from ...errors import RewardLensError
 from .._runner import Audit
 from . import _instruments as more
-from ._groups import accuracy, labels, spread, subsets, subsets_frame
+from ._groups import TOP_PARTS, accuracy, labels, spread, subsets, subsets_frame
 from ._steps import steps_summary
 
 if TYPE_CHECKING:
@@ -59,8 +59,9 @@ def margins(audit: Audit) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return chosen(reward), rejected(reward), margin(reward)
 
 
-def summary(audit: Audit) -> dict[str, Any]:
-    """Every headline number of the audit (plain Python values; NaN where undefined)."""
+def summary(audit: Audit, top: int = TOP_PARTS) -> dict[str, Any]:
+    """Every headline number of the audit (plain Python values; NaN where undefined): the one dict the
+    page, `numbers.json` and `rewardlens audit` show. `top`: how many parts `top_parts` lists."""
     from ..._version import __version__
 
     check(audit)
@@ -79,6 +80,9 @@ def summary(audit: Audit) -> dict[str, Any]:
         "rewardlens_version": __version__, "model": audit.model, "fingerprint": audit.fingerprint,
         "data_checksum": audit.data_checksum, "provenance": provenance(audit),
         "n_pairs": len(audit.pair_ids), "n_layers": lens.n_layers, "skipped": dict(audit.skipped),
+        "pairs": [{"id": pid, "subset": subset, "chosen": float(c), "rejected": float(r), "margin": float(m)}
+                  for pid, subset, c, r, m in zip(audit.pair_ids, audit.subsets or [None] * len(audit.pair_ids),
+                                                  chosen, rejected, margin)],
         "scores": {
             "accuracy": float(np.mean(margin > 0)), "ties": int(np.sum(margin == 0)),
             "correct": int(np.sum(margin > 0)), "accuracy_ci": _ci(accuracy(margin)),
@@ -98,6 +102,7 @@ def summary(audit: Audit) -> dict[str, Any]:
         "concepts": None if audit.concepts is None else _concepts(audit),
         "features": None if audit.features is None else _features(audit),
         "subsets": subsets(audit),
+        "top_parts": more.top_parts_table(audit, top),
         "estimands": more.estimands(audit),
         "divergence": more.divergence(audit),
         "distortion": more.distortion(audit),

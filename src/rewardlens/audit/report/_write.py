@@ -17,7 +17,7 @@ _OWN_TABLE = re.compile(r"[A-Za-z0-9_]+\.parquet")
 """A table file rewardlens itself writes (`<table>.parquet`, no folder part): the only names it removes."""
 
 
-def write_report(audit: Audit, out: str | Path) -> Path:
+def write_report(audit: Audit, out: str | Path, numbers: dict[str, Any] | None = None) -> Path:
     """Write the audit into folder `out` (created if needed) and return the path of `report.html`.
 
     `out` receives `report.html` (one self-contained page: inline CSS, figures as PNG data URIs,
@@ -26,12 +26,13 @@ def write_report(audit: Audit, out: str | Path) -> Path:
     rows and columns) and one `<table>.parquet` per table (see `rewardlens.audit.report.tables`).
     A folder holds one run: files of the same names are replaced, and the Parquet tables an
     earlier report listed in its `numbers.json` that this one does not write are removed (with a
-    warning naming them); no other file in the folder is touched.
+    warning naming them); no other file in the folder is touched. `numbers`: a `summary(audit)`
+    already computed (the command line's, with its own `top`), written as it is.
     """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     earlier = _earlier_tables(out)
-    numbers = summary(audit)
+    numbers = summary(audit) if numbers is None else numbers
     written = write_numbers(audit, out, numbers)
     files = [t["file"] for t in written["tables"].values()]
     stale = sorted(earlier - set(files))

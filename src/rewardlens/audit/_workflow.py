@@ -1,0 +1,157 @@
+"""`audit`: the whole run in one call (lock, per-pair chunks, shards, whole-model results, read back),
+and `resume_status`: what a store already holds of a run, for the resume message.
+
+A sharded run (under torchrun, `world_size` > 1) is the same run cut by chunk: rank r computes the
+chunks c with c mod world_size = r into its own shard (`shard_path`), every rank waits for the
+others, and rank 0 merges the shards into the main store and finishes the run there; the merged
+store is bit-for-bit a single process's (docs/audit.md, Sharding).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..data import Pair
+from ..errors import RunLockedError
+from ..model import RewardModel
+from ..sae import TopKSAE
+from ._lock import run_lock
+from ._plan import Plan, run_keys, skipped_key
+from ._runner import Audit, collect, plan_for_model, run_pairs
+from ._store import Store
+from ._whole import run_whole
+
+
+def shard_path(store: str | Path, rank: int) -> Path:
+    """The shard rank `rank` of a sharded run writes beside the main store: `results.rank{r}.sqlite`."""
+    path = Path(store)
+    return path.with_name(f"{path.stem}.rank{rank}{path.suffix}")
+
+
+@dataclass(frozen=True)
+class ResumeStatus:
+    """What a results store holds of one run: the pairs whose every per-pair instrument is stored (or that
+    were recorded as skipped), and the whole-model results stored for the same model and data."""
+
+    path: Path
+    """The store read."""
+    n_pairs: int
+    """Pairs of the run."""
+    kept: int
+    """Pairs a rerun reads from the store instead of computing (0 when the store does not exist)."""
+    whole: int
+    """Whole-model results (probes, concepts, ...) stored for this model and data."""
+
+    def message(self, command_line: str) -> str:
+        """The one line an interrupted run prints: what is kept and the command that resumes."""
+        if not self.path.is_file():
+            return f"rewardlens: interrupted before this run stored anything; start it again with: {command_line}"
+        also = f" and {self.whole} whole-model result{'s' * (self.whole != 1)}" if self.whole else ""
+        return (f"rewardlens: interrupted; {self.path} keeps the finished chunks of {self.kept} of {self.n_pairs} "
+                f"pairs{also}; resume with: {command_line}")
+
+
+def resume_status(store: str | Path, model: RewardModel, pairs: Sequence[Pair], plan: Plan = Plan()) -> ResumeStatus:
+    """What `store` holds of the audit of `pairs` under `plan`, by the run keys `run_pairs` resumes by
+    (a store that does not exist holds nothing and is not created)."""
+    path, pairs = Path(store), list(pairs)
+    if not path.is_file():
+        return ResumeStatus(path, len(pairs), 0, 0)
+    db = Store(path)
+    try:
+        keys = run_keys(model, pairs, plan.for_reads() if model.reads.multi else plan)
+        done = set.intersection(*(db.done(k) for k in keys.values())) | db.done(skipped_key(model, pairs))
+        same = next(iter(keys.values()))
+        whole = sum("all" in db.done(k) for k, _ in db.runs()
+                    if (k.model, k.data, k.version) == (same.model, same.data, same.version))
+    finally:
+        db.close()
+    return ResumeStatus(path, len(pairs), sum(str(i) in done for i in range(len(pairs))), whole)
+
+
+@contextlib.contextmanager
+def _locks(folders: Sequence[Path], rank: int, world_size: int) -> Iterator[None]:
+    """Rank 0 holds the run lock of every folder this run writes (docs/audit.md, Concurrency), so a second
+    run into one refuses, naming this one; the other ranks learn of a refusal from rank 0 instead of
+    waiting at a barrier for a rank that stopped."""
+    with contextlib.ExitStack() as held:
+        refusal = None
+        if rank == 0:
+            try:
+                for folder in dict.fromkeys(f.resolve() for f in folders):
+                    held.enter_context(run_lock(folder))
+            except RunLockedError as exc:
+                refusal = str(exc)
+        if world_size > 1:
+            import torch.distributed as dist
+
+            box = [refusal]
+            dist.broadcast_object_list(box, src=0)
+            refusal = box[0]
+        if refusal is not None:
+            raise RunLockedError(refusal)
+        yield
+
+
+def _sharded(model: RewardModel, pairs: Sequence[Pair], main: Store, path: Path, plan: Plan, rank: int,
+             world_size: int, progress: bool) -> bool:
+    """This rank's chunks into its shard; then rank 0 merges every shard into `main`. True on rank 0."""
+    import torch.distributed as dist
+
+    shard = Store(shard_path(path, rank))
+    try:
+        run_pairs(model, pairs, shard, plan, rank=rank, world_size=world_size, progress=progress, skip=main)
+    finally:
+        shard.close()
+    dist.barrier()  # every shard is complete before rank 0 reads them
+    if rank == 0:
+        for r in range(world_size):
+            main.merge(shard_path(path, r))
+    return rank == 0
+
+
+def audit(model: RewardModel, pairs: Sequence[Pair], *, store: Store | str | Path | None = None,
+          plan: Plan = Plan(), sae: TopKSAE | None = None, progress: bool = False,
+          data: str | Path | None = None, command_line: str | None = None, rank: int = 0, world_size: int = 1,
+          hold: Sequence[str | Path] = ()) -> Audit | None:
+    """Run (or finish) the audit of `pairs` in `store` and return it.
+
+    `data`, `command_line`: the pairs file and the command, recorded in the audit's `provenance`.
+
+    `store`: a `Store`, a path to one, or None for an in-memory run. Finished pairs already in the
+    store are not computed again. Given a path, the run holds the run lock of the store's folder
+    (`run_lock`) throughout, and of every folder in `hold` (say, the report's), so a second audit
+    into one refuses (`RunLockedError`, naming this run's pid and start time) instead of racing this
+    one on the same chunks.
+
+    `rank`, `world_size`: this process's place in a sharded run (torchrun's RANK and WORLD_SIZE, the
+    process group initialised; `store` a path). Each rank computes its chunks into `shard_path(store,
+    rank)`; rank 0 merges them, runs the whole-model instruments and returns the audit; the other
+    ranks return None.
+    """
+    plan = plan_for_model(model, plan, sae)
+    path = None if isinstance(store, Store) or store is None or str(store) == ":memory:" else Path(store)
+    if world_size > 1 and path is None:
+        raise ValueError(f"a sharded audit (world_size={world_size}) writes a shard beside its store: pass store= "
+                         "a path, not an in-memory store or a Store object")
+    folders = [Path(f) for f in hold] + ([] if path is None else [path.parent])
+    with _locks(folders, rank, world_size):
+        db = store if isinstance(store, Store) else Store(path if path is not None else ":memory:")
+        try:
+            if world_size == 1:
+                run_pairs(model, pairs, db, plan, progress=progress)
+            else:
+                assert path is not None  # refused above
+                if not _sharded(model, pairs, db, path, plan, rank, world_size, progress):
+                    return None
+            run_whole(model, pairs, db, plan, sae=sae, progress=progress)
+            return collect(model, pairs, db, plan, sae=sae, data=data, command_line=command_line)
+        finally:
+            if db is not store:
+                db.close()
+
+
+__all__ = ["Audit", "ResumeStatus", "audit", "resume_status", "shard_path"]
