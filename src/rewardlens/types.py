@@ -8,10 +8,8 @@ bare `object`.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Literal, TypeAlias, Union
-
-if TYPE_CHECKING:
-    from .data import Pair
+from dataclasses import dataclass
+from typing import Literal, TypeAlias
 
 Message: TypeAlias = dict[str, str]
 """One chat message: {"role": ..., "content": ...}."""
@@ -21,8 +19,6 @@ Conversation: TypeAlias = list[Message]
 """A whole chat: messages ending with the assistant's response."""
 Text: TypeAlias = str | Conversation
 """One sequence to score: a plain string (tokenized as it is) or a conversation (chat-templated)."""
-Inputs: TypeAlias = Union["Sequence[Pair]", Sequence[Text]]
-"""What the instruments read: preference pairs (rows alternate chosen, rejected) or single texts."""
 
 Level = Literal["sublayer", "head", "neuron"]
 """How finely a decomposition splits the residual stream: sublayers, attention heads, MLP neurons."""
@@ -56,7 +52,7 @@ Spans: TypeAlias = Sequence[tuple[int | None, int | None]]
 """Patch positions as `(start, stop)` slices of the positions up to the read token (negative: back from it)."""
 Ranking = Literal["mean_abs", "margin"]
 """How `Attribution.top` ranks parts: by mean |contribution|, or by mean chosen − rejected margin."""
-Comparison = Literal["direct", "total", "indirect", "attribution_patching"]
+Versus = Literal["direct", "total", "indirect", "attribution_patching"]
 """What `Faithfulness` sets attribution against: the three causal estimands and attribution patching."""
 NormKind = Literal["rms", "rms_offset", "layer"]
 """A norm's kind: RMSNorm, Gemma's RMSNorm with a (1 + γ) scale, or LayerNorm."""
@@ -68,3 +64,19 @@ Pooling = Literal["last", "first"]
 """Read position: the last non-pad token (decoders) or the first token (encoders' [CLS])."""
 Split = Literal["all", "train", "test"]
 """Which of the real-model pairs: every one, the training pairs or the held-out ones."""
+
+
+@dataclass(frozen=True)
+class Stored:
+    """How a per-pair result declares its storage in the audit's store: which fields are cut by chunk
+    (`per_row`: two rows a pair; `per_pair`: one), which are left out because the store rebuilds them
+    (`derived`); every other field is the same for the whole run and goes into the run's metadata.
+    The store's schema version is a digest of these declarations and the fields (`audit.VERSION`)."""
+
+    per_row: tuple[str, ...] = ()
+    """Fields indexed by input row (rows alternate chosen, rejected)."""
+    per_pair: tuple[str, ...] = ()
+    """Fields indexed by pair (a field left None in a run, such as an optional statistic, is metadata)."""
+    derived: tuple[str, ...] = ()
+    """Fields not stored: rebuilt when the result is read back (row labels, pair ids) or kept elsewhere."""
+

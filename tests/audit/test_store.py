@@ -155,3 +155,37 @@ def test_fingerprint_follows_every_choice_that_defines_a_reward(tiny_root):
     assert len(set(prints.values())) == len(prints), prints
     assert prints["prm"] == fingerprint(rl.wrap_prm(lm, tok, separator=SEP, tokens=(23, 29), combine="min"))
     assert fingerprint(plain) == before  # a sequence classifier's fingerprint did not move
+
+
+def test_schema_version_follows_the_stored_fields():
+    """A field added to a stored result, or moved between the chunked and the shared parts, gives a new
+    schema version, so a store written before the change is computed again, never read as the new one."""
+    import dataclasses
+
+    from rewardlens.audit import STORED_RESULTS, VERSION, schema_version
+    from rewardlens.exact import STEP_FIELDS, Lens
+    from rewardlens.types import Stored
+
+    assert schema_version(1, STORED_RESULTS, STEP_FIELDS) == VERSION  # deterministic, and what runs use
+    wider = dataclasses.make_dataclass("Lens", [("extra", int, dataclasses.field(default=0))], bases=(Lens,),
+                                       frozen=True)
+    wider.__qualname__ = Lens.__qualname__  # the same name, one field more
+    assert schema_version(1, [wider if c is Lens else c for c in STORED_RESULTS], STEP_FIELDS) != VERSION
+    moved = type("Lens", (Lens,), {"STORED": Stored(per_row=Lens.STORED.per_row[:-1], derived=Lens.STORED.derived)})
+    moved.__qualname__ = Lens.__qualname__
+    assert schema_version(1, [moved if c is Lens else c for c in STORED_RESULTS], STEP_FIELDS) != VERSION
+    assert schema_version(2, STORED_RESULTS, STEP_FIELDS) != VERSION
+    assert schema_version(1, STORED_RESULTS, STEP_FIELDS[:-1]) != VERSION
+
+
+def test_every_declared_stored_field_is_a_field_of_its_result():
+    import dataclasses
+
+    from rewardlens.audit import STORED_RESULTS
+
+    declared = [c for c in STORED_RESULTS if hasattr(c, "STORED")]
+    assert {c.__name__ for c in declared} == {"Lens", "Attribution", "Faithfulness"}
+    for cls in declared:
+        names, s = {f.name for f in dataclasses.fields(cls)}, cls.STORED
+        assert set(s.per_row + s.per_pair + s.derived) <= names, cls
+        assert not (s.per_row and s.per_pair) and not set(s.per_row + s.per_pair) & set(s.derived), cls

@@ -5,14 +5,21 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from ..causal import aligned, patch_mode
+from ..causal import Faithfulness, Patching, aligned, patch_mode
 from ..data import Pair
-from ..hacking import Item
+from ..exact import STEP_FIELDS, Attribution, Lens, Steps, TokenAttribution
+from ..hacking import Concepts, Conflicts, Item, Probes
 from ..model import RewardModel
-from ._store import RunKey, checksum, fingerprint
+from ..sae import FeatureAttribution
+from ._store import RunKey, checksum, fingerprint, schema_version
 
-VERSION = "1"
-"""Version of every audit instrument's stored numbers: bump when any of them would change."""
+REVISION = 1
+"""Bump when a stored number would change with no stored field changing (a fix to how one is computed)."""
+STORED_RESULTS: tuple[type, ...] = (Lens, Attribution, Faithfulness, Steps, Probes, Concepts, FeatureAttribution,
+                                    Conflicts, Patching, TokenAttribution)
+"""Every result the audit keeps in its store: per pair (by their `STORED` declaration) or whole."""
+VERSION = schema_version(REVISION, STORED_RESULTS, STEP_FIELDS)
+"""Version of every audit instrument's stored numbers, derived from the stored results' fields."""
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ import sqlite3
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, is_dataclass
+from dataclasses import asdict, dataclass, fields, is_dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -89,6 +89,21 @@ def _digest(parts: Iterable[bytes]) -> str:
         h.update(len(part).to_bytes(8, "little"))
         h.update(part)
     return h.hexdigest()[:24]
+
+
+def schema_version(revision: int, results: Sequence[type], extra: Sequence[str] = ()) -> str:
+    """The store's schema version: a digest of `revision` (bumped by hand when a stored number changes
+    meaning with no field changing), every stored result's name, fields (name and annotation) and
+    storage declaration (`STORED`), and `extra` (column lists kept beside a result, such as the steps').
+
+    A field added to, renamed in or moved between the chunked and the shared parts of any stored result
+    changes it, so a store written before the change is never read as if it held the new field."""
+    parts = [str(revision).encode(), *(s.encode() for s in extra)]
+    for cls in results:
+        declared = getattr(cls, "STORED", None)
+        shape = [cls.__qualname__, [(f.name, str(f.type)) for f in fields(cls)], repr(declared)]
+        parts.append(json.dumps(shape).encode())
+    return _digest(parts)[:12]
 
 
 def fingerprint(model: RewardModel) -> str:

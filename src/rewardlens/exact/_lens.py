@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, get_args
+from typing import TYPE_CHECKING, ClassVar, get_args
 
 import numpy as np
 
-from ..data import chosen, margin, rejected, row_labels
+from ..data import Inputs, chosen, margin, rejected, row_labels
 from ..model import RewardModel
-from ..types import CrystallizationRule, Inputs, LensKind, PaddingSide
+from ..types import CrystallizationRule, LensKind, PaddingSide, Stored
 from ._decompose import Decomposition, decompose
 
 if TYPE_CHECKING:
@@ -37,6 +37,10 @@ class Lens:
     normed_objectives: np.ndarray
     rows: list[str]
     is_pairs: bool
+
+    STORED: ClassVar[Stored] = Stored(per_row=("linear", "normed", "reward", "linear_objectives",
+                                               "normed_objectives"), derived=("rows", "is_pairs"))
+    """How the audit's store keeps a lens (`types.Stored`)."""
 
     @classmethod
     def from_decomposition(cls, dec: Decomposition) -> Lens:
