@@ -2,7 +2,7 @@
 
 The layers (docs/design.md §2), top to bottom:
 
-    faces      rewardlens/__init__.py, cli/, __main__, realmodels (`python -m rewardlens.realmodels`)
+    faces      rewardlens/__init__.py, cli/, __main__
     workflows  audit/, compare, monitor, calibrate/, bench/
     instruments exact/ (lowest), then causal/, hacking/, sae/ (which do not import each other);
                zoo/ beside them (demo, tokenizer, organisms, real models: no instrument imports it)
@@ -63,7 +63,7 @@ MODULES = _modules()
 def group(module: str) -> str:
     """The layer group of a dotted module name inside rewardlens."""
     parts = module.split(".")
-    if len(parts) == 1 or parts[1] in ("cli", "__main__", "realmodels"):
+    if len(parts) == 1 or parts[1] in ("cli", "__main__"):
         return "face"
     top = parts[1]
     return "base" if top in BASE else top
@@ -73,13 +73,15 @@ def _package(module: str) -> str:
     return module if MODULES[module].name == "__init__.py" else module.rpartition(".")[0]
 
 
-def imports(module: str) -> list[tuple[str, str, int]]:
-    """(imported module, imported name or '', line) for every rewardlens import in `module`."""
+def imports(module: str, *, annotations: bool = False) -> list[tuple[str, str, int]]:
+    """(imported module, imported name or '', line) for every rewardlens import in `module`; with
+    `annotations`, also those only a type checker runs (`if TYPE_CHECKING:`)."""
     tree = ast.parse(MODULES[module].read_text(encoding="utf-8"))
     # Imports only a type checker runs tie no modules together at run time.
-    typing_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If)
-                   and getattr(block.test, "id", getattr(block.test, "attr", "")) == "TYPE_CHECKING"
-                   for stmt in block.body for n in ast.walk(stmt)}
+    typing_only = set() if annotations else {
+        id(n) for block in ast.walk(tree) if isinstance(block, ast.If)
+        and getattr(block.test, "id", getattr(block.test, "attr", "")) == "TYPE_CHECKING"
+        for stmt in block.body for n in ast.walk(stmt)}
     out = []
     for node in ast.walk(tree):
         if id(node) in typing_only:
@@ -137,10 +139,13 @@ def test_other_packages_are_reached_through_their_faces(module):
     assert not bad, f"{module}: {bad}"
 
 
-def test_no_import_cycle():
+@pytest.mark.parametrize("annotations", [False, True], ids=["run-time", "with-annotations"])
+def test_no_import_cycle(annotations):
+    """No cycle at run time, nor among the imports a type checker follows: a module that needs another's
+    names only for annotations still depends on it (the top-level lazy face, which names everything, aside)."""
     graph = defaultdict(set)
     for module in MODULES:
-        for target, _, _ in imports(module):
+        for target, _, _ in imports(module, annotations=annotations):
             if target in MODULES and target != module and target != "rewardlens":
                 graph[module].add(target)
     state: dict[str, int] = {}
@@ -179,7 +184,7 @@ def test_the_cycle_finder_finds_a_planted_cycle(tmp_path, monkeypatch):
     monkeypatch.setitem(MODULES, "rewardlens.exact._loopback", tmp_path / "back.py")
     (tmp_path / "back.py").write_text("from ..model import _loop\n")
     with pytest.raises(pytest.fail.Exception, match="import cycle"):
-        test_no_import_cycle()
+        test_no_import_cycle(False)
 
 
 @pytest.mark.parametrize("module", sorted(set(MODULES) - LONG_TEXT))
@@ -204,3 +209,16 @@ def test_faces_re_export_explicitly():
         assert names is not None, f"{module} has no __all__"
         missing = set(names) - exported
         assert not missing, f"{module}: {sorted(missing)} in __all__ but not re-exported as `X as X`"
+
+
+def test_no_top_level_module_but_the_faces_and_the_base():
+    """Every implementation lives in a subpackage with a face; the top level holds only the package's own
+    face, `python -m rewardlens`, and the base modules every layer may use."""
+    top = {m for m in MODULES if m.count(".") == 1 and MODULES[m].name != "__init__.py"}
+    assert top == {"rewardlens.__main__", "rewardlens.errors", "rewardlens.stats", "rewardlens.types",
+                   "rewardlens._version"}, sorted(top)
+
+
+def test_types_is_a_leaf():
+    """`types` names options and shapes; it imports no rewardlens module, not even for annotations."""
+    assert [t for t, _, _ in imports("rewardlens.types", annotations=True)] == []

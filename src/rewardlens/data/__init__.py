@@ -12,8 +12,9 @@ from ._checks import CHECK_KINDS as CHECK_KINDS
 from ._checks import CheckKind as CheckKind
 from ._checks import PairChecks as PairChecks
 from ._checks import check_pairs as check_pairs
+from ._pair import Inputs as Inputs
+from ._pair import Pair as Pair
 from ._pairs import SUPPORTED as SUPPORTED
-from ._pairs import Pair as Pair
 from ._pairs import load_pairs as load_pairs
 from ._pairs import save_pairs as save_pairs
 from ._progress import counting as counting
@@ -32,6 +33,7 @@ from ._samples import SAMPLES as SAMPLES
 from ._samples import sample_path as sample_path
 
 __all__ = [
+    "Inputs",
     "CHECK_KINDS",
     "SAMPLES",
     "SIDES",

@@ -26,10 +26,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, get_args
 
 from ..errors import DataError, DegeneratePairsWarning
+from ._pair import Pair
 
 if TYPE_CHECKING:
     from ..types import Prompt
-    from ._pairs import Pair
 
 CheckKind = Literal["empty", "identical", "duplicate_id", "repeated"]
 CHECK_KINDS: tuple[CheckKind, ...] = get_args(CheckKind)

@@ -36,10 +36,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..data import Pair
+from ..data import Inputs, Pair
 from ..errors import ArchitectureError, DataError, HeadError, warn
 from ..model import RewardModel, get_module, wrap
-from ..types import EditMethod, Inputs, Text
+from ..types import EditMethod, Text
 
 if TYPE_CHECKING:
     import pandas as pd

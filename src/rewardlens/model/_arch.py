@@ -14,8 +14,8 @@ from torch import nn
 
 from ..errors import ArchitectureError, HeadError
 from ..types import HeadKind, Layout, NormKind, Pooling
-from ._moe import moe_paths
 from ._norms import NORM_KINDS, detect_norm_kind
+from ._sparse import moe_paths
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig

@@ -23,27 +23,16 @@ from ..errors import ArchitectureError
 from ._hooks import eval_mode
 from ._parts import Part
 from ._placement import execution_device, onloaded
+from ._sparse import EXPERTS, is_moe_block, moe_paths
 
 if TYPE_CHECKING:
-    from ._core import RewardModel
+    from ._backbone import Backbone
 
-EXPERTS = "experts"
-"""The child every understood sparse block keeps its experts under (3-D fused weights in transformers 5)."""
 _KNOWN_CHILDREN = {"gate", EXPERTS, "shared_expert", "shared_expert_gate"}
 # Relative gap allowed between the experts' sum and the block's captured output, by weight dtype:
 # fp32 sums the same terms in another order (~1e-7); half precision rounds each expert's output.
 SUM_TOLERANCE = {torch.float32: 1e-4, torch.float64: 1e-8}
 _HALF_TOLERANCE = 5e-2
-
-
-def is_moe_block(module: nn.Module) -> bool:
-    """Whether `module` is a sparse mixture-of-experts block: it has an `experts` child."""
-    return isinstance(getattr(module, EXPERTS, None), nn.Module)
-
-
-def moe_paths(layer: nn.Module) -> list[str]:
-    """Paths (relative to `layer`) of the sparse blocks inside one transformer layer, outermost first."""
-    return [name for name, module in layer.named_modules() if name and is_moe_block(module)]
 
 
 @dataclass(frozen=True)
@@ -75,7 +64,7 @@ def _refuse(path: str, block: nn.Module, what: str) -> ArchitectureError:
     )
 
 
-def moe_block(model: RewardModel, layer: int) -> MoeBlock:
+def moe_block(model: Backbone, layer: int) -> MoeBlock:
     """The understood sparse block of `layer` (the map's `mlp_out`); ArchitectureError naming what is not."""
     path = model.arch.mlp_out
     block = model.layer_module(layer, path)
@@ -96,12 +85,12 @@ def moe_block(model: RewardModel, layer: int) -> MoeBlock:
     return MoeBlock(path, block, router, experts, n_experts, shared, shared_gate)
 
 
-def is_moe_layer(model: RewardModel, layer: int) -> bool:
+def is_moe_layer(model: Backbone, layer: int) -> bool:
     """Whether `layer`'s MLP sublayer (the map's `mlp_out`) is a sparse block."""
     return is_moe_block(model.layer_module(layer, model.arch.mlp_out))
 
 
-def expert_parts(model: RewardModel, layer: int) -> list[Part]:
+def expert_parts(model: Backbone, layer: int) -> list[Part]:
     """The parts of a sparse layer at the fine level: `mlp_L{l}_E{e}` for every expert, then `mlp_L{l}_shared`."""
     block = moe_block(model, layer)
     out = [Part.mlp(layer, expert=e) for e in range(block.n_experts)]
@@ -143,7 +132,7 @@ def _terms(block: MoeBlock, h: Tensor) -> Tensor:
     return terms
 
 
-def expert_writes(model: RewardModel, layer: int, x: Tensor, out: Tensor) -> Tensor:
+def expert_writes(model: Backbone, layer: int, x: Tensor, out: Tensor) -> Tensor:
     """Each expert's write of `layer`'s sparse block: [..., E (+1), d] fp32, in `expert_parts` order.
 
     `x` [..., d] is the block's captured input and `out` [..., d] its captured output, at the same
@@ -172,7 +161,7 @@ def _prove(block: MoeBlock, layer: int, total: Tensor, out: Tensor, dtype: torch
                       "block adds something rewardlens does not see")
 
 
-def check_moe_map(model: RewardModel) -> None:
+def check_moe_map(model: Backbone) -> None:
     """Refuse a map whose MLP output is not a layer's sparse block itself (a module inside it, such as
     'mlp.experts' or the shared expert's down-projection, writes only part of the sum, on flattened
     [n·T, d] states), before any check input runs."""

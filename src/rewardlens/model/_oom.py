@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
@@ -24,11 +24,11 @@ from torch import Tensor
 
 from ..data import pair_of, tick
 from ..errors import OutOfMemoryError, RewardLensWarning
-from ._hooks import Point, capture, eval_mode
+from ._hooks import Point, PointKey, capture, eval_mode
 from ._tokens import Batch, sequence_label
 
 if TYPE_CHECKING:
-    from ._core import RewardModel
+    from ._backbone import Backbone
 
 T = TypeVar("T")
 
@@ -63,7 +63,7 @@ class Backoff:
         self.size, self.ids, self.is_pairs, self.labels = size, ids, is_pairs, labels
         self.skipped: list[int] = []
         self.said = False
-        self.widths: dict[str, int] = {}
+        self.widths: dict[Hashable, int] = {}
         """Width of every point `run_rows` captured (to fill the rows of a piece that failed)."""
 
     def chunks(self, order: Sequence[int] | np.ndarray, lengths: Sequence[int] | None = None) -> Iterator[list[int]]:
@@ -188,14 +188,14 @@ def select(batch: Batch, index: Sequence[int]) -> tuple[Batch, int]:
         labels=None if batch.labels is None else [batch.labels[i] for i in index]), lo
 
 
-def forward(model: RewardModel, batch: Batch, points: dict[str, Point]) -> dict[str, Tensor]:
+def forward(model: Backbone, batch: Batch, points: Mapping[PointKey, Point]) -> dict[PointKey, Tensor]:
     """One no-grad forward of the backbone on `batch`, returning the captured points in fp32."""
     with torch.no_grad(), eval_mode(model.model), capture(points, model.device) as captured:
         model.backbone(**model.batch_kwargs(batch))
     return captured
 
 
-def run_rows(model: RewardModel, batch: Batch, points: dict[str, Point]) -> dict[str, Tensor]:
+def run_rows(model: Backbone, batch: Batch, points: Mapping[PointKey, Point]) -> dict[PointKey, Tensor]:
     """`forward`, split on out-of-memory into pieces of rows whose captured points are joined in
     row order. Rows that fit in no piece get NaN values and are reported by the loop that yielded
     the batch (`batch_loop`), or here, at once, for a batch built elsewhere."""
@@ -204,7 +204,7 @@ def run_rows(model: RewardModel, batch: Batch, points: dict[str, Point]) -> dict
         Backoff(n, labels=batch.labels or [f"row {j}" for j in range(n)]), list(range(n)))
     where = {r: j for j, r in enumerate(rows)}
 
-    def piece(sub: list[int]) -> dict[str, Tensor]:
+    def piece(sub: list[int]) -> dict[PointKey, Tensor]:
         if len(sub) == n:
             return forward(model, batch, points)
         index = [where[r] for r in sub]

@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING, Any, TypeGuard
 import torch
 from torch import Tensor
 
-from ..data import Pair
+from ..data import Inputs, Pair
 from ..errors import TokenizationError, warn
-from ..types import Conversation, Inputs, PaddingSide, Text, Truncation
+from ..types import Conversation, PaddingSide, Text, Truncation
 from ._reads import Reads, ReadSet, collate_reads, one_read_only
 
 if TYPE_CHECKING:
