@@ -7,8 +7,8 @@ import pytest
 
 from rewardlens.calibrate import (
     GRADERS,
-    Bench,
     Grade,
+    OrganismBench,
     Scorecard,
     calibrate,
     localisation,
@@ -86,9 +86,9 @@ def test_suite_is_a_list_later_instruments_append_to(organisms):
 
 def test_bench_refuses_bad_settings():
     with pytest.raises(ValueError, match="at least 3"):
-        Bench(strengths=(0.5, 1.0))
+        OrganismBench(strengths=(0.5, 1.0))
     with pytest.raises(ValueError, match="lenght"):
-        Bench(organisms=["lenght"])
+        OrganismBench(organisms=["lenght"])
 
 
 def test_cli_calibrate_prints_the_table_and_writes_json(organisms, capsys, tmp_path):

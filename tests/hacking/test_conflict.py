@@ -9,7 +9,7 @@ import torch
 import transformers as tf
 
 import rewardlens as rl
-from rewardlens.calibrate import Bench, grade_conflict
+from rewardlens.calibrate import OrganismBench, grade_conflict
 from rewardlens.cli import main
 from rewardlens.data import save_pairs
 from rewardlens.hacking import conflict
@@ -101,9 +101,9 @@ def test_user_terms_recover_the_conflict_and_split_halves_align(two_objective):
 
 
 def test_grader_passes_on_the_organism(organisms):
-    rows = grade_conflict(Bench(organisms=["two_objective"], n_pairs=100))
+    rows = grade_conflict(OrganismBench(organisms=["two_objective"], n_pairs=100))
     assert len(rows) == 5 and all(r.passed for r in rows), [r for r in rows if not r.passed]
-    assert grade_conflict(Bench(organisms=["list"])) == []
+    assert grade_conflict(OrganismBench(organisms=["list"])) == []
 
 
 # ---- tiny random models: exact against the Hugging Face modules ----------------------------------

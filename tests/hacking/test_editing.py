@@ -13,7 +13,7 @@ import torch
 from transformers import AutoModelForSequenceClassification
 
 import rewardlens as rl
-from rewardlens.calibrate import Bench, grade_editing
+from rewardlens.calibrate import OrganismBench, grade_editing
 from rewardlens.cli import main
 from rewardlens.cli.edit import read_texts
 from rewardlens.data import save_pairs
@@ -250,7 +250,7 @@ def organism():
 
 
 def test_grader_passes_on_quality_list():
-    rows = grade_editing(Bench(organisms=["quality_list"], n_pairs=40))
+    rows = grade_editing(OrganismBench(organisms=["quality_list"], n_pairs=40))
     assert len(rows) == 10 and {r.check.split(":")[0] for r in rows} == {"project", "leace"}
     assert all(r.passed for r in rows), [r for r in rows if not r.passed]
 

@@ -11,7 +11,7 @@ from ..data import Pair, margin
 from ..errors import DataError
 from ..model import RewardModel
 from ..stats import wilson
-from ._items import Items, Layout, checksum, correct, items, layout
+from ._items import Items, SubsetLayout, checksum, correct, items, layout
 from ._result import Bench, SubsetScore
 from ._sections import RB2, RB2_SUBSETS, SECTION_OF
 from ._stats import ALL_ITEMS, interval, picks, scores, subset_key, support
@@ -75,7 +75,7 @@ def _run(model: RewardModel, pairs: list[Pair], found: Items, batch_size: int, n
         intervals=intervals, support=n, checksum=checksum(pairs), n_boot=n_boot, seed=seed, level=level)
 
 
-def _subsets(lay: Layout, found: Items, right: np.ndarray, level: float) -> tuple[SubsetScore, ...]:
+def _subsets(lay: SubsetLayout, found: Items, right: np.ndarray, level: float) -> tuple[SubsetScore, ...]:
     out = []
     size = found.size
     for subset, ix, grouped in zip(lay.subsets, lay.index, lay.grouped):

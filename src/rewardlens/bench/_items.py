@@ -54,7 +54,7 @@ class Items:
 
 
 @dataclass(frozen=True)
-class Layout:
+class SubsetLayout:
     """Items by subset: `subsets` in order of first appearance, `index[k]` the items of subset k,
     `grouped[k]` whether they are RewardBench 2 groups; `weights` the RewardBench 1 section weights."""
 
@@ -116,14 +116,14 @@ def _one_rule_per_subset(found: Items) -> None:
                         f"subset names.")
 
 
-def layout(subsets: Sequence[str | None], grouped: np.ndarray) -> Layout:
+def layout(subsets: Sequence[str | None], grouped: np.ndarray) -> SubsetLayout:
     """Items grouped by subset, and the RewardBench 1 section weights of their counts."""
     order = list(dict.fromkeys(subsets))
     keys = np.array([order.index(s) for s in subsets], dtype=np.int64)
     index = tuple(np.flatnonzero(keys == k) for k in range(len(order)))
     kind = tuple(bool(grouped[ix[0]]) for ix in index)
     counts = {s: len(ix) for s, ix, g in zip(order, index, kind) if s in SECTION_OF and not g}
-    return Layout(tuple(order), index, kind, section_weights(counts))
+    return SubsetLayout(tuple(order), index, kind, section_weights(counts))
 
 
 def correct(found: Items, margin: np.ndarray) -> np.ndarray:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._items import NO_SUBSET, Layout
+from ._items import NO_SUBSET, SubsetLayout
 from ._sections import OVERALL, RB2, RB2_SUBSETS, SECTIONS, overall, rb2_score, section_scores
 
 Key = tuple[str, str]
@@ -33,7 +33,7 @@ EXACT = 12
 """Up to this many differing items the sign-flip test enumerates every sign pattern (4096)."""
 
 
-def scores(correct: np.ndarray, lay: Layout, picks: list[np.ndarray] | None = None) -> dict[Key, np.ndarray]:
+def scores(correct: np.ndarray, lay: SubsetLayout, picks: list[np.ndarray] | None = None) -> dict[Key, np.ndarray]:
     """Every score from per-item correctness `correct` [m]: floats, or with `picks` (per subset,
     resampled positions [B, n_s]) bootstrap draws [B]. Undefined scores (no subset of a kind) are NaN."""
     c = np.asarray(correct, dtype=np.float64)
@@ -43,7 +43,7 @@ def scores(correct: np.ndarray, lay: Layout, picks: list[np.ndarray] | None = No
     return combine(acc, lay)
 
 
-def coefficients(lay: Layout, keys: list[Key]) -> np.ndarray:
+def coefficients(lay: SubsetLayout, keys: list[Key]) -> np.ndarray:
     """Each score's weight on each item [len(keys), m]: `score = coefficients @ correct`.
 
     Read off the same code that computes the scores, fed each subset's accuracy as the vector
@@ -57,7 +57,7 @@ def coefficients(lay: Layout, keys: list[Key]) -> np.ndarray:
     return np.stack([np.broadcast_to(out[k], (m,)) for k in keys])
 
 
-def combine(acc: dict[str | None, np.ndarray], lay: Layout) -> dict[Key, np.ndarray]:
+def combine(acc: dict[str | None, np.ndarray], lay: SubsetLayout) -> dict[Key, np.ndarray]:
     """Every score from the subsets' accuracies (floats, draws [B], or coefficient vectors [m])."""
     out: dict[Key, np.ndarray] = {subset_key(s): a for s, a in acc.items()}
     plain = {s: a for (s, a), g in zip(acc.items(), lay.grouped) if s is not None and not g}
@@ -71,7 +71,7 @@ def combine(acc: dict[str | None, np.ndarray], lay: Layout) -> dict[Key, np.ndar
     return out
 
 
-def support(lay: Layout, keys: list[Key]) -> np.ndarray:
+def support(lay: SubsetLayout, keys: list[Key]) -> np.ndarray:
     """Number of items behind each score [len(keys)] (the units its bootstrap resamples)."""
     n = {subset_key(s): len(ix) for s, ix in zip(lay.subsets, lay.index)}
     weighted = [(s, len(ix)) for s, ix, g in zip(lay.subsets, lay.index, lay.grouped) if s in lay.weights and not g]
@@ -83,7 +83,7 @@ def support(lay: Layout, keys: list[Key]) -> np.ndarray:
     return np.array([n[k] for k in keys])
 
 
-def picks(lay: Layout, n_boot: int, seed: int) -> list[np.ndarray]:
+def picks(lay: SubsetLayout, n_boot: int, seed: int) -> list[np.ndarray]:
     """Resampled positions within each subset [B, n_s], one array per subset, seeded."""
     if n_boot < 1:
         raise ValueError(f"n_boot must be at least 1, got {n_boot}")

@@ -1,6 +1,6 @@
 """`calibrate`: grade every instrument on model organisms, where the right answer is planted.
 
-The suite is the list `GRADERS`. A grader takes the shared `Bench` (organisms built on demand,
+The suite is the list `GRADERS`. A grader takes the shared `OrganismBench` (organisms built on demand,
 loaded once, with held-out pairs) and returns `Grade` rows; an instrument joins the suite by
 appending one grader. Each row states what was measured, the threshold and whether it passed,
 so a scorecard reads as "this instrument finds what we planted, this well".
@@ -9,9 +9,9 @@ so a scorecard reads as "this instrument finds what we planted, this well".
 from ._concepts import grade_concepts as grade_concepts
 from ._conflict import grade_conflict as grade_conflict
 from ._core import STRENGTHS as STRENGTHS
-from ._core import Bench as Bench
 from ._core import Grade as Grade
 from ._core import Grader as Grader
+from ._core import OrganismBench as OrganismBench
 from ._core import Scorecard as Scorecard
 from ._core import localisation as localisation
 from ._core import strength_response as strength_response
@@ -31,7 +31,7 @@ from ._suite import GRADERS as GRADERS
 from ._suite import calibrate as calibrate
 
 __all__ = [
-    "Bench",
+    "OrganismBench",
     "GRADERS",
     "Grade",
     "Grader",

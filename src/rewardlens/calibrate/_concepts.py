@@ -11,7 +11,7 @@ from ..data import Pair
 from ..hacking import ConceptSets, concepts
 from ..types import Conversation
 from ..zoo.organisms import ORGANISMS, Organism
-from ._core import Bench, Grade
+from ._core import Grade, OrganismBench
 
 PLANTED = ("list", "sycophancy")
 """Organisms whose planted attribute is a concept with matched sets (chosen vs rejected)."""
@@ -29,7 +29,7 @@ def contrast(spec: Organism, pairs: list[Pair]) -> tuple[list[Conversation], lis
     return [w for w, _ in sides], [wo for _, wo in sides]
 
 
-def grade_concepts(bench: Bench) -> list[Grade]:
+def grade_concepts(bench: OrganismBench) -> list[Grade]:
     """Per planted organism on the bench: the planted concept's last-layer direction has a positive
     cosine with the read-out and a high held-out AUROC; its dose-response slope (difference units,
     last layer, read token) is positive with a bootstrap CI above zero; the unrelated concept's

@@ -22,14 +22,14 @@ import numpy as np
 
 from ..hacking import conflict
 from ..zoo.organisms import ORGANISMS
-from ._core import Bench, Grade
+from ._core import Grade, OrganismBench
 
 ORGANISM = "two_objective"
 SHARE_TOLERANCE = 0.1
 """How far the measured disagreement share may be from the planted conflict share."""
 
 
-def grade_conflict(bench: Bench) -> list[Grade]:
+def grade_conflict(bench: OrganismBench) -> list[Grade]:
     """Conflict analysis finds the two-objective organism's planted conflict (objectives and
     user-defined terms), measures its share within `SHARE_TOLERANCE`, and calls a concept's two
     halves aligned."""

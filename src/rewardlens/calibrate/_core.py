@@ -1,4 +1,4 @@
-"""What every grader shares: `Grade` rows, the `Scorecard`, the `Bench` of organisms, and the
+"""What every grader shares: `Grade` rows, the `Scorecard`, the `OrganismBench` of organisms, and the
 reusable checks (`localisation`, `strength_response`)."""
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ class Scorecard:
         return text
 
 
-class Bench:
+class OrganismBench:
     """What the graders of one run share: organisms built on demand (cached on disk by `build`),
     loaded models, and held-out pairs (`spec.pairs(n_pairs, seed=seed + 1)`, planted strength 1,
     a stream neither training nor the build's own accuracy check used)."""
@@ -133,10 +133,10 @@ class Bench:
         return self._pairs[name]
 
 
-Grader = Callable[[Bench], list[Grade]]
+Grader = Callable[[OrganismBench], list[Grade]]
 
 
-def circuits(bench: Bench) -> list[str]:
+def circuits(bench: OrganismBench) -> list[str]:
     """The organisms on the bench whose rule lives in a known part."""
     return [n for n in bench.organisms if ORGANISMS[n].planted_part is not None]
 
@@ -162,7 +162,7 @@ def localisation(instrument: str, organism: str, names: Sequence[str], scores: n
             Grade.of(instrument, organism, f"share of the |{by}| on {planted} ({level} level)", share, 0.9)]
 
 
-def strength_response(bench: Bench, instrument: str, organism: str, what: str,
+def strength_response(bench: OrganismBench, instrument: str, organism: str, what: str,
                       score: Callable[[RewardModel], float]) -> Grade:
     """Row for "does `instrument` respond monotonically to planted strength": Spearman between the
     bench's strengths and `score` of the organism trained at each (must be 1)."""

@@ -13,7 +13,7 @@ from ..hacking import METHODS, Edit, edit, edit_report, final_hidden_states
 from ..model import RewardModel
 from ..zoo.organisms import ORGANISMS
 from ._concepts import contrast
-from ._core import Bench, Grade, QualitySpec
+from ._core import Grade, OrganismBench, QualitySpec
 from ._probes import bank_items
 
 ORGANISM = "quality_list"
@@ -31,7 +31,7 @@ QUALITY_KEPT = 0.5
 pass an edit that left the quality rule a sliver of its margin)."""
 
 
-def grade_editing(bench: Bench) -> list[Grade]:
+def grade_editing(bench: OrganismBench) -> list[Grade]:
     """For each method, fit the list concept on bias pairs of one seed (positive: the bullet-list
     side, negative: the same statements in prose; LEACE's covariance also sees unlabelled pairs of
     the organism's mix) and edit it out of the quality_list organism at strength 1. On held-out pairs

@@ -9,14 +9,14 @@ import torch
 from ..causal import attribution_patch, patch
 from ..data import Pair, margin
 from ..exact import attribute, lens
-from ..model import Part, RewardModel
+from ..model import Part, RewardModel, TraceKey
 from ..stats import auroc
 from ..types import Level, PatchLevel
 from ..zoo.organisms import ORGANISMS, ablated, forward_margins
-from ._core import ACCURACY, Bench, Grade, circuits, localisation, strength_response, sublayer_of
+from ._core import ACCURACY, Grade, OrganismBench, circuits, localisation, strength_response, sublayer_of
 
 
-def grade_organisms(bench: Bench) -> list[Grade]:
+def grade_organisms(bench: OrganismBench) -> list[Grade]:
     """The answer key itself: every organism learned its rule (held-out accuracy), and the circuit
     organism's rule lives only in its planted part (ablating it removes the margin)."""
     rows = []
@@ -40,7 +40,7 @@ def grade_organisms(bench: Bench) -> list[Grade]:
     return rows
 
 
-def grade_attribution(bench: Bench) -> list[Grade]:
+def grade_attribution(bench: OrganismBench) -> list[Grade]:
     """Exact attribution: closes on every organism; ranks the planted part first at sublayer and
     head level; its contribution rises with planted strength (Spearman = 1)."""
     rows = []
@@ -64,7 +64,7 @@ def grade_attribution(bench: Bench) -> list[Grade]:
     return rows
 
 
-def grade_lens(bench: Bench) -> list[Grade]:
+def grade_lens(bench: OrganismBench) -> list[Grade]:
     """Reward lens: the final linear-lens margin rises with planted strength, and on a circuit
     planted in layer l the margin crystallizes after layer l, not before."""
     rows = []
@@ -84,7 +84,7 @@ def grade_lens(bench: Bench) -> list[Grade]:
     return rows
 
 
-def grade_patching(bench: Bench) -> list[Grade]:
+def grade_patching(bench: OrganismBench) -> list[Grade]:
     """Causal patching: read-position noising (total and path-frozen direct) and attribution
     patching rank the planted part first at sublayer and head level, and the planted head's
     noising effect rises with planted strength (Spearman = 1)."""
@@ -111,7 +111,7 @@ def grade_patching(bench: Bench) -> list[Grade]:
     return rows
 
 
-def grade_sae(bench: Bench) -> list[Grade]:
+def grade_sae(bench: OrganismBench) -> list[Grade]:
     """TopK SAE on the 'list' organism's last layer: the features that write the most reward on
     held-out pairs detect the bullet list on pairs where a coin put it on either side (AUROC), and
     do not detect which side was chosen (AUROC near 0.5)."""
@@ -121,7 +121,7 @@ def grade_sae(bench: Bench) -> list[Grade]:
         return []
     spec, model = ORGANISMS["list"], bench.model("list")
     layer = model.n_layers - 1
-    source = ActivationSource(model, spec.pairs(n=200, seed=bench.seed + 2, strength=1.0), f"resid_{layer}",
+    source = ActivationSource(model, spec.pairs(n=200, seed=bench.seed + 2, strength=1.0), TraceKey.resid(layer),
                               positions="all")
     with torch.random.fork_rng():  # seeded training without resetting the caller's random state
         torch.manual_seed(bench.seed)

@@ -35,7 +35,7 @@ from ..zoo.organisms import (
     prm_accuracy,
     step_scores,
 )
-from ._core import ACCURACY, STRENGTHS, Bench, Grade, localisation, sublayer_of
+from ._core import ACCURACY, STRENGTHS, Grade, OrganismBench, localisation, sublayer_of
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -46,8 +46,8 @@ ABLATED_SHARE = 0.05
 """Largest |mean margin| left, as a share of the full one, with the planted part ablated."""
 
 
-class KindBench(Bench):
-    """A `Bench` that also holds organisms of `KINDS` (`kinds`, default all), built on demand and
+class KindBench(OrganismBench):
+    """A `OrganismBench` that also holds organisms of `KINDS` (`kinds`, default all), built on demand and
     opened as their record says (`open_kind`), with held-out pairs `spec.pairs(n_pairs, seed + 1)`."""
 
     def __init__(self, *, kinds: Sequence[str] | None = None, seed: int = 0, n_pairs: int = 100,
@@ -74,8 +74,8 @@ class KindBench(Bench):
         return self._kind_pairs[name]
 
 
-def kind_bench(bench: Bench) -> KindBench:
-    """`bench` itself when it holds kinds; for a plain `Bench`, one with its settings and every kind
+def kind_bench(bench: OrganismBench) -> KindBench:
+    """`bench` itself when it holds kinds; for a plain `OrganismBench`, one with its settings and every kind
     (a grader of these organisms called on its own grades them all)."""
     if isinstance(bench, KindBench):
         return bench
@@ -83,7 +83,7 @@ def kind_bench(bench: Bench) -> KindBench:
                      progress=bench.progress)
 
 
-def _kinds(bench: Bench, kind: type) -> list[tuple[KindBench, str]]:
+def _kinds(bench: OrganismBench, kind: type) -> list[tuple[KindBench, str]]:
     kb = kind_bench(bench)
     return [(kb, name) for name in kb.kinds if isinstance(KINDS[name], kind)]
 
@@ -148,7 +148,7 @@ def _min_margin(model: nn.Module, tokenizer: PreTrainedTokenizerBase, pairs: lis
     return float(np.mean([s[i].min() - s[i + 1].min() for i in range(0, len(s), 2)]))
 
 
-def grade_prm(bench: Bench) -> list[Grade]:
+def grade_prm(bench: OrganismBench) -> list[Grade]:
     """The PRM organism: step and pair accuracy on its own forward, the margin gone with the planted
     head ablated, exact attribution per sequence and per step, the planted head ranked first by
     attribution and by patching, the lens crystallizing after its layer, and the step where the
@@ -176,7 +176,7 @@ def grade_prm(bench: Bench) -> list[Grade]:
     return rows
 
 
-def grade_dpo(bench: Bench) -> list[Grade]:
+def grade_dpo(bench: OrganismBench) -> list[Grade]:
     """The DPO organism: pair accuracy of the implicit reward on the models' own forwards, the margin
     gone with the policy's planted head ablated, exact attribution per sequence and per token, the
     planted head ranked first by attribution and by patching, the lens crystallizing after its layer,

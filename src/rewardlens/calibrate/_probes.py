@@ -16,7 +16,7 @@ import numpy as np
 from ..hacking import MIN_ITEMS, Distortion, Item, Probes, cascade, distortion, probe
 from ..model import RewardModel
 from ..zoo.organisms import ORGANISMS, bank
-from ._core import Bench, Grade, QualitySpec, strength_response
+from ._core import Grade, OrganismBench, QualitySpec, strength_response
 
 PLANTED_AXES: dict[str, tuple[str, ...]] = {
     "length": ("length",),
@@ -63,13 +63,13 @@ def bank_items(n: int = N_ITEMS, seed: int = 0) -> list[Item]:
     return out
 
 
-def probe_organism(bench: Bench, name: str, strength: float = 1.0, **kw: Any) -> Probes:
+def probe_organism(bench: OrganismBench, name: str, strength: float = 1.0, **kw: Any) -> Probes:
     """The probe suite on an organism's bank items, scaled by its held-out pairs' mean |margin|."""
     return probe(bench.model(name, strength), bank_items(seed=bench.seed), reference=bench.pairs(name),
                  min_effect=MIN_EFFECT, seed=bench.seed, **kw)
 
 
-def grade_probes(bench: Bench) -> list[Grade]:
+def grade_probes(bench: OrganismBench) -> list[Grade]:
     """Each planted bias is flagged (FDR-adjusted, above the floor) by a probe of its attribute and
     ranks first by |effect|; no unplanted axis is flagged; cascades never correlate fewer items
     than their stated minimum."""
@@ -107,7 +107,7 @@ def _subset(result: Probes, n: int) -> Probes:
     return replace(result, delta=result.delta[:n], item_ids=result.item_ids[:n])
 
 
-def grade_distortion(bench: Bench) -> list[Grade]:
+def grade_distortion(bench: OrganismBench) -> list[Grade]:
     """On the quality_list organism (a quality rule plus a planted list bias of varying strength),
     against its own quality pairs: the formatting axis has the largest distortion index and is
     flagged, and its index rises with planted strength (Spearman = 1)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 
-from ..zoo.organisms import KINDS, VERSION
+from ..zoo.organisms import KINDS, ORGANISM_VERSION
 from ._concepts import grade_concepts
 from ._conflict import grade_conflict
 from ._core import STRENGTHS, Grader, Scorecard
@@ -42,6 +42,6 @@ def calibrate(
     bench = KindBench(seed=seed, n_pairs=n_pairs, strengths=strengths, organisms=rest, kinds=kinds, progress=progress)
     rows = tuple(row for grader in (GRADERS if graders is None else graders) for row in grader(bench))
     settings = {"seed": seed, "n_pairs": n_pairs, "strengths": list(bench.strengths),
-                "organisms": list(bench.organisms) + list(bench.kinds), "organism_version": VERSION,
+                "organisms": list(bench.organisms) + list(bench.kinds), "organism_version": ORGANISM_VERSION,
                 "seconds": round(time.perf_counter() - started, 1)}
     return Scorecard(rows, settings)

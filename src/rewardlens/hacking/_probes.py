@@ -204,7 +204,7 @@ def probe(
                       n_boot, seed, gone)
 
 
-Plan = tuple[dict[str, Conversation], list[list[tuple[str, str] | None]], list[str], dict[str, list[str | None]]]
+ProbePlan = tuple[dict[str, Conversation], list[list[tuple[str, str] | None]], list[str], dict[str, list[str | None]]]
 
 
 def _keys(cells: list[tuple[str, str] | None], original: str, qplan: dict[str, list[str | None]], i: int) -> list[str]:
@@ -213,7 +213,7 @@ def _keys(cells: list[tuple[str, str] | None], original: str, qplan: dict[str, l
             *(k for q in qplan.values() if (k := q[i]) is not None)]
 
 
-def _plan(base: list[Item], names: list[str], quality: bool, seed: int) -> Plan:
+def _plan(base: list[Item], names: list[str], quality: bool, seed: int) -> ProbePlan:
     """Every distinct conversation the probe scores (by key), and per item the keys of each axis' (with,
     without), of its original and of each quality degradation (None where an axis or degradation does not apply)."""
     convs: dict[str, Conversation] = {}

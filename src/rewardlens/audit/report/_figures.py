@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ...model import Part
-from ...types import Comparison, LensKind
+from ...types import LensKind, Versus
 from ._canvas import KIND_COLORS as KIND_COLORS
 from ._canvas import PART_COLORS as PART_COLORS
 from ._canvas import nanmedian as nanmedian
@@ -75,7 +75,7 @@ def fig_scatter(audit: Audit) -> Figure:
     keep = np.arange(kinds.size)
     if keep.size > MAX_POINTS:
         keep = np.sort(np.random.default_rng(0).choice(keep, MAX_POINTS, replace=False))
-    estimands: tuple[Comparison, ...] = ("direct", "total")
+    estimands: tuple[Versus, ...] = ("direct", "total")
     for ax, name in zip(axes, estimands):
         x_all, y_all = f.attribution.ravel()[keep], getattr(f, name).ravel()[keep]
         for kind, color in PART_COLORS.items():

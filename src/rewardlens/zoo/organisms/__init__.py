@@ -15,8 +15,8 @@ See docs/organisms.md for each rule, the strength dial and the measured accuracy
 """
 
 from . import _bank as bank
+from ._cache import ORGANISM_VERSION as ORGANISM_VERSION
 from ._cache import READY as READY
-from ._cache import VERSION as VERSION
 from ._cache import build as build
 from ._cache import locked as locked
 from ._cache import organism_dir as organism_dir
@@ -35,6 +35,7 @@ from ._specs import Recipe as Recipe
 from ._train import ablated as ablated
 from ._train import forward_margins as forward_margins
 
-__all__ = ["KINDS", "ORGANISMS", "READY", "VERSION", "Organism", "PolicyOrganism", "Recipe", "StepOrganism", "ablated",
+__all__ = ["KINDS", "ORGANISMS", "READY", "ORGANISM_VERSION", "Organism", "PolicyOrganism", "Recipe", "StepOrganism",
+           "ablated",
            "bank", "build", "dpo_paths", "forward_margins", "implicit_rewards", "locked", "open_kind", "organism_dir",
            "prm_accuracy", "record", "step_scores"]

@@ -1,6 +1,6 @@
 """`build`: train an organism once and cache it as a plain Hugging Face folder.
 
-Layout: `cache_dir()/organisms/{name}-s{strength}-seed{seed}-{VERSION}/` holding config.json,
+Layout: `cache_dir()/organisms/{name}-s{strength}-seed{seed}-{ORGANISM_VERSION}/` holding config.json,
 model.safetensors, the tokenizer files, `organism.json` (what was trained and how well it does)
 and `READY`, written last. A build happens in a temporary folder renamed into place under an
 `fcntl` lock, so concurrent processes never see half a folder or train the same organism twice.
@@ -21,7 +21,7 @@ from .._builtin import cache_dir
 from ._kinds import KINDS
 from ._specs import ORGANISMS
 
-VERSION = "v1"
+ORGANISM_VERSION = "v1"
 """Bump whenever data, recipe or model change, so stale cached organisms are not reused."""
 READY = "READY"
 RECORD = "organism.json"
@@ -29,7 +29,7 @@ RECORD = "organism.json"
 
 def organism_dir(name: str, strength: float = 1.0, seed: int = 0) -> Path:
     """Where `build(name, strength, seed)` keeps its folder (whether or not it exists yet)."""
-    return cache_dir() / "organisms" / f"{name}-s{strength:g}-seed{seed}-{VERSION}"
+    return cache_dir() / "organisms" / f"{name}-s{strength:g}-seed{seed}-{ORGANISM_VERSION}"
 
 
 def build(name: str, strength: float = 1.0, seed: int = 0) -> Path:
@@ -89,7 +89,8 @@ def _train_into(folder: Path, name: str, strength: float, seed: int) -> None:
     finally:
         if bars:
             hf_logging.enable_progress_bar()
-    stats.update(version=VERSION, rule=spec.rule, objectives=list(spec.objectives), planted_part=spec.planted_part,
+    stats.update(version=ORGANISM_VERSION, rule=spec.rule, objectives=list(spec.objectives),
+                 planted_part=spec.planted_part,
                  torch=torch.__version__, transformers=transformers.__version__)
     (folder / RECORD).write_text(json.dumps(stats, indent=2) + "\n")
     for f in folder.iterdir():  # save_pretrained writes 0600 files; let a shared cache be read
@@ -114,7 +115,7 @@ def _train_kind_into(folder: Path, name: str, strength: float, seed: int) -> Non
     finally:
         if bars:
             hf_logging.enable_progress_bar()
-    stats.update(version=VERSION, torch=torch.__version__, transformers=transformers.__version__)
+    stats.update(version=ORGANISM_VERSION, torch=torch.__version__, transformers=transformers.__version__)
     (folder / RECORD).write_text(json.dumps(stats, indent=2) + "\n")
     for f in folder.rglob("*"):  # save_pretrained writes 0600 files; let a shared cache be read
         f.chmod(0o755 if f.is_dir() else 0o644)

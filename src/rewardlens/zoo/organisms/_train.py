@@ -40,7 +40,7 @@ the training pairs (`{name}/train/{seed}`) never come from."""
 TOKENIZER_ORGANISMS = ("length", "list", "confidence", "sycophancy", "keyword", "two_objective", "circuit")
 """The organisms whose pairs the shared tokenizer is trained on: the seven it was first built with,
 named so that organisms added later (quality_list) leave the tokenizer, and so every cached
-organism folder of this `VERSION`, unchanged. Their new words just split into more tokens."""
+organism folder of this `ORGANISM_VERSION`, unchanged. Their new words just split into more tokens."""
 
 
 @lru_cache(maxsize=1)
