@@ -82,4 +82,5 @@ class DegeneratePairsWarning(RewardLensWarning):
 
 
 def warn(message: str) -> None:
+    """Warn with `RewardLensWarning`, attributed to the caller's caller (the user's line, not ours)."""
     warnings.warn(message, RewardLensWarning, stacklevel=3)

@@ -24,6 +24,7 @@ def _commands() -> dict[str, Command]:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The `rewardlens` parser: one subcommand per `Command`, each with `--json`."""
     parser = argparse.ArgumentParser(prog="rewardlens", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     for command in _commands().values():
@@ -34,6 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command (`argv`, default `sys.argv[1:]`) and return its exit code: 2 for bad input (one line
+    naming it), 130 on Ctrl-C, else the command's own."""
     args = build_parser().parse_args(argv)
     args.command_line = command_line(argv)  # what to run again (a resumable audit says it)
     command = _commands()[args.command]

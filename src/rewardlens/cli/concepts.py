@@ -24,6 +24,7 @@ def concept_option(text: str) -> tuple[str, str, str]:
 
 
 def layer_option(text: str) -> int | str:
+    """Parse `--layer`: a layer index (negative from the end) or 'embed'."""
     if text == "embed":
         return text
     try:
@@ -34,6 +35,7 @@ def layer_option(text: str) -> int | str:
 
 
 def alphas_option(text: str) -> list[float]:
+    """Parse `--alphas`: comma-separated doses such as -2,-1,0,1,2."""
     try:
         return [float(x) for x in text.split(",")]
     except ValueError:

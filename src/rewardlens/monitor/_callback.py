@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 
 @lru_cache(maxsize=1)
-def callback_class() -> type:
+def callback_class() -> type:  # noqa: C901 -- a class body counted as one function: each method is short
     """The `RewardLensCallback` class (`rewardlens.monitor.RewardLensCallback`), made on first use."""
     from transformers import TrainerCallback
 
