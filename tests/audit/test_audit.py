@@ -207,3 +207,34 @@ def test_sae_features_are_stored_and_read_back_under_the_saes_own_key(tiny_root,
     assert collect(model, pairs, store, plan, sae=other).features is None  # another SAE is another run
     with pytest.raises(ValueError, match="sae_layer"):
         audit(model, pairs, plan=Plan(probes=False, concepts=False), sae=sae)
+
+
+def test_a_run_tokenizes_each_pair_once_and_decides_once(tiny_root, pairs, monkeypatch):
+    """The per-pair part carries what it computed: the decision over all pairs tokenizes them, every chunk
+    traces from those token ids, and every estimand of a chunk starts from its one trace (it tokenized
+    each sequence 8 times before)."""
+    import rewardlens.model._core as core
+    from rewardlens.audit import Decided
+
+    model = rl.load(str(tiny_root["llama"]))
+    data = _many(pairs, 5)
+    calls = []
+    real = core.tokenize
+    monkeypatch.setattr(core, "tokenize", lambda *a, **k: calls.append(1) or real(*a, **k))
+    decided = Decided.of(model, data)
+    assert len(calls) == 2 * len(data) and decided.seed_positions in ("all", "read") and decided.mode == "noising"
+    run_pairs(model, data, Store(":memory:"), Plan(chunk_size=2, probes=False, concepts=False), decided=decided)
+    assert len(calls) == 2 * len(data)  # not one more
+    run_pairs(model, data, Store(":memory:"), Plan(chunk_size=2, probes=False, concepts=False))
+    assert len(calls) == 4 * len(data)  # deciding for itself: once more, and only once
+
+
+def test_clean_runs_of_other_pairs_are_refused(tiny_root, pairs):
+    from rewardlens.causal import trace_pairs
+
+    model = rl.load(str(tiny_root["llama"]))
+    traced = trace_pairs(model, pairs[:2])
+    with pytest.raises(ValueError, match=r"clean= holds the runs of 4 sequences but 3 pairs"):
+        rl.patch(model, pairs[:3], clean=traced.clean)
+    with pytest.raises(ValueError, match=r"seqs= holds 4 sequences for 3 pairs"):
+        trace_pairs(model, pairs[:3], seqs=traced.clean.seqs)

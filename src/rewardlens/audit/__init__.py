@@ -8,6 +8,7 @@ from ._lock import RunLock as RunLock
 from ._lock import run_lock as run_lock
 from ._plan import STORED_RESULTS as STORED_RESULTS
 from ._plan import VERSION as VERSION
+from ._plan import Decided as Decided
 from ._plan import Plan as Plan
 from ._runner import Audit as Audit
 from ._runner import collect as collect
@@ -28,6 +29,7 @@ from ._workflow import shard_path as shard_path
 
 __all__ = [
     "Audit",
+    "Decided",
     "Holder",
     "Plan",
     "RunLock",

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
-from ..causal import Faithfulness, Patching, aligned, patch_mode
+from ..causal import Faithfulness, Patching, aligned, encode_pairs, patch_mode
 from ..data import Pair
 from ..exact import STEP_FIELDS, Attribution, Lens, Steps, TokenAttribution
 from ..hacking import Concepts, Conflicts, Item, Probes
-from ..model import RewardModel
+from ..model import RewardModel, Tokenized
 from ..sae import FeatureAttribution
+from ..types import Mode, Positions
 from ._store import RunKey, checksum, fingerprint, schema_version
 
 REVISION = 1
@@ -83,13 +84,45 @@ def chunks(n_pairs: int, chunk_size: int) -> list[range]:
     return [range(s, min(s + chunk_size, n_pairs)) for s in range(0, n_pairs, chunk_size)]
 
 
-def run_keys(model: RewardModel, pairs: Sequence[Pair], plan: Plan) -> dict[str, RunKey]:
+@dataclass(frozen=True)
+class Decided:
+    """What a run decides once, from all its pairs, before any chunk, so every chunk and every rank
+    computes the same thing: how faithfulness patches. It carries the token ids the decision read,
+    which every chunk traces from: a run tokenizes each pair once."""
+
+    seed_positions: Positions
+    """Whole-sequence ('all', every pair token-aligned) or read-position ('read') seed statistic."""
+    mode: Mode
+    """Noising, or zero ablation where a set of reads has no read-to-read map (`patch_mode`)."""
+    seqs: list[Tokenized] = field(default_factory=list, compare=False, repr=False)
+    """Every pair's token ids (`encode_pairs`), chosen and rejected interleaved."""
+
+    @classmethod
+    def of(cls, model: RewardModel, pairs: Sequence[Pair]) -> Decided:
+        """Decide for `pairs`, tokenizing them once."""
+        seqs = encode_pairs(model, pairs)
+        return cls("all" if aligned(model, pairs, seqs) else "read", patch_mode(model, pairs, seqs), seqs)
+
+    def seqs_of(self, span: Sequence[int]) -> list[Tokenized] | None:
+        """The token ids of the pairs `span` (indices into the run's pairs), both sides in pair order."""
+        if not self.seqs:
+            return None
+        return [self.seqs[2 * i + side] for i in span for side in (0, 1)]
+
+
+def lens_key(model: RewardModel, pairs: Sequence[Pair]) -> RunKey:
+    """The store key of the pairs' lens (no decision needed: the lens is the same whatever faithfulness does)."""
+    return RunKey(fingerprint(model), checksum(pairs), "lens", VERSION)
+
+
+def run_keys(model: RewardModel, pairs: Sequence[Pair], plan: Plan, decided: Decided | None = None
+             ) -> dict[str, RunKey]:
     """The store key of each per-pair instrument (`lens`, `sublayers`, `heads`, `faithfulness`, and `steps` for
-    a reward read at a set of positions) for this run."""
+    a reward read at a set of positions) for this run; `decided`: the run's decisions when already made."""
     fp, data = fingerprint(model), checksum(pairs)
-    seed_positions = "all" if aligned(model, pairs) else "read"
+    decided = Decided.of(model, pairs) if decided is None else decided
     names = {"lens": "lens", "sublayers": "attribution/sublayer", "heads": "attribution/head",
-             "faithfulness": f"faithfulness/head/{patch_mode(model, pairs)}/seed-{seed_positions}"
+             "faithfulness": f"faithfulness/head/{decided.mode}/seed-{decided.seed_positions}"
                              + ("/paper" if plan.paper else "")}
     if model.reads.multi:  # every read's own score, for where the preference forms
         names["steps"] = f"steps/{model.reads.at}/{model.reads.combine}"

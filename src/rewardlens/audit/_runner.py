@@ -21,15 +21,14 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
-from ..causal import Faithfulness, Patching, aligned, faithfulness, patch_mode, trace_pairs
+from ..causal import Faithfulness, Patching, faithfulness, trace_pairs
 from ..data import Pair, progress_bar, row_labels
 from ..errors import HeadError, OutOfMemoryError, RewardLensWarning, StoreError
 from ..exact import STEP_FIELDS, Attribution, Lens, Steps
 from ..hacking import Concepts, Conflicts, Probes, cascade, distortion
 from ..model import RewardModel
 from ..sae import FeatureAttribution, TopKSAE
-from ..types import Mode, Positions
-from ._plan import Plan, chunks, run_keys, skipped_key
+from ._plan import Decided, Plan, chunks, run_keys, skipped_key
 from ._store import RunKey, Store
 from ._whole import CONFLICT, DIVERGENCE, sae_name, stored_tokens, whole_key
 
@@ -112,19 +111,19 @@ def _varying(result: Lens | Attribution | Faithfulness) -> tuple[tuple[str, ...]
 
 
 def _chunk_entries(model: RewardModel, pairs: Sequence[Pair], span: Sequence[int], keys: dict[str, RunKey],
-                   seed_positions: Positions, mode: Mode, plan: Plan
+                   decided: Decided, plan: Plan
                    ) -> tuple[list[tuple[RunKey, str, int, dict[str, Any]]], dict[RunKey, dict[str, Any]]]:
     part = [pairs[i] for i in span]
     # One traced forward per batch: the lens and both attribution levels are views of its head-level
     # decomposition, and every patching estimand starts from its clean runs.
-    traced = trace_pairs(model, part, level="head", batch_size=plan.batch_size)
+    traced = trace_pairs(model, part, level="head", batch_size=plan.batch_size, seqs=decided.seqs_of(span))
     dec = traced.decomposition
     results: dict[str, Lens | Attribution | Faithfulness] = {
         "lens": Lens.from_decomposition(dec),
         "sublayers": Attribution.from_decomposition(dec.coarsen(), "sublayer"),
         "heads": Attribution.from_decomposition(dec, "head"),
-        "faithfulness": faithfulness(model, part, level="head", mode=mode, batch_size=plan.batch_size,
-                                     seed_positions=seed_positions, paper=plan.paper, traced=traced),
+        "faithfulness": faithfulness(model, part, level="head", mode=decided.mode, batch_size=plan.batch_size,
+                                     seed_positions=decided.seed_positions, paper=plan.paper, traced=traced),
     }
     entries: list[tuple[RunKey, str, int, dict[str, Any]]] = []
     meta: dict[RunKey, dict[str, Any]] = {}
@@ -150,20 +149,21 @@ def _step_entries(steps: Steps, span: Sequence[int], key: RunKey) -> list[tuple[
 
 
 def run_pairs(model: RewardModel, pairs: Sequence[Pair], store: Store, plan: Plan = Plan(), *,
-              rank: int = 0, world_size: int = 1, progress: bool = False, skip: Store | None = None) -> int:
+              rank: int = 0, world_size: int = 1, progress: bool = False, skip: Store | None = None,
+              decided: Decided | None = None) -> int:
     """Compute this rank's missing chunks and store each as it finishes; returns pairs computed.
 
     `skip`: another store whose finished pairs count as done too (a rank's shard resumes against
-    the merged store of an earlier run)."""
+    the merged store of an earlier run). `decided`: the run's decisions over all its pairs, when the
+    caller made them (`Decided.of`), else made here, once."""
     pairs = list(pairs)
-    seed_positions: Positions = "all" if aligned(model, pairs) else "read"
-    mode = patch_mode(model, pairs)
-    if mode != "noising":
+    decided = Decided.of(model, pairs) if decided is None else decided
+    if decided.mode != "noising":
         warnings.warn("audit: some pairs read the reward at different numbers of positions on their two sides "
                       "(PRM answers with different numbers of steps, DPO responses of different lengths), so no read "
                       "of one side maps to one of the other: faithfulness patches by zero ablation at every read "
                       "instead of noising, its seed statistic too (docs/rm-kinds.md)", RewardLensWarning, stacklevel=2)
-    keys, skipped = run_keys(model, pairs, plan), skipped_key(model, pairs)
+    keys, skipped = run_keys(model, pairs, plan, decided), skipped_key(model, pairs)
     done = set.intersection(*(store.done(k) for k in keys.values())) | store.done(skipped)
     if skip is not None:
         done |= set.intersection(*(skip.done(k) for k in keys.values())) | skip.done(skipped)
@@ -175,7 +175,7 @@ def run_pairs(model: RewardModel, pairs: Sequence[Pair], store: Store, plan: Pla
         left = [i for i in span if str(i) not in done]
         while left:
             try:
-                entries, meta = _chunk_entries(model, pairs, left, keys, seed_positions, mode, plan)
+                entries, meta = _chunk_entries(model, pairs, left, keys, decided, plan)
             except OutOfMemoryError as exc:  # pairs that fit in no batch: recorded, and the rest computed
                 left = _skip(store, skipped, pairs, left, exc)
                 continue
@@ -222,12 +222,14 @@ def provenance(model: RewardModel, data: str | Path | None = None, command_line:
 
 
 def collect(model: RewardModel, pairs: Sequence[Pair], store: Store, plan: Plan = Plan(), *,
-            sae: TopKSAE | None = None, data: str | Path | None = None, command_line: str | None = None) -> Audit:
+            sae: TopKSAE | None = None, data: str | Path | None = None, command_line: str | None = None,
+            decided: Decided | None = None) -> Audit:
     """Read the audit of `pairs` back from `store`; `StoreError` when some pairs are missing.
 
     `data` (the pairs file) and `command_line` go into the audit's `provenance`, with the model's
-    path (`load`'s `path_or_id`), the rewardlens version and the time."""
-    keys, every = run_keys(model, pairs, plan), list(pairs)
+    path (`load`'s `path_or_id`), the rewardlens version and the time. `decided`: the run's decisions
+    (`Decided.of`), when the caller has them."""
+    keys, every = run_keys(model, pairs, plan, decided), list(pairs)
     skipped = {int(unit): r["reason"] for unit, r in store.records(skipped_key(model, every))}
     kept = [i for i in range(len(every)) if i not in skipped]  # pair i of the audit is pair kept[i] of the input
     pairs, n = [every[i] for i in kept], len(kept)

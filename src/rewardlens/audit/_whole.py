@@ -20,7 +20,7 @@ from ..exact import TokenAttribution, tokens
 from ..hacking import Concepts, Conflicts, Probes, concepts, conflict, probe
 from ..model import RewardModel
 from ..sae import FeatureAttribution, TopKSAE, attribute_features
-from ._plan import VERSION, Plan, run_keys, skipped_key
+from ._plan import VERSION, Plan, lens_key, skipped_key
 from ._store import RunKey, Store, checksum, fingerprint
 
 DIVERGENCE = "divergence/head/noising"
@@ -124,7 +124,7 @@ class _Tokens:
 def token_choice(model: RewardModel, pairs: Sequence[Pair], store: Store, plan: Plan) -> list[int]:
     """The pairs whose tokens the audit attributes: `shown_pairs` of the stored margins (pairs whose
     lens is not stored, such as pairs skipped for memory, are left out)."""
-    stored = store.records(run_keys(model, pairs, plan)["lens"])
+    stored = store.records(lens_key(model, pairs))
     index = np.array([int(unit) for unit, _ in stored], dtype=np.int64)
     if not len(index):
         return []

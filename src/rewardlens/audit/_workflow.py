@@ -19,7 +19,7 @@ from ..errors import RunLockedError
 from ..model import RewardModel
 from ..sae import TopKSAE
 from ._lock import run_lock
-from ._plan import Plan, run_keys, skipped_key
+from ._plan import Decided, Plan, run_keys, skipped_key
 from ._runner import Audit, collect, plan_for_model, run_pairs
 from ._store import Store
 from ._whole import run_whole
@@ -97,13 +97,14 @@ def _locks(folders: Sequence[Path], rank: int, world_size: int) -> Iterator[None
 
 
 def _sharded(model: RewardModel, pairs: Sequence[Pair], main: Store, path: Path, plan: Plan, rank: int,
-             world_size: int, progress: bool) -> bool:
+             world_size: int, progress: bool, decided: Decided) -> bool:
     """This rank's chunks into its shard; then rank 0 merges every shard into `main`. True on rank 0."""
     import torch.distributed as dist
 
     shard = Store(shard_path(path, rank))
     try:
-        run_pairs(model, pairs, shard, plan, rank=rank, world_size=world_size, progress=progress, skip=main)
+        run_pairs(model, pairs, shard, plan, rank=rank, world_size=world_size, progress=progress, skip=main,
+                  decided=decided)
     finally:
         shard.close()
     dist.barrier()  # every shard is complete before rank 0 reads them
@@ -141,14 +142,15 @@ def audit(model: RewardModel, pairs: Sequence[Pair], *, store: Store | str | Pat
     with _locks(folders, rank, world_size):
         db = store if isinstance(store, Store) else Store(path if path is not None else ":memory:")
         try:
+            decided = Decided.of(model, pairs)  # once for the run: every chunk, rank and read-back agrees
             if world_size == 1:
-                run_pairs(model, pairs, db, plan, progress=progress)
+                run_pairs(model, pairs, db, plan, progress=progress, decided=decided)
             else:
                 assert path is not None  # refused above
-                if not _sharded(model, pairs, db, path, plan, rank, world_size, progress):
+                if not _sharded(model, pairs, db, path, plan, rank, world_size, progress, decided):
                     return None
             run_whole(model, pairs, db, plan, sae=sae, progress=progress)
-            return collect(model, pairs, db, plan, sae=sae, data=data, command_line=command_line)
+            return collect(model, pairs, db, plan, sae=sae, data=data, command_line=command_line, decided=decided)
         finally:
             if db is not store:
                 db.close()

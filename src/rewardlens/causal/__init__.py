@@ -14,6 +14,7 @@ from ._faithfulness import patch_mode as patch_mode
 from ._patching import MODES as MODES
 from ._patching import Patching as Patching
 from ._patching import patch as patch
+from ._plan import encode_pairs as encode_pairs
 from ._traced import Traced as Traced
 from ._traced import trace_pairs as trace_pairs
 
@@ -24,6 +25,7 @@ __all__ = [
     "Patching",
     "agreement",
     "aligned",
+    "encode_pairs",
     "attribution_patch",
     "faithfulness",
     "patch",

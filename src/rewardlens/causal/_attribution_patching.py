@@ -25,7 +25,7 @@ from ..types import Ablation, Mode, PatchLevel, Positions, Spans
 from ._engine import Site, head_slice, site_point, sites
 from ._layerwise import layerwise_grads
 from ._patching import Patching, assemble, check_options
-from ._plan import Clean, PatchPlan, encode_pairs
+from ._plan import Clean, PatchPlan, pair_seqs
 from ._reads_patch import ReadChunks, check_reads_options
 
 Tensors = dict[TraceKey, Tensor]
@@ -87,7 +87,7 @@ def attribution_patch(
     clean runs when the caller already traced them (`trace_pairs`), else they are traced here."""
     with counting("attribution patching", progress):
         check_options(mode, ablation, "total")
-        seqs = encode_pairs(model, pairs)
+        seqs = pair_seqs(model, pairs, clean)
         sweep = sites(model, level)
         if model.reads.multi:
             check_reads_options(mode, ablation, positions, "total", False)

@@ -22,13 +22,13 @@ import numpy as np
 
 from ..data import Pair, counting, stage
 from ..exact import Attribution
-from ..model import Part, RewardModel
+from ..model import Part, RewardModel, Tokenized
 from ..stats import bootstrap_ci, rank_agreement, rowwise_spearman, top_parts
 from ..types import Mode, PatchLevel, Positions, Stored, Versus
 from ._attribution_patching import attribution_patch
 from ._engine import sites
-from ._patching import Patching, encode_pairs, patch
-from ._plan import Clean
+from ._patching import Patching, patch
+from ._plan import Clean, encode_pairs
 from ._traced import Traced, trace_pairs
 
 if TYPE_CHECKING:
@@ -175,22 +175,24 @@ def _mean_ci(values: np.ndarray, n_boot: int, seed: int) -> tuple[float, float, 
     return float(finite.mean()), lo, hi
 
 
-def aligned(model: RewardModel, pairs: Sequence[Pair]) -> bool:
+def aligned(model: RewardModel, pairs: Sequence[Pair], seqs: Sequence[Tokenized] | None = None) -> bool:
     """Whether every pair's two sides have the same number of tokens (whole-sequence patching needs it);
-    never for a reward read at a set of positions, which is patched at that set."""
+    never for a reward read at a set of positions, which is patched at that set. `seqs`: the pairs'
+    token ids (`encode_pairs`) when the caller has them."""
     if model.reads.multi:
         return False
-    seqs = encode_pairs(model, pairs)
+    seqs = encode_pairs(model, pairs) if seqs is None else seqs
     return all(len(seqs[i].ids) == len(seqs[i + 1].ids) for i in range(0, len(seqs), 2))
 
 
-def patch_mode(model: RewardModel, pairs: Sequence[Pair]) -> Mode:
+def patch_mode(model: RewardModel, pairs: Sequence[Pair], seqs: Sequence[Tokenized] | None = None) -> Mode:
     """The mode an audit patches in: noising, unless the reward is read at a set of positions and some
     pair's sides are read at different numbers of them (a DPO reward's responses of two lengths): no
-    read of one side then maps to one of the other, and zero ablation at every read is what is defined."""
+    read of one side then maps to one of the other, and zero ablation at every read is what is defined.
+    `seqs`: the pairs' token ids (`encode_pairs`) when the caller has them."""
     if not model.reads.multi:
         return "noising"
-    counts = model.read_counts(list(pairs))
+    counts = model.read_counts(list(pairs)) if seqs is None else [1 if s.reads is None else len(s.reads) for s in seqs]
     return "noising" if counts[0::2] == counts[1::2] else "ablation"
 
 

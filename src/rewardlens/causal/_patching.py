@@ -27,7 +27,7 @@ from ._cached import cached_read_sweep
 from ._direct import direct_rewards
 from ._divergence import score_patched, scorer
 from ._engine import Site, batched_sweep, copies_supported, read_sweep, sites
-from ._plan import Clean, PatchPlan, encode_pairs, pair_ids
+from ._plan import Clean, PatchPlan, pair_ids, pair_seqs
 from ._reads_patch import check_reads_options, direct_reads, patch_reads
 from ._stepped import stepped_sweep
 
@@ -207,7 +207,7 @@ def patch(
         if divergence and estimand == "direct":
             raise ValueError("divergence scores patched runs' later activations; estimand='direct' holds them "
                              "frozen, so there is nothing to score: use estimand='total'")
-        seqs = encode_pairs(model, pairs)
+        seqs = pair_seqs(model, pairs, clean)
         sweep = sites(model, level) if sweep is None else list(sweep)
         if model.reads.multi:  # a reward read at a set of positions is patched at that set
             check_reads_options(mode, ablation, positions, estimand, divergence)

@@ -110,6 +110,19 @@ def encode_pairs(model: RewardModel, pairs: Pair | Sequence[Pair]) -> list[Token
     return seqs
 
 
+def pair_seqs(model: RewardModel, pairs: Pair | Sequence[Pair], clean: Clean | None) -> list[Tokenized]:
+    """The pairs' token ids: those the clean runs were traced from when the caller passes them (so a
+    chunk is tokenized once, by `trace_pairs`, for every estimand), else encoded here."""
+    if clean is None:
+        return encode_pairs(model, pairs)
+    n = len(flatten_pairs(pairs))
+    if len(clean.seqs) != 2 * n:
+        raise ValueError(f"clean= holds the runs of {len(clean.seqs)} sequences but {n} pairs were passed "
+                         f"({2 * n} sequences): pass the clean runs traced from these pairs "
+                         "(trace_pairs(model, pairs).clean)")
+    return clean.seqs
+
+
 def resolve_positions(
     seqs: list[Tokenized], read: list[int], targets: list[int], sources: list[int] | None,
     positions: Positions | Spans,

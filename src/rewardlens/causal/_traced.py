@@ -15,7 +15,7 @@ import torch
 
 from ..data import Pair
 from ..exact import Decomposition, decompose
-from ..model import RewardModel
+from ..model import RewardModel, Tokenized
 from ..types import PatchLevel
 from ._plan import Clean, CleanRuns, encode_pairs, flatten_pairs
 
@@ -35,14 +35,19 @@ class Traced:
 
 
 def trace_pairs(model: RewardModel, pairs: Sequence[Pair], *, level: PatchLevel = "head",
-                batch_size: int = 8) -> Traced:
-    """Trace every pair's two sides once (length-sorted batches of `batch_size`) and keep both views."""
+                batch_size: int = 8, seqs: Sequence[Tokenized] | None = None) -> Traced:
+    """Trace every pair's two sides once (length-sorted batches of `batch_size`) and keep both views.
+
+    `seqs`: the pairs' token ids (`encode_pairs(model, pairs)`) when the caller has them, so a run
+    that tokenized its pairs once to decide how to patch them does not tokenize them again."""
     pairs = flatten_pairs(pairs)
-    seqs = encode_pairs(model, pairs)
+    if seqs is not None and len(seqs) != 2 * len(pairs):
+        raise ValueError(f"seqs= holds {len(seqs)} sequences for {len(pairs)} pairs; pass encode_pairs(model, pairs)")
+    seqs = encode_pairs(model, pairs) if seqs is None else list(seqs)
     if model.reads.multi:  # the set-of-reads engines trace their own batches; the view keeps the rewards
-        dec = decompose(model, pairs, level=level, batch_size=batch_size)
+        dec = decompose(model, pairs, level=level, batch_size=batch_size, encoded=(seqs, True))
         reward = torch.as_tensor(dec.reward, device=model.device)
         return Traced(pairs, level, dec, Clean(seqs, {}, [0] * len(seqs), model.head.coefficients(len(seqs)), reward))
     runs = CleanRuns(len(seqs))
-    dec = decompose(model, pairs, level=level, batch_size=batch_size, on_trace=runs)
+    dec = decompose(model, pairs, level=level, batch_size=batch_size, on_trace=runs, encoded=(seqs, True))
     return Traced(pairs, level, dec, Clean.of(model, seqs, runs))

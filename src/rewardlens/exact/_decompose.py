@@ -23,6 +23,7 @@ from ..model import (
     Part,
     RewardModel,
     SublayerKind,
+    Tokenized,
     Trace,
     TraceKey,
     check_bookkeeping,
@@ -214,6 +215,7 @@ def decompose(
     padding_side: PaddingSide = "right",
     per_objective: bool | None = None,
     on_trace: Callable[[np.ndarray, Batch, Trace], None] | None = None,
+    encoded: tuple[list[Tokenized], bool] | None = None,
 ) -> Decomposition:
     """Exact decomposition of every input's reward (see module docstring); one forward per batch.
 
@@ -222,6 +224,8 @@ def decompose(
     Default: kept, except at neuron level, where k × L × d_mlp values per input add up fast.
     `on_trace(rows, batch, trace)` sees each batch's trace (rows index `inputs`' sequences), so a
     caller that needs the same clean runs (the patch engines' `Clean`) does not trace again.
+    `encoded`: what `model.encode(inputs)` returns, when the caller has it already (so the inputs are
+    tokenized once for every instrument of a chunk).
     """
     if level not in LEVELS:
         raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
@@ -231,7 +235,7 @@ def decompose(
         raise ValueError(f"layers {bad} out of range for a model with {model.n_layers} layers")
     if not model.verified:
         verify(model)
-    seqs, is_pairs = model.encode(inputs)
+    seqs, is_pairs = model.encode(inputs) if encoded is None else encoded
     names = part_names(model, level, fine_layers)
     keep = per_objective if per_objective is not None else level != "neuron"
     keep = keep and model.head.n_objectives > 1
