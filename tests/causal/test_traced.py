@@ -108,3 +108,17 @@ def test_the_papers_statistic_is_prefix_noising_over_attention_and_mlp_sublayers
     assert rep.paper_statistic()[0] == pytest.approx(expected, abs=1e-6)
     assert any("paper's way" in row["comparison"] for row in rep.summary())
     assert np.isnan(faithfulness(model, pairs, n_boot=20).paper_statistic()[0])  # not asked for: NaN, said so
+
+
+def test_the_attribution_views_are_built_once_and_equal_the_instrument(tiny_root):
+    model = rl.load(str(tiny_root["llama"]))
+    traced = trace_pairs(model, DEMO_PAIRS[:3], level="head", batch_size=4)
+    heads, sub = traced.attribution("head"), traced.attribution("sublayer")
+    assert traced.attribution("head") is heads and traced.attribution("sublayer") is sub  # one build each
+    own = rl.attribute(model, DEMO_PAIRS[:3], level="head", batch_size=4)
+    assert heads.names == own.names and heads.level == "head" and sub.level == "sublayer"
+    np.testing.assert_allclose(heads.values, own.values, **TOL)
+    np.testing.assert_allclose(sub.values, rl.attribute(model, DEMO_PAIRS[:3], batch_size=4).values, **TOL)
+    coarse = trace_pairs(model, DEMO_PAIRS[:3], level="sublayer", batch_size=4)
+    with pytest.raises(ValueError, match="cannot give level='head'"):
+        coarse.attribution("head")

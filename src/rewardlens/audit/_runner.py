@@ -120,8 +120,8 @@ def _chunk_entries(model: RewardModel, pairs: Sequence[Pair], span: Sequence[int
     dec = traced.decomposition
     results: dict[str, Lens | Attribution | Faithfulness] = {
         "lens": Lens.from_decomposition(dec),
-        "sublayers": Attribution.from_decomposition(dec.coarsen(), "sublayer"),
-        "heads": Attribution.from_decomposition(dec, "head"),
+        "sublayers": traced.attribution("sublayer"),
+        "heads": traced.attribution("head"),
         "faithfulness": faithfulness(model, part, level="head", mode=decided.mode, batch_size=plan.batch_size,
                                      seed_positions=decided.seed_positions, paper=plan.paper, traced=traced),
     }

@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Any, ClassVar, get_args
 import numpy as np
 
 from ..data import Pair, counting, stage
-from ..exact import Attribution
 from ..model import Part, RewardModel, Tokenized
 from ..stats import bootstrap_ci, rank_agreement, rowwise_spearman, top_parts
 from ..types import Mode, PatchLevel, Positions, Stored, Versus
@@ -33,6 +32,7 @@ from ._traced import Traced, trace_pairs
 
 if TYPE_CHECKING:
     import pandas as pd
+    from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
 ESTIMANDS: tuple[Versus, ...] = get_args(Versus)
@@ -151,20 +151,44 @@ class Faithfulness:
             frame[name] = getattr(self, name).ravel()
         return frame
 
-    def plot(self) -> Figure:
-        """Attribution against direct and total effects (one point per pair and part)."""
-        import matplotlib.pyplot as plt
+    def plot(self, max_points: int = 20_000, ax: Sequence[Axes] | None = None) -> Figure:
+        """Attribution (margin contribution) against the direct (path-frozen) and the total patching
+        effect, one panel each: a point per (pair, part) coloured by part kind, y = x dotted, the
+        pooled Spearman ρ and its interval in the title. `ax`: two axes (direct, total) to draw into
+        (their figure is returned), else a new figure. Past `max_points` points a fixed random subset
+        is drawn (ρ in the titles uses every point)."""
+        from matplotlib.lines import Line2D
 
-        fig, axes = plt.subplots(1, 2, figsize=(9, 4), sharex=True)
+        from .._plotting import finish, panels
+
+        axes, made = panels(ax, (1, 2), (9, 3.6), "Faithfulness.plot")
+        colors = {"embed": "tab:green", "attn": "tab:blue", "mlp": "tab:red"}
+        kinds = np.broadcast_to(np.array([Part.parse(n).kind for n in self.names]), self.attribution.shape).ravel()
+        keep = np.arange(kinds.size)
+        if keep.size > max_points:
+            keep = np.sort(np.random.default_rng(0).choice(keep, max_points, replace=False))
+        # One scatter per panel, coloured per point; the legend names each kind present.
+        present = [k for k in colors if (kinds[keep] == k).any()]
+        legend = [Line2D([], [], ls="none", marker="o", ms=4, color=colors[k], label=k) for k in present]
         shown: tuple[Versus, ...] = ("direct", "total")
-        for ax, name in zip(axes, shown):
-            ax.scatter(self.attribution.ravel(), getattr(self, name).ravel(), s=8, alpha=0.6)
+        for a, name in zip(axes, shown):
+            effect = getattr(self, name).ravel()
+            a.scatter(self.attribution.ravel()[keep], effect[keep], s=10, alpha=0.65, edgecolors="none",
+                      c=[colors[k] for k in kinds[keep]])
+            both = np.concatenate([self.attribution.ravel(), effect])
+            both = both[np.isfinite(both)]
+            handles = list(legend)
+            if len(both):
+                lim = (float(both.min()), float(both.max()))
+                handles += a.plot(lim, lim, color="gray", lw=0.8, ls=":", label="y = x")
+            a.axhline(0, color="gray", lw=0.5)
+            a.axvline(0, color="gray", lw=0.5)
             mean, lo, hi = self.pooled(name)
-            ax.set_title(f"{name}: mean ρ = {mean:.2f} [{lo:.2f}, {hi:.2f}]")
-            ax.set_xlabel("attribution (margin contribution)")
-            ax.set_ylabel(f"{name} patching effect")
-        fig.tight_layout()
-        return fig
+            a.set_title(f"{name} effect: pooled ρ = {mean:.2f} [{lo:.2f}, {hi:.2f}]", fontsize=10)
+            a.set_xlabel("attribution, chosen − rejected (reward units)")
+            a.set_ylabel(f"{name} patching effect ({self.mode}, reward units)")
+            a.legend(handles=handles, fontsize=7, loc="upper left")  # not "best": it scans every point
+        return finish(axes[0], made)
 
 
 def _mean_ci(values: np.ndarray, n_boot: int, seed: int) -> tuple[float, float, float]:
@@ -233,10 +257,8 @@ def faithfulness(
         elif traced.level != level and traced.level != "head":
             raise ValueError(f"traced runs at level {traced.level!r} cannot serve level={level!r}; trace at "
                              f"level='head' (it serves both) or at {level!r}")
-        clean, dec = traced.clean, traced.decomposition
-        sub = dec if traced.level == "sublayer" else dec.coarsen()
-        att = Attribution.from_decomposition(dec if traced.level == level else sub, level)
-        sub_att = Attribution.from_decomposition(sub, "sublayer")
+        clean = traced.clean
+        att, sub_att = traced.attribution(level), traced.attribution("sublayer")
         positions: Positions = seed_positions or ("all" if aligned(model, pairs) else "read")
         stage("read-position sweep")
         total, seed_patch = _total_and_seed(model, pairs, level, mode, positions, batch_size, clean)

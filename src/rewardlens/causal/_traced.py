@@ -9,12 +9,12 @@ instead of each instrument tracing the pairs again (`faithfulness`, the audit).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from ..data import Pair
-from ..exact import Decomposition, decompose
+from ..exact import Attribution, Decomposition, decompose
 from ..model import RewardModel, Tokenized
 from ..types import PatchLevel
 from ._plan import Clean, CleanRuns, encode_pairs, flatten_pairs
@@ -32,6 +32,18 @@ class Traced:
     level: PatchLevel
     decomposition: Decomposition
     clean: Clean
+    _views: dict[PatchLevel, Attribution] = field(default_factory=dict, init=False, compare=False, repr=False)
+
+    def attribution(self, level: PatchLevel) -> Attribution:
+        """Exact attribution at `level` ('sublayer', or this trace's own level), built once and shared by
+        every instrument that asks (the audit's tables and faithfulness alike)."""
+        if level != self.level and level != "sublayer":
+            raise ValueError(f"runs traced at level {self.level!r} cannot give level={level!r}; trace at "
+                             f"level='head' (it serves both) or at {level!r}")
+        if level not in self._views:
+            dec = self.decomposition if level == self.level else self.decomposition.coarsen()
+            self._views[level] = Attribution.from_decomposition(dec, level)
+        return self._views[level]
 
 
 def trace_pairs(model: RewardModel, pairs: Sequence[Pair], *, level: PatchLevel = "head",
