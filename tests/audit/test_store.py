@@ -157,6 +157,38 @@ def test_fingerprint_follows_every_choice_that_defines_a_reward(tiny_root):
     assert fingerprint(plain) == before  # a sequence classifier's fingerprint did not move
 
 
+def test_what_defines_a_kind_hashes_to_the_bytes_it_always_did(tiny_root):
+    """`_kind`'s bytes are pinned, as the formula gave them before the kind was declared (`RewardKind`):
+    a change would make every store written before it unresumable."""
+    import json
+
+    from rewardlens.audit._store import _kind
+    from rewardlens.zoo import build_tokenizer
+    from tests.model.test_rm_kinds import SEP, build
+
+    tok = build_tokenizer()
+    lm, other, tc = build(tok, "llama", "lm"), build(tok, "llama", "lm", seed=1), build(tok, "llama", "tc")
+    assert _kind(rl.load(str(tiny_root["llama"]))) == []  # a sequence classifier adds nothing
+    pinned = {
+        "prm": (rl.wrap_prm(lm, tok, separator=SEP, tokens=(23, 29)),
+                b'["separator", "\\n", "min", null, [23, 29], 1.0, false, false]'),
+        "prm-tc": (rl.wrap_prm(tc, tok, separator=SEP, combine="sum"),
+                   b'["separator", "\\n", "sum", null, null, 1.0, false, false]'),
+        "judge": (rl.wrap_judge(lm, tok, tokens=(23, 29), question="Rate: {response}"),
+                  b'["last", null, "sum", "Rate: {response}", [23, 29], 1.0, false, false]'),
+        "dpo": (rl.wrap_dpo(lm, other, tok, beta=0.5), b'["response", null, "sum", null, null, 0.5, true, true]'),
+        "dpo-separate": (rl.wrap_dpo(lm, other, tok, beta=0.5, reference_term="separate"),
+                         b'["response", null, "sum", null, null, 0.5, true, false]'),
+    }
+    for name, (model, kind) in pinned.items():
+        reference = [] if model.reference is None else [fingerprint(model.reference).encode()]
+        assert _kind(model) == [kind, *reference], name
+        assert json.loads(kind)[3] == model.judge, name
+    reference = pinned["dpo"][0].reference
+    assert reference is not None
+    assert _kind(reference) == [b'["response", null, "sum", null, null, 0.5, true, false]']
+
+
 def test_schema_version_follows_the_stored_fields():
     """A field added to a stored result, or moved between the chunked and the shared parts, gives a new
     schema version, so a store written before the change is computed again, never read as the new one."""

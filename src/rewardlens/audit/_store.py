@@ -78,7 +78,7 @@ class RunKey:
     data: str
     """Data checksum (`checksum`)."""
     instrument: str
-    """Instrument name, with any options that change its numbers (e.g. `faithfulness/head/noising`)."""
+    """Instrument name, with any options that change its numbers (`faithfulness/head/noising/read/total/seed-all`)."""
     version: str
     """Instrument version: bump it when its numbers would change."""
 
@@ -129,9 +129,10 @@ def fingerprint(model: RewardModel) -> str:
 def _kind(model: RewardModel) -> list[bytes]:
     """What defines a reward beyond one head read at one token: where it is read and combined, a judge's
     question, an LM head's rows or log-probability scale, and a DPO reference (by its own fingerprint).
-    Nothing for a sequence-classification RM, so its fingerprint is what it always was."""
+    Nothing for a sequence-classification RM, so its fingerprint is what it always was. The bytes are
+    pinned (tests/audit/test_store.py): a change here would orphan every store written before it."""
     head = model.head
-    if not (model.reads.multi or model.judge is not None or head.tokens is not None or head.log_prob):
+    if model.kind.name == "classifier":  # its kind refuses a set of reads, a question and LM rows
         return []
     reads = model.reads
     kind = [reads.at, reads.separator, reads.combine, model.judge, head.tokens, head.scale, head.log_prob,

@@ -27,7 +27,10 @@ from ._hooks import rewriting as rewriting
 from ._keys import TRACE_KINDS as TRACE_KINDS
 from ._keys import TraceKey as TraceKey
 from ._keys import TraceKind as TraceKind
-from ._kinds import ReferenceTerm as ReferenceTerm
+from ._kind import KIND_NAMES as KIND_NAMES
+from ._kind import KindName as KindName
+from ._kind import ReferenceTerm as ReferenceTerm
+from ._kind import RewardKind as RewardKind
 from ._kinds import load_dpo as load_dpo
 from ._kinds import load_judge as load_judge
 from ._kinds import load_prm as load_prm
@@ -84,6 +87,9 @@ __all__ = [
     "ReadSet",
     "Reads",
     "ReferenceTerm",
+    "KIND_NAMES",
+    "KindName",
+    "RewardKind",
     "load_dpo",
     "load_judge",
     "load_prm",

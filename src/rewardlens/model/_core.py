@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import enum
 import inspect
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import replace
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, cast, get_args
 
@@ -19,9 +19,11 @@ from ._arch import ArchitectureMap, check_position_pad, find_map, get_module, hf
 from ._armorm import gate_positions
 from ._hooks import Point, PointKey
 from ._keys import TraceKey
+from ._kind import CLASSIFIER, Offsets, RewardKind
 from ._norms import NormParams
 from ._oom import batch_loop, run_rows
 from ._placement import execution_device, onloaded, remove_dispatch_hooks
+from ._reading import Reading
 from ._readout import Head
 from ._reads import READ_LAST, Reads, one_read_only
 from ._tokens import (
@@ -57,35 +59,12 @@ class Unset(enum.Enum):
 UNSET = Unset.UNSET
 
 
-@dataclass(frozen=True)
-class Reading:
-    """What the head reads at the read position `t*`, one row per sequence (fp32, on the model's device).
-
-    `final` [N, d] the residual the final norm reads; `hidden` [N, d] the head's input ĥ (the final
-    norm's output); `layers` {label: [N, d]} the residual after each asked depth (`"embed"` = input of
-    layer 0, `"l"` = output of layer `l`); `values` [N, k] the head's objectives; `coefficients`
-    [N, k] the readout (ArmoRM's frozen gate; ones for a single output); `readout` [N, d] the
-    effective read-out vector `Σ_k coefficients_k · row_k(ĥ)` when asked for, else None.
-    """
-
-    final: Tensor
-    hidden: Tensor
-    layers: dict[str, Tensor]
-    values: Tensor
-    coefficients: Tensor
-    readout: Tensor | None
-
-    @property
-    def reward(self) -> Tensor:
-        """The scalar reward [N]."""
-        return (self.values * self.coefficients).sum(-1)
-
-
 class RewardModel:
     """A sequence-classification reward model prepared for exact read-outs.
 
     Holds the user's model untouched (only hooks, always removed), an fp32 copy of the head, the
     architecture map and the tokenization rules. Build it with `rewardlens.load` or `from_model`.
+    `kind` declares which kind of reward model it is (`RewardKind`, built by the loaders).
     """
 
     def __init__(
@@ -100,6 +79,8 @@ class RewardModel:
         truncation: Truncation = "error",
         reads: Reads = READ_LAST,
         head: Head | None = None,
+        kind: RewardKind[RewardModel] = CLASSIFIER,
+        source: str | None = None,
     ) -> None:
         if truncation not in TRUNCATIONS:
             raise ValueError(f"truncation must be 'error' or 'left', got {truncation!r}")
@@ -113,12 +94,10 @@ class RewardModel:
             raise HeadError("multi-position read-outs are for decoders with a linear head (not a pooler or a gate)")
         self.reads = reads
         """Where the reward is read (one token, or a set of positions combined: model/_reads.py)."""
-        self.offsets: Callable[[list[Tokenized]], list[tuple[float, ...]]] | None = None
-        """Multi-position read-outs: a constant per read, from the sequences (a DPO reference's term)."""
-        self.judge: str | None = None
-        """An LLM judge's question, with {prompt} and {response}: each input is asked it (`load_judge`)."""
-        self.reference: RewardModel | None = None
-        """A DPO reward's reference, read the same way (`rewardlens.load_dpo`), else None."""
+        kind.check_model(reads, self.head)
+        self._kind = kind
+        self.source = source
+        """What results name the model by (audit provenance): `load`'s path or hub id, None for `wrap`."""
         if self.head.gating is not None:  # a copy of the user's gate: it must stay ours
             remove_dispatch_hooks(self.head.gating, self.device)
         config_pad = getattr(text_config(model), "pad_token_id", None)
@@ -156,6 +135,27 @@ class RewardModel:
         """
         return cls(model, tokenizer, arch or find_map(model), readout=readout, pad_token_id=pad_token_id,
                    max_length=max_length, truncation=truncation)
+
+    # ---- the kind: read-only, declared at construction ------------------------------------------
+    @property
+    def kind(self) -> RewardKind[RewardModel]:
+        """Which kind of reward model this is, and what defines it (frozen; built by the loaders)."""
+        return self._kind
+
+    @property
+    def offsets(self) -> Offsets | None:
+        """A constant per read, from the sequences (a DPO reference's term, `reference_term='constant'`)."""
+        return self._kind.offsets
+
+    @property
+    def judge(self) -> str | None:
+        """An LLM judge's question, with {prompt} and {response}: each input is asked it (`load_judge`)."""
+        return self._kind.question
+
+    @property
+    def reference(self) -> RewardModel | None:
+        """A DPO reward's reference, read the same way (`rewardlens.load_dpo`), else None."""
+        return self._kind.reference
 
     # ---- structure ----------------------------------------------------------------------------
     @cached_property
@@ -258,11 +258,11 @@ class RewardModel:
 
     def as_read(self, item: Text) -> Text:
         """What the model reads for one input: the input itself, or the question a judge is asked of it."""
-        return item if self.judge is None else judge_question(item, self.judge)
+        return item if self._kind.question is None else judge_question(item, self._kind.question)
 
     def tokenize(self, item: Text) -> Tokenized:
         """Token ids of `as_read(item)`, before any length rule (a judge's read after the generation prompt)."""
-        return tokenize(self.tokenizer, item, encoder=self.encoder, generation=self.judge is not None)
+        return tokenize(self.tokenizer, item, encoder=self.encoder, generation=self._kind.name == "judge")
 
     def batches(
         self, seqs: list[Tokenized], batch_size: int, padding_side: PaddingSide = "right", is_pairs: bool = False,

@@ -14,7 +14,7 @@ decomposes it exactly (docs/rm-kinds.md):
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -25,6 +25,7 @@ from ..errors import HeadError
 from ..types import Readout, Truncation
 from ._arch import find_map, get_module
 from ._core import RewardModel
+from ._kind import REFERENCE_TERMS, ReferenceTerm, RewardKind
 from ._load import load_pretrained, refuse_untrained
 from ._placement import execution_device, onloaded
 from ._readout import Head
@@ -34,10 +35,6 @@ from ._verify import check_structure, verify
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
-
-ReferenceTerm = Literal["constant", "separate"]
-"""How a DPO reference enters: a constant per read (its log-probabilities on this input), or not at all
-(the reward is `β log π` alone, and `model.reference` decomposes `β log π_ref` over its own parts)."""
 
 
 def lm_head_path(model: nn.Module) -> str:
@@ -77,16 +74,14 @@ def token_id(tokenizer: PreTrainedTokenizerBase, token: str | int) -> int:
 
 def _lm_model(
     model: nn.Module, tokenizer: PreTrainedTokenizerBase, head: Head, path: str, reads: Reads,
-    max_length: int | None, truncation: Truncation,
+    max_length: int | None, truncation: Truncation, kind: RewardKind[RewardModel], source: str | None,
 ) -> RewardModel:
     arch = replace(find_map(model), head=path, head_kind="linear", pooler=None, gate=None)
     return RewardModel(model, tokenizer, arch, reads=reads, head=head, max_length=max_length,
-                       truncation=truncation)
+                       truncation=truncation, kind=kind, source=source)
 
 
-def _finish(rm: RewardModel, source: str | None, check: bool) -> RewardModel:
-    if source is not None:
-        rm.source = source  # type: ignore[attr-defined]  # what results name the model by (audit provenance)
+def _finish(rm: RewardModel, check: bool) -> RewardModel:
     check_structure(rm)
     if check:
         verify(rm)
@@ -124,14 +119,12 @@ def wrap_judge(
     answer starts (after the chat template's opening of the assistant turn): the log-odds of the first
     answer against the second, decomposed exactly over the LM's parts. `question='{response}'` passes
     texts that are already the whole question."""
-    if "{response}" not in question:
-        raise ValueError("the judge's question must contain {response} (and may contain {prompt})")
+    # Built first: it refuses a question without {response} before any head is read.
+    kind: RewardKind[RewardModel] = RewardKind("judge", question=question)
     ids = (token_id(tokenizer, tokens[0]), token_id(tokenizer, tokens[1]))
     path = lm_head_path(model)
     head = _lm_head(model, path, tokens=ids, labels=[str(t) for t in tokens])
-    rm = _lm_model(model, tokenizer, head, path, Reads(), max_length, truncation)
-    rm.judge = question
-    return _finish(rm, source, check)
+    return _finish(_lm_model(model, tokenizer, head, path, Reads(), max_length, truncation, kind, source), check)
 
 
 def load_judge(path_or_id: str, *, tokens: tuple[str | int, str | int] = ("Yes", "No"), question: str = QUESTION,
@@ -161,7 +154,8 @@ def wrap_prm(
         ids = (token_id(tokenizer, tokens[0]), token_id(tokenizer, tokens[1]))
         path = lm_head_path(model)
         head = _lm_head(model, path, tokens=ids, labels=[str(t) for t in tokens])
-        return _finish(_lm_model(model, tokenizer, head, path, reads, max_length, truncation), source, check)
+        rm = _lm_model(model, tokenizer, head, path, reads, max_length, truncation, RewardKind("prm"), source)
+        return _finish(rm, check)
     if type(model).__name__.endswith("ForSequenceClassification"):
         raise HeadError(f"{type(model).__name__} is a sequence classifier: its output is one score per sequence, "
                         "so no step's own score can be checked against it. A PRM is a token classifier (load it "
@@ -175,8 +169,8 @@ def wrap_prm(
         readout = [-1.0, 1.0]  # log-odds of label 1 ("good step") against label 0
     arch = replace(find_map(model), head=path, head_kind="linear", pooler=None, gate=None)
     rm = RewardModel(model, tokenizer, arch, readout=readout, reads=reads, max_length=max_length,
-                     truncation=truncation)
-    return _finish(rm, source, check)
+                     truncation=truncation, kind=RewardKind("prm"), source=source)
+    return _finish(rm, check)
 
 
 def load_prm(path_or_id: str, *, separator: str | int, combine: Combine = "min", readout: Readout = None,
@@ -199,11 +193,13 @@ def load_prm(path_or_id: str, *, separator: str | int, combine: Combine = "min",
 
 def _log_prob_model(
     model: nn.Module, tokenizer: PreTrainedTokenizerBase, beta: float, max_length: int | None,
-    truncation: Truncation,
+    truncation: Truncation, kind: RewardKind[RewardModel] | None = None, source: str | None = None,
 ) -> RewardModel:
+    """`β log π` read at every response token; `kind` None: alone (a DPO reward's reference, read the same way)."""
     path = lm_head_path(model)
     head = _lm_head(model, path, scale=beta)
-    return _lm_model(model, tokenizer, head, path, Reads(at="response"), max_length, truncation)
+    return _lm_model(model, tokenizer, head, path, Reads(at="response"), max_length, truncation,
+                     RewardKind("dpo", beta=beta) if kind is None else kind, source)
 
 
 def read_values(model: RewardModel, seqs: list[Tokenized], batch_size: int = 8) -> list[tuple[float, ...]]:
@@ -250,20 +246,20 @@ def wrap_dpo(
     constant (`Steps.constant`), 'separate' leaves it out, for `model.reference` to decompose."""
     if beta <= 0:
         raise ValueError(f"beta must be positive (DPO's KL weight), got {beta}")
-    if reference_term not in ("constant", "separate"):
+    if reference_term not in REFERENCE_TERMS:
         raise ValueError(f"reference_term must be 'constant' or 'separate', got {reference_term!r}")
     sizes = {_vocab_size(policy), _vocab_size(reference)}
     if len(sizes) != 1:
         raise HeadError(f"policy and reference have different vocabularies {sorted(sizes)}; a DPO reward compares "
                         "their log-probabilities of the same tokens, so they must share one tokenizer")
-    rm = _log_prob_model(policy, tokenizer, beta, max_length, truncation)
+    # The reference first: the policy's kind names it (and its constant term) from construction on.
     ref = _log_prob_model(reference, tokenizer, beta, max_length, truncation)
-    rm.reference = ref
-    if reference_term == "constant":
-        rm.offsets = ReferenceTerms(ref, batch_size)
+    offsets = ReferenceTerms(ref, batch_size) if reference_term == "constant" else None
+    kind = RewardKind("dpo", beta=beta, reference=ref, reference_term=reference_term, offsets=offsets)
+    rm = _log_prob_model(policy, tokenizer, beta, max_length, truncation, kind, source)
     if check:
         verify(ref)
-    return _finish(rm, source, check)
+    return _finish(rm, check)
 
 
 def load_dpo(policy: str, reference: str, *, beta: float = 0.1, reference_term: ReferenceTerm = "constant",

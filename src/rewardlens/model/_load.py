@@ -190,9 +190,8 @@ def load(
     _refuse_untrained_head(path_or_id, model, arch, missing)
     rm = RewardModel(
         model, tokenizer, arch, readout=readout, pad_token_id=pad_token_id,
-        max_length=max_length, truncation=truncation,
+        max_length=max_length, truncation=truncation, source=path_or_id,
     )
-    rm.source = path_or_id  # type: ignore[attr-defined]  # what results name the model by (audit provenance)
     check_structure(rm)
     check_moe_map(rm)
     if check:
