@@ -63,6 +63,7 @@ from ._reads import ReadSet as ReadSet
 from ._reads import one_read_only as one_read_only
 from ._tokens import Batch as Batch
 from ._tokens import Tokenized as Tokenized
+from ._tokens import TokenMemo as TokenMemo
 from ._tokens import collate as collate
 from ._tokens import fit_length as fit_length
 from ._tokens import flatten_inputs as flatten_inputs
@@ -111,6 +112,7 @@ __all__ = [
     "LAYOUTS",
     "Point",
     "RewardModel",
+    "TokenMemo",
     "Tokenized",
     "Trace",
     "TRACE_KINDS",

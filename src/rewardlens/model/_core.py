@@ -29,6 +29,7 @@ from ._reads import READ_LAST, Reads, one_read_only
 from ._tokens import (
     Batch,
     Tokenized,
+    TokenMemo,
     collate,
     fit_length,
     fits_length,
@@ -85,7 +86,7 @@ class RewardModel:
         if truncation not in TRUNCATIONS:
             raise ValueError(f"truncation must be 'error' or 'left', got {truncation!r}")
         self.model, self.tokenizer, self.arch = model, tokenizer, arch
-        self.truncation = truncation
+        self.truncation, self._memo = truncation, TokenMemo()
         self.encoder = arch.pooling == "first"
         self.device = execution_device(model, get_module(model, arch.head))
         with onloaded(*(get_module(model, p) for p in (arch.head, arch.pooler, arch.gate) if p)):
@@ -262,7 +263,8 @@ class RewardModel:
 
     def tokenize(self, item: Text) -> Tokenized:
         """Token ids of `as_read(item)`, before any length rule (a judge's read after the generation prompt)."""
-        return tokenize(self.tokenizer, item, encoder=self.encoder, generation=self._kind.name == "judge")
+        make = lambda: tokenize(self.tokenizer, item, encoder=self.encoder, generation=self._kind.name == "judge")
+        return self._memo.get(self.tokenizer, item, make)  # each input tokenized once per model
 
     def batches(
         self, seqs: list[Tokenized], batch_size: int, padding_side: PaddingSide = "right", is_pairs: bool = False,
@@ -392,8 +394,6 @@ class RewardModel:
         return objectives, scalar
 
     def __repr__(self) -> str:
-        return (
-            f"RewardModel({type(self.model).__name__}, arch={self.arch.name!r}, layers={self.n_layers}, "
-            f"objectives={self.head.n_objectives}, dtype={next(self.model.parameters()).dtype})"
-        )
+        return (f"RewardModel({type(self.model).__name__}, arch={self.arch.name!r}, layers={self.n_layers}, "
+                f"objectives={self.head.n_objectives}, dtype={next(self.model.parameters()).dtype})")
 

@@ -13,6 +13,8 @@ Rules (docs/scoring.md explains them for users):
 
 from __future__ import annotations
 
+import json
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, TypeGuard
@@ -79,6 +81,38 @@ class Tokenized:
     """The token whose log-probability each read reads (LM log-probability read-outs), else None."""
     offsets: tuple[float, ...] | None = None
     """A constant added to each read's score (a DPO reference's term), else None."""
+
+
+class TokenMemo:
+    """The token ids of the inputs one model has read, by input: `RewardModel.tokenize` asks it first, so
+    an input several instruments read (a probe item's length check, then its scoring; the same items for
+    the probes and the concepts) is tokenized once per model.
+
+    An entry is keyed by the input's JSON, the tokenizer object, its chat template and its size, so a
+    tokenizer swapped, a template changed or tokens added after load are tokenized afresh; `Tokenized`
+    is frozen, so a shared entry cannot be changed by a reader. Bounded by tokens held (least recently
+    used out first)."""
+
+    def __init__(self, max_tokens: int = 2_000_000) -> None:
+        self.max_tokens = max_tokens
+        self._held: OrderedDict[tuple[str, int, str | None, int], Tokenized] = OrderedDict()
+        self._tokens = 0
+
+    def get(self, tokenizer: Any, item: Text, make: Callable[[], Tokenized]) -> Tokenized:
+        """The memoised `make()` for `item` read by `tokenizer`."""
+        key = (json.dumps(item, sort_keys=True, ensure_ascii=False), id(tokenizer),
+               getattr(tokenizer, "chat_template", None), len(tokenizer) if hasattr(tokenizer, "__len__") else 0)
+        got = self._held.get(key)
+        if got is not None:
+            self._held.move_to_end(key)
+            return got
+        got = make()
+        self._held[key] = got
+        self._tokens += len(got.ids)
+        while self._tokens > self.max_tokens and len(self._held) > 1:
+            _, old = self._held.popitem(last=False)
+            self._tokens -= len(old.ids)
+        return got
 
 
 def _as_ids(out: Any) -> list[int]:
