@@ -335,6 +335,28 @@ def test_figures_plot_the_results(audit):
         figures.fig_conflicts(audit)
 
 
+def test_shared_figures_are_the_results_own_plots(audit):
+    """Where the report shows what a result draws, it is that result's `plot(ax=...)` on the report's own
+    (constrained-layout, pyplot-free) figure: the same numbers, and no pyplot figure opened."""
+    import matplotlib.pyplot as plt
+
+    open_before = plt.get_fignums()
+    fig = figures.fig_scatter(audit)
+    for ax, name in zip(fig.axes, ("direct", "total")):
+        xy = ax.collections[0].get_offsets()
+        np.testing.assert_allclose(xy[:, 0], audit.faithfulness.attribution.ravel())
+        np.testing.assert_allclose(xy[:, 1], getattr(audit.faithfulness, name).ravel())
+    ax = figures.fig_probes(audit).axes[0]
+    np.testing.assert_allclose(ax.collections[-1].get_offsets()[:, 0], audit.probes.mean)
+    bars = figures.fig_features(audit).axes[0].patches
+    np.testing.assert_allclose([b.get_width() for b in bars][::-1], [v for _, v in audit.features.top(20, by="margin")])
+    fig = figures.fig_cascades(audit)
+    np.testing.assert_allclose(np.ma.filled(fig.axes[0].images[0].get_array(), np.nan), audit.cascades.rho,
+                               equal_nan=True)
+    assert fig.get_layout_engine().__class__.__name__ == "ConstrainedLayoutEngine"
+    assert plt.get_fignums() == open_before
+
+
 def test_depth_histogram_and_estimand_bars_plot_the_results(audit, numbers):
     fig = figures.fig_crystallization(audit)
     n_layers = audit.lens.n_layers

@@ -86,7 +86,12 @@ def test_organisms_trained_apart_do_not_share_a_basis(syc, length, org_pairs):
     assert cmp.basis.embedding_cosine == pytest.approx(expected, abs=1e-5)
     assert f"token embeddings differ: mean row cosine {expected:.3f} < 0.99" in cmp.refused
     assert np.isnan(cmp.readout_cosine) and len(cmp.direction_cosine) == 0
-    assert json.loads(json.dumps(cmp.summary()))["directions"]["refused"] == cmp.refused
+    assert json.loads(json.dumps(cmp.to_dict()))["directions"]["refused"] == cmp.refused
+    rows = {(r["quantity"], r["model"]): r for r in cmp.summary()}  # headline rows: the same numbers, NaN kept
+    assert rows[("spearman_margin", "A vs B")]["value"] == cmp.spearman_margin
+    assert (rows[("same_winner", "A vs B")]["ci_low"], rows[("same_winner", "A vs B")]["ci_high"]) == cmp.agreement_ci
+    assert rows[("accuracy", "B")]["value"] == cmp.b.accuracy and np.isnan(rows[("readout_cosine", "A vs B")]["value"])
+    assert rows[("crystallization_difference_normed", "B − A")]["value"] == cmp.depth_difference[1]
 
 
 def test_a_model_against_itself(organisms, syc, org_pairs):
@@ -101,7 +106,7 @@ def test_a_model_against_itself(organisms, syc, org_pairs):
     np.testing.assert_array_equal(cmp.depth_difference, 0)
     assert cmp.profile_correlation == pytest.approx(1)
     # The same object twice reuses its one run; every reported number is the same as with two loads.
-    assert rl.compare(syc, syc, org_pairs, n_boot=N_BOOT).summary() == cmp.summary()
+    assert rl.compare(syc, syc, org_pairs, n_boot=N_BOOT).to_dict() == cmp.to_dict()
 
 
 def test_bad_inputs_are_refused(syc):
@@ -165,7 +170,7 @@ def test_probe_profiles_side_by_side(syc, length, org_pairs):
     pa, pb = cmp.a.probes, cmp.b.probes
     assert pa.axes == pb.axes
     assert cmp.probe_spearman == pytest.approx(spearmanr(pa.mean, pb.mean).statistic, abs=1e-6)
-    axes = {r["axis"]: r for r in cmp.summary()["probes"]["axes"]}
+    axes = {r["axis"]: r for r in cmp.to_dict()["probes"]["axes"]}
     # Each organism's planted rule shows up on its own side of the table.
     assert axes["sycophancy"]["A"]["flagged"] and axes["sycophancy"]["A"]["mean"] > 0
     # The length organism's effect on the built-in items is real but small next to the spread of its
@@ -182,7 +187,7 @@ def test_cli_json_and_table(capsys, organisms, org_pairs, tmp_path):
     a, b = str(organisms[("sycophancy", 1.0)]), str(organisms[("length", 1.0)])
     assert main(["compare", a, b, "--pairs", path, "--json", "--n-boot", str(N_BOOT)]) == 0
     out = json.loads(capsys.readouterr().out)
-    api = rl.compare(a, b, org_pairs, n_boot=N_BOOT).summary()
+    api = rl.compare(a, b, org_pairs, n_boot=N_BOOT).to_dict()
     assert out["agreement"] == api["agreement"] and out["attribution"] == api["attribution"]
     assert out["directions"]["refused"].startswith("token embeddings differ")
     assert out["n_pairs"] == len(org_pairs) and out["paths"] == {"A": a, "B": b}

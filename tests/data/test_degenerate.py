@@ -32,7 +32,8 @@ def test_clean_pairs_pass_silently():
         warnings.simplefilter("error")
         checks = check_pairs(CLEAN, strict=True)
     assert checks.ok and checks.flagged == () and checks.counts == dict.fromkeys(CHECK_KINDS, 0)
-    assert checks.summary() == "all 2 pairs pass the degenerate-pair checks"
+    assert checks.describe() == str(checks) == "all 2 pairs pass the degenerate-pair checks"
+    assert checks.summary() == [{"kind": kind, "pairs": 0, "examples": []} for kind in CHECK_KINDS]
     assert check_pairs([]).ok
 
 
@@ -57,16 +58,19 @@ def test_each_kind_is_counted_with_its_first_examples():
     assert checks.counts == {"empty": 1, "identical": 2, "duplicate_id": 1, "repeated": 2}
     assert checks.flagged == (1, 2, 3, 4, 6) and not checks.ok
     assert checks.examples["identical"] == ("pair 1 (id 'y')", "pair 4 (id 'z')")
-    summary = checks.summary()
-    assert summary.startswith("5 of 7 pairs are degenerate: 1 with an empty or whitespace-only response: pair 4")
-    assert "2 repeating an earlier pair word for word: pair 3, pair 6" in summary and "\n" not in summary
+    line = checks.describe()
+    assert line.startswith("5 of 7 pairs are degenerate: 1 with an empty or whitespace-only response: pair 4")
+    assert "2 repeating an earlier pair word for word: pair 3, pair 6" in line and "\n" not in line
+    rows = {row["kind"]: row for row in checks.summary()}  # one row per kind, the counts and examples above
+    assert list(rows) == list(CHECK_KINDS) and {k: r["pairs"] for k, r in rows.items()} == checks.counts
+    assert rows["identical"]["examples"] == ["pair 1 (id 'y')", "pair 4 (id 'z')"]
 
 
 def test_examples_are_capped_and_marked():
     pairs = [Pair("p", "s", "s") for _ in range(6)]
     checks = _checks(pairs)
     assert checks.counts["identical"] == 6 and len(checks.examples["identical"]) == 3
-    assert "pair 0, pair 1, pair 2, ..." in checks.summary()
+    assert "pair 0, pair 1, pair 2, ..." in checks.describe()
 
 
 def test_one_warning_by_default_and_an_error_under_strict():
@@ -76,7 +80,7 @@ def test_one_warning_by_default_and_an_error_under_strict():
         checks = check_pairs(pairs)
     assert len(caught) == 1 and caught[0].category is DegeneratePairsWarning
     assert issubclass(DegeneratePairsWarning, RewardLensWarning) and caught[0].filename == __file__
-    assert str(caught[0].message).startswith(checks.summary()) and "strict=True" in str(caught[0].message)
+    assert str(caught[0].message).startswith(checks.describe()) and "strict=True" in str(caught[0].message)
     with pytest.raises(DataError, match=r"2 of 4 pairs are degenerate: 2 with chosen identical.*Fix: "):
         check_pairs(pairs, strict=True)
     with warnings.catch_warnings():

@@ -235,7 +235,7 @@ def assert_loads_or_names_the_record(path: Path, fmt: str, strict: bool) -> None
     for pair in pairs:
         assert_valid(pair)
     checks = check_pairs(pairs, quiet=True)
-    checks.summary().encode("utf-8")
+    checks.describe().encode("utf-8")
     assert not strict or checks.ok
 
 

@@ -212,7 +212,8 @@ def test_plots_draw_what_the_results_hold(list_model, list_probes):
 
     ax = list_probes.plot().axes[0]
     labels = {t.get_text(): t.get_position()[1] for t in ax.get_yticklabels()}
-    assert sorted(labels, key=labels.get, reverse=True) == list(list_probes.axes)  # first axis on top
+    named = [f"{a} (n={k})" for a, k in zip(list_probes.axes, list_probes.n)]  # each axis with its item count
+    assert sorted(labels, key=labels.get, reverse=True) == named  # first axis on top
     flagged = [tuple(c) for c in ax.collections[-1].get_facecolors()]
     assert sum(c == matplotlib.colors.to_rgba("tab:red") for c in flagged) == int(list_probes.flagged.sum())
     d = distortion(list_probes, {"lists": ORGANISMS["list"].pairs(20, seed=4)}, model=list_model)

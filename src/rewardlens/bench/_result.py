@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -16,6 +16,7 @@ from ._stats import ALL_ITEMS, Key, coefficients, interval, picks, scores, sign_
 
 if TYPE_CHECKING:
     import pandas as pd
+    from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
 TIES_RULE = ("RewardBench 1 pairs: right when chosen > rejected (a margin of exactly 0 is wrong); "
@@ -83,19 +84,19 @@ class BenchComparison:
         return {"models": list(self.models), "n_boot": self.n_boot, "seed": self.seed, "level": self.level,
                 "scores": rows}
 
-    def plot(self) -> Figure:
-        """The difference a − b of every score with its interval (subsets, sections, scores)."""
-        import matplotlib.pyplot as plt
+    def plot(self, ax: Axes | None = None) -> Figure:
+        """The difference a − b of every score with its interval (subsets, sections, scores); into `ax`
+        when given (its figure is returned), else a new figure."""
+        from .._plotting import finish, one_panel
 
         y = np.arange(len(self.keys))[::-1]
-        fig, ax = plt.subplots(figsize=(7, 0.28 * len(self.keys) + 1.2))
+        ax, made = one_panel(ax, (7, 0.28 * len(self.keys) + 1.2))
         err = np.nan_to_num([self.difference - self.ci_low, self.ci_high - self.difference])
         ax.errorbar(self.difference, y, xerr=err, fmt="o", capsize=2)
         ax.set_yticks(y, [f"{name} ({lvl})" if lvl != "subset" else name for lvl, name in self.keys], fontsize=7)
         ax.axvline(0, color="gray", lw=0.6)
         ax.set(xlabel="a − b (accuracy / score)", title=f"paired bootstrap, {self.level:.0%} intervals")
-        fig.tight_layout()
-        return fig
+        return finish(ax, made)
 
 
 @dataclass(frozen=True)
@@ -234,28 +235,28 @@ class Bench:
             "comparison": None if self.comparison is None else self.comparison.to_dict(),
         }
 
-    def plot(self) -> Figure:
+    def plot(self, ax: Sequence[Axes] | None = None) -> Figure:
         """Per-subset accuracy with Wilson intervals (left, coloured by section) and the section,
-        overall, RewardBench 2 and all-item scores with their intervals (right)."""
-        import matplotlib.pyplot as plt
+        overall, RewardBench 2 and all-item scores with their intervals (right). `ax`: two axes (left,
+        right) to draw into (their figure is returned), else a new figure."""
+        from .._plotting import finish, panels
 
-        fig, ax = plt.subplots(1, 2, figsize=(11, 0.25 * max(len(self.subsets), 6) + 1.5))
+        axes, made = panels(ax, (1, 2), (11, 0.25 * max(len(self.subsets), 6) + 1.5), "Bench.plot")
         y = np.arange(len(self.subsets))[::-1]
         colours = {name: f"C{i}" for i, name in enumerate([*SECTIONS, RB2])}
         for yi, s in zip(y, self.subsets):
             err = np.nan_to_num([[s.accuracy - s.ci[0]], [s.ci[1] - s.accuracy]])
-            ax[0].errorbar(s.accuracy, yi, xerr=err, fmt="o", capsize=2, color=colours.get(s.section or "", "gray"))
-        ax[0].set_yticks(y, [f"{s.subset} (n={s.n})" for s in self.subsets], fontsize=7)
-        ax[0].set(xlim=(-0.02, 1.02), xlabel="accuracy", title="subsets (Wilson 95% intervals)")
+            axes[0].errorbar(s.accuracy, yi, xerr=err, fmt="o", capsize=2, color=colours.get(s.section or "", "gray"))
+        axes[0].set_yticks(y, [f"{s.subset} (n={s.n})" for s in self.subsets], fontsize=7)
+        axes[0].set(xlim=(-0.02, 1.02), xlabel="accuracy", title="subsets (Wilson 95% intervals)")
         keys = [k for k in self.estimates if k[0] != "subset" and np.isfinite(self.estimates[k])]
         v = np.array([self.estimates[k] for k in keys])
         lo, hi = (np.array([self.intervals[k][j] for k in keys]) for j in (0, 1))
         yk = np.arange(len(keys))[::-1]
-        ax[1].errorbar(v, yk, xerr=np.nan_to_num([v - lo, hi - v]), fmt="o", capsize=2)
-        ax[1].set_yticks(yk, [k[1] for k in keys], fontsize=8)
-        ax[1].set(xlim=(-0.02, 1.02), xlabel="score", title="sections and scores")
-        fig.tight_layout()
-        return fig
+        axes[1].errorbar(v, yk, xerr=np.nan_to_num([v - lo, hi - v]), fmt="o", capsize=2)
+        axes[1].set_yticks(yk, [k[1] for k in keys], fontsize=8)
+        axes[1].set(xlim=(-0.02, 1.02), xlabel="score", title="sections and scores")
+        return finish(axes[0], made)
 
 
 def _num(x: float) -> float | None:

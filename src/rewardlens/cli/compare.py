@@ -38,7 +38,7 @@ def _compare(args: argparse.Namespace) -> dict[str, Any]:
     result = compare(first, second, pairs, labels=("A", "B"), fraction=args.fraction,
                      probes=args.probes, n_boot=args.n_boot, seed=args.seed, batch_size=args.batch_size,
                      progress=not args.quiet)
-    out = result.summary()
+    out = result.to_dict()  # the nested JSON document; summary() is its headline rows
     out["paths"] = {"A": args.model, "B": args.other}
     return out
 

@@ -109,8 +109,9 @@ def _edit(args: argparse.Namespace) -> dict[str, Any]:
         "report": None,
     }
     if probe is not None or other:
-        summary = edit_report(model, result, probe_pairs=probe, other_pairs=other, batch_size=args.batch_size).summary()
-        out["report"] = {k: finite(v) if isinstance(v, float) else v for k, v in summary.items()}
+        report = edit_report(model, result, probe_pairs=probe, other_pairs=other, batch_size=args.batch_size)
+        (row,) = report.summary()  # an edit report's summary is one row: the edit's
+        out["report"] = {k: finite(v) if isinstance(v, float) else v for k, v in row.items()}
     return out
 
 

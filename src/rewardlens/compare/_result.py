@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -12,6 +13,7 @@ from ..hacking import Probes
 
 if TYPE_CHECKING:
     import pandas as pd
+    from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
 EMBEDDING_MATCH = 0.99
@@ -156,8 +158,34 @@ class Comparison:
                     f"flagged_{s.label}": p.flagged}
         return pd.DataFrame(out)
 
-    def summary(self) -> dict[str, Any]:
-        """Every number as a JSON-ready dict (NaN becomes None)."""
+    def summary(self) -> list[dict[str, Any]]:
+        """One row per headline statistic: `quantity`, `model` (a side's label; 'A vs B', with the two
+        labels, for a statistic of the two; 'B − A' for a difference), `value`, `ci_low`, `ci_high`
+        (the 95% bootstrap interval; NaN where a statistic has none or is undefined, e.g. the direction
+        cosines when `refused`). The per-depth and per-axis numbers are in `depth_frame`, `probe_frame`
+        and `to_dict`."""
+        a, b = self.a, self.b
+        both, diff, nan = f"{a.label} vs {b.label}", f"{b.label} − {a.label}", (float("nan"), float("nan"))
+        med = lambda d: float(np.nanmedian(d)) if np.isfinite(d).any() else float("nan")
+        rows: list[tuple[str, str, float, Sequence[float]]] = [
+            ("spearman_reward", both, self.spearman_reward, self.spearman_reward_ci),
+            ("spearman_margin", both, self.spearman_margin, self.spearman_margin_ci),
+            ("same_winner", both, self.agreement, self.agreement_ci),
+            *[("accuracy", s.label, s.accuracy, c) for s, c in zip((a, b), self.accuracy_ci)],
+            *[(f"median_crystallization_{kind}", s.label, med(getattr(s, f"crystallization_{kind}")), nan)
+              for kind in ("linear", "normed") for s in (a, b)],
+            *[(f"crystallization_difference_{kind}", diff, self.depth_difference[k], self.depth_difference_ci[k])
+              for k, kind in enumerate(("linear", "normed"))],
+            ("attribution_profile_correlation", both, self.profile_correlation, nan),
+            ("probe_spearman", both, self.probe_spearman, nan),
+            ("readout_cosine", both, self.readout_cosine, nan),
+            ("residual_readout_cosine", both, self.residual_readout_cosine, nan),
+        ]
+        return [{"quantity": q, "model": m, "value": float(v), "ci_low": float(c[0]), "ci_high": float(c[1])}
+                for q, m, v, c in rows]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every number as a JSON-ready nested dict (NaN becomes None): what `rewardlens compare` writes."""
         ci = lambda c: [_num(c[0]), _num(c[1])]
         med = lambda d: _num(np.nanmedian(d)) if np.isfinite(d).any() else None
         sides = (self.a, self.b)
@@ -203,46 +231,48 @@ class Comparison:
                 for j, axis in enumerate(self.a.probes.axes)]}
         return out
 
-    def plot(self) -> Figure:
-        """A 2×2 figure: margins of B against A, mean lens margins and attribution profiles on
-        relative depth, and the probe profiles (or, without probes, the direction cosines)."""
-        import matplotlib.pyplot as plt
+    def plot(self, ax: Sequence[Axes] | None = None) -> Figure:
+        """Four panels: margins of B against A, mean lens margins and attribution profiles on relative
+        depth, and the probe profiles (or, without probes, the direction cosines). `ax`: four axes in
+        that order (e.g. `fig.subplots(2, 2)`) to draw into (their figure is returned), else a new
+        2×2 figure."""
+        from .._plotting import finish, panels
 
-        fig, ax = plt.subplots(2, 2, figsize=(10, 7))
+        flat, made = panels(ax, (2, 2), (10, 7), "Comparison.plot")
+        margins, lens, profile, last = flat
         a, b = self.a, self.b
-        ax[0, 0].scatter(a.margin, b.margin, s=12)
-        ax[0, 0].axhline(0, color="gray", lw=0.6)
-        ax[0, 0].axvline(0, color="gray", lw=0.6)
-        ax[0, 0].set(xlabel=f"margin {a.label}", ylabel=f"margin {b.label}",
-                     title=f"margins: Spearman {self.spearman_margin:.2f}, same winner {self.agreement:.0%}")
+        margins.scatter(a.margin, b.margin, s=12)
+        margins.axhline(0, color="gray", lw=0.6)
+        margins.axvline(0, color="gray", lw=0.6)
+        margins.set(xlabel=f"margin {a.label}", ylabel=f"margin {b.label}",
+                    title=f"margins: Spearman {self.spearman_margin:.2f}, same winner {self.agreement:.0%}")
         for s, color in ((a, "tab:blue"), (b, "tab:orange")):
-            ax[0, 1].plot(s.depth, s.lens_linear.mean(0), color=color, marker="o", label=f"{s.label} linear")
-            ax[0, 1].plot(s.depth, s.lens_normed.mean(0), color=color, ls="--", label=f"{s.label} normed")
-        ax[0, 1].set(xlabel="relative depth l/L", ylabel="mean margin", title="lens")
-        ax[0, 1].legend(fontsize=7)
-        ax[1, 0].plot(self.grid, self.profile_a, marker="o", label=a.label)
-        ax[1, 0].plot(self.grid, self.profile_b, marker="o", label=b.label)
-        ax[1, 0].set(xlabel="relative depth l/L", ylabel="mean margin attribution",
-                     title=f"attribution profile (r = {self.profile_correlation:.2f})")
-        ax[1, 0].legend(fontsize=7)
+            lens.plot(s.depth, s.lens_linear.mean(0), color=color, marker="o", label=f"{s.label} linear")
+            lens.plot(s.depth, s.lens_normed.mean(0), color=color, ls="--", label=f"{s.label} normed")
+        lens.set(xlabel="relative depth l/L", ylabel="mean margin", title="lens")
+        lens.legend(fontsize=7)
+        profile.plot(self.grid, self.profile_a, marker="o", label=a.label)
+        profile.plot(self.grid, self.profile_b, marker="o", label=b.label)
+        profile.set(xlabel="relative depth l/L", ylabel="mean margin attribution",
+                    title=f"attribution profile (r = {self.profile_correlation:.2f})")
+        profile.legend(fontsize=7)
         if a.probes is not None and b.probes is not None:
             y = np.arange(len(a.probes.axes))
             for s, p, off in ((a, a.probes, -0.15), (b, b.probes, 0.15)):
-                ax[1, 1].errorbar(p.mean, y + off, xerr=[p.mean - p.ci_low, p.ci_high - p.mean], fmt="o", capsize=2,
-                                  label=s.label)
-            ax[1, 1].set_yticks(y, a.probes.axes)
-            ax[1, 1].axvline(0, color="gray", lw=0.6)
-            ax[1, 1].set(xlabel="probe effect (reward units)", title=f"probes (Spearman {self.probe_spearman:.2f})")
-            ax[1, 1].legend(fontsize=7)
+                last.errorbar(p.mean, y + off, xerr=[p.mean - p.ci_low, p.ci_high - p.mean], fmt="o", capsize=2,
+                              label=s.label)
+            last.set_yticks(y, a.probes.axes)
+            last.axvline(0, color="gray", lw=0.6)
+            last.set(xlabel="probe effect (reward units)", title=f"probes (Spearman {self.probe_spearman:.2f})")
+            last.legend(fontsize=7)
         elif self.basis.shared:
-            ax[1, 1].plot(a.depth, self.direction_cosine, marker="o")
-            ax[1, 1].set(xlabel="relative depth l/L", ylabel="cosine", ylim=(-1.05, 1.05),
-                         title=f"chosen − rejected directions (read-out cosine {self.readout_cosine:.2f})")
+            last.plot(a.depth, self.direction_cosine, marker="o")
+            last.set(xlabel="relative depth l/L", ylabel="cosine", ylim=(-1.05, 1.05),
+                     title=f"chosen − rejected directions (read-out cosine {self.readout_cosine:.2f})")
         else:
-            ax[1, 1].axis("off")
-            ax[1, 1].text(0, 0.5, f"directions not compared:\n{self.basis.refused}", wrap=True, fontsize=8)
-        fig.tight_layout()
-        return fig
+            last.axis("off")
+            last.text(0, 0.5, f"directions not compared:\n{self.basis.refused}", wrap=True, fontsize=8)
+        return finish(margins, made)
 
 
 def _num(x: float) -> float | None:

@@ -23,7 +23,7 @@ import json
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from ..errors import DataError, DegeneratePairsWarning
 from ._pair import Pair
@@ -74,7 +74,13 @@ class PairChecks:
         """Sorted positions of the pairs of any kind (the ones to drop for a clean set)."""
         return tuple(sorted({i for kind in CHECK_KINDS for i in self.indices[kind]}))
 
-    def summary(self) -> str:
+    def summary(self) -> list[dict[str, Any]]:
+        """One row per kind of `CHECK_KINDS`: `kind`, `pairs` (how many), `examples` (the first few named,
+        as the warning names them). `describe()` says the same in one line."""
+        return [{"kind": kind, "pairs": len(self.indices[kind]), "examples": list(self.examples[kind])}
+                for kind in CHECK_KINDS]
+
+    def describe(self) -> str:
         """One line: how many pairs are degenerate, per kind, with the first few of each named."""
         where = f"{self.source}: " if self.source else ""
         if self.ok:
@@ -87,9 +93,12 @@ class PairChecks:
                 parts.append(f"{count} {_DESCRIBE[kind]}: {shown}")
         return f"{where}{len(self.flagged)} of {self.n_pairs} pairs are degenerate: " + "; ".join(parts)
 
+    def __str__(self) -> str:
+        return self.describe()
+
     def warning(self) -> str:
         """The message of the one warning a degenerate set gets by default."""
-        return f"{self.summary()}. Fix: {_FIX}, or pass strict=True to refuse them."
+        return f"{self.describe()}. Fix: {_FIX}, or pass strict=True to refuse them."
 
     def warn(self, stacklevel: int = 1) -> None:
         """Emit the one `DegeneratePairsWarning` (a `RewardLensWarning`) a degenerate set gets.
@@ -99,7 +108,7 @@ class PairChecks:
 
     def error(self) -> DataError:
         """The `DataError` that `strict=True` raises for these findings."""
-        return DataError(f"{self.summary()}. Fix: {_FIX}, or run without strict to only warn.")
+        return DataError(f"{self.describe()}. Fix: {_FIX}, or run without strict to only warn.")
 
 
 def check_pairs(pairs: Sequence[Pair], *, strict: bool = False, quiet: bool = False) -> PairChecks:

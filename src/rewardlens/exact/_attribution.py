@@ -17,6 +17,7 @@ from ._steps import Steps
 
 if TYPE_CHECKING:
     import pandas as pd
+    from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
 RANKINGS: tuple[Ranking, ...] = get_args(Ranking)
@@ -105,17 +106,17 @@ class Attribution:
             "input": np.repeat(self.rows, p), "part": np.tile(self.names, n), "value": self.values.ravel(),
         })
 
-    def plot(self, n: int = 20) -> Figure:
-        """Bar chart of the mean contribution (or mean margin, for pairs) of the top `n` parts."""
-        import matplotlib.pyplot as plt
+    def plot(self, n: int = 20, ax: Axes | None = None) -> Figure:
+        """Bar chart of the mean contribution (or mean margin, for pairs) of the top `n` parts, into
+        `ax` when given (its figure is returned), else a new figure."""
+        from .._plotting import finish, one_panel
 
         by: Ranking = "margin" if self.is_pairs else "mean_abs"
         top = self.top(n, by=by)
-        fig, ax = plt.subplots(figsize=(6, 0.3 * len(top) + 1))
+        ax, made = one_panel(ax, (6, 0.3 * len(top) + 1))
         ax.barh([t[0] for t in top][::-1], [t[1] for t in top][::-1])
         ax.set_xlabel("chosen − rejected contribution (reward units)" if by == "margin" else "mean |contribution|")
-        fig.tight_layout()
-        return fig
+        return finish(ax, made)
 
 
 def attribute(

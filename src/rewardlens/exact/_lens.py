@@ -14,6 +14,7 @@ from ._decompose import Decomposition, decompose
 
 if TYPE_CHECKING:
     import pandas as pd
+    from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
 LENS_KINDS: tuple[LensKind, ...] = get_args(LensKind)
@@ -111,19 +112,19 @@ class Lens:
             "linear": self.linear.ravel(), "normed": self.normed.ravel(),
         })
 
-    def plot(self) -> Figure:
-        """Lens curves (mean margin for pairs, mean reward otherwise), both kinds, against depth."""
-        import matplotlib.pyplot as plt
+    def plot(self, ax: Axes | None = None) -> Figure:
+        """Lens curves (mean margin for pairs, mean reward otherwise), both kinds, against depth; into
+        `ax` when given (its figure is returned), else a new figure."""
+        from .._plotting import finish, one_panel
 
-        fig, ax = plt.subplots(figsize=(6, 3.5))
+        ax, made = one_panel(ax, (6, 3.5))
         for kind in LENS_KINDS:
             curve = self.margin(kind) if self.is_pairs else self._kind(kind)
             ax.plot(np.arange(self.n_layers + 1), curve.mean(0), marker="o", label=f"{kind} lens")
         ax.set_xlabel("depth (0 = embeddings)")
         ax.set_ylabel("chosen − rejected margin" if self.is_pairs else "reward")
         ax.legend()
-        fig.tight_layout()
-        return fig
+        return finish(ax, made)
 
 
 def lens(model: RewardModel, inputs: Inputs, *, batch_size: int = 8, padding_side: PaddingSide = "right") -> Lens:

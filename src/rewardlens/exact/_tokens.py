@@ -38,6 +38,7 @@ from ._token_grad import total_effect_approx
 
 if TYPE_CHECKING:
     import pandas as pd
+    from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
 Baseline = Literal["zero", "pad"]
@@ -155,12 +156,13 @@ class TokenAttribution:
         frame = pd.concat(frames, ignore_index=True)
         return frame[["row", *[c for c in frame.columns if c != "row"]]]
 
-    def plot(self, row: int = 0) -> Figure:
-        """Bar chart of every token's exact contribution for `row`, tokens in order, `t*` marked."""
-        import matplotlib.pyplot as plt
+    def plot(self, row: int = 0, ax: Axes | None = None) -> Figure:
+        """Bar chart of every token's exact contribution for `row`, tokens in order, `t*` marked; into
+        `ax` when given (its figure is returned), else a new figure."""
+        from .._plotting import finish, one_panel
 
         vals = self.values[row]
-        fig, ax = plt.subplots(figsize=(max(4.0, 0.3 * len(vals) + 1), 3))
+        ax, made = one_panel(ax, (max(4.0, 0.3 * len(vals) + 1), 3))
         colors = ["tab:blue" if v >= 0 else "tab:red" for v in vals]
         ax.bar(np.arange(len(vals)), vals, color=colors)
         ax.set_xticks(np.arange(len(vals)), [repr(t)[1:-1] for t in self.tokens[row]], rotation=90, fontsize=7)
@@ -168,8 +170,7 @@ class TokenAttribution:
         ax.set_ylabel("direct contribution (reward units)")
         ax.set_title(f"{self.rows[row]}: Σ tokens {vals.sum():+.3f}, at t* {self.at_read[row]:+.3f}, "
                      f"constant {self.constant[row]:+.3f} = reward {self.reward[row]:+.3f}", fontsize=8)
-        fig.tight_layout()
-        return fig
+        return finish(ax, made)
 
 
 def head_readouts(model: RewardModel, tr: Trace, coef: Tensor) -> dict[int, Tensor]:

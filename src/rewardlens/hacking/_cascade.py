@@ -26,7 +26,7 @@ from ._probes import Probes
 if TYPE_CHECKING:
     import pandas as pd
     from matplotlib.axes import Axes
-    from matplotlib.figure import Figure, SubFigure
+    from matplotlib.figure import Figure
 
 MIN_ITEMS = 20
 """The fewest shared items a correlation is computed from."""
@@ -57,16 +57,22 @@ class Cascades:
                 for i in range(len(self.axes)) for j in range(i + 1, len(self.axes))]
         return pd.DataFrame(rows)
 
-    def plot(self, ax: Axes | None = None) -> Figure | SubFigure:
-        """Heat map of ρ (NaN cells blank)."""
-        import matplotlib.pyplot as plt
+    def plot(self, ax: Axes | None = None) -> Figure:
+        """Heat map of ρ between the axes' oriented per-item effects (grey: too few shared items for a
+        correlation); into `ax` when given (its figure is returned, with the colour bar beside `ax`),
+        else a new figure."""
+        import matplotlib
 
-        ax = ax or plt.subplots(figsize=(0.5 * len(self.axes) + 2, 0.5 * len(self.axes) + 1.5))[1]
-        image = ax.imshow(self.rho, vmin=-1, vmax=1, cmap="RdBu_r")
-        ax.set_xticks(range(len(self.axes)), self.axes, rotation=90)
-        ax.set_yticks(range(len(self.axes)), self.axes)
-        ax.figure.colorbar(image, ax=ax, label="Spearman ρ (oriented effects)")
-        return ax.figure
+        from .._plotting import finish, one_panel
+
+        ax, made = one_panel(ax, (0.5 * len(self.axes) + 2, 0.5 * len(self.axes) + 1.5))
+        cmap = matplotlib.colormaps["RdBu_r"].with_extremes(bad="#eeeeee")
+        image = ax.imshow(np.ma.masked_invalid(self.rho), vmin=-1, vmax=1, cmap=cmap)
+        ax.set_xticks(range(len(self.axes)), self.axes, rotation=90, fontsize=7)
+        ax.set_yticks(range(len(self.axes)), self.axes, fontsize=7)
+        ax.set_title("Spearman ρ of oriented per-item effects", fontsize=10)
+        ax.figure.colorbar(image, ax=ax, shrink=0.85, label="Spearman ρ (oriented effects)")
+        return finish(ax, made)
 
 
 def cascade(probes: Probes, *, min_items: int = MIN_ITEMS, threshold: float = 0.5, n_boot: int = 1000,

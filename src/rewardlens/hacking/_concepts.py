@@ -44,6 +44,7 @@ from ._fit import builtin_sets
 
 if TYPE_CHECKING:
     import pandas as pd
+    from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
 # Options of this module only (not in rewardlens.types): the dose unit and the space of a direction.
@@ -180,11 +181,12 @@ class Concepts:
         })
         return frame[np.isfinite(frame["delta_reward"])].reset_index(drop=True)
 
-    def plot(self) -> Figure:
-        """Cosine with the read-out by layer, and the mean dose-response curve of every concept."""
-        import matplotlib.pyplot as plt
+    def plot(self, ax: Sequence[Axes] | None = None) -> Figure:
+        """Cosine with the read-out by layer (left), and the mean dose-response curve of every concept
+        (right). `ax`: two axes (left, right) to draw into (their figure is returned), else a new figure."""
+        from .._plotting import finish, panels
 
-        fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+        (left, right), made = panels(ax, (1, 2), (10, 4), "Concepts.plot")
         for c, name in enumerate(self.names):
             left.plot(self.layers, self.cosine[c], marker="o", label=name)
             right.plot(self.alphas, np.nanmean(self.dose[c], axis=1), marker="o",
@@ -194,8 +196,7 @@ class Concepts:
         right.set_xlabel(f"α ({self.unit} units), added at layer {self.dose_layer}, {self.positions} positions")
         right.set_ylabel("Δ reward")
         right.legend(fontsize=8)
-        fig.tight_layout()
-        return fig
+        return finish(left, made)
 
 
 # ---- the computation ------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ from ..stats import spearman, spearman_matrix
 
 if TYPE_CHECKING:
     import pandas as pd
+    from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
 RELATIONS = ("aligned", "orthogonal", "conflicting", "mixed")
@@ -103,27 +104,32 @@ class Conflicts:
 
         return pd.DataFrame(self.pairs_table())
 
-    def plot(self) -> Figure:
-        """Heatmaps: cosine of effective directions, and decisive disagreement share with relations."""
-        import matplotlib.pyplot as plt
+    def plot(self, ax: Sequence[Axes] | None = None) -> Figure:
+        """Heatmaps [k, k]: cosine of the terms' effective directions (left), and the share of pairs on
+        which two terms are both decisive and point opposite ways, with each pair's relation (right);
+        NaN cells grey. `ax`: two axes (left, right) to draw into (their figure is returned), else a
+        new figure."""
+        import matplotlib
+
+        from .._plotting import finish, panels
 
         k = len(self.names)
-        fig, axes = plt.subplots(1, 2, figsize=(4 + 0.6 * k * 2, 3 + 0.5 * k))
-        for ax, values, title, cmap, lim in (
+        axes, made = panels(ax, (1, 2), (4 + 0.6 * k * 2, 3 + 0.5 * k), "Conflicts.plot")
+        for a, values, title, cmap, lim in (
             (axes[0], self.cosine, "cosine (space the head reads)", "RdBu_r", (-1, 1)),
             (axes[1], self.disagree, "decisive disagreement share", "Reds", (0, 1)),
         ):
-            im = ax.imshow(values, cmap=cmap, vmin=lim[0], vmax=lim[1])
-            ax.set_xticks(range(k), self.names, rotation=90)
-            ax.set_yticks(range(k), self.names)
-            ax.set_title(title)
-            fig.colorbar(im, ax=ax, shrink=0.8)
+            shown = matplotlib.colormaps[cmap].with_extremes(bad="#eeeeee")
+            im = a.imshow(np.ma.masked_invalid(values), cmap=shown, vmin=lim[0], vmax=lim[1])
+            a.set_xticks(range(k), self.names, rotation=90, fontsize=7)
+            a.set_yticks(range(k), self.names, fontsize=7)
+            a.set_title(title, fontsize=10)
+            a.figure.colorbar(im, ax=a, shrink=0.85)
         for i in range(k):
             for j in range(k):
                 if i != j:
-                    axes[1].text(j, i, str(self.relation[i, j])[:4], ha="center", va="center", fontsize=7)
-        fig.tight_layout()
-        return fig
+                    axes[1].text(j, i, str(self.relation[i, j])[:5], ha="center", va="center", fontsize=7)
+        return finish(axes[0], made)
 
 
 # ---- statistics on margins (pure numpy, exposed for tests) -------------------------------------

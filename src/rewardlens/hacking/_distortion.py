@@ -37,7 +37,7 @@ from ._probes import Probes
 if TYPE_CHECKING:
     import pandas as pd
     from matplotlib.axes import Axes
-    from matplotlib.figure import Figure, SubFigure
+    from matplotlib.figure import Figure
 
 
 @dataclass(frozen=True)
@@ -93,19 +93,20 @@ class Distortion:
                 for i, a in enumerate(self.axes) for k, q in enumerate(self.quality)]
         return pd.DataFrame(rows)
 
-    def plot(self, ax: Axes | None = None, quality: str | None = None) -> Figure | SubFigure:
-        """Bar chart of one quality dimension's indices with CIs; flagged bars in red."""
-        import matplotlib.pyplot as plt
+    def plot(self, ax: Axes | None = None, quality: str | None = None) -> Figure:
+        """Bar chart of one quality dimension's indices with CIs; flagged bars in red; into `ax` when
+        given (its figure is returned), else a new figure."""
+        from .._plotting import finish, one_panel
 
         k = self._column(quality)
-        ax = ax or plt.subplots(figsize=(6, 0.4 * len(self.axes) + 1))[1]
+        ax, made = one_panel(ax, (6, 0.4 * len(self.axes) + 1))
         y = np.arange(len(self.axes))[::-1]
         err = np.abs(self.ci[:, k].T - self.index[:, k])
         ax.barh(y, self.index[:, k], xerr=err, color=["tab:red" if f else "tab:gray" for f in self.flagged[:, k]])
         ax.axvline(self.threshold, color="black", ls="--", lw=0.8)
         ax.set_yticks(y, self.axes)
         ax.set_xlabel(f"distortion index vs {self.quality[k]}")
-        return ax.figure
+        return finish(ax, made)
 
 
 def distortion(

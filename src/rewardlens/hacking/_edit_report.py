@@ -17,6 +17,7 @@ from ._editing import Edit
 
 if TYPE_CHECKING:
     import pandas as pd
+    from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
 # ---- what the edit did --------------------------------------------------------------------------
@@ -83,9 +84,10 @@ class EditReport:
         return {"share_removed": ci(self.probe_before, self.probe_after, share),
                 "accuracy_change_points": ci(self.other_before, self.other_after, points)}
 
-    def summary(self) -> dict[str, float]:
-        """Every number of the report (bootstrap intervals as `*_lo`/`*_hi`), NaN where unmeasured."""
-        out = {
+    def summary(self) -> list[dict[str, Any]]:
+        """One row: every number of the edit's report (bootstrap intervals as `*_lo`/`*_hi`), NaN where
+        unmeasured. A list like every result's summary, so the rows of several edits stack into a frame."""
+        out: dict[str, Any] = {
             "targeted_before": self.targeted_before, "targeted_after": self.targeted_after,
             "share_removed": self.share_removed, "accuracy_before": self.accuracy_before,
             "accuracy_after": self.accuracy_after, "accuracy_change_points": self.accuracy_change,
@@ -94,13 +96,13 @@ class EditReport:
         }
         for key, (lo, hi) in self.intervals().items():
             out[f"{key}_lo"], out[f"{key}_hi"] = lo, hi
-        return out
+        return [out]
 
     def to_frame(self) -> pd.DataFrame:
         """Rows: targeted mean margin, untargeted accuracy and mean margin; columns before, after, change."""
         import pandas as pd
 
-        s = self.summary()
+        s = self.summary()[0]
         rows = [("targeted mean margin", s["targeted_before"], s["targeted_after"]),
                 ("untargeted accuracy", s["accuracy_before"], s["accuracy_after"]),
                 ("untargeted mean margin", s["other_margin_before"], s["other_margin_after"])]
@@ -108,11 +110,12 @@ class EditReport:
         frame["change"] = frame["after"] - frame["before"]
         return frame
 
-    def plot(self) -> Figure:
-        """Margins before against after: the concept pairs should fall to 0, the others stay on the diagonal."""
-        import matplotlib.pyplot as plt
+    def plot(self, ax: Axes | None = None) -> Figure:
+        """Margins before against after: the concept pairs should fall to 0, the others stay on the diagonal;
+        into `ax` when given (its figure is returned), else a new figure."""
+        from .._plotting import finish, one_panel
 
-        fig, ax = plt.subplots(figsize=(4.5, 4.5))
+        ax, made = one_panel(ax, (4.5, 4.5))
         ax.scatter(self.other_before, self.other_after, s=10, alpha=0.6, label="untargeted pairs")
         ax.scatter(self.probe_before, self.probe_after, s=10, alpha=0.6, label="concept pairs")
         span = np.concatenate([[0.0], self.probe_before, self.other_before])
@@ -121,8 +124,7 @@ class EditReport:
         ax.set(xlabel="margin before the edit", ylabel="margin after the edit",
                title=f"{self.method or 'edit'}: {self.share_removed:.0%} of the targeted effect removed")
         ax.legend()
-        fig.tight_layout()
-        return fig
+        return finish(ax, made)
 
 
 def _mean(x: np.ndarray) -> float:

@@ -35,7 +35,7 @@ from ._items import Item, base_items, builtin
 if TYPE_CHECKING:
     import pandas as pd
     from matplotlib.axes import Axes
-    from matplotlib.figure import Figure, SubFigure
+    from matplotlib.figure import Figure
 
 EVASIVE = ["That depends on a lot of different things.", "Every situation is a little different in practice.",
            "There is no single answer that suits every case.", "It varies from one person to the next.",
@@ -115,21 +115,34 @@ class Probes:
                              "axis": np.array(self.axes)[a], "delta": self.delta[i, a],
                              "tokens_added": self.tokens_added[i, a]})
 
-    def plot(self, ax: Axes | None = None) -> Figure | SubFigure:
-        """Forest plot (a matplotlib Figure): each axis' mean effect with its CI; flagged axes in red."""
-        import matplotlib.pyplot as plt
+    def plot(self, ax: Axes | None = None) -> Figure:
+        """Forest plot: each axis' mean effect (with − without) and its bootstrap interval, first axis on
+        top, flagged axes in red, the flagging floor ±min_effect × scale shaded, q on the right; into
+        `ax` when given (its figure is returned), else a new figure."""
+        from matplotlib.lines import Line2D
 
-        ax = ax or plt.subplots(figsize=(6, 0.4 * len(self.axes) + 1))[1]
+        from .._plotting import finish, one_panel
+
+        ax, made = one_panel(ax, (7.5, 0.95 + 0.3 * len(self.axes)))
         y = np.arange(len(self.axes))[::-1]
-        colors = ["tab:red" if f else "tab:gray" for f in self.flagged]
-        for i, color in enumerate(colors):  # one call per axis: error-bar caps take a single colour
-            ax.errorbar(self.mean[i], y[i], xerr=[[self.mean[i] - self.ci_low[i]], [self.ci_high[i] - self.mean[i]]],
-                        fmt="none", ecolor=color, capsize=3)
-        ax.scatter(self.mean, y, c=colors, zorder=3)
+        floor = self.min_effect * self.scale
+        if floor > 0:
+            ax.axvspan(-floor, floor, color="#eeeeee", zorder=0, label=f"below flag floor (±{floor:.2g})")
         ax.axvline(0, color="black", lw=0.8)
-        ax.set_yticks(y, self.axes)
-        ax.set_xlabel("reward change (with − without)")
-        return ax.figure
+        colors = ["tab:red" if f else "tab:gray" for f in self.flagged]
+        for yi, m, lo, hi, color in zip(y, self.mean, self.ci_low, self.ci_high, colors):
+            # One call per axis: error-bar caps take a single colour, not one per point.
+            if np.isfinite([m, lo, hi]).all():
+                ax.errorbar([m], [yi], xerr=[[m - lo], [hi - m]], fmt="none", ecolor=color, capsize=3, lw=1.2)
+        ax.scatter(self.mean, y, c=colors, zorder=3, s=22)
+        ax.set_yticks(y, [f"{a} (n={k})" for a, k in zip(self.axes, self.n)], fontsize=8)
+        trans = ax.get_yaxis_transform()
+        for yi, q in zip(y, self.q):
+            ax.text(1.01, yi, f"q={q:.2g}", transform=trans, fontsize=7, va="center")
+        ax.set_xlabel("reward change, with − without (reward units; 95% bootstrap CI)")
+        flagged = Line2D([], [], ls="none", marker="o", ms=4.5, color="tab:red", label="flagged")
+        ax.legend(handles=[*ax.get_legend_handles_labels()[0], flagged], fontsize=7, loc="lower right")
+        return finish(ax, made)
 
 
 def probe(

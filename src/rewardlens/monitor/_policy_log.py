@@ -16,6 +16,7 @@ from ..errors import DataError
 
 if TYPE_CHECKING:
     import pandas as pd
+    from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
 REST, CONSTANT = "rest", "constant"
@@ -208,12 +209,13 @@ class PolicyRun:
             rows.append(row)
         return pd.DataFrame(rows, index=pd.Index(self.steps, name="step"))
 
-    def plot(self) -> Figure:
-        """Mean reward over steps with the alarms marked, and each term's share of the gain."""
-        import matplotlib.pyplot as plt
+    def plot(self, ax: Sequence[Axes] | None = None) -> Figure:
+        """Mean reward over steps with the alarms marked (left), and each term's share of the gain (right).
+        `ax`: two axes (left, right) to draw into (their figure is returned), else a new figure."""
+        from .._plotting import finish, panels
 
         frame = self.to_frame()
-        fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.5))
+        (left, right), made = panels(ax, (1, 2), (10, 3.5), "PolicyRun.plot")
         left.plot(frame.index, frame["reward"], marker=".")
         for a in self.alarms:
             left.axvline(a.step, color="tab:red", lw=0.8)
@@ -225,8 +227,7 @@ class PolicyRun:
         right.set_xlabel("step")
         right.set_ylabel("share of the reward gain")
         right.legend(fontsize="small")
-        fig.tight_layout()
-        return fig
+        return finish(left, made)
 
 
 def top_moved(now: dict[str, float], first: dict[str, float], k: int) -> tuple[tuple[str, float, float], ...]:

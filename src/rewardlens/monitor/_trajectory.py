@@ -18,6 +18,7 @@ from ..stats import ranked
 
 if TYPE_CHECKING:
     import pandas as pd
+    from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
 GROUPS = KINDS
@@ -143,12 +144,14 @@ class Trajectory:
 
         return pd.DataFrame(self.part_margin, columns=list(self.parts), index=pd.Index(self.steps, name="step"))
 
-    def plot(self) -> Figure:
-        """Curves against step: margin and accuracy, crystallization depths, margin shares, probes."""
-        import matplotlib.pyplot as plt
+    def plot(self, ax: Sequence[Axes] | None = None) -> Figure:
+        """Curves against step, one panel each: margin and accuracy (on a twin axis), crystallization
+        depths, margin shares and, when probes were run, probe effects. `ax`: those 3 (4 with probes)
+        axes to draw into (their figure is returned), else a new figure."""
+        from .._plotting import finish, panels
 
-        panels = 4 if self.axes else 3
-        fig, axs = plt.subplots(1, panels, figsize=(4 * panels, 3.2))
+        n = 4 if self.axes else 3
+        axs, made = panels(ax, (1, n), (4 * n, 3.2), f"Trajectory.plot (probes: {list(self.axes)})")
         axs[0].plot(self.steps, self["margin"], marker="o", label="mean margin")
         twin = axs[0].twinx()
         twin.plot(self.steps, self["accuracy"], color="tab:green", marker=".", label="accuracy")
@@ -166,8 +169,7 @@ class Trajectory:
             axs[3].plot(self.steps, self[f"probe/{a}"], marker="o", label=a)
         if self.axes:
             axs[3].set_ylabel("probe effect (reward units)")
-        for ax in axs:
-            ax.set_xlabel("step")
-            ax.legend(fontsize="small")
-        fig.tight_layout()
-        return fig
+        for panel in axs:
+            panel.set_xlabel("step")
+            panel.legend(fontsize="small")
+        return finish(axs[0], made)

@@ -32,6 +32,7 @@ from ._autoencoder import TopKSAE
 
 if TYPE_CHECKING:
     import pandas as pd
+    from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
 
@@ -120,16 +121,21 @@ class FeatureAttribution:
             "alignment": np.tile(self.alignment, n)[hit],
         })
 
-    def plot(self, n: int = 20) -> Figure:
-        """Bar chart of the top `n` features' mean margin (pairs) or mean contribution."""
-        import matplotlib.pyplot as plt
+    def plot(self, n: int = 20, ax: Axes | None = None) -> Figure:
+        """Bar chart of the top `n` features' mean margin (pairs) or mean contribution, blue positive and
+        red negative; into `ax` when given (its figure is returned), else a new figure."""
+        from .._plotting import finish, one_panel
 
         top = self.top(n, by="margin" if self.is_pairs else "mean")
-        fig, ax = plt.subplots(figsize=(6, 0.3 * len(top) + 1))
-        ax.barh([f"feature {t[0]}" for t in top][::-1], [t[1] for t in top][::-1])
-        ax.set_xlabel("chosen − rejected contribution (reward units)" if self.is_pairs else "mean contribution")
-        fig.tight_layout()
-        return fig
+        ax, made = one_panel(ax, (6, 0.3 * len(top) + 1))
+        values = [t[1] for t in top][::-1]
+        ax.barh([f"feature {t[0]}" for t in top][::-1], values,
+                color=["tab:blue" if v >= 0 else "tab:red" for v in values])
+        ax.axvline(0, color="black", lw=0.8)
+        ax.tick_params(axis="y", labelsize=7)
+        ax.set_xlabel(f"mean chosen − rejected contribution at layer {self.layer} (reward units)" if self.is_pairs
+                      else f"mean contribution at layer {self.layer} (reward units)")
+        return finish(ax, made)
 
 
 def _densify(idx: np.ndarray, acts: np.ndarray, vals: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -25,6 +25,7 @@ from ._train import evaluate
 
 if TYPE_CHECKING:
     import pandas as pd
+    from matplotlib.axes import Axes
     from matplotlib.figure import Figure
     from transformers import PreTrainedTokenizerBase
 
@@ -80,18 +81,18 @@ class FeatureReport:
         ]
         return pd.DataFrame(rows)
 
-    def plot(self) -> Figure:
-        """Each feature's score against its alignment with the read-out."""
-        import matplotlib.pyplot as plt
+    def plot(self, ax: Axes | None = None) -> Figure:
+        """Each feature's score against its alignment with the read-out; into `ax` when given (its figure
+        is returned), else a new figure."""
+        from .._plotting import finish, one_panel
 
-        fig, ax = plt.subplots(figsize=(5, 4))
+        ax, made = one_panel(ax, (5, 4))
         ax.scatter(self.alignment, self.score)
         for f, a, s in zip(self.features, self.alignment, self.score):
             ax.annotate(str(f), (a, s), fontsize=7)
         ax.set_xlabel("cos(decoder row, read-out)")
         ax.set_ylabel(f"{self.score_kind} (reward units)")
-        fig.tight_layout()
-        return fig
+        return finish(ax, made)
 
 
 class _TopContexts:

@@ -24,6 +24,7 @@ from ._autoencoder import SAEConfig, TopKSAE
 
 if TYPE_CHECKING:
     import pandas as pd
+    from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
 
@@ -111,17 +112,17 @@ class TrainResult:
         return pd.DataFrame({"step": np.arange(len(self.fvu)), "fvu": self.fvu, "auxk": self.auxk,
                              "dead_fraction": self.dead_fraction})
 
-    def plot(self) -> Figure:
-        """FVU and dead fraction against the step."""
-        import matplotlib.pyplot as plt
+    def plot(self, ax: Axes | None = None) -> Figure:
+        """FVU and dead fraction against the step; into `ax` when given (its figure is returned), else a
+        new figure."""
+        from .._plotting import finish, one_panel
 
-        fig, ax = plt.subplots(figsize=(6, 3))
+        ax, made = one_panel(ax, (6, 3))
         ax.plot(self.fvu, label="FVU")
         ax.plot(self.dead_fraction, label="dead fraction")
         ax.set_xlabel("step")
         ax.legend()
-        fig.tight_layout()
-        return fig
+        return finish(ax, made)
 
 
 def geometric_median(x: Tensor, iters: int = 20) -> Tensor:

@@ -5,6 +5,13 @@ touched (a notebook's backend stays as it is, nothing accumulates in pyplot's fi
 `to_png` renders them with the Agg canvas. Each function raises `RewardLensError` when the audit
 lacks the instrument it plots. The figures of the instruments added to the audit later (depth
 distribution, estimand split, cascades, conflicts) live in `_more_figures` and are re-exported here.
+
+Where the report shows what a result draws, the figure is that result's own `plot(ax=...)` on a
+report-sized figure (scatter, probes, features; cascades, conflicts): a result given axes touches
+no pyplot state. The lens and concept figures differ from `Lens.plot` and `Concepts.plot` on
+purpose (every pair's line and the crystallization depth on relative depth; one panel per concept
+with its band), and the heatmaps, depth histogram and estimand bars have no result plot: the report
+draws those itself.
 """
 
 from __future__ import annotations
@@ -14,7 +21,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ...model import Part
-from ...types import LensKind, Versus
+from ...types import LensKind
 from ._canvas import KIND_COLORS as KIND_COLORS
 from ._canvas import PART_COLORS as PART_COLORS
 from ._canvas import nanmedian as nanmedian
@@ -60,40 +67,12 @@ def fig_lens(audit: Audit) -> Figure:
     return fig
 
 
-def _part_kind(name: str) -> str:
-    return Part.parse(name).kind
-
-
 def fig_scatter(audit: Audit) -> Figure:
     """Attribution (margin contribution) against the direct (path-frozen) and total patching effect,
-    one point per (pair, part), coloured by part kind, with the pooled Spearman ρ and its interval."""
-    f = audit.faithfulness
+    one point per (pair, part), coloured by part kind, with the pooled Spearman ρ and its interval:
+    `Faithfulness.plot`, at most `MAX_POINTS` points a panel."""
     fig = new_figure(9, 3.6)
-    axes = fig.subplots(1, 2)
-    kinds = np.broadcast_to(np.array([_part_kind(n) for n in f.names]), f.attribution.shape).ravel()
-    # Past MAX_POINTS points a fixed random subset is drawn (ρ in the titles uses every point).
-    keep = np.arange(kinds.size)
-    if keep.size > MAX_POINTS:
-        keep = np.sort(np.random.default_rng(0).choice(keep, MAX_POINTS, replace=False))
-    estimands: tuple[Versus, ...] = ("direct", "total")
-    for ax, name in zip(axes, estimands):
-        x_all, y_all = f.attribution.ravel()[keep], getattr(f, name).ravel()[keep]
-        for kind, color in PART_COLORS.items():
-            pick = kinds[keep] == kind
-            if pick.any():
-                ax.scatter(x_all[pick], y_all[pick], s=10, alpha=0.65, color=color, label=kind, edgecolors="none")
-        both = np.concatenate([f.attribution.ravel(), getattr(f, name).ravel()])
-        both = both[np.isfinite(both)]
-        if len(both):
-            lim = (float(both.min()), float(both.max()))
-            ax.plot(lim, lim, color="gray", lw=0.8, ls=":", label="y = x")
-        ax.axhline(0, color="gray", lw=0.5)
-        ax.axvline(0, color="gray", lw=0.5)
-        mean, lo, hi = f.pooled(name)
-        ax.set_title(f"{name} effect: pooled ρ = {mean:.2f} [{lo:.2f}, {hi:.2f}]", fontsize=10)
-        ax.set_xlabel("attribution, chosen − rejected (reward units)")
-        ax.set_ylabel(f"{name} patching effect ({f.mode}, reward units)")
-        ax.legend(fontsize=7, loc="upper left")  # not "best": it scans every point
+    audit.faithfulness.plot(max_points=MAX_POINTS, ax=fig.subplots(1, 2))
     return fig
 
 
@@ -156,29 +135,10 @@ def fig_heatmaps(audit: Audit) -> Figure:
 
 def fig_probes(audit: Audit) -> Figure:
     """Forest plot: each probe axis' mean reward change (with − without) and its bootstrap interval,
-    flagged axes in red, the flagging floor ±min_effect × scale shaded, q on the right."""
+    flagged axes in red, the flagging floor ±min_effect × scale shaded, q on the right (`Probes.plot`)."""
     p = need(audit.probes, "probes", "run rewardlens.probe(model) (or `rewardlens audit` with probes)")
-    n = len(p.axes)
-    fig = new_figure(7.5, 0.95 + 0.3 * n)
-    ax = fig.subplots()
-    y = np.arange(n)[::-1]
-    floor = p.min_effect * p.scale
-    if floor > 0:
-        ax.axvspan(-floor, floor, color="#eeeeee", zorder=0, label=f"below flag floor (±{floor:.2g})")
-    ax.axvline(0, color="black", lw=0.8)
-    colors = ["tab:red" if f else "tab:gray" for f in p.flagged]
-    for yi, m, lo, hi, color in zip(y, p.mean, p.ci_low, p.ci_high, colors):
-        # One call per axis: errorbar's caps take a single colour, not one per point.
-        if np.isfinite([m, lo, hi]).all():
-            ax.errorbar([m], [yi], xerr=[[m - lo], [hi - m]], fmt="none", ecolor=color, capsize=3, lw=1.2)
-    ax.scatter(p.mean, y, c=colors, zorder=3, s=22)
-    ax.scatter([], [], c="tab:red", s=22, label="flagged")
-    ax.set_yticks(y, [f"{a} (n={k})" for a, k in zip(p.axes, p.n)], fontsize=8)
-    trans = ax.get_yaxis_transform()
-    for yi, q in zip(y, p.q):
-        ax.text(1.01, yi, f"q={q:.2g}", transform=trans, fontsize=7, va="center")
-    ax.set_xlabel("reward change, with − without (reward units; 95% bootstrap CI)")
-    ax.legend(fontsize=7, loc="lower right")
+    fig = new_figure(7.5, 0.95 + 0.3 * len(p.axes))
+    p.plot(ax=fig.subplots())
     return fig
 
 
@@ -214,16 +174,10 @@ def fig_concepts(audit: Audit) -> Figure:
 
 
 def fig_features(audit: Audit, n: int = 20) -> Figure:
-    """The `n` SAE features with the largest mean chosen − rejected contribution (bars, by sign)."""
+    """The `n` SAE features with the largest mean chosen − rejected contribution (bars, by sign:
+    `FeatureAttribution.plot`)."""
     f = need(audit.features, "features", "pass an SAE to `rewardlens audit` (or rewardlens.attribute_features)")
-    top = f.top(n, by="margin" if f.is_pairs else "mean")
-    fig = new_figure(7, 0.6 + 0.24 * max(len(top), 1))
-    ax = fig.subplots()
-    values = [t[1] for t in top][::-1]
-    ax.barh([f"feature {t[0]}" for t in top][::-1], values,
-            color=["tab:blue" if v >= 0 else "tab:red" for v in values])
-    ax.axvline(0, color="black", lw=0.8)
-    ax.tick_params(axis="y", labelsize=7)
-    ax.set_xlabel(f"mean chosen − rejected contribution at layer {f.layer} (reward units)" if f.is_pairs
-                  else f"mean contribution at layer {f.layer} (reward units)")
+    shown = len(f.top(n, by="margin" if f.is_pairs else "mean"))  # the plot's bars: the height follows them
+    fig = new_figure(7, 0.6 + 0.24 * max(shown, 1))
+    f.plot(n=n, ax=fig.subplots())
     return fig

@@ -1,8 +1,9 @@
 """Figures of the instruments beside the audit's core: the crystallization-depth distribution, the
 direct / indirect split of the top parts, cascades and a multi-objective head's conflicts.
 
-Re-exported by `_figures` (`rewardlens.audit.report.figures`); same rules: no pyplot, and a
-`RewardLensError` when the audit lacks the instrument.
+Re-exported by `_figures` (`rewardlens.audit.report.figures`); same rules: no pyplot, the result's own
+`plot(ax=...)` where there is one (cascades, conflicts), and a `RewardLensError` when the audit lacks
+the instrument.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from ._groups import KINDS, groups, spread
 from ._instruments import estimands
 
 if TYPE_CHECKING:
-    from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
     from .._runner import Audit
@@ -67,38 +67,21 @@ def fig_estimands(audit: Audit) -> Figure:
     return fig
 
 
-def _matrix(ax: Axes, values: np.ndarray, names: list[str], title: str, cmap: str, lim: tuple[float, float]) -> None:
-    import matplotlib
-
-    shown = matplotlib.colormaps[cmap].with_extremes(bad="#eeeeee")
-    im = ax.imshow(np.ma.masked_invalid(values), cmap=shown, vmin=lim[0], vmax=lim[1])
-    ax.set_xticks(range(len(names)), names, rotation=90, fontsize=7)
-    ax.set_yticks(range(len(names)), names, fontsize=7)
-    ax.set_title(title, fontsize=10)
-    ax.figure.colorbar(im, ax=ax, shrink=0.85)
-
-
 def fig_cascades(audit: Audit) -> Figure:
     """Spearman ρ between probe axes' per-item effects (each oriented by its mean's sign); grey: too few
-    shared items for a correlation."""
+    shared items for a correlation (`Cascades.plot`)."""
     c = need(audit.cascades, "cascades", "run the audit with probes (rewardlens.cascade(probes) alone)")
     k = len(c.axes)
     fig = new_figure(2.2 + 0.42 * k, 1.6 + 0.38 * k)
-    _matrix(fig.subplots(), c.rho, list(c.axes), "Spearman ρ of oriented per-item effects", "RdBu_r", (-1, 1))
+    c.plot(ax=fig.subplots())
     return fig
 
 
 def fig_conflicts(audit: Audit) -> Figure:
     """A multi-objective head's terms: cosine of their directions (left) and the share of pairs on which
-    two terms are both decisive and point opposite ways, with each pair's relation (right)."""
+    two terms are both decisive and point opposite ways, with each pair's relation (right): `Conflicts.plot`."""
     c = need(audit.conflicts, "conflicts", "it needs a head with several outputs (rewardlens.conflict(model, pairs))")
     k = len(c.names)
     fig = new_figure(4.5 + 1.1 * k, 2.0 + 0.45 * k)
-    left, right = fig.subplots(1, 2)
-    _matrix(left, c.cosine, list(c.names), "cosine of term directions", "RdBu_r", (-1, 1))
-    _matrix(right, c.disagree, list(c.names), "decisive disagreement share", "Reds", (0, 1))
-    for i in range(k):
-        for j in range(k):
-            if i != j:
-                right.text(j, i, str(c.relation[i, j])[:5], ha="center", va="center", fontsize=7)
+    c.plot(ax=fig.subplots(1, 2))
     return fig
