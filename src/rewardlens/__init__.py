@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from .calibrate import calibrate as calibrate
     from .causal import Faithfulness as Faithfulness
     from .causal import Patching as Patching
+    from .causal import PatchSpec as PatchSpec
     from .causal import attribution_patch as attribution_patch
     from .causal import faithfulness as faithfulness
     from .causal import patch as patch
@@ -72,7 +73,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ArchitectureMap", "Attribution", "Audit", "Bench", "Cascades", "Comparison", "Concepts", "Conflicts",
-    "Distortion", "Edit", "Faithfulness", "Lens", "Monitor", "Pair", "Patching", "Probes", "Reads", "RewardLensError",
+    "Distortion", "Edit", "Faithfulness", "Lens", "Monitor", "Pair", "PatchSpec", "Patching", "Probes", "Reads",
+    "RewardLensError",
     "RewardModel", "SAEConfig", "Scorecard", "Store", "TokenAttribution", "TopKSAE", "Trajectory", "attribute",
     "attribute_features", "attribution_patch", "audit", "bench", "calibrate", "cascade", "compare", "concepts",
     "conflict", "distortion", "edit", "faithfulness", "lens", "load", "load_dpo", "load_judge", "load_pairs",
@@ -85,7 +87,7 @@ _FACE: dict[str, str] = {
     **dict.fromkeys(("Audit", "Store", "audit"), "audit"),
     **dict.fromkeys(("Bench", "bench"), "bench"),
     **dict.fromkeys(("Scorecard", "calibrate"), "calibrate"),
-    **dict.fromkeys(("Faithfulness", "Patching", "attribution_patch", "faithfulness", "patch"), "causal"),
+    **dict.fromkeys(("Faithfulness", "PatchSpec", "Patching", "attribution_patch", "faithfulness", "patch"), "causal"),
     **dict.fromkeys(("Comparison", "compare"), "compare"),
     **dict.fromkeys(("Pair", "load_pairs"), "data"),
     **dict.fromkeys(("RewardLensError",), "errors"),

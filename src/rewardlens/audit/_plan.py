@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-from ..causal import Faithfulness, Patching, aligned, encode_pairs, patch_mode
+from ..causal import Faithfulness, Patching, PatchSpec, aligned, encode_pairs, patch_mode
 from ..data import Pair
 from ..exact import STEP_FIELDS, Attribution, Lens, Steps, TokenAttribution
-from ..hacking import Concepts, Conflicts, Item, Probes
+from ..hacking import ITEMS, Concepts, Conflicts, Item, Probes, spread_items
 from ..model import RewardModel, Tokenized
 from ..sae import FeatureAttribution
 from ..types import Mode, Positions
@@ -57,9 +57,9 @@ class Plan:
             raise ValueError(f"chunk_size and batch_size must be >= 1, got {self.chunk_size} and {self.batch_size}")
         if not 0 < self.fraction <= 1:
             raise ValueError(f"fraction must be in (0, 1], got {self.fraction}")
-        if self.probe_items is not None and self.probe_items < 2:
-            raise ValueError(f"probe_items must be >= 2 (concepts need two inputs a side) or None, "
-                             f"got {self.probe_items}")
+        if self.probe_items is not None and not 2 <= self.probe_items <= len(ITEMS):
+            raise ValueError(f"probe_items must be between 2 (concepts need two inputs a side) and {len(ITEMS)} (the "
+                             f"built-in items), or None for all of them, got {self.probe_items}")
 
     def for_reads(self) -> Plan:
         """This plan for a reward read at a set of positions: without the steps that read one token per
@@ -68,12 +68,7 @@ class Plan:
 
     def items(self) -> list[Item] | None:
         """The built-in items the probes and concepts use (None: all of them)."""
-        if self.probe_items is None:
-            return None
-        from ..hacking import ITEMS
-
-        step = max(1, len(ITEMS) // self.probe_items)
-        return list(ITEMS[::step][: self.probe_items])
+        return None if self.probe_items is None else spread_items(self.probe_items)
 
     def suffix(self) -> str:
         return "" if self.probe_items is None else f"/items-{self.probe_items}"
@@ -103,6 +98,11 @@ class Decided:
         seqs = encode_pairs(model, pairs)
         return cls("all" if aligned(model, pairs, seqs) else "read", patch_mode(model, pairs, seqs), seqs)
 
+    @property
+    def spec(self) -> PatchSpec:
+        """How the audit's faithfulness patches its total and direct effects: heads, read positions, `mode`."""
+        return PatchSpec(mode=self.mode, level="head")
+
     def seqs_of(self, span: Sequence[int]) -> list[Tokenized] | None:
         """The token ids of the pairs `span` (indices into the run's pairs), both sides in pair order."""
         if not self.seqs:
@@ -122,7 +122,7 @@ def run_keys(model: RewardModel, pairs: Sequence[Pair], plan: Plan, decided: Dec
     fp, data = fingerprint(model), checksum(pairs)
     decided = Decided.of(model, pairs) if decided is None else decided
     names = {"lens": "lens", "sublayers": "attribution/sublayer", "heads": "attribution/head",
-             "faithfulness": f"faithfulness/head/{decided.mode}/seed-{decided.seed_positions}"
+             "faithfulness": f"faithfulness/{decided.spec.name}/seed-{decided.seed_positions}"
                              + ("/paper" if plan.paper else "")}
     if model.reads.multi:  # every read's own score, for where the preference forms
         names["steps"] = f"steps/{model.reads.at}/{model.reads.combine}"

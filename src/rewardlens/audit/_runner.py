@@ -122,7 +122,8 @@ def _chunk_entries(model: RewardModel, pairs: Sequence[Pair], span: Sequence[int
         "lens": Lens.from_decomposition(dec),
         "sublayers": traced.attribution("sublayer"),
         "heads": traced.attribution("head"),
-        "faithfulness": faithfulness(model, part, level="head", mode=decided.mode, batch_size=plan.batch_size,
+        "faithfulness": faithfulness(model, part, level=decided.spec.level, mode=decided.spec.mode,
+                                     batch_size=plan.batch_size,
                                      seed_positions=decided.seed_positions, paper=plan.paper, traced=traced),
     }
     entries: list[tuple[RunKey, str, int, dict[str, Any]]] = []

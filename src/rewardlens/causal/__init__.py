@@ -15,6 +15,7 @@ from ._patching import MODES as MODES
 from ._patching import Patching as Patching
 from ._patching import patch as patch
 from ._plan import encode_pairs as encode_pairs
+from ._spec import PatchSpec as PatchSpec
 from ._traced import Traced as Traced
 from ._traced import trace_pairs as trace_pairs
 
@@ -22,6 +23,7 @@ __all__ = [
     "ESTIMANDS",
     "Faithfulness",
     "MODES",
+    "PatchSpec",
     "Patching",
     "agreement",
     "aligned",

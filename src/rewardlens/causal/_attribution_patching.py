@@ -24,9 +24,10 @@ from ..stats import rank_agreement
 from ..types import Ablation, Mode, PatchLevel, Positions, Spans
 from ._engine import Site, head_slice, site_point, sites
 from ._layerwise import layerwise_grads
-from ._patching import Patching, assemble, check_options
+from ._patching import Patching, assemble, spec_of
 from ._plan import Clean, PatchPlan, pair_seqs
 from ._reads_patch import ReadChunks, check_reads_options
+from ._spec import PatchSpec
 
 Tensors = dict[TraceKey, Tensor]
 
@@ -80,13 +81,18 @@ def attribution_patch(
     min_margin: float = 1e-4,
     clean: Clean | None = None,
     progress: bool = False,
+    spec: PatchSpec | None = None,
 ) -> Patching:
     """Attribution-patching estimate of `patch(model, pairs, ..., estimand='total')` (same arguments).
 
     One forward and one backward pass over the patched side only (the targets); `clean`: the pairs'
-    clean runs when the caller already traced them (`trace_pairs`), else they are traced here."""
+    clean runs when the caller already traced them (`trace_pairs`), else they are traced here.
+    `spec`: the choices as one `PatchSpec` (its estimand 'total') instead of the keywords."""
     with counting("attribution patching", progress):
-        check_options(mode, ablation, "total")
+        spec = spec_of(spec, mode=mode, ablation=ablation, positions=positions, level=level)
+        if spec.estimand != "total":
+            raise ValueError(f"attribution patching estimates total effects; got {spec}: use estimand='total'")
+        mode, ablation, positions, level = spec.mode, spec.ablation, spec.positions, spec.level
         seqs = pair_seqs(model, pairs, clean)
         sweep = sites(model, level)
         if model.reads.multi:

@@ -15,7 +15,7 @@ pooling leaves it out; `summary` counts the pairs with a defined ρ.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, ClassVar, get_args
 
 import numpy as np
@@ -28,6 +28,7 @@ from ._attribution_patching import attribution_patch
 from ._engine import sites
 from ._patching import Patching, patch
 from ._plan import Clean, encode_pairs
+from ._spec import PatchSpec
 from ._traced import Traced, trace_pairs
 
 if TYPE_CHECKING:
@@ -75,6 +76,16 @@ class Faithfulness:
         per_pair=("attribution", "direct", "total", "attribution_patching", "seed_attribution", "seed_effect",
                   "paper_attribution", "paper_effect"), derived=("pair_ids",))
     """How the audit's store keeps a faithfulness report (`types.Stored`)."""
+
+    @property
+    def spec(self) -> PatchSpec:
+        """How `total` and `direct` patched (read positions; `direct` with estimand 'direct')."""
+        return PatchSpec(mode=self.mode, level=self.level)
+
+    @property
+    def seed_spec(self) -> PatchSpec:
+        """How `seed_effect` patched: sublayers, at `seed_positions`, in `seed_mode`."""
+        return PatchSpec(mode=self.seed_mode, positions=self.seed_positions)
 
     @property
     def indirect(self) -> np.ndarray:
@@ -259,17 +270,19 @@ def faithfulness(
                              f"level='head' (it serves both) or at {level!r}")
         clean = traced.clean
         att, sub_att = traced.attribution(level), traced.attribution("sublayer")
-        positions: Positions = seed_positions or ("all" if aligned(model, pairs) else "read")
+        positions: Positions = seed_positions or ("all" if aligned(model, pairs, clean.seqs) else "read")
+        spec = PatchSpec(mode=mode, level=level)
+        seeds = PatchSpec(mode=_seeds_in(model, mode), positions=positions)
         stage("read-position sweep")
-        total, seed_patch = _total_and_seed(model, pairs, level, mode, positions, batch_size, clean)
-        direct = patch(model, pairs, mode=mode, level=level, estimand="direct", batch_size=batch_size, clean=clean)
+        total, seed_patch = _total_and_seed(model, pairs, spec, seeds, batch_size, clean)
+        direct = patch(model, pairs, spec=replace(spec, estimand="direct"), batch_size=batch_size, clean=clean)
         stage("attribution patching")
-        atp = attribution_patch(model, pairs, mode=mode, level=level, batch_size=batch_size, clean=clean)
+        atp = attribution_patch(model, pairs, spec=spec, batch_size=batch_size, clean=clean)
         index = [att.names.index(n) for n in total.names]
         paper_att = paper_effect = None
         if paper and not model.reads.multi:  # prefix noising is not defined for a set of reads
             stage("prefix sweep (the paper's way)")
-            prefix = patch(model, pairs, mode="noising", positions="prefix", batch_size=batch_size, clean=clean)
+            prefix = patch(model, pairs, spec=PatchSpec(positions="prefix"), batch_size=batch_size, clean=clean)
             keep = [j for j, name in enumerate(prefix.names) if Part.parse(name).kind != "embed"]
             paper_att = sub_att.margin[:, [sub_att.names.index(prefix.names[j]) for j in keep]]
             paper_effect = prefix.effect[:, keep]
@@ -289,18 +302,18 @@ def _seeds_in(model: RewardModel, mode: Mode) -> Mode:
     return "ablation" if model.reads.multi and mode == "ablation" else "noising"
 
 
-def _total_and_seed(model: RewardModel, pairs: Sequence[Pair], level: PatchLevel, mode: Mode, positions: Positions,
-                    batch_size: int, clean: Clean) -> tuple[Patching, Patching]:
+def _total_and_seed(model: RewardModel, pairs: Sequence[Pair], spec: PatchSpec, seed: PatchSpec, batch_size: int,
+                    clean: Clean) -> tuple[Patching, Patching]:
     """The total read-position effects at `level` and the sublayer noising effects behind the seed
     statistic. Both at the read position in noising mode: one sweep over the union of the two
     levels' sites (they share the embeddings and MLPs; the attention sublayers join the heads). A
     reward read at a set of positions seeds in the run's mode: ablation is asked for it exactly when
     its pairs have no read-to-read map for noising (`patch_mode`)."""
-    if positions != "read" or mode != _seeds_in(model, mode):
-        total = patch(model, pairs, mode=mode, level=level, batch_size=batch_size, clean=clean)
-        return total, patch(model, pairs, mode="noising", positions=positions, batch_size=batch_size, clean=clean)
-    fine, coarse = sites(model, level), sites(model, "sublayer")
+    if seed.positions != "read" or spec.mode != seed.mode:
+        total = patch(model, pairs, spec=spec, batch_size=batch_size, clean=clean)
+        return total, patch(model, pairs, spec=seed, batch_size=batch_size, clean=clean)
+    fine, coarse = sites(model, spec.level), sites(model, "sublayer")
     have = set(fine)
     union = fine + [site for site in coarse if site not in have]
-    both = patch(model, pairs, mode=mode, level=level, batch_size=batch_size, clean=clean, sweep=union)
-    return both.select([s.name for s in fine], level), both.select([s.name for s in coarse], "sublayer")
+    both = patch(model, pairs, spec=spec, batch_size=batch_size, clean=clean, sweep=union)
+    return both.select([s.name for s in fine], spec.level), both.select([s.name for s in coarse], "sublayer")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, get_args
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 from torch import Tensor
@@ -29,15 +29,15 @@ from ._divergence import score_patched, scorer
 from ._engine import Site, batched_sweep, copies_supported, read_sweep, sites
 from ._plan import Clean, PatchPlan, pair_ids, pair_seqs
 from ._reads_patch import check_reads_options, direct_reads, patch_reads
+from ._spec import MODES as MODES
+from ._spec import PatchSpec
 from ._stepped import stepped_sweep
 
 if TYPE_CHECKING:
     import pandas as pd
+    from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-MODES: tuple[Mode, ...] = get_args(Mode)
-ABLATIONS: tuple[Ablation, ...] = get_args(Ablation)
-PATCH_ESTIMANDS: tuple[Estimand, ...] = get_args(Estimand)
 
 
 @dataclass(frozen=True)
@@ -147,26 +147,29 @@ class Patching:
             frame["flagged"] = self.flagged.ravel()
         return frame
 
-    def plot(self, n: int = 20) -> Figure:
-        """Bar chart of the mean effect of the top `n` parts (flagged share hatched when scored)."""
-        import matplotlib.pyplot as plt
+    def plot(self, n: int = 20, ax: Axes | None = None) -> Figure:
+        """Bar chart of the mean effect of the top `n` parts, into `ax` when given (its figure is
+        returned), else a new figure."""
+        from .._plotting import finish, one_panel
 
         top = self.top(n)
-        fig, ax = plt.subplots(figsize=(6, 0.3 * len(top) + 1))
+        ax, made = one_panel(ax, (6, 0.3 * len(top) + 1))
         ax.barh([t[0] for t in top][::-1], [t[1] for t in top][::-1])
         ax.set_xlabel(f"mean {self.estimand} effect on the margin ({self.mode}, {self.positions} positions)")
-        fig.tight_layout()
-        return fig
+        return finish(ax, made)
 
 
-def check_options(mode: Mode, ablation: Ablation, estimand: Estimand) -> None:
-    """Refuse option values a type checker would have caught (for callers without one)."""
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    if ablation not in ABLATIONS:
-        raise ValueError(f"ablation must be 'zero' or 'mean', got {ablation!r}")
-    if estimand not in PATCH_ESTIMANDS:
-        raise ValueError(f"estimand must be 'total' or 'direct', got {estimand!r}")
+def spec_of(spec: PatchSpec | None, **given: object) -> PatchSpec:
+    """The run's `PatchSpec`: `spec` when given (then every keyword choice must be left at its default),
+    else one built, and so validated, from the keyword choices."""
+    if spec is None:
+        return PatchSpec(**given)  # type: ignore[arg-type]  # the keywords' own annotations hold each value
+    default = PatchSpec()
+    clash = {k: v for k, v in given.items() if v != getattr(default, k)}
+    if clash:
+        raise ValueError(f"pass the patch's choices either as spec= or as keywords, not both: spec={spec} and "
+                         + ", ".join(f"{k}={v!r}" for k, v in clash.items()))
+    return spec
 
 
 def patch(
@@ -186,6 +189,7 @@ def patch(
     clean: Clean | None = None,
     sweep: Sequence[Site] | None = None,
     progress: bool = False,
+    spec: PatchSpec | None = None,
 ) -> Patching:
     """Patch every part (`level` 'sublayer' or 'head') of every pair and return the patched rewards.
 
@@ -200,10 +204,12 @@ def patch(
     `clean`: the pairs' clean runs when the caller already traced them (`trace_pairs`; traced with
     heads for `level='head'`), so the sweep does not trace them again. `sweep`: the sites to patch
     instead of every site at `level` (`sites(model, 'head')` plus the attention sublayers serves both
-    levels in one sweep; `Patching.select` splits the result).
+    levels in one sweep; `Patching.select` splits the result). `spec`: the five choices (mode,
+    ablation, positions, level, estimand) as one validated `PatchSpec`, instead of the keywords.
     """
     with counting("patch", progress):
-        check_options(mode, ablation, estimand)
+        spec = spec_of(spec, mode=mode, ablation=ablation, positions=positions, level=level, estimand=estimand)
+        mode, ablation, positions, level, estimand = spec.mode, spec.ablation, spec.positions, spec.level, spec.estimand
         if divergence and estimand == "direct":
             raise ValueError("divergence scores patched runs' later activations; estimand='direct' holds them "
                              "frozen, so there is nothing to score: use estimand='total'")

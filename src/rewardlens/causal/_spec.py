@@ -1,0 +1,82 @@
+"""`PatchSpec`: what one patching run does, validated once and carried whole.
+
+A patch is five choices (docs/design.md §5): the mode (noising, denoising, ablation), what an ablation
+inserts (zeros or a reference mean), the positions (the read token, all, the shared prefix, or spans
+counted back from the read token), the level (sublayers or heads) and the estimand (total, or the
+path-frozen direct effect). `patch`, `attribution_patch`, `faithfulness`, the engines' plan and the
+audit's run key all take this one value, so the choices are checked in one place and named in one way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import get_args
+
+from ..types import Ablation, Estimand, Mode, PatchLevel, Positions, Spans
+
+MODES: tuple[Mode, ...] = get_args(Mode)
+ABLATIONS: tuple[Ablation, ...] = get_args(Ablation)
+PATCH_ESTIMANDS: tuple[Estimand, ...] = get_args(Estimand)
+PATCH_LEVELS: tuple[PatchLevel, ...] = get_args(PatchLevel)
+POSITIONS: tuple[Positions, ...] = get_args(Positions)
+
+
+@dataclass(frozen=True)
+class PatchSpec:
+    """One patching run's choices; invalid values are refused at construction, naming the fix."""
+
+    mode: Mode = "noising"
+    """'noising' (run chosen, insert rejected's), 'denoising' (the reverse) or 'ablation' (both sides)."""
+    ablation: Ablation = "zero"
+    """What 'ablation' inserts: zeros, or the mean over a reference set ('mean'); unused by other modes."""
+    positions: Positions | Spans = "read"
+    """'read', 'all', 'prefix', or spans `[(start, stop), ...]` of the positions up to the read token."""
+    level: PatchLevel = "sublayer"
+    """The parts patched: embeddings and sublayers, or embeddings, heads and MLPs ('head')."""
+    estimand: Estimand = "total"
+    """'total' (the patch flows through every later layer) or 'direct' (later parts held at clean)."""
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+        if self.ablation not in ABLATIONS:
+            raise ValueError(f"ablation must be one of {ABLATIONS}, got {self.ablation!r}")
+        if self.level not in PATCH_LEVELS:
+            raise ValueError(f"level must be one of {PATCH_LEVELS}, got {self.level!r}")
+        if self.estimand not in PATCH_ESTIMANDS:
+            raise ValueError(f"estimand must be one of {PATCH_ESTIMANDS}, got {self.estimand!r}")
+        object.__setattr__(self, "positions", _positions(self.positions))
+
+    @property
+    def spans(self) -> bool:
+        """Whether `positions` is a list of spans rather than a named rule."""
+        return not isinstance(self.positions, str)
+
+    @property
+    def name(self) -> str:
+        """A canonical label of every choice (`head/ablation-mean/read/total`): what a run key records."""
+        mode = f"ablation-{self.ablation}" if self.mode == "ablation" else self.mode
+        where = self.positions if isinstance(self.positions, str) else "spans" + "".join(
+            f"[{'' if a is None else a}:{'' if b is None else b}]" for a, b in self.positions)
+        return f"{self.level}/{mode}/{where}/{self.estimand}"
+
+
+def _positions(positions: Positions | Spans) -> Positions | Spans:
+    """A named rule as it is; spans as a tuple of (start, stop) pairs of ints or None (hashable, frozen)."""
+    if isinstance(positions, str):
+        if positions not in POSITIONS:
+            raise ValueError(f"positions must be one of {POSITIONS} or spans such as [(-4, None)], got {positions!r}")
+        return positions
+    if not isinstance(positions, Sequence) or not positions:
+        raise ValueError(f"positions must be one of {POSITIONS} or a non-empty list of (start, stop) spans, "
+                         f"got {positions!r}")
+    spans: list[tuple[int | None, int | None]] = []
+    for span in positions:
+        ok = isinstance(span, Sequence) and not isinstance(span, str) and len(span) == 2 and all(
+            b is None or (isinstance(b, int) and not isinstance(b, bool)) for b in span)
+        if not ok:
+            raise ValueError(f"a span is (start, stop) with ints or None, counted like a slice of the positions up "
+                             f"to the read token (negative: back from it), got {span!r} in positions={positions!r}")
+        spans.append((span[0], span[1]))  # type: ignore[arg-type]  # checked just above: ints or None
+    return tuple(spans)
