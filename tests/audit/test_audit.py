@@ -218,15 +218,18 @@ def test_a_run_tokenizes_each_pair_once_and_decides_once(tiny_root, pairs, monke
 
     model = rl.load(str(tiny_root["llama"]))
     data = _many(pairs, 5)
-    calls = []
-    real = core.tokenize
+    calls, passes = [], []
+    real, encode = core.tokenize, core.RewardModel._read_positions
     monkeypatch.setattr(core, "tokenize", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(core.RewardModel, "_read_positions", lambda self, x: passes.append(1) or encode(self, x))
     decided = Decided.of(model, data)
     assert len(calls) == 2 * len(data) and decided.seed_positions in ("all", "read") and decided.mode == "noising"
+    assert len(passes) == 1
     run_pairs(model, data, Store(":memory:"), Plan(chunk_size=2, probes=False, concepts=False), decided=decided)
-    assert len(calls) == 2 * len(data)  # not one more
+    assert len(calls) == 2 * len(data) and len(passes) == 1  # no chunk encoded its pairs again
     run_pairs(model, data, Store(":memory:"), Plan(chunk_size=2, probes=False, concepts=False))
-    assert len(calls) == 4 * len(data)  # deciding for itself: once more, and only once
+    assert len(passes) == 2  # deciding for itself: one encoding pass, once
+    assert len(calls) == 2 * len(data)  # of inputs the model has tokenized already (TokenMemo)
 
 
 def test_clean_runs_of_other_pairs_are_refused(tiny_root, pairs):
@@ -238,3 +241,18 @@ def test_clean_runs_of_other_pairs_are_refused(tiny_root, pairs):
         rl.patch(model, pairs[:3], clean=traced.clean)
     with pytest.raises(ValueError, match=r"seqs= holds 4 sequences for 3 pairs"):
         trace_pairs(model, pairs[:3], seqs=traced.clean.seqs)
+
+
+def test_the_audit_and_the_monitor_probe_the_same_spread_of_items():
+    """One item-subsetting rule (`hacking.spread_items`): a quick audit and the monitor pick the same items."""
+    from rewardlens.hacking import ITEMS, spread_items
+    from rewardlens.monitor import Monitor
+
+    for n in (2, 6, 12, len(ITEMS)):
+        items = spread_items(n)
+        assert Plan(probe_items=n).items() == items and items == list(ITEMS[:: len(ITEMS) // n][:n])
+        assert len(set(items)) == n and len({i.domain for i in items}) == min(n, len({i.domain for i in ITEMS}))
+    mon = Monitor([rl.Pair("p", "a", "b")], probes=["length"], probe_items=6)
+    assert list(mon.probe_items) == spread_items(6)
+    with pytest.raises(ValueError, match=f"between 2 .* and {len(ITEMS)}"):
+        Plan(probe_items=len(ITEMS) + 1)

@@ -24,6 +24,7 @@ from ._editing import Edit as Edit
 from ._editing import edit as edit
 from ._editing import final_hidden_states as final_hidden_states
 from ._editing import save_edit as save_edit
+from ._fit import spread_items as spread_items
 from ._items import DOMAINS as DOMAINS
 from ._items import ITEMS as ITEMS
 from ._items import Item as Item
@@ -33,6 +34,7 @@ from ._probes import Probes as Probes
 from ._probes import probe as probe
 
 __all__ = [
+    "spread_items",
     "ALPHAS",
     "AXES",
     "Axis",

@@ -17,7 +17,7 @@ from ..errors import DataError, TokenizationError, warn
 from ..model import RewardModel
 from ..types import Conversation, Text
 from ._axes import AXES, contrast_rows
-from ._items import base_items, builtin
+from ._items import ITEMS, Item, base_items, builtin
 
 SHOWN = 10
 """Skipped ids named in the warning; the rest are counted."""
@@ -81,3 +81,12 @@ def builtin_sets(model: RewardModel, items: Sequence[Any] | None,
         raise DataError(f"concepts: a concept needs 2 inputs a side, and no probe axis applies to 2 of the {used} "
                         f"item{'s' * (used != 1)} left{skipped}; pass more items or your own sets")
     return sets, gone
+
+
+def spread_items(n: int) -> list[Item]:
+    """`n` built-in items spread evenly over the domains they are listed in (every `len(ITEMS) // n`-th,
+    from the first): the one subset a quick run probes (the audit's `probe_items`, the monitor's), so the
+    two probe the same items (the audit's rule before there was one: its stores keep their items)."""
+    if not 2 <= n <= len(ITEMS):
+        raise ValueError(f"probe_items must be between 2 and {len(ITEMS)} built-in items, got {n}")
+    return list(ITEMS[:: len(ITEMS) // n][:n])

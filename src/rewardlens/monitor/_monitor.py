@@ -63,11 +63,9 @@ def _probe_items(probe_items: int | Sequence[Any] | None) -> Sequence[Any] | Non
     """An int takes that many built-in items spread evenly over their domains; else as given."""
     if not isinstance(probe_items, int):
         return probe_items
-    from ..hacking import ITEMS
+    from ..hacking import spread_items
 
-    if not 2 <= probe_items <= len(ITEMS):
-        raise ValueError(f"probe_items must be between 2 and {len(ITEMS)} built-in items, got {probe_items}")
-    return [ITEMS[int(i)] for i in np.linspace(0, len(ITEMS) - 1, probe_items).round()]
+    return spread_items(probe_items)
 
 
 def measure(
