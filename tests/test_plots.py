@@ -1,5 +1,5 @@
 """Every result's `.plot()` draws (on the Agg canvas) what the result holds, into a new figure or into the
-axes it is given (`plot(ax=...)`, the rule in `rewardlens._plotting`)."""
+axes it is given (`plot(ax=...)`, the rule in `rewardlens.plotting`)."""
 
 import ast
 from dataclasses import replace

@@ -87,7 +87,7 @@ class BenchComparison:
     def plot(self, ax: Axes | None = None) -> Figure:
         """The difference a − b of every score with its interval (subsets, sections, scores); into `ax`
         when given (its figure is returned), else a new figure."""
-        from .._plotting import finish, one_panel
+        from ..plotting import finish, one_panel
 
         y = np.arange(len(self.keys))[::-1]
         ax, made = one_panel(ax, (7, 0.28 * len(self.keys) + 1.2))
@@ -239,7 +239,7 @@ class Bench:
         """Per-subset accuracy with Wilson intervals (left, coloured by section) and the section,
         overall, RewardBench 2 and all-item scores with their intervals (right). `ax`: two axes (left,
         right) to draw into (their figure is returned), else a new figure."""
-        from .._plotting import finish, panels
+        from ..plotting import finish, panels
 
         axes, made = panels(ax, (1, 2), (11, 0.25 * max(len(self.subsets), 6) + 1.5), "Bench.plot")
         y = np.arange(len(self.subsets))[::-1]

@@ -170,7 +170,7 @@ class Faithfulness:
         is drawn (ρ in the titles uses every point)."""
         from matplotlib.lines import Line2D
 
-        from .._plotting import finish, panels
+        from ..plotting import finish, panels
 
         axes, made = panels(ax, (1, 2), (9, 3.6), "Faithfulness.plot")
         colors = {"embed": "tab:green", "attn": "tab:blue", "mlp": "tab:red"}

@@ -150,7 +150,7 @@ class Patching:
     def plot(self, n: int = 20, ax: Axes | None = None) -> Figure:
         """Bar chart of the mean effect of the top `n` parts, into `ax` when given (its figure is
         returned), else a new figure."""
-        from .._plotting import finish, one_panel
+        from ..plotting import finish, one_panel
 
         top = self.top(n)
         ax, made = one_panel(ax, (6, 0.3 * len(top) + 1))

@@ -236,7 +236,7 @@ class Comparison:
         depth, and the probe profiles (or, without probes, the direction cosines). `ax`: four axes in
         that order (e.g. `fig.subplots(2, 2)`) to draw into (their figure is returned), else a new
         2×2 figure."""
-        from .._plotting import finish, panels
+        from ..plotting import finish, panels
 
         flat, made = panels(ax, (2, 2), (10, 7), "Comparison.plot")
         margins, lens, profile, last = flat

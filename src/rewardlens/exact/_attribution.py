@@ -109,7 +109,7 @@ class Attribution:
     def plot(self, n: int = 20, ax: Axes | None = None) -> Figure:
         """Bar chart of the mean contribution (or mean margin, for pairs) of the top `n` parts, into
         `ax` when given (its figure is returned), else a new figure."""
-        from .._plotting import finish, one_panel
+        from ..plotting import finish, one_panel
 
         by: Ranking = "margin" if self.is_pairs else "mean_abs"
         top = self.top(n, by=by)

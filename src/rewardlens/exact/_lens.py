@@ -115,7 +115,7 @@ class Lens:
     def plot(self, ax: Axes | None = None) -> Figure:
         """Lens curves (mean margin for pairs, mean reward otherwise), both kinds, against depth; into
         `ax` when given (its figure is returned), else a new figure."""
-        from .._plotting import finish, one_panel
+        from ..plotting import finish, one_panel
 
         ax, made = one_panel(ax, (6, 3.5))
         for kind in LENS_KINDS:

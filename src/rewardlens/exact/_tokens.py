@@ -159,7 +159,7 @@ class TokenAttribution:
     def plot(self, row: int = 0, ax: Axes | None = None) -> Figure:
         """Bar chart of every token's exact contribution for `row`, tokens in order, `t*` marked; into
         `ax` when given (its figure is returned), else a new figure."""
-        from .._plotting import finish, one_panel
+        from ..plotting import finish, one_panel
 
         vals = self.values[row]
         ax, made = one_panel(ax, (max(4.0, 0.3 * len(vals) + 1), 3))

@@ -63,7 +63,7 @@ class Cascades:
         else a new figure."""
         import matplotlib
 
-        from .._plotting import finish, one_panel
+        from ..plotting import finish, one_panel
 
         ax, made = one_panel(ax, (0.5 * len(self.axes) + 2, 0.5 * len(self.axes) + 1.5))
         cmap = matplotlib.colormaps["RdBu_r"].with_extremes(bad="#eeeeee")

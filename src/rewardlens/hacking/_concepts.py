@@ -184,7 +184,7 @@ class Concepts:
     def plot(self, ax: Sequence[Axes] | None = None) -> Figure:
         """Cosine with the read-out by layer (left), and the mean dose-response curve of every concept
         (right). `ax`: two axes (left, right) to draw into (their figure is returned), else a new figure."""
-        from .._plotting import finish, panels
+        from ..plotting import finish, panels
 
         (left, right), made = panels(ax, (1, 2), (10, 4), "Concepts.plot")
         for c, name in enumerate(self.names):

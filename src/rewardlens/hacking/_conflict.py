@@ -111,7 +111,7 @@ class Conflicts:
         new figure."""
         import matplotlib
 
-        from .._plotting import finish, panels
+        from ..plotting import finish, panels
 
         k = len(self.names)
         axes, made = panels(ax, (1, 2), (4 + 0.6 * k * 2, 3 + 0.5 * k), "Conflicts.plot")

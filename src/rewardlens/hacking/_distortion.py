@@ -96,7 +96,7 @@ class Distortion:
     def plot(self, ax: Axes | None = None, quality: str | None = None) -> Figure:
         """Bar chart of one quality dimension's indices with CIs; flagged bars in red; into `ax` when
         given (its figure is returned), else a new figure."""
-        from .._plotting import finish, one_panel
+        from ..plotting import finish, one_panel
 
         k = self._column(quality)
         ax, made = one_panel(ax, (6, 0.4 * len(self.axes) + 1))

@@ -113,7 +113,7 @@ class EditReport:
     def plot(self, ax: Axes | None = None) -> Figure:
         """Margins before against after: the concept pairs should fall to 0, the others stay on the diagonal;
         into `ax` when given (its figure is returned), else a new figure."""
-        from .._plotting import finish, one_panel
+        from ..plotting import finish, one_panel
 
         ax, made = one_panel(ax, (4.5, 4.5))
         ax.scatter(self.other_before, self.other_after, s=10, alpha=0.6, label="untargeted pairs")

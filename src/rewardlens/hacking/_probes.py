@@ -121,7 +121,7 @@ class Probes:
         `ax` when given (its figure is returned), else a new figure."""
         from matplotlib.lines import Line2D
 
-        from .._plotting import finish, one_panel
+        from ..plotting import finish, one_panel
 
         ax, made = one_panel(ax, (7.5, 0.95 + 0.3 * len(self.axes)))
         y = np.arange(len(self.axes))[::-1]

@@ -212,7 +212,7 @@ class PolicyRun:
     def plot(self, ax: Sequence[Axes] | None = None) -> Figure:
         """Mean reward over steps with the alarms marked (left), and each term's share of the gain (right).
         `ax`: two axes (left, right) to draw into (their figure is returned), else a new figure."""
-        from .._plotting import finish, panels
+        from ..plotting import finish, panels
 
         frame = self.to_frame()
         (left, right), made = panels(ax, (1, 2), (10, 3.5), "PolicyRun.plot")

@@ -148,7 +148,7 @@ class Trajectory:
         """Curves against step, one panel each: margin and accuracy (on a twin axis), crystallization
         depths, margin shares and, when probes were run, probe effects. `ax`: those 3 (4 with probes)
         axes to draw into (their figure is returned), else a new figure."""
-        from .._plotting import finish, panels
+        from ..plotting import finish, panels
 
         n = 4 if self.axes else 3
         axs, made = panels(ax, (1, n), (4 * n, 3.2), f"Trajectory.plot (probes: {list(self.axes)})")

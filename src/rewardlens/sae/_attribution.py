@@ -124,7 +124,7 @@ class FeatureAttribution:
     def plot(self, n: int = 20, ax: Axes | None = None) -> Figure:
         """Bar chart of the top `n` features' mean margin (pairs) or mean contribution, blue positive and
         red negative; into `ax` when given (its figure is returned), else a new figure."""
-        from .._plotting import finish, one_panel
+        from ..plotting import finish, one_panel
 
         top = self.top(n, by="margin" if self.is_pairs else "mean")
         ax, made = one_panel(ax, (6, 0.3 * len(top) + 1))

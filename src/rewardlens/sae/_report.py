@@ -84,7 +84,7 @@ class FeatureReport:
     def plot(self, ax: Axes | None = None) -> Figure:
         """Each feature's score against its alignment with the read-out; into `ax` when given (its figure
         is returned), else a new figure."""
-        from .._plotting import finish, one_panel
+        from ..plotting import finish, one_panel
 
         ax, made = one_panel(ax, (5, 4))
         ax.scatter(self.alignment, self.score)

@@ -115,7 +115,7 @@ class TrainResult:
     def plot(self, ax: Axes | None = None) -> Figure:
         """FVU and dead fraction against the step; into `ax` when given (its figure is returned), else a
         new figure."""
-        from .._plotting import finish, one_panel
+        from ..plotting import finish, one_panel
 
         ax, made = one_panel(ax, (6, 3))
         ax.plot(self.fvu, label="FVU")
