@@ -421,3 +421,19 @@ def test_chromium_renders_every_section_and_figure(report, tmp_path):
     assert gray.std() > 10, "the screenshot is (nearly) blank"
     colors = len(np.unique(np.asarray(image.convert("RGB")).reshape(-1, 3), axis=0))
     assert colors > 200, f"the screenshot has only {colors} colours: figures did not render"
+
+
+def test_numbers_json_holds_exactly_the_summary_schema(audit, numbers):
+    """`summary`, numbers.json, the page and the CLI share one schema (`AuditSummary`): every key it
+    declares is there and nothing undeclared is, down to the typed sections."""
+    from rewardlens.audit.report import AuditSummary, summary
+    from rewardlens.audit.report._schema import FaithfulnessSummary, LensSummary, PairScore, Scores, TopPart
+
+    got = summary(audit)
+    assert set(got) == set(AuditSummary.__annotations__)
+    assert set(numbers) == set(AuditSummary.__annotations__) | {"tables"}
+    for key, schema in (("scores", Scores), ("lens", LensSummary), ("faithfulness", FaithfulnessSummary)):
+        assert set(got[key]) == set(schema.__annotations__), key
+    assert got["pairs"] and all(set(p) == set(PairScore.__annotations__) for p in got["pairs"])
+    assert got["top_parts"] and all(set(t) == set(TopPart.__annotations__) for t in got["top_parts"])
+    assert [p["id"] for p in got["pairs"]] == audit.pair_ids

@@ -11,7 +11,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from ._common import (
     ArgumentError,
@@ -32,6 +32,7 @@ from ._common import (
 )
 
 if TYPE_CHECKING:
+    from ..audit.report import AuditResult, AuditSummary
     from ..data import Pair
     from ..model import RewardModel
     from ..sae import TopKSAE
@@ -99,7 +100,7 @@ def _run(args: argparse.Namespace, state: dict[str, Any]) -> dict[str, Any]:
     if not pairs:
         raise ValueError("no pairs to audit")
     from ..audit import Plan, audit, resume_status
-    from ..audit.report import plain, summary, write_report
+    from ..audit.report import AuditResult, plain, summary, write_report
 
     plan = Plan(chunk_size=args.chunk_size, batch_size=args.batch_size, probes=not args.no_probes,
                 concepts=not args.no_concepts, probe_items=args.probe_items, sae_layer=args.sae_layer,
@@ -120,7 +121,8 @@ def _run(args: argparse.Namespace, state: dict[str, Any]) -> dict[str, Any]:
         return {"rank": rank}
     numbers = summary(result, top=args.top)
     report = write_report(result, out, numbers)
-    return plain({**numbers, "report": str(report), "store": str(main_path), "pairs_from_store": before})
+    printed = AuditResult(**numbers, report=str(report), store=str(main_path), pairs_from_store=before)
+    return cast(dict[str, Any], plain(printed))
 
 
 def _kept(args: argparse.Namespace, state: dict[str, Any]) -> str:
@@ -141,9 +143,10 @@ def _sae(args: argparse.Namespace, model: RewardModel) -> TopKSAE | None:
     return load_sae(args.sae, device=model.device)
 
 
-def _show(result: dict[str, Any]) -> None:
-    if "rank" in result:  # ranks other than 0 print nothing: rank 0 reports for all
+def _show(shown: dict[str, Any]) -> None:
+    if "rank" in shown:  # ranks other than 0 print nothing: rank 0 reports for all
         return
+    result = cast("AuditResult", shown)  # what _run returned: the summary's schema, checked by mypy
     num = lambda x: "-" if x is None else f"{x:.2f}"
     # One pair has a rho but no interval: a bootstrap over one pair is not an interval.
     bound = lambda x: "-" if x is None else f"{x:+.3f}"
@@ -207,7 +210,7 @@ def _show_subsets(groups: dict[str, Any] | None, ci: Any) -> None:
     print()
 
 
-def _show_more(result: dict[str, Any]) -> None:
+def _show_more(result: AuditSummary) -> None:
     """One line each: divergence of patched states, distortion, cascade clusters, conflicting terms."""
     div, dist, casc, conf = (result[k] for k in ("divergence", "distortion", "cascades", "conflicts"))
     if div is not None:

@@ -10,7 +10,10 @@ from ._numbers import margins as margins
 from ._numbers import plain as plain
 from ._numbers import summary as summary
 from ._numbers import tables as tables
+from ._schema import AuditResult as AuditResult
+from ._schema import AuditSummary as AuditSummary
 from ._tokens import token_section as token_section
 from ._write import write_report as write_report
 
-__all__ = ["figures", "margins", "plain", "summary", "tables", "token_section", "write_report"]
+__all__ = ["AuditResult", "AuditSummary", "figures", "margins", "plain", "summary", "tables", "token_section",
+           "write_report"]

@@ -14,6 +14,7 @@ import numpy as np
 from .._runner import Audit
 from .._whole import TOKEN_PAIRS, shown_pairs
 from ._groups import TOP_PARTS, top_parts
+from ._schema import TopPart
 
 """The token section shows at most this many pairs: those with the largest |margin|."""
 
@@ -33,7 +34,7 @@ def estimands(audit: Audit) -> list[dict[str, Any]]:
     return out
 
 
-def top_parts_table(audit: Audit, k: int = TOP_PARTS) -> list[dict[str, Any]]:
+def top_parts_table(audit: Audit, k: int = TOP_PARTS) -> list[TopPart]:
     """The `k` top parts (`Faithfulness.top`: mean |total effect|, noising at the read positions), each
     with its mean exact attribution, total, direct and indirect effect, and its patched runs out of the
     natural distribution (None when divergence was not run)."""

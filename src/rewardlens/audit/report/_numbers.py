@@ -21,6 +21,7 @@ from ...errors import RewardLensError
 from .._runner import Audit
 from . import _instruments as more
 from ._groups import TOP_PARTS, accuracy, labels, spread, subsets, subsets_frame
+from ._schema import AuditSummary, FaithfulnessSummary, Interval
 from ._steps import steps_summary
 
 if TYPE_CHECKING:
@@ -59,7 +60,7 @@ def margins(audit: Audit) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return chosen(reward), rejected(reward), margin(reward)
 
 
-def summary(audit: Audit, top: int = TOP_PARTS) -> dict[str, Any]:
+def summary(audit: Audit, top: int = TOP_PARTS) -> AuditSummary:
     """Every headline number of the audit (plain Python values; NaN where undefined): the one dict the
     page, `numbers.json` and `rewardlens audit` show. `top`: how many parts `top_parts` lists."""
     from ..._version import __version__
@@ -76,7 +77,7 @@ def summary(audit: Audit, top: int = TOP_PARTS) -> dict[str, Any]:
     if audit.features is not None:
         closure["features"] = float(np.max(np.abs(audit.features.residual_error)))
     closure["max"] = max(closure.values())
-    out: dict[str, Any] = {
+    out: AuditSummary = {
         "rewardlens_version": __version__, "model": audit.model, "fingerprint": audit.fingerprint,
         "data_checksum": audit.data_checksum, "provenance": provenance(audit),
         "n_pairs": len(audit.pair_ids), "n_layers": lens.n_layers, "skipped": dict(audit.skipped),
@@ -131,13 +132,13 @@ def provenance(audit: Audit) -> dict[str, Any]:
     return {**known, **audit.provenance}
 
 
-def _faithfulness(audit: Audit) -> dict[str, Any]:
+def _faithfulness(audit: Audit) -> FaithfulnessSummary:
     f = audit.faithfulness
-    pooled = {}
+    pooled: dict[str, Interval] = {}
     for row in f.summary():  # the estimands' rows; the seed statistics are read below, by name
         if row["comparison"].startswith("attribution vs "):
             name = row["comparison"].removeprefix("attribution vs ")
-            pooled[name] = {k: row[k] for k in ("rho", "lo", "hi", "pairs")}
+            pooled[name] = Interval(rho=row["rho"], lo=row["lo"], hi=row["hi"], pairs=row["pairs"])
     (rho, lo, hi), pairs = f.seed_statistic(), int(np.isfinite(f.seed_rho).sum())
     paper = None
     if f.paper_effect is not None:  # the seed paper's own way: prefix noising over attention and MLP sublayers
@@ -243,18 +244,18 @@ def plain(x: Any) -> Any:
     return x
 
 
-def write_numbers(audit: Audit, out: Path, numbers: dict[str, Any] | None = None) -> dict[str, Any]:
+def write_numbers(audit: Audit, out: Path, numbers: AuditSummary | None = None) -> dict[str, Any]:
     """Write one Parquet file per table and `numbers.json` (the summary plus `tables`) into `out`.
 
     Returns what `numbers.json` holds. `numbers`: a `summary(audit)` already computed.
     """
-    numbers = dict(summary(audit) if numbers is None else numbers)
+    doc: dict[str, Any] = dict(summary(audit) if numbers is None else numbers)
     listing = {}
     for name, frame in tables(audit).items():
         frame.to_parquet(out / f"{name}.parquet", index=False)
         listing[name] = {"file": f"{name}.parquet", "rows": len(frame), "columns": [str(c) for c in frame.columns]}
-    numbers["tables"] = listing
-    data = plain(numbers)
+    doc["tables"] = listing  # numbers.json: the summary and the files its tables went into
+    data = plain(doc)
     # allow_nan=False: a stray NaN would write invalid JSON that strict readers reject.
     (out / "numbers.json").write_text(json.dumps(data, indent=2, ensure_ascii=False, allow_nan=False) + "\n",
                                       encoding="utf-8")

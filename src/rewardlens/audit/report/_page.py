@@ -10,7 +10,7 @@ every figure rendered.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -19,6 +19,7 @@ from .._runner import Audit
 from . import _figures as figures
 from . import _sections as more
 from ._html import Html, e, figure, how, kv, notrun, num, rho, table
+from ._schema import AuditSummary
 from ._steps import steps_section
 
 SECTIONS = ("summary", "scores", "subsets", "steps", "lens", "crystallization", "attribution", "patching", "estimands",
@@ -60,7 +61,7 @@ NOT_RUN = {
 
 # ---- sections ---------------------------------------------------------------------------------------
 
-def _summary(a: Audit, s: dict[str, Any]) -> Html:
+def _summary(a: Audit, s: AuditSummary) -> Html:
     sc, lens, faith = s["scores"], s["lens"], s["faithfulness"]
     n = s["n_pairs"]
     med = lens["crystallization_median"]
@@ -90,7 +91,7 @@ def _summary(a: Audit, s: dict[str, Any]) -> Html:
     return kv(items)
 
 
-def _more_summary(s: dict[str, Any]) -> list[tuple[str, str]]:
+def _more_summary(s: AuditSummary) -> list[tuple[str, str]]:
     """Headlines of the divergence, distortion, cascade and conflict results ('not run' without them)."""
     div, dist, casc, conf = s["divergence"], s["distortion"], s["cascades"], s["conflicts"]
     return [
@@ -105,11 +106,11 @@ def _more_summary(s: dict[str, Any]) -> list[tuple[str, str]]:
     ]
 
 
-def _rho(d: dict[str, Any]) -> dict[str, Any]:
+def _rho(d: Mapping[str, Any]) -> dict[str, Any]:
     return {"mean": d["rho"], "lo": d["lo"], "hi": d["hi"]}
 
 
-def _scores(a: Audit, s: dict[str, Any]) -> Html:
+def _scores(a: Audit, s: AuditSummary) -> Html:
     from ._numbers import margins
 
     chosen, rejected, margin = margins(a)
@@ -123,7 +124,7 @@ def _scores(a: Audit, s: dict[str, Any]) -> Html:
                                "crystallization normed"], rows, ["bad" if m <= 0 else "" for m in margin]))
 
 
-def _lens(a: Audit, s: dict[str, Any]) -> Html:
+def _lens(a: Audit, s: AuditSummary) -> Html:
     lens = s["lens"]
     note = (f"<p>{lens['near_zero_margin_pairs']} pair(s) have a final margin too small to define a side; their "
             "crystallization depth is left out.</p>" if lens["near_zero_margin_pairs"] else "")
@@ -140,7 +141,7 @@ def _lens(a: Audit, s: dict[str, Any]) -> Html:
     return Html(text + fig)
 
 
-def _attribution(a: Audit, s: dict[str, Any]) -> Html:
+def _attribution(a: Audit, s: AuditSummary) -> Html:
     c = s["closure_error"]
     sub = a.sublayers
     rows = [(name, num(m), num(v)) for name, m, v in
@@ -162,7 +163,7 @@ def _attribution(a: Audit, s: dict[str, Any]) -> Html:
                 + table(["part", "mean margin contribution"], [(n, num(v)) for n, v in top]) + fig)
 
 
-def _patching(a: Audit, s: dict[str, Any]) -> Html:
+def _patching(a: Audit, s: AuditSummary) -> Html:
     f = s["faithfulness"]
     rows = [(f"attribution vs {k}", rho(v["rho"], v["lo"], v["hi"]), v["pairs"]) for k, v in f["pooled"].items()]
     seed = f["seed_statistic"]
@@ -190,9 +191,9 @@ def _patching(a: Audit, s: dict[str, Any]) -> Html:
                 + Html("<h3>Attribution patching against exact total patching</h3>") + atp + fig)
 
 
-def _probes(a: Audit, s: dict[str, Any]) -> Html:
+def _probes(a: Audit, s: AuditSummary) -> Html:
     p, info = a.probes, s["probes"]
-    assert p is not None  # render() shows the not-run note instead
+    assert p is not None and info is not None  # render() shows the not-run note instead
     rel = p.to_frame()["relative"]
     rows = [(ax, n, num(m), f"[{num(lo)}, {num(hi)}]", num(q, 2), num(d, 2), num(r, 2), "flagged" if fl else "")
             for ax, n, m, lo, hi, q, d, r, fl in
@@ -210,7 +211,7 @@ def _probes(a: Audit, s: dict[str, Any]) -> Html:
                                    ["bad" if f else "" for f in p.flagged]))
 
 
-def _concepts(a: Audit, s: dict[str, Any]) -> Html:
+def _concepts(a: Audit, s: AuditSummary) -> Html:
     c = a.concepts
     assert c is not None  # render() shows the not-run note instead
     rows = [(r["concept"], f"{num(r['slope'])} [{num(r['slope_lo'], 2)}, {num(r['slope_hi'], 2)}]", num(r["r2"], 3),
@@ -228,8 +229,9 @@ def _concepts(a: Audit, s: dict[str, Any]) -> Html:
                                     "dosed inputs"], rows))
 
 
-def _features(a: Audit, s: dict[str, Any]) -> Html:
+def _features(a: Audit, s: AuditSummary) -> Html:
     f = s["features"]
+    assert f is not None  # render() shows the not-run note instead
     split = f["margin_split"] or {}
     text = how("Which sparse-autoencoder features of the residual stream at one layer carry the margin: each "
                "feature's exact share of what the head reads (reward units), with the SAE's error and the parts "
@@ -244,7 +246,7 @@ def _features(a: Audit, s: dict[str, Any]) -> Html:
     return Html(text + fig)
 
 
-RENDER: dict[str, Callable[[Audit, dict[str, Any]], Html]] = {
+RENDER: dict[str, Callable[[Audit, AuditSummary], Html]] = {
     "summary": _summary, "scores": _scores, "lens": _lens, "attribution": _attribution, "patching": _patching,
     "probes": _probes, "concepts": _concepts, "features": _features, "subsets": more.subsets,
     "crystallization": more.crystallization, "estimands": more.estimands, "divergence": more.divergence,
@@ -302,7 +304,7 @@ SCRIPT = """
 """
 
 
-def render(audit: Audit, numbers: dict[str, Any], tables: Iterable[str]) -> str:
+def render(audit: Audit, numbers: AuditSummary, tables: Iterable[str]) -> str:
     """The whole page as a string. `numbers`: `numbers.summary(audit)`; `tables`: Parquet file names."""
     parts = []
     for name in SECTIONS:

@@ -12,6 +12,7 @@ from .._runner import Audit
 from . import _figures as figures
 from ._html import Html, e, figure, how, interval, kv, notrun, num, rho, table
 from ._numbers import margins
+from ._schema import AuditSummary
 from ._tokens import token_section
 
 
@@ -19,7 +20,7 @@ def _depth(c: dict[str, Any]) -> str:
     return f"{num(c['median'], 2)} {interval(c['q25'], c['q75'])}" if c["defined"] else "— (no pair has a depth)"
 
 
-def subsets(a: Audit, s: dict[str, Any]) -> Html:
+def subsets(a: Audit, s: AuditSummary) -> Html:
     g = s["subsets"]
     if g is None:
         return notrun("The pairs carry no subset (<code>Pair.subset</code>; RewardBench's <code>subset</code> "
@@ -43,15 +44,16 @@ def subsets(a: Audit, s: dict[str, Any]) -> Html:
                 + table(["part", *g["names"]], effect_rows))
 
 
-def crystallization(a: Audit, s: dict[str, Any]) -> Html:
+def crystallization(a: Audit, s: AuditSummary) -> Html:
     lens = s["lens"]
     text = how(f"Crystallization depth is the first depth l/L (0 = embeddings, 1 = the reward) after which a pair's "
                f"chosen − rejected margin stays on its final side and beyond {lens['fraction']:g} of it. An early "
                "depth means the preference is settled in the first layers, a late one in the last; a wide "
                "interquartile range means the pairs are settled at different depths. Pairs whose final margin is "
                "too small to have a side have no depth.")
+    iqr = lens["crystallization_iqr"]
     rows = [(kind, f"{lens['crystallization_defined'][kind]} of {s['n_pairs']}",
-             num(lens["crystallization_median"][kind], 2), interval(*lens["crystallization_iqr"][kind]))
+             num(lens["crystallization_median"][kind], 2), interval(iqr[kind][0], iqr[kind][1]))
             for kind in ("linear", "normed")]
     by = " stacked by subset" if s["subsets"] is not None else ""
     fig = figure("crystallization", figures.fig_crystallization(a),
@@ -60,7 +62,7 @@ def crystallization(a: Audit, s: dict[str, Any]) -> Html:
     return Html(text + table(["lens", "pairs with a depth", "median", "interquartile range"], rows) + fig)
 
 
-def estimands(a: Audit, s: dict[str, Any]) -> Html:
+def estimands(a: Audit, s: AuditSummary) -> Html:
     text = how("For the parts with the largest mean total effect: the direct effect (what the part writes straight "
                "into the reward; path-frozen patching), the indirect effect (what it changes in later layers) and "
                "their sum, the total effect (activation patching at the read position). Attribution measures the "
@@ -76,8 +78,9 @@ def estimands(a: Audit, s: dict[str, Any]) -> Html:
                               "indirect share |ind| / (|dir| + |ind|)"], rows) + fig)
 
 
-def divergence(a: Audit, s: dict[str, Any]) -> Html:
+def divergence(a: Audit, s: AuditSummary) -> Html:
     d = s["divergence"]
+    assert d is not None  # render() shows the not-run note instead
     text = how("A patched run can move the reward only because it pushed later layers somewhere the model never "
                "goes. Each patched run's later residual stream is measured against natural runs (whitened distance "
                "over the 99th percentile of natural distances); a score above 1 flags the run as out of "
@@ -99,7 +102,7 @@ def divergence(a: Audit, s: dict[str, Any]) -> Html:
                                       "mean effect, in-distribution runs only"], rows, marks))
 
 
-def tokens(a: Audit, s: dict[str, Any]) -> Html:
+def tokens(a: Audit, s: AuditSummary) -> Html:
     assert a.tokens is not None  # render() shows the not-run note instead
     text = how("Which words the reward was built from. At the read position each attention head's write splits "
                "exactly over the source tokens it attends to; a token's value sums its share over every head and "
@@ -115,8 +118,9 @@ def tokens(a: Audit, s: dict[str, Any]) -> Html:
     return Html(text + more + token_section(a.tokens, [str(a.pair_ids[i]) for i in shown], m[shown]))
 
 
-def distortion(a: Audit, s: dict[str, Any]) -> Html:
+def distortion(a: Audit, s: AuditSummary) -> Html:
     d = s["distortion"]
+    assert d is not None  # render() shows the not-run note instead
     text = how("How much the reward moves with an attribute that should not matter (a probe axis) in units of how "
                "much it moves with a quality that should: D = |mean probe effect| / mean quality drop. D = 0.5 "
                "reads 'this attribute moves the reward half as much as a correct answer over a wrong one'. "
@@ -133,8 +137,9 @@ def distortion(a: Audit, s: dict[str, Any]) -> Html:
     return Html(text + effects + Html(notes) + table(["axis", *(f"D vs {q} [95% CI]" for q in quality)], rows, marks))
 
 
-def cascades(a: Audit, s: dict[str, Any]) -> Html:
+def cascades(a: Audit, s: AuditSummary) -> Html:
     c = s["cascades"]
+    assert c is not None  # render() shows the not-run note instead
     text = how("Which probe axes fail together: Spearman ρ between two axes' per-item effects, each oriented so "
                "that larger means further in the model's bias. A cluster is a group of flagged axes linked by "
                f"ρ ≥ {num(c['threshold'])} with an interval above 0: the items on which one bias bites hard are "
@@ -152,8 +157,9 @@ def cascades(a: Audit, s: dict[str, Any]) -> Html:
                 + table(["axis", "axis", "ρ [95% CI]", "shared items"], rows) + fig)
 
 
-def conflicts(a: Audit, s: dict[str, Any]) -> Html:
+def conflicts(a: Audit, s: AuditSummary) -> Html:
     c = s["conflicts"]
+    assert c is not None  # render() shows the not-run note instead
     text = how("Does a head with several outputs (ArmoRM-like) pull preferences apart? For every two of its terms: "
                "the cosine of their directions, the Spearman ρ of their per-pair margins, and the share of pairs "
                "on which both are decisive and point opposite ways. The relation comes from 95% bootstrap intervals "

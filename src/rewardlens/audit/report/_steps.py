@@ -15,6 +15,7 @@ import numpy as np
 from ...exact import Steps
 from .._runner import Audit
 from ._html import Html, e, how, num, table
+from ._schema import AuditSummary
 
 SHOWN = 20
 """Pairs listed one by one in the section (numbers.json holds every pair)."""
@@ -67,8 +68,9 @@ def _scores(values: list[float]) -> str:
     return shown + (f", … ({len(values)} in all)" if len(values) > 8 else "")
 
 
-def steps_section(a: Audit, s: dict[str, Any]) -> Html:
+def steps_section(a: Audit, s: AuditSummary) -> Html:
     got = s["steps"]
+    assert got is not None  # render() shows the not-run note instead
     text = how("This model reads its reward at a set of positions (a process reward model's steps, or a DPO "
                "reward's response tokens) and combines them. Each read's own score is exact, like the "
                "sequence's. 'Forms at step' is the step whose score differs most between the chosen and the "

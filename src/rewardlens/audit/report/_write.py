@@ -12,12 +12,13 @@ from ...errors import warn
 from .._runner import Audit
 from ._numbers import summary, write_numbers
 from ._page import render
+from ._schema import AuditSummary
 
 _OWN_TABLE = re.compile(r"[A-Za-z0-9_]+\.parquet")
 """A table file rewardlens itself writes (`<table>.parquet`, no folder part): the only names it removes."""
 
 
-def write_report(audit: Audit, out: str | Path, numbers: dict[str, Any] | None = None) -> Path:
+def write_report(audit: Audit, out: str | Path, numbers: AuditSummary | None = None) -> Path:
     """Write the audit into folder `out` (created if needed) and return the path of `report.html`.
 
     `out` receives `report.html` (one self-contained page: inline CSS, figures as PNG data URIs,

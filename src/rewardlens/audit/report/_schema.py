@@ -1,0 +1,113 @@
+"""The audit summary's schema: one set of typed dicts that `summary` returns, `numbers.json` stores, the
+page renders and `rewardlens audit` prints, so a key renamed in one place is a type error in the others.
+
+The top levels are spelled out; sections whose inner tables are long and only rendered (probes,
+concepts, subsets, the instruments beside the core) stay `dict[str, Any]` one level down.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypedDict
+
+
+class PairScore(TypedDict):
+    """One pair's rewards: `margin` = chosen − rejected, in reward units."""
+
+    id: str
+    subset: str | None
+    chosen: float
+    rejected: float
+    margin: float
+
+
+class Scores(TypedDict):
+    """Pair accuracy (chosen > rejected) with its Wilson interval, and the mean rewards."""
+
+    accuracy: float
+    ties: int
+    correct: int
+    accuracy_ci: list[float]
+    mean_margin: float
+    median_margin: float
+    mean_chosen: float
+    mean_rejected: float
+
+
+class LensSummary(TypedDict):
+    """Crystallization depth (l / L) of both lenses: median, interquartile range, pairs where defined."""
+
+    fraction: float
+    crystallization_median: dict[str, float]
+    crystallization_iqr: dict[str, list[float]]
+    crystallization_defined: dict[str, int]
+    near_zero_margin_pairs: int
+
+
+class Interval(TypedDict):
+    """A mean per-pair Spearman ρ with its bootstrap interval and the pairs where it is defined."""
+
+    rho: float
+    lo: float
+    hi: float
+    pairs: int
+
+
+class FaithfulnessSummary(TypedDict):
+    """Attribution against each causal estimand, pooled over pairs, and the seed paper's statistic."""
+
+    level: str
+    mode: str
+    n_parts: int
+    pooled: dict[str, Interval]
+    seed_statistic: dict[str, Any]
+    paper_statistic: dict[str, Any] | None
+    attribution_patching_agreement: dict[str, float]
+
+
+class TopPart(TypedDict):
+    """One of the top parts (`Faithfulness.top`): its mean attribution and effects over pairs."""
+
+    part: str
+    attribution: float
+    total_effect: float
+    direct_effect: float
+    indirect_effect: float
+    out_of_distribution_runs: int | None
+
+
+class AuditSummary(TypedDict):
+    """Every headline number of an audit (`summary(audit)`)."""
+
+    rewardlens_version: str
+    model: str
+    fingerprint: str
+    data_checksum: str
+    provenance: dict[str, Any]
+    n_pairs: int
+    n_layers: int
+    skipped: dict[str, str]
+    pairs: list[PairScore]
+    scores: Scores
+    lens: LensSummary
+    closure_error: dict[str, float]
+    faithfulness: FaithfulnessSummary
+    probes: dict[str, Any] | None
+    concepts: dict[str, Any] | None
+    features: dict[str, Any] | None
+    subsets: dict[str, Any] | None
+    top_parts: list[TopPart]
+    estimands: list[dict[str, Any]]
+    divergence: dict[str, Any] | None
+    distortion: dict[str, Any] | None
+    cascades: dict[str, Any] | None
+    conflicts: dict[str, Any] | None
+    tokens: dict[str, Any] | None
+    steps: dict[str, Any] | None
+
+
+class AuditResult(AuditSummary):
+    """What `rewardlens audit` prints (`--json`): the summary, plus where the run's files are."""
+
+    report: str
+    store: str
+    pairs_from_store: int | None
