@@ -106,7 +106,7 @@ def capture_cost(model: RewardModel, pairs: list[Pair], bs: int, repeats: int) -
     alone, on as many identity modules as a head-level trace has points, fed one activation shaped
     like the first batch's ([B, T, d], the model's dtype and device); timed against the same modules
     unhooked (median of `repeats` rounds of 20)."""
-    from rewardlens.model import Point, capture, points
+    from rewardlens.model.internal import Point, capture, points
 
     batches = list(model.batches(model.encode(pairs)[0], bs))
     batch = batches[0][1]

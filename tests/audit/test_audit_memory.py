@@ -10,7 +10,7 @@ import torch
 import rewardlens as rl
 from rewardlens.audit import Plan, Store, audit
 from rewardlens.audit.report import summary
-from rewardlens.model import hidden_arg
+from rewardlens.model.internal import hidden_arg
 from rewardlens.zoo import DEMO_PAIRS
 
 PLAN = Plan(chunk_size=3, probes=False, concepts=False, divergence=False, tokens=False)

@@ -10,7 +10,8 @@ import pytest
 import rewardlens as rl
 from rewardlens.causal import attribution_patch, trace_pairs
 from rewardlens.causal._engine import site_point, sites
-from rewardlens.model import TraceKey, collate
+from rewardlens.model import TraceKey
+from rewardlens.model.internal import collate
 from rewardlens.zoo import DEMO_PAIRS
 from tests.helpers.tiny import ARCHS
 

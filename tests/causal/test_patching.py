@@ -7,7 +7,8 @@ import rewardlens as rl
 from rewardlens import Pair
 from rewardlens.causal import patch
 from rewardlens.errors import DataError, TokenizationError
-from rewardlens.model import TraceKey, tokenize
+from rewardlens.model import TraceKey
+from rewardlens.model.internal import tokenize
 from tests.helpers.naive import naive_patch
 from tests.helpers.tiny import ARCHS
 

@@ -9,7 +9,7 @@ import rewardlens as rl
 from rewardlens import Pair
 from rewardlens.causal import patch
 from rewardlens.errors import RewardLensWarning
-from rewardlens.model import tokenize
+from rewardlens.model.internal import tokenize
 from tests.helpers.naive import naive_patch
 from tests.helpers.tiny import ARCHS
 

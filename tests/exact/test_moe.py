@@ -18,7 +18,8 @@ from rewardlens.causal import patch
 from rewardlens.cli import main
 from rewardlens.data import save_pairs
 from rewardlens.errors import ArchitectureError
-from rewardlens.model import Part, Point, capture, discover, get_module
+from rewardlens.model import Part
+from rewardlens.model.internal import Point, capture, discover, get_module
 from tests.helpers.naive import naive_patch
 from tests.helpers.tiny import MOE, build_moe, own_scores, unpadded
 

@@ -13,7 +13,8 @@ from rewardlens.calibrate._concepts import CONTROL_SHARE, contrast
 from rewardlens.cli import main
 from rewardlens.errors import DataError, RewardLensWarning, TokenizationError
 from rewardlens.hacking import AXES, concepts, contrast_sets, items
-from rewardlens.model import TraceKey, collate, trace
+from rewardlens.model import TraceKey, trace
+from rewardlens.model.internal import collate
 from rewardlens.zoo.organisms import ORGANISMS, build
 from tests.helpers.tiny import own_scores
 

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from rewardlens.causal._engine import Site, head_slice, sites
-from rewardlens.model import get_module
+from rewardlens.model.internal import get_module
 
 
 def _module(model, site: Site):

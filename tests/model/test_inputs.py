@@ -6,7 +6,7 @@ import torch
 
 import rewardlens as rl
 from rewardlens.errors import HeadError, RewardLensWarning, TokenizationError
-from rewardlens.model import Tokenized, collate
+from rewardlens.model.internal import Tokenized, collate
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ import torch
 import rewardlens as rl
 from rewardlens.causal import patch
 from rewardlens.errors import OutOfMemoryError, RewardLensError, RewardLensWarning
-from rewardlens.model import OOM_ERRORS, hidden_arg
+from rewardlens.model.internal import OOM_ERRORS, hidden_arg
 
 
 @contextlib.contextmanager
@@ -159,7 +159,7 @@ def test_patching_names_the_pair_that_fits_nowhere(llama, pairs):
 
 
 def test_length_sorted_batches_are_cut_where_padding_would_pass_the_slack(llama):
-    from rewardlens.model import PAD_SLACK
+    from rewardlens.model.internal import PAD_SLACK
 
     short = [rl.Pair("Hi.", "Yes.", "No.") for _ in range(3)]
     long = [rl.Pair("Hi.", " ".join(["A long answer that keeps going."] * 10), "No.")]

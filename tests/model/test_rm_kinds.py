@@ -19,6 +19,7 @@ import transformers as tf
 
 import rewardlens as rl
 from rewardlens.errors import DataError, HeadError, TokenizationError
+from rewardlens.model.internal import ReadSet
 from rewardlens.zoo import build_tokenizer
 from tests.helpers.tiny import configs, perturb_
 
@@ -434,7 +435,7 @@ def test_path_frozen_patching_of_heads_at_the_set_of_reads_equals_a_naive_loop(t
 
 
 def test_reads_weights_by_hand():
-    reads = rl.model.ReadSet(torch.tensor([0, 0, 0, 1, 1]), torch.tensor([3, 5, 9, 2, 4]),
+    reads = ReadSet(torch.tensor([0, 0, 0, 1, 1]), torch.tensor([3, 5, 9, 2, 4]),
                              torch.tensor([0, 1, 2, 0, 1]), None, None)
     scores = torch.tensor([0.5, -1.0, -1.0, 2.0, 3.0])
     expect = {"sum": [[1, 1, 1, 0, 0], [0, 0, 0, 1, 1]], "mean": [[1 / 3] * 3 + [0, 0], [0, 0, 0, 0.5, 0.5]],

@@ -14,8 +14,8 @@ from accelerate import init_empty_weights
 from transformers import AutoConfig, AutoModelForSequenceClassification
 
 import rewardlens as rl
-from rewardlens.model import find_map, get_module
 from rewardlens.model._load import _accelerators
+from rewardlens.model.internal import find_map, get_module
 from tests.helpers.tiny import PAIRS, own_scores
 
 ARCHS = ["llama", "gpt2", "bert"]

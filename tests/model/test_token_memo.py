@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import rewardlens as rl
 import rewardlens.model._core as core
-from rewardlens.model import Tokenized, TokenMemo
+from rewardlens.model.internal import Tokenized, TokenMemo
 from rewardlens.zoo import DEMO_PAIRS
 
 

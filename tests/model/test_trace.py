@@ -5,7 +5,8 @@ import pytest
 import torch
 
 import rewardlens as rl
-from rewardlens.model import TraceKey, collate, trace
+from rewardlens.model import TraceKey, trace
+from rewardlens.model.internal import collate
 
 
 def test_trace_holds_only_the_read_position(tiny_root, pairs):

@@ -12,6 +12,7 @@ import rewardlens as rl
 from rewardlens.cli import main
 from rewardlens.data import save_pairs
 from rewardlens.errors import ArchitectureError
+from rewardlens.model.internal import projection_inputs
 from tests.helpers.tiny import MOE, PAIRS, build_moe, own_scores
 
 
@@ -68,7 +69,7 @@ def test_neurons_inside_an_expert_are_refused(folders):
     output projection to read them from."""
     model = rl.load(str(folders["mixtral"]))
     with pytest.raises(ArchitectureError, match="splits a sparse block into its experts \\(not into the neurons"):
-        rl.model.projection_inputs(model, "mlp", 0)
+        projection_inputs(model, "mlp", 0)
     with pytest.raises(ValueError, match="not to a neuron"):
         rl.model.Part.mlp(0, 3, expert=1)
 

@@ -21,7 +21,7 @@ from safetensors.torch import load_file
 from scipy.stats import binomtest
 
 import rewardlens as rl
-from rewardlens.model import tokenize
+from rewardlens.model.internal import tokenize
 from rewardlens.zoo import realmodels as rm
 from tests.helpers.tiny import own_scores, unpadded
 

@@ -9,7 +9,8 @@ from ..causal import Faithfulness, Patching, PatchSpec, aligned, encode_pairs, p
 from ..data import Pair
 from ..exact import STEP_FIELDS, Attribution, Lens, Steps, TokenAttribution
 from ..hacking import ITEMS, Concepts, Conflicts, Item, Probes, spread_items
-from ..model import RewardModel, Tokenized
+from ..model import RewardModel
+from ..model.internal import Tokenized
 from ..sae import FeatureAttribution
 from ..types import Mode, Positions
 from ._store import RunKey, checksum, fingerprint, schema_version

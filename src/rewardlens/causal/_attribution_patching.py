@@ -19,7 +19,8 @@ import torch
 from torch import Tensor
 
 from ..data import Inputs, Pair, counting
-from ..model import Batch, Point, RewardModel, Tokenized, TraceKey, collate, each_batch, eval_mode, rewriting
+from ..model import RewardModel, TraceKey
+from ..model.internal import Batch, Point, Tokenized, collate, each_batch, eval_mode, rewriting
 from ..stats import rank_agreement
 from ..types import Ablation, Mode, PatchLevel, Positions, Spans
 from ._engine import Site, head_slice, site_point, sites

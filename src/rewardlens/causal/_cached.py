@@ -22,19 +22,8 @@ from typing import Any, NoReturn
 import torch
 from torch import Tensor, nn
 
-from ..model import (
-    OOM_ERRORS,
-    Batch,
-    Point,
-    RewardModel,
-    Tokenized,
-    TraceKey,
-    capture,
-    collate,
-    each_batch,
-    eval_mode,
-    first_output,
-)
+from ..model import RewardModel, TraceKey
+from ..model.internal import OOM_ERRORS, Batch, Point, Tokenized, capture, collate, each_batch, eval_mode, first_output
 from ._engine import Declined, Overwrite, Site, final_point, head_slice, patched, take_values
 
 

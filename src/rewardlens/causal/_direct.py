@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from ..model import RewardModel, SublayerKind, Trace, TraceKey, out_projection
+from ..model import RewardModel, SublayerKind, Trace, TraceKey
+from ..model.internal import out_projection
 from ._engine import Site, head_slice
 
 SUBLAYERS: tuple[SublayerKind, ...] = ("attn", "mlp")

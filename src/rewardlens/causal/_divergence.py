@@ -18,7 +18,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..model import RewardModel, Tokenized, TraceKey
+from ..model import RewardModel, TraceKey
+from ..model.internal import Tokenized
 from ._engine import Site
 
 if TYPE_CHECKING:

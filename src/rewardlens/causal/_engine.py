@@ -33,13 +33,11 @@ from typing import Any, TypeVar, get_args
 import torch
 from torch import Tensor, nn
 
-from ..model import (
+from ..model import Part, RewardModel, TraceKey
+from ..model.internal import (
     OOM_ERRORS,
-    Part,
     Point,
-    RewardModel,
     Tokenized,
-    TraceKey,
     capture,
     collate,
     each_batch,

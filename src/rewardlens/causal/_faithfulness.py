@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, get_args
 import numpy as np
 
 from ..data import Pair, counting, stage
-from ..model import Part, RewardModel, Tokenized
+from ..model import Part, RewardModel
+from ..model.internal import Tokenized
 from ..stats import bootstrap_ci, rank_agreement, rowwise_spearman, top_parts
 from ..types import Mode, PatchLevel, Positions, Stored, Versus
 from ._attribution_patching import attribution_patch

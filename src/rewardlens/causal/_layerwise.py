@@ -19,7 +19,8 @@ from contextlib import AbstractContextManager
 import torch
 from torch import Tensor
 
-from ..model import Batch, RewardModel, TraceKey, eval_mode, get_module
+from ..model import RewardModel, TraceKey
+from ..model.internal import Batch, eval_mode, get_module
 from ._stepped import Recording
 
 Tensors = dict[TraceKey, Tensor]

@@ -20,7 +20,8 @@ import numpy as np
 from torch import Tensor
 
 from ..data import Inputs, Pair, chosen, counting, rejected
-from ..model import RewardModel, sequence_label
+from ..model import RewardModel
+from ..model.internal import sequence_label
 from ..stats import top_parts
 from ..types import Ablation, Estimand, Mode, PatchLevel, Positions, Spans
 from ._cached import cached_read_sweep

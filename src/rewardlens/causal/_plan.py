@@ -17,7 +17,8 @@ from torch import Tensor
 
 from ..data import Pair, pair_of
 from ..errors import DataError, RewardLensWarning, TokenizationError
-from ..model import Batch, RewardModel, Tokenized, Trace, TraceKey, sequence_label, trace
+from ..model import RewardModel, Trace, TraceKey, trace
+from ..model.internal import Batch, Tokenized, sequence_label
 from ..types import Ablation, Mode, Positions, Spans
 from ._engine import Site, site_point
 

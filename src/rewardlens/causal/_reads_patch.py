@@ -21,7 +21,8 @@ import torch
 from torch import Tensor
 
 from ..errors import DataError
-from ..model import RewardModel, Tokenized, Trace, TraceKey, collate, sequence_label, trace
+from ..model import RewardModel, Trace, TraceKey, trace
+from ..model.internal import Tokenized, collate, sequence_label
 from ..types import Ablation, Estimand, Mode, PatchLevel, Positions, Spans
 from ._direct import patched_final
 from ._engine import Site, batched_sweep

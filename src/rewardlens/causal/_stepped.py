@@ -22,13 +22,12 @@ import torch
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
-from ..model import (
+from ..model import RewardModel, TraceKey
+from ..model.internal import (
     OOM_ERRORS,
     Batch,
     ReadSet,
-    RewardModel,
     Tokenized,
-    TraceKey,
     collate,
     each_batch,
     eval_mode,

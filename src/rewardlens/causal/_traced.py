@@ -15,7 +15,8 @@ import torch
 
 from ..data import Pair
 from ..exact import Attribution, Decomposition, decompose
-from ..model import RewardModel, Tokenized
+from ..model import RewardModel
+from ..model.internal import Tokenized
 from ..types import PatchLevel
 from ._plan import Clean, CleanRuns, encode_pairs, flatten_pairs
 

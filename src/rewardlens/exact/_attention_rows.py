@@ -25,7 +25,8 @@ import torch
 from torch import Tensor
 
 from ..errors import ArchitectureError
-from ..model import Batch, RewardModel, eval_mode, first_output, rewriting
+from ..model import RewardModel
+from ..model.internal import Batch, eval_mode, first_output, rewriting
 
 
 @dataclass

@@ -18,22 +18,16 @@ import torch
 from torch import Tensor
 
 from ..data import Inputs
-from ..model import (
+from ..model import Part, RewardModel, SublayerKind, Trace, TraceKey, trace, verify
+from ..model.internal import (
     Batch,
-    Part,
-    RewardModel,
-    SublayerKind,
     Tokenized,
-    Trace,
-    TraceKey,
     check_bookkeeping,
     expert_parts,
     is_moe_layer,
     out_projection,
     projection_inputs,
     sublayer_part,
-    trace,
-    verify,
 )
 from ..types import Level, PaddingSide
 from ._experts import expert_values

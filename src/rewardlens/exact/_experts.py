@@ -12,7 +12,8 @@ import torch
 from torch import Tensor
 
 from ..errors import ArchitectureError
-from ..model import RewardModel, Trace, TraceKey, expert_writes
+from ..model import RewardModel, Trace, TraceKey
+from ..model.internal import expert_writes
 
 
 def expert_values(model: RewardModel, tr: Trace, layer: int, u: Tensor) -> Tensor:

@@ -14,7 +14,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from ..model import Batch
+from ..model.internal import Batch
 
 STEP_FIELDS = ("sequence", "step", "position", "weight", "reward", "constant")
 """The per-read columns every `Steps` has (its `values`, per part, are optional)."""

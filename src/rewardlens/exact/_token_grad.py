@@ -17,7 +17,8 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import TokenizationError
-from ..model import Batch, RewardModel, TraceKey, eval_mode, rewriting
+from ..model import RewardModel, TraceKey
+from ..model.internal import Batch, eval_mode, rewriting
 
 
 def _baseline(model: RewardModel, embeddings: nn.Module, baseline: str, like: Tensor) -> Tensor:

@@ -29,7 +29,8 @@ from torch import Tensor
 
 from ..data import Inputs, counting, pair_of, row_labels
 from ..errors import ArchitectureError
-from ..model import Batch, Part, RewardModel, Trace, TraceKey, out_projection, trace, verify
+from ..model import Part, RewardModel, Trace, TraceKey, trace, verify
+from ..model.internal import Batch, out_projection
 from ..stats import ranked, spearman, topk_overlap
 from ..types import PaddingSide
 from ._attention_rows import rows_at_read

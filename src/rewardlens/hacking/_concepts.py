@@ -36,7 +36,8 @@ import torch
 
 from ..data import progress_bar
 from ..errors import DataError, warn
-from ..model import RewardModel, Tokenized, flatten_inputs, one_read_only
+from ..model import RewardModel
+from ..model.internal import Tokenized, flatten_inputs, one_read_only
 from ..stats import auroc, bootstrap_ci
 from ..types import Positions, Text
 from ._dose import dose_response, fit_slope, linearity

@@ -8,7 +8,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..model import Batch, RewardModel, Tokenized, TraceKey, rewriting
+from ..model import RewardModel, TraceKey
+from ..model.internal import Batch, Tokenized, rewriting
 from ..types import Positions
 
 

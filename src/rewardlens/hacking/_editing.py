@@ -38,7 +38,8 @@ from torch import nn
 
 from ..data import Inputs, Pair
 from ..errors import ArchitectureError, DataError, HeadError, warn
-from ..model import RewardModel, get_module, wrap
+from ..model import RewardModel, wrap
+from ..model.internal import get_module
 from ..types import EditMethod, Text
 
 if TYPE_CHECKING:

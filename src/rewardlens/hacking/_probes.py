@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..data import Pair, margin, progress_bar
-from ..model import RewardModel, one_read_only
+from ..model import RewardModel
+from ..model.internal import one_read_only
 from ..stats import benjamini_hochberg, bootstrap_ci, paired_test, standardized
 from ..types import Conversation, Prompt
 from ._axes import AXES, join, sentences, variant

@@ -17,7 +17,8 @@ from ..data import Pair, margin
 from ..errors import DataError
 from ..exact import attribute, lens
 from ..hacking import probe
-from ..model import ArchitectureMap, Part, RewardModel, eval_mode, verify, wrap
+from ..model import ArchitectureMap, Part, RewardModel, verify, wrap
+from ..model.internal import eval_mode
 from ..types import LensKind, Level
 from ._trajectory import GROUPS, Snapshot, Trajectory
 

@@ -22,7 +22,8 @@ from torch import Tensor
 
 from ..data import Inputs, progress_bar
 from ..errors import ArchitectureError, DataError, warn
-from ..model import Batch, Point, RewardModel, TraceKey, TraceKind, points, projection_inputs, rewriting
+from ..model import RewardModel, TraceKey, TraceKind
+from ..model.internal import Batch, Point, points, projection_inputs, rewriting
 from ..types import SaePositions
 from ._autoencoder import CONFIG, TopKSAE, sae_folders
 

@@ -25,7 +25,8 @@ from torch import Tensor
 from ..data import Inputs, Side, row_labels, side
 from ..errors import ArchitectureError
 from ..exact import decompose_trace, part_names, readout_vectors
-from ..model import RewardModel, Trace, TraceKey, check_bookkeeping, trace, verify
+from ..model import RewardModel, Trace, TraceKey, trace, verify
+from ..model.internal import check_bookkeeping
 from ..stats import ranked
 from ..types import PaddingSide
 from ._autoencoder import TopKSAE

@@ -15,7 +15,8 @@ import torch
 from torch import Tensor, nn
 
 from ...data import Pair, Side, margin
-from ...model import Part, hf_config
+from ...model import Part
+from ...model.internal import hf_config
 from .._builtin import build_tokenizer
 from . import _bank as bank
 from ._specs import ORGANISMS, Organism

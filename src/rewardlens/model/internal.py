@@ -1,0 +1,86 @@
+"""The model layer's face for its sibling subpackages: the plumbing every instrument builds on (batches,
+capture points and hooks, tokenization, the read loop's back-off, placement of offloaded weights, the
+mixture-of-experts split, the load-time checks). Users import `rewardlens.model`; the instruments and
+workflows import these names from here (`from ..model.internal import ...`), as equinox keeps
+`equinox.internal` apart from its user face.
+"""
+
+from ._arch import discover as discover
+from ._arch import find_map as find_map
+from ._arch import get_module as get_module
+from ._arch import hf_config as hf_config
+from ._hooks import Point as Point
+from ._hooks import capture as capture
+from ._hooks import eval_mode as eval_mode
+from ._hooks import first_output as first_output
+from ._hooks import hidden_arg as hidden_arg
+from ._hooks import rewriting as rewriting
+from ._kinds import read_values as read_values
+from ._moe import check_moe_map as check_moe_map
+from ._moe import expert_parts as expert_parts
+from ._moe import expert_writes as expert_writes
+from ._moe import is_moe_layer as is_moe_layer
+from ._oom import OOM_ERRORS as OOM_ERRORS
+from ._oom import PAD_SLACK as PAD_SLACK
+from ._oom import Backoff as Backoff
+from ._oom import each_batch as each_batch
+from ._placement import execution_device as execution_device
+from ._placement import onloaded as onloaded
+from ._reads import ReadSet as ReadSet
+from ._reads import one_read_only as one_read_only
+from ._tokens import Batch as Batch
+from ._tokens import Tokenized as Tokenized
+from ._tokens import TokenMemo as TokenMemo
+from ._tokens import collate as collate
+from ._tokens import fit_length as fit_length
+from ._tokens import flatten_inputs as flatten_inputs
+from ._tokens import sequence_label as sequence_label
+from ._tokens import tokenize as tokenize
+from ._trace import bookkeeping_error as bookkeeping_error
+from ._trace import out_projection as out_projection
+from ._trace import points as points
+from ._trace import projection_inputs as projection_inputs
+from ._trace import sublayer_part as sublayer_part
+from ._verify import check_bookkeeping as check_bookkeeping
+from ._verify import check_structure as check_structure
+
+__all__ = [
+    "Backoff",
+    "Batch",
+    "OOM_ERRORS",
+    "PAD_SLACK",
+    "Point",
+    "ReadSet",
+    "TokenMemo",
+    "Tokenized",
+    "bookkeeping_error",
+    "capture",
+    "check_bookkeeping",
+    "check_moe_map",
+    "check_structure",
+    "collate",
+    "discover",
+    "each_batch",
+    "eval_mode",
+    "execution_device",
+    "expert_parts",
+    "expert_writes",
+    "find_map",
+    "first_output",
+    "fit_length",
+    "flatten_inputs",
+    "get_module",
+    "hf_config",
+    "hidden_arg",
+    "is_moe_layer",
+    "one_read_only",
+    "onloaded",
+    "out_projection",
+    "points",
+    "projection_inputs",
+    "read_values",
+    "rewriting",
+    "sequence_label",
+    "sublayer_part",
+    "tokenize",
+]
