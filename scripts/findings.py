@@ -2,7 +2,7 @@
 
     python scripts/findings.py smollm2-dpo            # the 60 held-out dpo_en_demo pairs
     python scripts/findings.py minilm-dpo
-    python scripts/findings.py smollm2-dpo --limit 2 --shortest --probe-items 6 --out /tmp/f   # CI's reduced run
+    python scripts/findings.py smollm2-dpo --limit 2 --shortest --probe-items 3 --out /tmp/f   # CI's reduced run
 
 It runs the full audit (`rewardlens.audit._runner`: lens, attribution, read-position patching, the
 faithfulness report, probes, concepts) on the model that `rewardlens.zoo.realmodels` builds offline,
@@ -187,12 +187,13 @@ def rewrite_doc(doc: Path, name: str, text: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("model", choices=["smollm2-dpo", "minilm-dpo"])
-    parser.add_argument("--limit", type=int, default=None, help="only the first N held-out pairs (CI: 3)")
+    parser.add_argument("--limit", type=int, default=None,
+                        help="only the first N held-out pairs (CI: 2, with --shortest)")
     parser.add_argument("--out", type=Path, default=None, help="default docs/findings/<model>/")
     parser.add_argument("--shortest", action="store_true",
                         help="with --limit N: the N held-out pairs with the fewest tokens, not the first N")
     parser.add_argument("--probe-items", type=int, default=None,
-                        help="probes and concepts on only N built-in items (CI's reduced run: 6)")
+                        help="probes and concepts on only N built-in items (CI's reduced run: 3)")
     parser.add_argument("--doc", type=Path, default=None, help="rewrite this doc's block for the model")
     parser.add_argument("--quiet", action="store_true")
     args = parser.parse_args(argv)

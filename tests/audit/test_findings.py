@@ -1,5 +1,5 @@
 """docs/findings.md cannot rot: its tables are the committed findings.json rendered, and the pipeline that
-regenerates them runs here on a few pairs (scripts/findings.py --limit 2 --shortest --probe-items 6: the two
+regenerates them runs here on a few pairs (scripts/findings.py --limit 2 --shortest --probe-items 3: the two
 shortest held-out pairs, since the paper's prefix statistic costs in proportion to length)."""
 
 import importlib.util
@@ -46,7 +46,7 @@ def reduced(tmp_path_factory):
     def run(name: str):
         if name not in done:
             folder = tmp_path_factory.mktemp(name)
-            done[name] = (script.findings(name, limit=2, out=folder, progress=False, probe_items=6, short=True),
+            done[name] = (script.findings(name, limit=2, out=folder, progress=False, probe_items=3, short=True),
                           folder)
         return done[name]
     return run
