@@ -59,7 +59,7 @@ def run_whole(model: RewardModel, pairs: Sequence[Pair], store: Store, plan: Pla
         assert sae is not None and plan.sae_layer is not None  # run with an SAE only; _sae_name checked the layer
         return attribute_features(model, sae, pairs, layer=plan.sae_layer, batch_size=plan.batch_size)
 
-    chosen = token_choice(model, every, store, plan) if plan.tokens else []
+    chosen = token_choice(model, every, store) if plan.tokens else []
 
     def token_pairs() -> _Tokens:
         res = tokens(model, [every[i] for i in chosen], heads=False, approx=False, batch_size=plan.batch_size)
@@ -121,7 +121,7 @@ class _Tokens:
                 **{f.name: getattr(self.result, f.name) for f in fields(self.result)}}
 
 
-def token_choice(model: RewardModel, pairs: Sequence[Pair], store: Store, plan: Plan) -> list[int]:
+def token_choice(model: RewardModel, pairs: Sequence[Pair], store: Store) -> list[int]:
     """The pairs whose tokens the audit attributes: `shown_pairs` of the stored margins (pairs whose
     lens is not stored, such as pairs skipped for memory, are left out)."""
     stored = store.records(lens_key(model, pairs))

@@ -112,7 +112,7 @@ class OrganismBench:
             raise ValueError(f"n_pairs must be at least 10 for accuracies to mean anything, got {n_pairs}")
         self.seed, self.n_pairs, self.strengths = seed, n_pairs, tuple(float(s) for s in strengths)
         self.organisms = tuple(organisms) if organisms is not None else tuple(ORGANISMS)
-        self.progress = progress or (lambda message: None)
+        self.progress = progress or (lambda _message: None)  # the default says nothing
         self._models: dict[tuple[str, float], RewardModel] = {}
         self._pairs: dict[str, list[Pair]] = {}
 

@@ -97,7 +97,7 @@ def attribution_patch(
         seqs = pair_seqs(model, pairs, clean)
         sweep = sites(model, level)
         if model.reads.multi:
-            check_reads_options(mode, ablation, positions, "total", False)
+            check_reads_options(mode, ablation, positions, False)
             runs, targets, rewards = _reads_estimate(model, seqs, sweep, mode, level, batch_size)
             return assemble(pairs, runs, targets, rewards, sweep, mode=mode, positions="read", level=level,
                             estimand="total", approximate=True, min_margin=min_margin)

@@ -50,7 +50,7 @@ def _continuation_args(
     """The (args, kwargs) the backbone passes its layers for the continuation `kwargs`."""
     seen: dict[str, Any] = {}
 
-    def stop(m: nn.Module, args: tuple[Any, ...], kw: dict[str, Any]) -> NoReturn:
+    def stop(_module: nn.Module, args: tuple[Any, ...], kw: dict[str, Any]) -> NoReturn:  # torch's pre-hook call
         seen["args"], seen["kwargs"] = args[1:], {k: v for k, v in kw.items() if k != "hidden_states"}
         raise _Stop
 

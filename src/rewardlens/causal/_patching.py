@@ -217,7 +217,7 @@ def patch(
         seqs = pair_seqs(model, pairs, clean)
         sweep = sites(model, level) if sweep is None else list(sweep)
         if model.reads.multi:  # a reward read at a set of positions is patched at that set
-            check_reads_options(mode, ablation, positions, estimand, divergence)
+            check_reads_options(mode, ablation, positions, divergence)
             engine = direct_reads if estimand == "direct" else patch_reads
             runs, read_targets, patched = engine(model, seqs, sweep, mode=mode, level=level, batch_size=batch_size)
             return assemble(pairs, runs, read_targets, patched, sweep, mode=mode, positions="read", level=level,

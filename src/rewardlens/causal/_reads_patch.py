@@ -23,15 +23,14 @@ from torch import Tensor
 from ..errors import DataError
 from ..model import RewardModel, Trace, TraceKey, trace
 from ..model.internal import Tokenized, collate, sequence_label
-from ..types import Ablation, Estimand, Mode, PatchLevel, Positions, Spans
+from ..types import Ablation, Mode, PatchLevel, Positions, Spans
 from ._direct import patched_final
 from ._engine import Site, batched_sweep
 from ._plan import Clean
 from ._stepped import stepped_sweep
 
 
-def check_reads_options(mode: Mode, ablation: Ablation, positions: Positions | Spans, estimand: Estimand,
-                        divergence: bool) -> None:
+def check_reads_options(mode: Mode, ablation: Ablation, positions: Positions | Spans, divergence: bool) -> None:
     """Refuse the options a multi-position read-out does not take (yet), naming what to pass instead."""
     if not isinstance(positions, str) or positions != "read":
         raise ValueError(f"positions={positions!r}: a reward read at a set of positions is patched at that set; "

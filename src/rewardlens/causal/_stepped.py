@@ -46,7 +46,7 @@ class Recording:
         self.calls: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
         handles: list[RemovableHandle] = []
 
-        def keep(m: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        def keep(_module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:  # torch's pre-hook call
             hidden = hidden_arg(args, kwargs)
             self.inputs.append(hidden.detach())
             self.calls.append((args[1:] if args else (), {k: v for k, v in kwargs.items() if k != "hidden_states"}))

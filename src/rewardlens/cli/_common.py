@@ -52,7 +52,7 @@ class Command:
     add_arguments: Callable[[argparse.ArgumentParser], None]
     run: Callable[[argparse.Namespace], dict[str, Any]]
     show: Callable[[dict[str, Any]], None]
-    exit_code: Callable[[dict[str, Any]], int] = lambda result: 0
+    exit_code: Callable[[dict[str, Any]], int] = lambda _result: 0  # by default, success whatever the result
     """Status to exit with once the result is printed (e.g. 1 when a check failed)."""
     check: Callable[[argparse.Namespace], None] = _keep
     """Path checks of this command's own options (stdlib only), after `check_common`."""

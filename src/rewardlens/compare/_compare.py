@@ -34,7 +34,7 @@ from ._result import EMBEDDING_MATCH, Basis, Comparison, ModelSide
 
 def _side(model: RewardModel, pairs: list[Pair], label: str, fraction: float, probes: bool,
           probe_items: Sequence[Any] | None, seed: int, n_boot: int, batch_size: int,
-          step: Callable[[str], object] = lambda name: None, progress: bool = False) -> ModelSide:
+          step: Callable[[str], object] = lambda _name: None, progress: bool = False) -> ModelSide:
     """Lens and sublayer attribution of every pair (one batched pass each), probes if asked;
     `step(name)` after each."""
     ln = lens(model, pairs, batch_size=batch_size)

@@ -110,7 +110,7 @@ def _record(rows: Rows, owners: dict[int, int], at: Tensor, g: dict[int, Tensor]
 
 
 @contextlib.contextmanager
-def _watching(model: RewardModel, record: Callable[..., None]) -> Iterator[None]:
+def _watching(record: Callable[..., None]) -> Iterator[None]:
     """While inside, every attention kernel the model fetches from `AttentionInterface` reports its call."""
     from transformers.modeling_utils import AttentionInterface
 
@@ -141,7 +141,7 @@ def rows_at_read(model: RewardModel, batch: Batch, g: dict[int, Tensor]) -> Rows
     with torch.no_grad(), eval_mode(model.model):
         if values_path is None:
             record = functools.partial(_record, rows, _owners(model), at, g)
-            with _watching(model, record):
+            with _watching(record):
                 model.backbone(**kwargs)
         else:
             _eager_rows(model, rows, at, g, values_path, kwargs)

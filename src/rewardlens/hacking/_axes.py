@@ -144,6 +144,8 @@ def _prose_slots(units: list[str]) -> list[int]:
 
 # ---- axes ----------------------------------------------------------------------------------------
 
+# (prompt, response, rng, item); `Axis.apply` passes all four positionally, so a transform that does not
+# look at the item names it `_item`.
 Transform = Callable[[Prompt, str, random.Random, object], Variant | None]
 
 
@@ -160,7 +162,7 @@ class Axis:
 
 
 def _markers(options: list[str]) -> Transform:
-    def transform(prompt: Prompt, response: str, rng: random.Random, item: object) -> Variant | None:
+    def transform(prompt: Prompt, response: str, rng: random.Random, _item: object) -> Variant | None:
         units = sentences(response)
         slots = _prose_slots(units)
         if not slots or _LIST_LINE.search(response):
@@ -173,12 +175,12 @@ def _markers(options: list[str]) -> Transform:
     return transform
 
 
-def _length(prompt: Prompt, response: str, rng: random.Random, item: object) -> Variant | None:
+def _length(prompt: Prompt, response: str, rng: random.Random, _item: object) -> Variant | None:
     units = sentences(response)
     return prompt, join(units), join([*units, *rng.sample(FILLER, 2)])
 
 
-def _formatting(prompt: Prompt, response: str, rng: random.Random, item: object) -> Variant | None:
+def _formatting(prompt: Prompt, response: str, rng: random.Random, _item: object) -> Variant | None:
     units = sentences(response)
     if not plain(response) or len(units) < 2:
         return None
@@ -192,7 +194,7 @@ def _sycophancy(prompt: Prompt, response: str, rng: random.Random, item: object)
     return _preamble(AGREEMENT)(_with_belief(prompt, belief), response, rng, item)
 
 
-def _repetition(prompt: Prompt, response: str, rng: random.Random, item: object) -> Variant | None:
+def _repetition(prompt: Prompt, response: str, rng: random.Random, _item: object) -> Variant | None:
     units = sentences(response)
     prose = [u for u in units if not is_code(u)]
     if not prose:
@@ -206,14 +208,14 @@ def _repetition(prompt: Prompt, response: str, rng: random.Random, item: object)
 
 def _preamble(options: list[tuple[str, str]]) -> Transform:
     """An opening sentence carrying the attribute, against its length-matched control."""
-    def transform(prompt: Prompt, response: str, rng: random.Random, item: object) -> Variant | None:
+    def transform(prompt: Prompt, response: str, rng: random.Random, _item: object) -> Variant | None:
         on, off = rng.choice(options)
         units = sentences(response)
         return prompt, join([off, *units]), join([on, *units])
     return transform
 
 
-def _emoji(prompt: Prompt, response: str, rng: random.Random, item: object) -> Variant | None:
+def _emoji(prompt: Prompt, response: str, rng: random.Random, _item: object) -> Variant | None:
     units = sentences(response)
     slots = _prose_slots(units)[:2]
     if not slots:
@@ -224,7 +226,7 @@ def _emoji(prompt: Prompt, response: str, rng: random.Random, item: object) -> V
     return prompt, join(units), join(marked)
 
 
-def _markdown(prompt: Prompt, response: str, rng: random.Random, item: object) -> Variant | None:
+def _markdown(prompt: Prompt, response: str, rng: random.Random, _item: object) -> Variant | None:
     if not plain(response):
         return None
     text = join(sentences(response))

@@ -67,12 +67,12 @@ def rewriting(hooks: Sequence[tuple[nn.Module, str, Rewrite]]) -> Iterator[None]
 
     handles: list[RemovableHandle] = []
     try:
-        for module, where, fn in hooks:
+        for module, where, fn in hooks:  # torch calls a hook (module, args[, kwargs][, output]) positionally
             if where == "in":
                 handles.append(module.register_forward_pre_hook(
-                    lambda m, a, k, fn=fn: pre(fn, a, k), with_kwargs=True))
+                    lambda _m, a, k, fn=fn: pre(fn, a, k), with_kwargs=True))
             else:
-                handles.append(module.register_forward_hook(lambda m, a, o, fn=fn: post(fn, o)))
+                handles.append(module.register_forward_hook(lambda _m, _a, o, fn=fn: post(fn, o)))
         yield
     finally:
         for handle in handles:
@@ -165,11 +165,11 @@ def capture(points: Mapping[PointKey, Point], device: torch.device) -> Iterator[
         for module, ins, outs in by_module.values():
             leaf = bool(ins and outs) and next(module.children(), None) is None
             if ins and not (outs and leaf):
-                handles.append(module.register_forward_pre_hook(
-                    lambda m, a, k, g=ins: grab(g, hidden_arg(a, k)), with_kwargs=True))
+                handles.append(module.register_forward_pre_hook(  # torch passes the module first, positionally
+                    lambda _m, a, k, g=ins: grab(g, hidden_arg(a, k)), with_kwargs=True))
             if outs:
                 handles.append(module.register_forward_hook(
-                    lambda m, a, k, o, i=ins if leaf else [], g=outs: both(i, g, a, k, o), with_kwargs=True))
+                    lambda _m, a, k, o, i=ins if leaf else [], g=outs: both(i, g, a, k, o), with_kwargs=True))
         yield captured
     finally:
         for handle in handles:

@@ -80,8 +80,11 @@ def callback_class() -> type:  # noqa: C901 -- a class body counted as one funct
                     entry["epoch"] = state.epoch
                 state.log_history.append({**entry, "step": step})
 
-        def on_log(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
-                   logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        # The events keep TrainerCallback's parameter names (mypy holds an override to them, as a caller
+        # may pass them by keyword), so the ones an event does not use carry a noqa instead of an underscore.
+        def on_log(self, args: TrainingArguments, state: TrainerState,  # noqa: ARG002 -- event signature
+                   control: TrainerControl, logs: dict[str, Any] | None = None,  # noqa: ARG002 -- event signature
+                   **kwargs: Any) -> None:
             if not self._pending or logs is None:
                 return
             logs.update(self._pending)
@@ -89,17 +92,17 @@ def callback_class() -> type:  # noqa: C901 -- a class body counted as one funct
                 state.log_history[-1].update(self._pending)  # Trainer.log appended a copy of logs just before
             self._pending = {}
 
-        def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
-                           **kwargs: Any) -> None:
+        def on_train_begin(self, args: TrainingArguments, state: TrainerState,  # noqa: ARG002 -- event signature
+                           control: TrainerControl, **kwargs: Any) -> None:  # noqa: ARG002 -- event signature
             if self.at_start and state.global_step == 0:
                 self._take(state, kwargs, force=True)
 
-        def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
-                        **kwargs: Any) -> None:
+        def on_step_end(self, args: TrainingArguments, state: TrainerState,  # noqa: ARG002 -- event signature
+                        control: TrainerControl, **kwargs: Any) -> None:
             self._take(state, kwargs, force=False, control=control)
 
-        def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
-                         **kwargs: Any) -> None:
+        def on_train_end(self, args: TrainingArguments, state: TrainerState,  # noqa: ARG002 -- event signature
+                         control: TrainerControl, **kwargs: Any) -> None:  # noqa: ARG002 -- event signature
             self._take(state, kwargs, force=True)
 
     RewardLensCallback.__module__ = __name__.rpartition(".")[0]  # the face that hands it out: rewardlens.monitor

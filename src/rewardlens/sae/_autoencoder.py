@@ -272,7 +272,9 @@ class _SelectedLatents(torch.autograd.Function):
     encoder's weight gradient would otherwise cost as much as its forward, for k ≪ n nonzeros)."""
 
     @staticmethod
-    def forward(ctx: Any, x: Tensor, weight: Tensor, bias: Tensor, values: Tensor, indices: Tensor) -> Tensor:
+    def forward(ctx: Any, x: Tensor, weight: Tensor, _bias: Tensor, values: Tensor, indices: Tensor) -> Tensor:
+        # The bias is an input only so autograd routes its gradient (backward's grad_b): `values` already
+        # include it. `apply` passes every input positionally.
         ctx.save_for_backward(x, weight, values, indices)
         return values.clone()
 

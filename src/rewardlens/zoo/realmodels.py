@@ -124,7 +124,7 @@ def reward_model_dir(name: str, *, head: str | Path | None = None) -> Path:
     digest = hashlib.sha256(head.read_bytes()).hexdigest()[:12]
     base = spec.backbone()
 
-    def build(out: Path, scratch: Path) -> None:
+    def build(out: Path, _scratch: Path) -> None:  # `ensure` calls build(out, scratch); this one needs no scratch
         from safetensors.torch import load_file, save_file
 
         state, trained = load_file(base / "model.safetensors"), load_file(head)

@@ -110,7 +110,7 @@ def _rho(d: Mapping[str, Any]) -> dict[str, Any]:
     return {"mean": d["rho"], "lo": d["lo"], "hi": d["hi"]}
 
 
-def _scores(a: Audit, s: AuditSummary) -> Html:
+def _scores(a: Audit, _s: AuditSummary) -> Html:  # RENDER's signature (called positionally)
     from ._numbers import margins
 
     chosen, rejected, margin = margins(a)
@@ -211,7 +211,7 @@ def _probes(a: Audit, s: AuditSummary) -> Html:
                                    ["bad" if f else "" for f in p.flagged]))
 
 
-def _concepts(a: Audit, s: AuditSummary) -> Html:
+def _concepts(a: Audit, _s: AuditSummary) -> Html:  # RENDER's signature (called positionally)
     c = a.concepts
     assert c is not None  # render() shows the not-run note instead
     rows = [(r["concept"], f"{num(r['slope'])} [{num(r['slope_lo'], 2)}, {num(r['slope_hi'], 2)}]", num(r["r2"], 3),

@@ -68,7 +68,7 @@ def _scores(values: list[float]) -> str:
     return shown + (f", … ({len(values)} in all)" if len(values) > 8 else "")
 
 
-def steps_section(a: Audit, s: AuditSummary) -> Html:
+def steps_section(_a: Audit, s: AuditSummary) -> Html:  # RENDER's signature (called positionally)
     got = s["steps"]
     assert got is not None  # render() shows the not-run note instead
     text = how("This model reads its reward at a set of positions (a process reward model's steps, or a DPO "
