@@ -10,7 +10,7 @@ import transformers as tf
 import rewardlens as rl
 from rewardlens.errors import HeadError
 from rewardlens.model import RewardKind, RewardModel
-from tests.model.test_rm_kinds import SEP, build
+from tests.model.test_rm_kinds import SEP, build, saved_kinds
 
 
 @pytest.fixture(scope="module")
@@ -38,12 +38,7 @@ def test_each_wrapper_declares_its_kind(tok):
 
 
 def test_each_loader_declares_its_kind_and_source(tok, tiny_root, tmp_path):
-    folders = {}
-    for name, model in {"tc": build(tok, "llama", "tc"), "lm": build(tok, "llama", "lm"),
-                        "ref": build(tok, "llama", "lm", seed=1)}.items():
-        model.save_pretrained(tmp_path / name)
-        tok.save_pretrained(tmp_path / name)
-        folders[name] = str(tmp_path / name)
+    folders = saved_kinds(tok, tmp_path)
     classifier = rl.load(str(tiny_root["llama"]))
     assert classifier.kind == RewardKind() and classifier.source == str(tiny_root["llama"])
     assert (classifier.judge, classifier.reference, classifier.offsets) == (None, None, None)

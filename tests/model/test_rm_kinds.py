@@ -63,6 +63,18 @@ def build(tok, arch: str, kind: str, seed: int = 0) -> torch.nn.Module:
     return _CACHE[key]
 
 
+def saved_kinds(tok, root) -> dict[str, str]:
+    """Folders of a token-classifier PRM ('tc'), an LM ('lm') and a second LM ('ref', a DPO reference)
+    saved under `root`, for the loaders' from_pretrained path: {name: folder}."""
+    folders = {}
+    for name, model in {"tc": build(tok, "llama", "tc"), "lm": build(tok, "llama", "lm"),
+                        "ref": build(tok, "llama", "lm", seed=1)}.items():
+        model.save_pretrained(root / name)
+        tok.save_pretrained(root / name)
+        folders[name] = str(root / name)
+    return folders
+
+
 def conversations(pairs):
     return [conv for p in pairs for conv in (p.conversation("chosen"), p.conversation("rejected"))]
 
@@ -545,12 +557,7 @@ def test_command_line_reads_each_kind(tok, tmp_path, capsys):
     from rewardlens.cli import main
     from rewardlens.data import save_pairs
 
-    folders = {}
-    for name, model in {"tc": build(tok, "llama", "tc"), "lm": build(tok, "llama", "lm"),
-                        "ref": build(tok, "llama", "lm", seed=1)}.items():
-        model.save_pretrained(tmp_path / name)
-        tok.save_pretrained(tmp_path / name)
-        folders[name] = str(tmp_path / name)
+    folders = saved_kinds(tok, tmp_path)
     pairs = str(save_pairs(STEPS, tmp_path / "steps.jsonl"))
     runs = {
         "prm": (["--prm-separator", "\\n", "--prm-combine", "sum"],
