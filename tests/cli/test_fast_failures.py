@@ -197,9 +197,12 @@ def test_the_parsers_copies_of_option_values_match_their_owners():
 
 
 def _units(store: Path) -> set[str]:
-    """Pair units in the store, read-only (the audit is writing it)."""
+    """Pair units in the store, read-only (the audit is writing it). Never waits on the writer's lock
+    (timeout=0: a busy store reads as not yet there): a reader that waited up to seconds for the lock
+    saw the first chunk only once the audit had finished, and its Ctrl-C then landed in the exiting
+    interpreter, which ignores it (exit 0)."""
     try:
-        db = sqlite3.connect(f"file:{store}?mode=ro", uri=True, timeout=5)
+        db = sqlite3.connect(f"file:{store}?mode=ro", uri=True, timeout=0)
         try:
             return {r[0] for r in db.execute("SELECT DISTINCT unit FROM units WHERE unit != 'all'")}
         finally:
@@ -212,15 +215,19 @@ def test_ctrl_c_during_an_audit_says_what_is_kept_and_the_printed_command_resume
     from rewardlens.zoo import AUDIT_PAIRS, demo_model_dir
 
     demo_model_dir()  # train the demo once here, so the audit below starts computing at once
-    # Three rounds of the built-in pairs, each round's prompts worded apart (no pair repeats another).
-    openers = ("", "Quick question. ", "Tell me honestly. ")
+    # Six rounds of the built-in pairs, each round's prompts worded apart (no pair repeats another): far
+    # more chunks after the first than the poll below takes to see it.
+    openers = ("", "Quick question. ", "Tell me honestly. ", "One more thing. ", "Be direct. ", "Briefly: ")
     pairs = [dataclasses.replace(p, prompt=opener + str(p.prompt), id=f"{i}-{k}")
              for k, opener in enumerate(openers) for i, p in enumerate(AUDIT_PAIRS)]
     path = save_pairs(pairs, tmp_path / "pairs.jsonl")
     out, store = tmp_path / "out", tmp_path / "out" / "results.sqlite"
     argv = [sys.executable, "-m", "rewardlens", "audit", "--pairs", str(path), "--out", str(out), "--chunk-size", "2",
             "--no-probes", "--no-concepts", "--quiet"]
-    proc = subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # SIGINT at its default in the child whatever this process inherited: a Python started with SIGINT
+    # ignored keeps ignoring it, and would finish the audit (exit 0) instead of stopping.
+    proc = subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 600
         while not _units(store) and proc.poll() is None and time.monotonic() < deadline:
