@@ -296,14 +296,15 @@ def test_padding_side_and_batch_size_change_nothing(tok, side):
     np.testing.assert_array_equal(att.steps.position, one.steps.position)
 
 
-def _naive_patched(rm, lm, tok, pairs, row, how, *, direct=False, ablate=False):
+def _naive_patched(rm, lm, tok, pairs, row, how, *, direct=False, ablate=False, side=0):
     """Noising at the set of reads by brute force: per (pair, sublayer site) one hooked unpadded forward
-    of the chosen side whose site output at its k-th step is the rejected side's at its k-th step (zero
-    when `ablate`); `direct` also holds every later site's output at the steps at its clean value."""
+    of the chosen side (the rejected one with `side=1`) whose site output at its k-th step is the other
+    side's at its k-th step (zero when `ablate`); `direct` also holds every later site's output at the
+    steps at its clean value."""
     sides, modules = _step_sides(tok, pairs), _sublayers(rm)
     out = np.zeros((len(pairs), len(modules)))
     for p in range(len(pairs)):
-        (ids_c, at_c), (ids_r, at_r) = sides[2 * p], sides[2 * p + 1]
+        (ids_c, at_c), (ids_r, at_r) = sides[2 * p + side], sides[2 * p + 1 - side]
         clean, other = _grab(lm, modules, ids_c), _grab(lm, modules, ids_r)
         for s in range(len(modules)):
             put = {s: torch.zeros_like(other[s][0, at_r]) if ablate else other[s][0, at_r]}
@@ -436,6 +437,13 @@ def test_path_frozen_patching_at_the_set_of_reads_equals_a_naive_loop(tok, arch,
     np.testing.assert_allclose(got.patched_chosen[:, -1], total.patched_chosen[:, -1], atol=PATCH_TOL)
     # ... while elsewhere freezing bites by far more than the tolerance, so the loop tells them apart.
     assert np.abs(got.patched_chosen - total.patched_chosen).max() > 20 * PATCH_TOL
+    if mode == "ablation":  # both sides are ablated, as at one read token (docs/patching.md)
+        rejected = _naive_patched(rm, lm, tok, STEPS, lambda z: z[:, 23] - z[:, 29], "min", direct=True,
+                                  ablate=True, side=1)
+        np.testing.assert_allclose(got.patched_rejected, rejected, atol=PATCH_TOL)
+        assert np.abs(got.patched_rejected - got.rejected[:, None]).max() > 20 * PATCH_TOL
+        through = _naive_patched(rm, lm, tok, STEPS, lambda z: z[:, 23] - z[:, 29], "min", ablate=True, side=1)
+        np.testing.assert_allclose(total.patched_rejected, through, atol=PATCH_TOL)
 
 
 def test_path_frozen_patching_of_heads_at_the_set_of_reads_equals_a_naive_loop(tok):

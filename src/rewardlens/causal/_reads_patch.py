@@ -91,7 +91,10 @@ class ReadChunks:
                  batch_size: int) -> None:
         matched_reads(seqs, mode)
         self.model, self.seqs, self.heads, self.batch_size = model, seqs, level == "head", batch_size
-        self.targets = list(range(0 if mode in ("noising", "ablation") else 1, len(seqs), 2))
+        # Ablation patches both sides, as it does at one read token (docs/patching.md); noising the chosen
+        # side, denoising the rejected one.
+        self.targets = list(range(len(seqs))) if mode == "ablation" else list(
+            range(0 if mode == "noising" else 1, len(seqs), 2))
         self.clean = torch.zeros(len(seqs))
 
     def __iter__(self) -> Iterator[tuple[int, list[int], list[int], dict[int, dict[TraceKey, Tensor]]]]:
