@@ -54,15 +54,17 @@ class ResumeStatus:
                 f"pairs{also}; resume with: {command_line}")
 
 
-def resume_status(store: str | Path, model: RewardModel, pairs: Sequence[Pair], plan: Plan = Plan()) -> ResumeStatus:
+def resume_status(store: str | Path, model: RewardModel, pairs: Sequence[Pair], plan: Plan = Plan(),
+                  decided: Decided | None = None) -> ResumeStatus:
     """What `store` holds of the audit of `pairs` under `plan`, by the run keys `run_pairs` resumes by
-    (a store that does not exist holds nothing and is not created)."""
+    (a store that does not exist holds nothing and is not created); `decided`: the run's decisions
+    (`Decided.of`) when the caller made them."""
     path, pairs = Path(store), list(pairs)
     if not path.is_file():
         return ResumeStatus(path, len(pairs), 0, 0)
     db = Store(path)
     try:
-        keys = run_keys(model, pairs, plan.for_reads() if model.reads.multi else plan)
+        keys = run_keys(model, pairs, plan.for_reads() if model.reads.multi else plan, decided)
         done = set.intersection(*(db.done(k) for k in keys.values())) | db.done(skipped_key(model, pairs))
         same = next(iter(keys.values()))
         whole = sum("all" in db.done(k) for k, _ in db.runs()
@@ -117,7 +119,7 @@ def _sharded(model: RewardModel, pairs: Sequence[Pair], main: Store, path: Path,
 def audit(model: RewardModel, pairs: Sequence[Pair], *, store: Store | str | Path | None = None,
           plan: Plan = Plan(), sae: TopKSAE | None = None, progress: bool = False,
           data: str | Path | None = None, command_line: str | None = None, rank: int = 0, world_size: int = 1,
-          hold: Sequence[str | Path] = ()) -> Audit | None:
+          hold: Sequence[str | Path] = (), decided: Decided | None = None) -> Audit | None:
     """Run (or finish) the audit of `pairs` in `store` and return it.
 
     `data`, `command_line`: the pairs file and the command, recorded in the audit's `provenance`.
@@ -131,7 +133,8 @@ def audit(model: RewardModel, pairs: Sequence[Pair], *, store: Store | str | Pat
     `rank`, `world_size`: this process's place in a sharded run (torchrun's RANK and WORLD_SIZE, the
     process group initialised; `store` a path). Each rank computes its chunks into `shard_path(store,
     rank)`; rank 0 merges them, runs the whole-model instruments and returns the audit; the other
-    ranks return None.
+    ranks return None. `decided`: the run's decisions over `pairs` (`Decided.of`) when the caller made
+    them already (to print what a store holds before the run), else made here, once.
     """
     plan = plan_for_model(model, plan, sae)
     path = None if isinstance(store, Store) or store is None or str(store) == ":memory:" else Path(store)
@@ -142,7 +145,8 @@ def audit(model: RewardModel, pairs: Sequence[Pair], *, store: Store | str | Pat
     with _locks(folders, rank, world_size):
         db = store if isinstance(store, Store) else Store(path if path is not None else ":memory:")
         try:
-            decided = Decided.of(model, pairs)  # once for the run: every chunk, rank and read-back agrees
+            if decided is None:  # once for the run: every chunk, rank and read-back agrees
+                decided = Decided.of(model, pairs)
             if world_size == 1:
                 run_pairs(model, pairs, db, plan, progress=progress, decided=decided)
             else:

@@ -99,19 +99,20 @@ def _run(args: argparse.Namespace, state: dict[str, Any]) -> dict[str, Any]:
     model, pairs = _inputs(args)  # a bad pairs file is refused before anything heavy is imported
     if not pairs:
         raise ValueError("no pairs to audit")
-    from ..audit import Plan, audit, resume_status
+    from ..audit import Decided, Plan, audit, resume_status
     from ..audit.report import AuditResult, plain, summary, write_report
 
     plan = Plan(chunk_size=args.chunk_size, batch_size=args.batch_size, probes=not args.no_probes,
                 concepts=not args.no_concepts, probe_items=args.probe_items, sae_layer=args.sae_layer,
                 fraction=args.fraction, divergence=not args.no_divergence, paper=args.paper_statistic,
                 tokens=not args.no_tokens)
-    state.update(model=model, pairs=pairs, plan=plan, store=main_path, rank=rank, world=world)
-    before = resume_status(main_path, model, pairs, plan).kept if world == 1 else None
+    decided = Decided.of(model, pairs)  # once: the resume count, the run and an interrupt's message share it
+    state.update(model=model, pairs=pairs, plan=plan, store=main_path, rank=rank, world=world, decided=decided)
+    before = resume_status(main_path, model, pairs, plan, decided).kept if world == 1 else None
     try:
         result = audit(model, pairs, store=main_path, plan=plan, sae=_sae(args, model), progress=not args.quiet,
                        data=args.pairs or "the built-in audit pairs (rewardlens.zoo.AUDIT_PAIRS)",
-                       command_line=args.command_line, rank=rank, world_size=world, hold=[out])
+                       command_line=args.command_line, rank=rank, world_size=world, hold=[out], decided=decided)
     finally:
         if world > 1:
             import torch.distributed as dist
@@ -132,7 +133,8 @@ def _kept(args: argparse.Namespace, state: dict[str, Any]) -> str:
     from ..audit import resume_status, shard_path
 
     path = state["store"] if state["world"] == 1 else shard_path(state["store"], state["rank"])
-    return resume_status(path, state["model"], state["pairs"], state["plan"]).message(args.command_line)
+    return resume_status(path, state["model"], state["pairs"], state["plan"], state["decided"]).message(
+        args.command_line)
 
 
 def _sae(args: argparse.Namespace, model: RewardModel) -> TopKSAE | None:
