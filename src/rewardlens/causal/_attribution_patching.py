@@ -25,10 +25,10 @@ from ..stats import rank_agreement
 from ..types import Ablation, Mode, PatchLevel, Positions, Spans
 from ._engine import Site, head_slice, site_point, sites
 from ._layerwise import layerwise_grads
-from ._patching import Patching, assemble, spec_of
+from ._patching import Patching, assemble
 from ._plan import Clean, PatchPlan, pair_seqs
 from ._reads_patch import ReadChunks, check_reads_options
-from ._spec import PatchSpec
+from ._spec import PatchSpec, spec_of
 
 Tensors = dict[TraceKey, Tensor]
 

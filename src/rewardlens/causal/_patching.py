@@ -31,7 +31,7 @@ from ._engine import Site, batched_sweep, copies_supported, read_sweep, sites
 from ._plan import Clean, PatchPlan, pair_ids, pair_seqs
 from ._reads_patch import check_reads_options, direct_reads, patch_reads
 from ._spec import MODES as MODES
-from ._spec import PatchSpec
+from ._spec import PatchSpec, spec_of
 from ._stepped import stepped_sweep
 
 if TYPE_CHECKING:
@@ -158,19 +158,6 @@ class Patching:
         ax.barh([t[0] for t in top][::-1], [t[1] for t in top][::-1])
         ax.set_xlabel(f"mean {self.estimand} effect on the margin ({self.mode}, {self.positions} positions)")
         return finish(ax, made)
-
-
-def spec_of(spec: PatchSpec | None, **given: object) -> PatchSpec:
-    """The run's `PatchSpec`: `spec` when given (then every keyword choice must be left at its default),
-    else one built, and so validated, from the keyword choices."""
-    if spec is None:
-        return PatchSpec(**given)  # type: ignore[arg-type]  # the keywords' own annotations hold each value
-    default = PatchSpec()
-    clash = {k: v for k, v in given.items() if v != getattr(default, k)}
-    if clash:
-        raise ValueError(f"pass the patch's choices either as spec= or as keywords, not both: spec={spec} and "
-                         + ", ".join(f"{k}={v!r}" for k, v in clash.items()))
-    return spec
 
 
 def patch(

@@ -62,6 +62,19 @@ class PatchSpec:
         return f"{self.level}/{mode}/{where}/{self.estimand}"
 
 
+def spec_of(spec: PatchSpec | None, **given: object) -> PatchSpec:
+    """The run's `PatchSpec`: `spec` when given (then every keyword choice must be left at its default),
+    else one built, and so validated, from the keyword choices."""
+    if spec is None:
+        return PatchSpec(**given)  # type: ignore[arg-type]  # the keywords' own annotations hold each value
+    default = PatchSpec()
+    clash = {k: v for k, v in given.items() if v != getattr(default, k)}
+    if clash:
+        raise ValueError(f"pass the patch's choices either as spec= or as keywords, not both: spec={spec} and "
+                         + ", ".join(f"{k}={v!r}" for k, v in clash.items()))
+    return spec
+
+
 def _positions(positions: Positions | Spans) -> Positions | Spans:
     """A named rule as it is; spans as a tuple of (start, stop) pairs of ints or None (hashable, frozen)."""
     if isinstance(positions, str):
