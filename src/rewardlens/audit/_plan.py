@@ -80,6 +80,10 @@ def chunks(n_pairs: int, chunk_size: int) -> list[range]:
     return [range(s, min(s + chunk_size, n_pairs)) for s in range(0, n_pairs, chunk_size)]
 
 
+LENS = "lens"
+"""The lens's instrument name in the store (`run_keys`, `lens_key`)."""
+
+
 @dataclass(frozen=True)
 class Decided:
     """What a run decides once, from all its pairs, before any chunk, so every chunk and every rank
@@ -112,8 +116,9 @@ class Decided:
 
 
 def lens_key(model: RewardModel, pairs: Sequence[Pair]) -> RunKey:
-    """The store key of the pairs' lens (no decision needed: the lens is the same whatever faithfulness does)."""
-    return RunKey(fingerprint(model), checksum(pairs), "lens", VERSION)
+    """The store key of the pairs' lens, `run_keys(...)["lens"]` without the run's decisions (the lens is
+    the same whatever faithfulness does, so finding it needs no tokenization)."""
+    return RunKey(fingerprint(model), checksum(pairs), LENS, VERSION)
 
 
 def run_keys(model: RewardModel, pairs: Sequence[Pair], plan: Plan, decided: Decided | None = None
@@ -122,7 +127,7 @@ def run_keys(model: RewardModel, pairs: Sequence[Pair], plan: Plan, decided: Dec
     a reward read at a set of positions) for this run; `decided`: the run's decisions when already made."""
     fp, data = fingerprint(model), checksum(pairs)
     decided = Decided.of(model, pairs) if decided is None else decided
-    names = {"lens": "lens", "sublayers": "attribution/sublayer", "heads": "attribution/head",
+    names = {"lens": LENS, "sublayers": "attribution/sublayer", "heads": "attribution/head",
              "faithfulness": f"faithfulness/{decided.spec.name}/seed-{decided.seed_positions}"
                              + ("/paper" if plan.paper else "")}
     if model.reads.multi:  # every read's own score, for where the preference forms
