@@ -230,3 +230,16 @@ def test_plotting_is_a_leaf():
 def test_types_is_a_leaf():
     """`types` names options and shapes; it imports no rewardlens module, not even for annotations."""
     assert [t for t, _, _ in imports("rewardlens.types", annotations=True)] == []
+
+
+def test_the_version_is_a_literal_that_the_installed_metadata_agrees_with():
+    """`import rewardlens` reads no package metadata (a fifth of its time, paid by every CLI error), and the
+    literal is the one pyproject.toml installs, so the two cannot drift."""
+    import subprocess
+    import sys
+    from importlib.metadata import version
+
+    code = "import sys, rewardlens; assert 'importlib.metadata' not in sys.modules; print(rewardlens.__version__)"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == rewardlens.__version__ == version("rewardlens")
