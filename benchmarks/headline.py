@@ -1,0 +1,154 @@
+"""The headline: the full audit of an RM of Llama-3.1-8B's shape over the paper's 695 validation pairs.
+
+A random-init `LlamaForSequenceClassification` of Llama-3.1-8B's shape (32 layers, d 4096, 32 query
+and 8 key/value heads, MLP 14336, vocabulary 128256) in bf16, wrapped with rewardlens's built-in
+byte-level tokenizer, audits 695 synthetic pairs whose sides are 200–600 tokens long: the default
+audit (`rl.audit`: lens, attribution at sublayer and head level, faithfulness, probes, concepts,
+divergence, token attribution) into a fresh store, then the report. Random weights give the same
+work as trained ones: every instrument's cost is set by the shapes, not the values.
+
+It prints each step's time, the plain forward's time over the same tokens (each side alone, no
+hooks, no padding: what any RM pays to score the pairs at all), their ratio, and peak accelerator
+memory. The goal is the whole audit under 10 minutes on one H200.
+
+On CPU (no device, or `--small`) the same code runs at a small shape, so the script is checked
+where no accelerator is lent:
+
+    python benchmarks/headline.py                       # CUDA when present: 8B shape, bf16, 695 pairs
+    python benchmarks/headline.py --small               # 2-layer, d 256, 16 pairs of 40-120 tokens
+    python benchmarks/headline.py --pairs 64            # a shorter run of the 8B shape
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers as tf
+
+import rewardlens as rl
+from rewardlens.audit import Decided, Plan, Store, collect, plan_for_model, run_pairs, run_whole
+from rewardlens.audit.report import write_report
+from rewardlens.zoo import DEMO_PAIRS, build_tokenizer
+
+LLAMA_8B = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                num_key_value_heads=8, vocab_size=128256, rope_theta=500000.0, rms_norm_eps=1e-5,
+                max_position_embeddings=8192)
+"""Llama-3.1-8B's shape (its config.json, with a context long enough for these pairs)."""
+SMALL = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=8,
+             num_key_value_heads=2, vocab_size=4096, max_position_embeddings=1024)
+"""The CPU shape: the same code path at a size a CPU finishes in a minute or two."""
+
+
+def build(shape: dict[str, Any], device: torch.device, dtype: torch.dtype) -> rl.RewardModel:
+    """A random-init RM of `shape` built directly on `device` in `dtype` (no fp32 copy of 8B weights)."""
+    tok = build_tokenizer()
+    config = tf.LlamaConfig(**shape, num_labels=1, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
+                            bos_token_id=None)
+    torch.manual_seed(0)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with device:
+            hf = tf.LlamaForSequenceClassification(config)
+    finally:
+        torch.set_default_dtype(default)
+    hf.eval()
+    return rl.wrap(hf, tok)
+
+
+def synthetic_pairs(model: rl.RewardModel, n: int, lo: int, hi: int, seed: int = 0) -> list[rl.Pair]:
+    """`n` pairs of words from the tokenizer's corpus, each response `lo`–`hi` tokens (its own length drawn
+    uniformly), the prompt a sentence."""
+    rng = random.Random(seed)
+    words = [w for p in DEMO_PAIRS for side in (p.chosen, p.rejected) for w in side.split()]
+
+    def text(tokens: int) -> str:
+        out: list[str] = []
+        while len(model.tokenizer(" ".join(out))["input_ids"]) < tokens:
+            out += rng.choices(words, k=max(1, (tokens - len(out)) // 2))
+        return " ".join(out)
+
+    return [rl.Pair(prompt=text(rng.randint(20, 60)), chosen=text(rng.randint(lo, hi)),
+                    rejected=text(rng.randint(lo, hi)), id=f"h{i}") for i in range(n)]
+
+
+def plain_forward(model: rl.RewardModel, pairs: list[rl.Pair]) -> Callable[[], None]:
+    """One unpadded no-hook forward of every sequence, as benchmarks/audit.py measures it."""
+    seqs, _ = model.encode(pairs)
+    ids = [torch.tensor([s.ids], device=model.device) for s in seqs]
+
+    def run() -> None:
+        with torch.no_grad():
+            for x in ids:
+                model.model(input_ids=x)
+    return run
+
+
+def timed(device: torch.device, fn: Callable[[], Any]) -> tuple[float, Any]:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    out = fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - start, out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--small", action="store_true", help="the CPU shape even when CUDA is present")
+    ap.add_argument("--pairs", type=int, default=None, help="pairs (default 695; 16 at the small shape)")
+    ap.add_argument("--batch-size", type=int, default=8)
+    ap.add_argument("--chunk-size", type=int, default=32)
+    args = ap.parse_args()
+    small = args.small or not torch.cuda.is_available()
+    device = torch.device("cpu" if small and not torch.cuda.is_available() else "cuda")
+    dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
+    shape, (lo, hi) = (SMALL, (40, 120)) if small else (LLAMA_8B, (200, 600))
+    n = args.pairs or (16 if small else 695)
+
+    built, model = timed(device, lambda: build(shape, device, dtype))
+    pairs = synthetic_pairs(model, n, lo, hi)
+    lengths = [len(s.ids) for s in model.encode(pairs)[0]]
+    print(f"model: random-init Llama RM, {shape['num_hidden_layers']} layers, d {shape['hidden_size']}, {device} "
+          f"{str(dtype).removeprefix('torch.')} (built in {built:.1f} s); {n} pairs, {min(lengths)}-{max(lengths)} "
+          f"tokens a sequence, {sum(lengths)} in all")
+    forward, _ = timed(device, plain_forward(model, pairs))
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    weights = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
+    plan = Plan(chunk_size=args.chunk_size, batch_size=args.batch_size)
+    steps: dict[str, float] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        store = Store(Path(tmp) / "results.sqlite")
+        plan = plan_for_model(model, plan, None)
+        steps["decide (tokenize every pair once)"], decided = timed(device, lambda: Decided.of(model, pairs))
+        steps["per-pair part (run_pairs)"], _ = timed(
+            device, lambda: run_pairs(model, pairs, store, plan, decided=decided, progress=True))
+        steps["whole-model part (run_whole)"], _ = timed(
+            device, lambda: run_whole(model, pairs, store, plan, progress=True))
+        steps["read back (collect)"], result = timed(device, lambda: collect(model, pairs, store, plan,
+                                                                            decided=decided))
+        steps["report (write_report)"], _ = timed(device, lambda: write_report(result, Path(tmp) / "report"))
+        store.close()
+    total = sum(steps.values())
+    print(f"\nplain forward of the same tokens: {forward:8.1f} s")
+    for name, s in steps.items():
+        print(f"  {name:<36} {s:8.1f} s  {s / forward:6.2f}x the forward")
+    print(f"  {'the whole audit':<36} {total:8.1f} s  {total / forward:6.2f}x the forward  "
+          f"({total / 60:.1f} min; goal < 10 min on one H200)")
+    if device.type == "cuda":
+        peak = torch.cuda.max_memory_allocated(device)
+        print(f"peak accelerator memory: {peak / 2**30:.1f} GiB ({(peak - weights) / 2**30:.1f} GiB above the "
+              f"{weights / 2**30:.1f} GiB of weights)")
+
+
+if __name__ == "__main__":
+    main()
