@@ -1,0 +1,80 @@
+"""The whole audit against its per-pair part, step by step, in interleaved rounds.
+
+A default audit is its per-pair part (`run_pairs`: lens, attribution, faithfulness) plus the whole-model
+part (`run_whole`: token attribution, divergence, probes, concepts). Issue 29's target: on the demo model
+with 40 pairs, the whole-model part at most 1.5x the per-pair part. Each round, in one process, times a
+plain unpadded forward of the pairs (the floor), the per-pair part into a fresh in-memory store, then
+each whole-model step alone (`run_whole` with a plan that asks for that step only, so the benchmark runs
+exactly what the audit runs). Ratios are taken within a round and reported as median [min, max] over
+rounds: the machines are shared, and a one-shot ratio swings by ±20 %.
+
+    python benchmarks/whole_audit.py                    # demo model, 40 pairs, 5 rounds, 1 thread
+    python benchmarks/whole_audit.py --pairs 16 --rounds 3 --probe-items 12
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import replace
+
+import numpy as np
+import torch
+from audit_memory import make_pairs
+from decompose import seconds
+
+import rewardlens as rl
+from audit import plain_forward
+from rewardlens.audit import Plan, Store, run_pairs, run_whole
+from rewardlens.zoo import demo_model_dir
+
+STEPS = ("tokens", "divergence", "probes", "concepts")
+"""The whole-model steps of a default audit, each a `Plan` flag."""
+
+
+def only(plan: Plan, step: str) -> Plan:
+    """`plan` with every whole-model step off but `step`."""
+    return replace(plan, **{s: s == step for s in STEPS})
+
+
+def one_round(model: rl.RewardModel, pairs: list[rl.Pair], plan: Plan, device: torch.device) -> dict[str, float]:
+    """Seconds of the floor, the per-pair part and each whole-model step, in that order, in one fresh store."""
+    times = {"plain forward": seconds(plain_forward(model, pairs), device)}
+    store = Store(":memory:")
+    times["per-pair part"] = seconds(lambda: run_pairs(model, pairs, store, plan), device)
+    for step in STEPS:  # tokens read the stored lens: after the per-pair part, as in the audit
+        times[step] = seconds(lambda step=step: run_whole(model, pairs, store, only(plan, step)), device)
+    store.close()
+    return times
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--pairs", type=int, default=40)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--probe-items", type=int, default=None, help="built-in items for probes and concepts (all)")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    device = torch.device("cpu")
+    model, pairs = rl.load(str(demo_model_dir())), make_pairs(args.pairs)
+    plan = Plan(probe_items=args.probe_items)
+    print(f"demo model, {len(pairs)} pairs, {args.threads} thread(s), {args.rounds} interleaved rounds "
+          f"(plus one warm-up), probe items: {args.probe_items or 'all'}")
+    one_round(model, pairs[:4], plan, device)  # warm-up: caches, allocator, lazy imports
+    rounds = [one_round(model, pairs, plan, device) for _ in range(args.rounds)]
+
+    def ratio(name: str, over: str) -> str:
+        r = np.array([t[name] / t[over] for t in rounds])
+        return f"{np.median(r):6.2f}x [{r.min():.2f}, {r.max():.2f}]"
+
+    for t in rounds:
+        t["whole-model part"] = sum(t[s] for s in STEPS)
+    print(f"{'step':<18} {'median s':>9}   ratio to the per-pair part      ratio to the plain forward")
+    for name in ("plain forward", "per-pair part", *STEPS, "whole-model part"):
+        s = np.median([t[name] for t in rounds])
+        print(f"{name:<18} {s:9.2f}   {ratio(name, 'per-pair part'):<31} {ratio(name, 'plain forward')}")
+    print("target (issue 29): whole-model part <= 1.5x the per-pair part")
+
+
+if __name__ == "__main__":
+    main()
