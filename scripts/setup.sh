@@ -2,6 +2,8 @@
 # Set up the project's virtual environment in <repo>/.venv and install rewardlens into it.
 #
 #   bash scripts/setup.sh          # runtime dependencies only
+#   bash scripts/setup.sh real     # plus gguf, which building the real SmolLM2 reward model needs
+#                                  # (python -m rewardlens.zoo.realmodels smollm2-dpo)
 #   bash scripts/setup.sh test     # plus the test extras (pytest, datasets, gguf, scipy, ...)
 #                                  # and Debian's chromium (/usr/bin/chromium) for the report test
 #
@@ -20,9 +22,10 @@ cd "$repo_root"
 
 case "${1:-}" in
   test) target=".[test]" ;;
+  real) target=".[gguf]" ;;
   "") target="." ;;
   *)
-    echo "usage: bash scripts/setup.sh [test]" >&2
+    echo "usage: bash scripts/setup.sh [real|test]" >&2
     exit 2
     ;;
 esac

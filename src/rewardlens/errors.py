@@ -17,6 +17,18 @@ class HeadError(RewardLensError):
     """The reward head is not one rewardlens can read exactly (not linear, wrong shape, no readout)."""
 
 
+class ModelLoadError(RewardLensError):
+    """A model cannot be loaded safely, or what would load cannot give a finite reward: pickle-only
+    weights without `allow_pickle=True`, a pickle torch's safe unpickler refuses, custom code
+    (`auto_map`) that is missing or not trusted, non-finite weights or a non-finite check forward."""
+
+
+class MissingDependencyError(RewardLensError, ImportError):
+    """An optional package a feature needs is not installed; the message names the extra to install.
+
+    Also an `ImportError`, so code that already catches a failed import keeps working."""
+
+
 class TokenizationError(RewardLensError):
     """An input cannot be tokenized safely (truncation would cut the read token, no pad token...)."""
 
@@ -29,8 +41,17 @@ class ClosureError(RewardLensError):
     """An exact decomposition failed to sum to the model's reward within tolerance."""
 
 
+class NonFiniteError(RewardLensError):
+    """No pair has a finite reward (and finite parts): every number left to count is NaN or infinite.
+
+    A weight of the model is non-finite, or the forward overflows in the backbone's dtype. Raised
+    instead of a table of NaN or an accuracy of 0 (`rewardlens.model.finite_pairs`).
+    """
+
+
 class StoreError(RewardLensError):
-    """The results store is unreadable, incomplete for what was asked, or two shards disagree."""
+    """The results store is unreadable, incomplete for what was asked, holds a damaged unit (its
+    checksum fails; a rerun computes it again), or two shards disagree."""
 
 
 class StoreLockedError(StoreError):

@@ -29,7 +29,7 @@ from ._kind import REFERENCE_TERMS, ReferenceTerm, RewardKind
 from ._load import load_pretrained, refuse_untrained
 from ._placement import execution_device, onloaded
 from ._readout import Head
-from ._reads import Combine, Reads
+from ._reads import Combine, LastStep, Reads
 from ._tokens import Tokenized
 from ._verify import check_structure, verify
 
@@ -130,10 +130,10 @@ def wrap_judge(
 def load_judge(path_or_id: str, *, tokens: tuple[str | int, str | int] = ("Yes", "No"), question: str = QUESTION,
                dtype: str | torch.dtype | None = None, device: str | torch.device | None = None,
                max_length: int | None = None, truncation: Truncation = "error", check: bool = True,
-               **from_pretrained_kwargs: Any) -> RewardModel:
-    """Load a causal LM as a judge (see `wrap_judge`) through `from_pretrained`."""
+               allow_pickle: bool = False, **from_pretrained_kwargs: Any) -> RewardModel:
+    """Load a causal LM as a judge (see `wrap_judge`) through `from_pretrained` (`allow_pickle`: as `load`)."""
     model, tokenizer, missing = load_pretrained(path_or_id, dtype, device, None, None, from_pretrained_kwargs,
-                                                AutoModelForCausalLM)
+                                                AutoModelForCausalLM, allow_pickle=allow_pickle)
     refuse_untrained(path_or_id, model, [lm_head_path(model)], missing, _NOT_AN_LM)
     return wrap_judge(model, tokenizer, tokens=tokens, question=question, max_length=max_length,
                       truncation=truncation, check=check, source=path_or_id)
@@ -142,14 +142,15 @@ def load_judge(path_or_id: str, *, tokens: tuple[str | int, str | int] = ("Yes",
 def wrap_prm(
     model: nn.Module, tokenizer: PreTrainedTokenizerBase, *, separator: str | int, combine: Combine = "min",
     readout: Readout = None, tokens: tuple[str | int, str | int] | None = None, max_length: int | None = None,
-    truncation: Truncation = "error", check: bool = True, source: str | None = None,
+    truncation: Truncation = "error", check: bool = True, source: str | None = None, final: LastStep = "append",
 ) -> RewardModel:
-    """A process reward model read at every step separator of the response, steps combined by `combine`.
+    """A process reward model read at every step separator of the response, steps combined by `combine`;
+    a response whose last step does not end with the separator is read as `final` says (`Reads.final`).
 
     Its head: an LM's `logit(tokens[0]) − logit(tokens[1])` when `tokens` is given ("+" against "−");
     a two-label token classifier's log-odds of label 1 against label 0 (or `readout=` weights);
     a one-output head as it is."""
-    reads = Reads(at="separator", separator=separator, combine=combine)
+    reads = Reads(at="separator", separator=separator, combine=combine, final=final)
     if tokens is not None:
         ids = (token_id(tokenizer, tokens[0]), token_id(tokenizer, tokens[1]))
         path = lm_head_path(model)
@@ -176,11 +177,13 @@ def wrap_prm(
 def load_prm(path_or_id: str, *, separator: str | int, combine: Combine = "min", readout: Readout = None,
              tokens: tuple[str | int, str | int] | None = None, dtype: str | torch.dtype | None = None,
              device: str | torch.device | None = None, max_length: int | None = None,
-             truncation: Truncation = "error", check: bool = True, **from_pretrained_kwargs: Any) -> RewardModel:
+             truncation: Truncation = "error", check: bool = True, allow_pickle: bool = False,
+             final: LastStep = "append", **from_pretrained_kwargs: Any) -> RewardModel:
     """Load a process reward model (see `wrap_prm`): a causal LM when `tokens` is given, else a token
-    classifier."""
+    classifier (`allow_pickle`: as `load`)."""
     auto = AutoModelForCausalLM if tokens is not None else AutoModelForTokenClassification
-    model, tokenizer, missing = load_pretrained(path_or_id, dtype, device, None, None, from_pretrained_kwargs, auto)
+    model, tokenizer, missing = load_pretrained(path_or_id, dtype, device, None, None, from_pretrained_kwargs, auto,
+                                                allow_pickle=allow_pickle)
     if tokens is not None:
         refuse_untrained(path_or_id, model, [lm_head_path(model)], missing, _NOT_AN_LM)
     else:
@@ -188,7 +191,7 @@ def load_prm(path_or_id: str, *, separator: str | int, combine: Combine = "min",
                          "not as a token-classification PRM. A PRM that scores steps with its LM head (\"+\" against "
                          "\"-\" at each step tag) is read with tokens=('+', '-') (--prm-tokens '+,-')")
     return wrap_prm(model, tokenizer, separator=separator, combine=combine, readout=readout, tokens=tokens,
-                    max_length=max_length, truncation=truncation, check=check, source=path_or_id)
+                    max_length=max_length, truncation=truncation, check=check, source=path_or_id, final=final)
 
 
 def _log_prob_model(
@@ -265,13 +268,14 @@ def wrap_dpo(
 def load_dpo(policy: str, reference: str, *, beta: float = 0.1, reference_term: ReferenceTerm = "constant",
              dtype: str | torch.dtype | None = None, device: str | torch.device | None = None,
              max_length: int | None = None, truncation: Truncation = "error", check: bool = True,
-             **from_pretrained_kwargs: Any) -> RewardModel:
-    """Load a DPO policy and its reference (causal LMs) as the implicit reward model (see `wrap_dpo`)."""
+             allow_pickle: bool = False, **from_pretrained_kwargs: Any) -> RewardModel:
+    """Load a DPO policy and its reference (causal LMs) as the implicit reward model (see `wrap_dpo`;
+    `allow_pickle`: as `load`, for both)."""
     model, tokenizer, missing = load_pretrained(policy, dtype, device, None, None, from_pretrained_kwargs,
-                                                AutoModelForCausalLM)
+                                                AutoModelForCausalLM, allow_pickle=allow_pickle)
     refuse_untrained(policy, model, [lm_head_path(model)], missing, _NOT_AN_LM)
     ref, _, missing = load_pretrained(reference, dtype, device, None, None, from_pretrained_kwargs,
-                                      AutoModelForCausalLM)
+                                      AutoModelForCausalLM, allow_pickle=allow_pickle)
     refuse_untrained(reference, ref, [lm_head_path(ref)], missing, _NOT_AN_LM)
     return wrap_dpo(model, ref, tokenizer, beta=beta, reference_term=reference_term, max_length=max_length,
                     truncation=truncation, check=check, source=policy)

