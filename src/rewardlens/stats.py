@@ -1,9 +1,13 @@
 """Statistics that do not lie (docs/design.md §4): rank correlations that are NaN when undefined,
-bootstrap intervals over the units that were actually sampled, top-k overlap."""
+bootstrap intervals over the units that were actually sampled, top-k overlap, Wilson intervals of
+proportions and of weighted sums of them, and the one rule that writes numbers as strict JSON."""
 
 from __future__ import annotations
 
+import json
+import math
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 from scipy.stats import rankdata
@@ -205,3 +209,55 @@ def wilson(successes: int, n: int, level: float = 0.95) -> tuple[float, float]:
     centre = (p + z2 / (2 * n)) / (1 + z2 / n)
     half = z * np.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
     return float(max(0.0, centre - half)), float(min(1.0, centre + half))
+
+
+def wilson_sum(successes: np.ndarray, n: np.ndarray, coef: np.ndarray, level: float = 0.95) -> tuple[float, float]:
+    """Interval of a weighted sum of proportions `θ = Σ_s c_s k_s/n_s` [S] by MOVER-Wilson (Zou & Donner 2008).
+
+    Each proportion's Wilson interval `[l_s, u_s]` (`wilson`) is recovered into the sum's:
+    `L = θ − √Σ_s (c_s p̂_s − min(c_s l_s, c_s u_s))²`, `U = θ + √Σ_s (max(c_s l_s, c_s u_s) − c_s p̂_s)²`.
+    It always holds θ, and it cannot collapse to a point where a bootstrap within strata does (every
+    stratum all right or all wrong): a Wilson interval has width at k = 0 and k = n. With one
+    stratum it is that stratum's Wilson interval. Terms with c_s = 0 drop out; NaN when a weighted
+    stratum has no units or a weight is NaN.
+    """
+    k, m, c = (np.asarray(x, dtype=np.float64) for x in (successes, n, coef))
+    used = c != 0
+    if not used.any() or np.isnan(c).any() or np.any(m[used] <= 0):
+        return float("nan"), float("nan")
+    k, m, c = k[used], m[used], c[used]
+    bounds = np.array([wilson(int(a), int(b), level) for a, b in zip(k, m)])  # [S, 2]
+    ends = c[:, None] * bounds
+    point = c * k / m
+    theta = float(point.sum())
+    below = float(np.sqrt(np.sum((point - ends.min(1)) ** 2)))
+    above = float(np.sqrt(np.sum((ends.max(1) - point) ** 2)))
+    return theta - below, theta + above
+
+
+def json_number(x: float) -> float | None:
+    """`x` as a JSON number, or None (JSON null) where it is NaN or infinite: JSON has no NaN, and
+    strict parsers refuse the `NaN` and `Infinity` literals Python's `json` would write."""
+    return float(x) if math.isfinite(x) else None
+
+
+def json_ready(x: Any) -> Any:
+    """`x` with numpy scalars and arrays made Python values and every non-finite float made None,
+    through dicts (keys made str), lists and tuples; anything else is returned as it is."""
+    if isinstance(x, dict):
+        return {str(k): json_ready(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple, np.ndarray)):
+        return [json_ready(v) for v in (x.tolist() if isinstance(x, np.ndarray) else x)]
+    if isinstance(x, (np.bool_, bool)):
+        return bool(x)
+    if isinstance(x, np.integer):
+        return int(x)
+    if isinstance(x, (float, np.floating)):
+        return json_number(float(x))
+    return x
+
+
+def to_json(x: Any, *, indent: int | None = 2, ensure_ascii: bool = True) -> str:
+    """Strict JSON text of `x`: `json_ready`, then `allow_nan=False`, so no `NaN` or `Infinity`
+    literal reaches a file or a pipe. The one writer of every `--json` output and JSON file."""
+    return json.dumps(json_ready(x), indent=indent, ensure_ascii=ensure_ascii, allow_nan=False)

@@ -12,8 +12,8 @@ import pytest
 import rewardlens as rl
 from rewardlens.bench import Bench, bench
 from rewardlens.data import Pair, load_pairs, sample_path
-from rewardlens.errors import DataError
-from rewardlens.stats import wilson
+from rewardlens.errors import DataError, NonFiniteError
+from rewardlens.stats import wilson, wilson_sum
 
 matplotlib.use("Agg")
 
@@ -196,3 +196,54 @@ def test_results_are_json_safe_frames_and_plots():
     fig.canvas.draw()
     assert list(fig.axes[0].containers[0].lines[0].get_xdata()) == pytest.approx(b.comparison.difference.tolist())
     plt.close(fig)
+
+
+def test_section_intervals_do_not_collapse_when_every_subset_is_all_right_or_all_wrong():
+    # Chat 3/8 = 0.375 from 3 of 3 and 0 of 5: a bootstrap within subsets gave [0.375, 0.375] here.
+    pairs, model = crafted([("alpacaeval-easy", [1, 1, 1]), ("mt-bench-easy", [-1] * 5)])
+    b = bench(model, pairs, n_boot=50)  # type: ignore[arg-type]
+    lo, hi = b.intervals[("section", "Chat")]
+    assert b.sections["Chat"] == pytest.approx(0.375) and b.support[("section", "Chat")] == 8
+    assert lo < 0.375 < hi
+    assert (lo, hi) == pytest.approx(wilson_sum(np.array([3, 0]), np.array([3, 5]), np.array([3 / 8, 5 / 8])))
+    assert b.intervals[("score", "overall")] == pytest.approx((lo, hi))  # one section: the overall is it
+    assert "MOVER-Wilson" in b.to_dict()["intervals"]
+
+
+def test_an_all_right_subset_has_a_wilson_interval_below_one():
+    pairs, model = crafted([("hep-python", [1] * 40)])
+    b = bench(model, pairs, n_boot=50)  # type: ignore[arg-type]
+    (sub,) = b.subsets
+    assert sub.ci == pytest.approx(wilson(40, 40)) and sub.ci[1] == pytest.approx(1.0) and sub.ci[0] < 1
+    lo, hi = b.intervals[("section", "Reasoning")]  # a bootstrap gave [1, 1]
+    assert hi == pytest.approx(1.0) and lo == pytest.approx(sub.ci[0]) and lo < 1
+
+
+def test_items_with_non_finite_rewards_are_named_and_left_out():
+    nan = float("nan")
+    pairs, model = crafted([("alpacaeval-easy", [1, nan, 1, -1]), ("mt-bench-easy", [nan])])
+    b = bench(model, pairs, n_boot=50)  # type: ignore[arg-type]
+    assert b.excluded == ("1", "4") and b.counted.tolist() == [True, False, True, True, False]
+    assert [(s.subset, s.n, s.correct) for s in b.subsets] == [("alpacaeval-easy", 3, 2)]  # never a loss
+    assert b.sections == pytest.approx({"Chat": 2 / 3}) and b.accuracy == pytest.approx(2 / 3)
+    assert b.notes == ("2 pairs with non-finite rewards excluded: 1, 4",)
+    out = json.loads(json.dumps(b.to_dict(), allow_nan=False))
+    assert out["excluded"] == ["1", "4"] and out["counted_items"] == 3
+    assert b.pair_frame()["counted"].tolist() == [True, False, True, True, False]
+    # a comparison counts the items both models count
+    clean = Table({**model.reward, "chosen 1": 1.0, "chosen 4": 1.0})
+    c = b.compare(bench(clean, pairs, n_boot=50))  # type: ignore[arg-type]
+    row = c.keys.index(("score", "all items"))
+    assert c.n[row] == 3 and c.difference[row] == 0
+    with pytest.raises(NonFiniteError, match="every reward is NaN"):
+        bench(Table({t: nan for t in model.reward}), pairs)  # type: ignore[arg-type]
+
+
+def test_a_group_with_one_non_finite_reward_is_left_out_whole():
+    records = [json.loads(x) for x in sample_path("rewardbench2").read_text(encoding="utf-8").splitlines()]
+    reward = {t: 1.0 if t in r["chosen"] else 0.0 for r in records for t in r["chosen"] + r["rejected"]}
+    reward[records[0]["rejected"][1]] = float("nan")
+    pairs = load_pairs(sample_path("rewardbench2"))
+    b = bench(Table(reward), pairs, n_boot=50)  # type: ignore[arg-type]
+    assert b.counted.tolist() == [False] + [True] * (len(records) - 1)
+    assert b.excluded == (f"{records[0]['id']}/1",) and b.accuracy == 1.0

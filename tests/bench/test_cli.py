@@ -1,5 +1,5 @@
 """`rewardlens bench` on the shipped sample files: the table, --json against the model's own scores,
-and --against."""
+and --against; pairs with NaN rewards named and left out."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import pytest
 
 import rewardlens as rl
 from rewardlens.cli import main
-from rewardlens.data import load_pairs, margin, sample_path
+from rewardlens.data import load_pairs, margin, sample_path, save_pairs
+from tests.helpers import finite
 
 
 @pytest.fixture(scope="module")
@@ -64,3 +65,20 @@ def test_against_on_the_rewardbench2_sample(capsys, tiny_root, llama, as_json):
 def test_a_missing_second_model_is_refused_before_loading(capsys, llama, tmp_path):
     code = main(["bench", llama, "--pairs", str(sample_path("rewardbench")), "--against", str(tmp_path / "nope")])
     assert code == 2 and "no such model folder" in capsys.readouterr().err
+
+
+def test_nan_pairs_are_named_in_the_table_and_null_in_json(capsys, tiny_root, tokenizer, tmp_path):
+    nan_model = str(finite.nan_word_model(tiny_root["llama"], tmp_path / "injected", tokenizer))
+    pairs = finite.pairs(6, bad={3, 5}, subsets=["alpacaeval-easy"] * 3 + ["mt-bench-easy"] * 3)
+    path = str(save_pairs(pairs, tmp_path / "pairs.jsonl"))
+    assert main(["bench", nan_model, "--pairs", path, "--n-boot", "20"]) == 0
+    out = capsys.readouterr().out
+    assert "note: 2 pairs with non-finite rewards excluded: p3, p5" in out
+    body = out.split("\n", 1)[1]  # after the model line (its path holds the test name)
+    assert "accuracy over 4 of 6 items" in body and "MOVER-Wilson" in body and "nan" not in body
+    assert main(["bench", nan_model, "--pairs", path, "--n-boot", "20", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out, parse_constant=lambda token: pytest.fail(f"{token} is not JSON"))
+    right = margin(rl.load(nan_model).score(pairs)) > 0
+    assert got["excluded"] == ["p3", "p5"] and got["counted_items"] == 4
+    assert [(s["subset"], s["n"], s["correct"]) for s in got["subsets"]] == [
+        ("alpacaeval-easy", 2, int(right[[0, 1]].sum())), ("mt-bench-easy", 2, int(right[[3, 5]].sum()))]

@@ -9,12 +9,12 @@ import numpy as np
 
 from ..data import Pair, margin
 from ..errors import DataError
-from ..model import RewardModel
+from ..model import RewardModel, dtype_name, score_pairs
 from ..stats import wilson
-from ._items import Items, SubsetLayout, checksum, correct, items, layout
+from ._items import Items, SubsetLayout, checksum, correct, counted, items, layout
 from ._result import Bench, SubsetScore
 from ._sections import RB2, RB2_SUBSETS, SECTION_OF
-from ._stats import ALL_ITEMS, interval, picks, scores, subset_key, support
+from ._stats import intervals, scores, support
 
 
 def bench(model: RewardModel, pairs: Sequence[Pair], *, against: RewardModel | None = None, batch_size: int = 16,
@@ -32,13 +32,20 @@ def bench(model: RewardModel, pairs: Sequence[Pair], *, against: RewardModel | N
     (Chat, Chat Hard, Safety, Reasoning) as `Σ n_s a_s / Σ n_s` over its subsets, where math-prm
     weighs as much as all hep-* code subsets together; the overall score, the mean of the sections
     present; RewardBench 2's score, the unweighted mean of its subsets' best-of-N accuracies; and the
-    accuracy over all items. Section and overall intervals come from `n_boot` bootstrap draws of
-    the items within each subset (seeded by `seed`), at `level`. The weighting is documented with
-    its sources in `rewardlens.bench._sections`.
+    accuracy over all items. Subsets and all items get Wilson intervals; section, overall and
+    RewardBench 2 scores the MOVER-Wilson interval of their weighted sum of subset accuracies
+    (`INTERVALS`), at `level`. The weighting is documented with its sources in
+    `rewardlens.bench._sections`.
+
+    Non-finite numbers: an item with a NaN or infinite reward on any of its pairs is left out of
+    every count (never a loss) and its pairs are named (`Bench.excluded`); no finite pair at all
+    raises `NonFiniteError`. Every counted margin exactly 0 on more than one pair warns and sets
+    `Bench.saturated` (`rewardlens.model.score_pairs`).
 
     `against`: a second model scored on the same pairs; the result's `comparison` holds every
-    score's difference (model − against) with its paired bootstrap interval and the two-sided
-    p-value of a paired randomization test over items (`Bench.compare`, `BenchComparison`).
+    score's difference (model − against) over the items both count, with its paired bootstrap
+    interval (`n_boot` draws within subsets, seeded by `seed`) and the two-sided p-value of a paired
+    randomization test over items (`Bench.compare`, `BenchComparison`).
 
     Raises `DataError` for pairs that cannot be counted (a group split apart or mixing prompts, a
     subset mixing pairs and groups, RewardBench 2's Ties subset).
@@ -59,25 +66,26 @@ def bench(model: RewardModel, pairs: Sequence[Pair], *, against: RewardModel | N
 def _run(model: RewardModel, pairs: list[Pair], found: Items, batch_size: int, n_boot: int, seed: int,
          level: float) -> Bench:
     reward = model.score(pairs, batch_size=batch_size)
-    right = correct(found, margin(reward))
-    lay = layout(found.subsets, found.grouped)
-    estimates = {k: float(v) for k, v in scores(right, lay).items()}
+    ids = tuple(p.id if p.id is not None else str(i) for i, p in enumerate(pairs))
+    finite, acc = score_pairs(reward, ids, dtype=dtype_name(model))  # raises when no pair is finite
+    keep = counted(found, finite.finite)
+    right = correct(found, margin(reward)) & keep
+    lay = layout(found.subsets, found.grouped, keep)
+    kept = right[keep]
+    estimates = {k: float(v) for k, v in scores(kept, lay).items()}
     keys = list(estimates)
-    n = dict(zip(keys, support(lay, keys).tolist()))
-    draws = scores(right, lay, picks(lay, n_boot, seed))
-    wins = {subset_key(s): int(right[ix].sum()) for s, ix in zip(lay.subsets, lay.index)}
-    wins[("score", ALL_ITEMS)] = int(right.sum())
-    intervals = {k: wilson(wins[k], n[k], level) if k in wins else interval(draws[k], n[k], level) for k in keys}
     return Bench(
-        model=repr(model), pair_ids=tuple(p.id if p.id is not None else str(i) for i, p in enumerate(pairs)),
-        reward=reward, item_of_pair=found.of_pair, item_ids=found.ids, item_subsets=found.subsets,
-        grouped=found.grouped, correct=right, subsets=_subsets(lay, found, right, level), estimates=estimates,
-        intervals=intervals, support=n, checksum=checksum(pairs), n_boot=n_boot, seed=seed, level=level)
+        model=repr(model), pair_ids=ids, reward=reward, item_of_pair=found.of_pair, item_ids=found.ids,
+        item_subsets=found.subsets, grouped=found.grouped, correct=right, counted=keep,
+        excluded=finite.excluded, saturated=acc.saturated, notes=acc.notes,
+        subsets=_subsets(lay, found.size[keep], kept, level), estimates=estimates,
+        intervals=intervals(kept, lay, keys, level), support=dict(zip(keys, support(lay, keys).tolist())),
+        checksum=checksum(pairs), n_boot=n_boot, seed=seed, level=level)
 
 
-def _subsets(lay: SubsetLayout, found: Items, right: np.ndarray, level: float) -> tuple[SubsetScore, ...]:
+def _subsets(lay: SubsetLayout, size: np.ndarray, right: np.ndarray, level: float) -> tuple[SubsetScore, ...]:
+    """One score per subset of the counted items: `size` [k] pairs per item, `right` [k] per item."""
     out = []
-    size = found.size
     for subset, ix, grouped in zip(lay.subsets, lay.index, lay.grouped):
         section = (RB2 if subset in RB2_SUBSETS else None) if grouped else SECTION_OF.get(subset or "")
         weight = float("nan")

@@ -116,8 +116,12 @@ def _one_rule_per_subset(found: Items) -> None:
                         f"subset names.")
 
 
-def layout(subsets: Sequence[str | None], grouped: np.ndarray) -> SubsetLayout:
-    """Items grouped by subset, and the RewardBench 1 section weights of their counts."""
+def layout(subsets: Sequence[str | None], grouped: np.ndarray, keep: np.ndarray | None = None) -> SubsetLayout:
+    """Items grouped by subset, and the RewardBench 1 section weights of their counts; with `keep` [m]
+    (bool), of the kept items only, renumbered 0..k-1 in their order (the counted items)."""
+    if keep is not None:
+        subsets = [s for s, ok in zip(subsets, np.asarray(keep, dtype=bool).tolist()) if ok]
+        grouped = np.asarray(grouped)[keep]
     order = list(dict.fromkeys(subsets))
     keys = np.array([order.index(s) for s in subsets], dtype=np.int64)
     index = tuple(np.flatnonzero(keys == k) for k in range(len(order)))
@@ -130,6 +134,14 @@ def correct(found: Items, margin: np.ndarray) -> np.ndarray:
     """Whether each item is right [m] from the pairs' chosen − rejected margins [n] (ties: module docstring)."""
     worst = np.minimum.reduceat(np.asarray(margin, dtype=np.float64), found.starts)
     return np.where(found.grouped, worst >= 0, worst > 0)
+
+
+def counted(found: Items, finite: np.ndarray) -> np.ndarray:
+    """Whether each item is counted [m]: every one of its pairs has finite rewards (`finite` [n]). A
+    group with one NaN reward has no best-of-N answer, so the whole item is left out, not scored wrong."""
+    if not len(found.ids):
+        return np.zeros(0, dtype=bool)
+    return np.logical_and.reduceat(np.asarray(finite, dtype=bool), found.starts)
 
 
 def checksum(pairs: Sequence[Pair]) -> str:

@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..data import margin
-from ..errors import DataError
+from ..errors import DataError, NonFiniteError
+from ..stats import json_ready
 from ._items import layout
 from ._sections import OVERALL, RB2, SECTIONS
 from ._stats import ALL_ITEMS, Key, coefficients, interval, picks, scores, sign_flip, support
@@ -22,6 +23,9 @@ if TYPE_CHECKING:
 TIES_RULE = ("RewardBench 1 pairs: right when chosen > rejected (a margin of exactly 0 is wrong); "
              "RewardBench 2 groups: right when the chosen reward is >= every rejected one (a tie is right)")
 """How a margin of exactly 0 counts (as RewardBench counts it; see `rewardlens.bench`)."""
+INTERVALS = ("subsets and all items: Wilson; sections, overall and RewardBench 2: MOVER-Wilson, the subsets' "
+             "Wilson intervals combined with the weights the score gives them (Zou & Donner 2008)")
+"""How one model's intervals are made (`rewardlens.bench._stats`); a comparison's come from a paired bootstrap."""
 
 
 @dataclass(frozen=True)
@@ -77,12 +81,11 @@ class BenchComparison:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready (NaN becomes None)."""
-        rows = [{"level": k[0], "name": k[1], "n": int(n), "a": _num(a), "b": _num(b), "difference": _num(d),
-                 "ci": [_num(lo), _num(hi)], "p_value": _num(p)}
+        rows = [{"level": k[0], "name": k[1], "n": n, "a": a, "b": b, "difference": d, "ci": [lo, hi], "p_value": p}
                 for k, n, a, b, d, lo, hi, p in zip(self.keys, self.n, self.a, self.b, self.difference, self.ci_low,
                                                     self.ci_high, self.p_value)]
-        return {"models": list(self.models), "n_boot": self.n_boot, "seed": self.seed, "level": self.level,
-                "scores": rows}
+        return json_ready({"models": list(self.models), "n_boot": self.n_boot, "seed": self.seed,
+                           "level": self.level, "scores": rows})
 
     def plot(self, ax: Axes | None = None) -> Figure:
         """The difference a − b of every score with its interval (subsets, sections, scores); into `ax`
@@ -109,9 +112,14 @@ class Bench:
     accuracy with its Wilson interval. `estimates[(level, name)]` is every score: each subset,
     each RewardBench section present (`section`), and (`score`) `overall` (the mean of the sections
     present; RewardBench's overall once all four are), `RewardBench 2` (the mean of its subsets
-    present) and `all items` (the plain accuracy over items); `intervals` their intervals (Wilson
-    for subsets and all items, the stratified bootstrap over items otherwise, NaN from fewer than
-    two items) and `support` the items behind each. Accuracies are fractions in [0, 1].
+    present) and `all items` (the plain accuracy over items); `intervals` their intervals
+    (`INTERVALS`: Wilson for subsets and all items, MOVER-Wilson for the weighted scores) and
+    `support` the items behind each. Accuracies are fractions in [0, 1].
+
+    Every score counts only the items with `counted` [m] True: an item with a NaN or infinite
+    reward on any pair is left out (never a loss); `excluded` names those pairs. `saturated`: every
+    counted margin is exactly 0 on more than one pair (`rewardlens.model.SATURATED`). `notes` says
+    both in words, for tables.
     """
 
     model: str
@@ -122,6 +130,10 @@ class Bench:
     item_subsets: tuple[str | None, ...]
     grouped: np.ndarray
     correct: np.ndarray
+    counted: np.ndarray
+    excluded: tuple[str, ...]
+    saturated: bool
+    notes: tuple[str, ...]
     subsets: tuple[SubsetScore, ...]
     estimates: Mapping[Key, float]
     intervals: Mapping[Key, tuple[float, float]]
@@ -159,7 +171,7 @@ class Bench:
 
     @property
     def accuracy(self) -> float:
-        """The share of items right, over every item."""
+        """The share of items right, over every counted item."""
         return self.estimates[("score", ALL_ITEMS)]
 
     def compare(self, other: Bench, *, n_boot: int | None = None, seed: int | None = None,
@@ -167,24 +179,30 @@ class Bench:
         """Every score's difference self − other on the same items: paired bootstrap interval, sign-flip p-value.
 
         Both must have scored the same pairs (same text, subsets and groups, in the same order);
-        `n_boot`, `seed` and `level` default to this result's."""
+        `n_boot`, `seed` and `level` default to this result's. Only the items both count (finite
+        rewards in both) enter, so `a` and `b` are each model's scores over those items."""
         if other.checksum != self.checksum:
             raise DataError(f"the two results scored different pairs (checksums {self.checksum} and "
                             f"{other.checksum}); a paired comparison needs the same items. Fix: bench both models "
                             f"on the same pairs, e.g. bench(model, pairs, against=other_model).")
         n_boot, seed = n_boot or self.n_boot, self.seed if seed is None else seed
         level = self.level if level is None else level
-        lay = layout(self.item_subsets, self.grouped)
-        keys = [k for k, v in self.estimates.items() if np.isfinite(v)]
+        keep = self.counted & other.counted
+        if not keep.any():
+            raise NonFiniteError("the two models count no item in common (each item has a non-finite reward in one "
+                                 "of them), so there is nothing to compare; check both models' weights, or load "
+                                 "them in float32 (dtype='float32')")
+        lay = layout(self.item_subsets, self.grouped, keep)
+        ca, cb = self.correct[keep], other.correct[keep]
+        ea, eb = scores(ca, lay), scores(cb, lay)
+        keys = [k for k, v in ea.items() if np.isfinite(v)]
         draws = picks(lay, n_boot, seed)
-        da, db = scores(self.correct, lay, draws), scores(other.correct, lay, draws)
+        da, db = scores(ca, lay, draws), scores(cb, lay, draws)
         n = support(lay, keys)
         diff = [da[k] - db[k] for k in keys]
         ci = np.array([interval(d, m, level) for d, m in zip(diff, n)]).reshape(-1, 2)
-        a = np.array([self.estimates[k] for k in keys])
-        b = np.array([other.estimates[k] for k in keys])
-        p = sign_flip(self.correct.astype(float) - other.correct.astype(float), coefficients(lay, keys), n, n_boot,
-                      seed)
+        a, b = (np.array([float(e[k]) for k in keys]) for e in (ea, eb))
+        p = sign_flip(ca.astype(float) - cb.astype(float), coefficients(lay, keys), n, n_boot, seed)
         return BenchComparison((self.model, other.model), tuple(keys), n, a, b, a - b, ci[:, 0], ci[:, 1], p,
                                n_boot, seed, level)
 
@@ -205,7 +223,7 @@ class Bench:
                              for k, v in self.estimates.items()])
 
     def pair_frame(self) -> pd.DataFrame:
-        """One row per pair: id, item, subset, chosen and rejected reward, margin."""
+        """One row per pair: id, item, subset, chosen and rejected reward, margin, counted (its item is)."""
         import pandas as pd
 
         from ..data import chosen, rejected
@@ -213,27 +231,28 @@ class Bench:
         item = self.item_of_pair
         return pd.DataFrame({"pair": self.pair_ids, "item": [self.item_ids[i] for i in item],
                              "subset": [self.item_subsets[i] for i in item], "chosen": chosen(self.reward),
-                             "rejected": rejected(self.reward), "margin": self.margin})
+                             "rejected": rejected(self.reward), "margin": self.margin,
+                             "counted": self.counted[item]})
 
     def to_dict(self) -> dict[str, Any]:
         """Every number as a JSON-ready dict (NaN becomes None)."""
         def entry(k: Key) -> dict[str, Any]:
-            lo, hi = self.intervals[k]
-            return {"value": _num(self.estimates[k]), "ci": [_num(lo), _num(hi)], "n": int(self.support[k])}
+            return {"value": self.estimates[k], "ci": list(self.intervals[k]), "n": int(self.support[k])}
 
-        return {
+        return json_ready({
             "model": self.model, "n_pairs": len(self.pair_ids), "n_items": len(self.item_ids),
-            "checksum": self.checksum, "ties": TIES_RULE,
+            "checksum": self.checksum, "ties": TIES_RULE, "intervals": INTERVALS,
+            "counted_items": int(self.counted.sum()), "excluded": list(self.excluded), "saturated": self.saturated,
+            "notes": list(self.notes),
             "subsets": [{"subset": s.subset, "section": s.section, "kind": s.kind, "n": s.n, "correct": s.correct,
-                         "accuracy": _num(s.accuracy), "ci": [_num(s.ci[0]), _num(s.ci[1])],
-                         "weight": _num(s.weight)} for s in self.subsets],
+                         "accuracy": s.accuracy, "ci": list(s.ci), "weight": s.weight} for s in self.subsets],
             "sections": {name: entry(("section", name)) for name in self.sections},
             "missing_sections": list(self.missing_sections),
             "overall": entry(("score", OVERALL)), "rewardbench2": entry(("score", RB2)),
             "accuracy": entry(("score", ALL_ITEMS)),
             "bootstrap": {"n_boot": self.n_boot, "seed": self.seed, "level": self.level},
             "comparison": None if self.comparison is None else self.comparison.to_dict(),
-        }
+        })
 
     def plot(self, ax: Sequence[Axes] | None = None) -> Figure:
         """Per-subset accuracy with Wilson intervals (left, coloured by section) and the section,
@@ -257,7 +276,3 @@ class Bench:
         axes[1].set_yticks(yk, [k[1] for k in keys], fontsize=8)
         axes[1].set(xlim=(-0.02, 1.02), xlabel="score", title="sections and scores")
         return finish(axes[0], made)
-
-
-def _num(x: float) -> float | None:
-    return float(x) if np.isfinite(x) else None

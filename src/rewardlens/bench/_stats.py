@@ -5,10 +5,17 @@ Scores, keyed `(level, name)`: each subset's accuracy (`"subset"`), each RewardB
 the sections present), the RewardBench 2 score (mean of its subsets present) and the accuracy over
 all items. Every one of them is linear in the items' correctness: `score = Σ_i c_i x_i`.
 
-The bootstrap resamples items **within each subset** (the benchmark's subsets are fixed strata, so
-every draw keeps the counts and with them the weights), `B` times, seeded; a comparison of two
-models uses the same draws for both (paired), and its interval is the percentile interval of the
-difference a − b. The bootstrap cannot see variation its few items do not show: two items that
+One model's intervals (`intervals`): Wilson for a subset's accuracy and for the accuracy over all
+items (proportions); every other score is a weighted sum of subset accuracies, `Σ_s c_s a_s`, and
+gets the MOVER-Wilson interval of that sum (`stats.wilson_sum`: the subsets' Wilson intervals
+recovered with the same weights `c_s`). A bootstrap within subsets would collapse to a point
+whenever every subset is all right or all wrong (`Chat 0.375 [0.375, 0.375]` on 8 items); a
+Wilson interval has width at 0 and at n right, so these cannot.
+
+A comparison of two models resamples items **within each subset** (the benchmark's subsets are
+fixed strata, so every draw keeps the counts and with them the weights), `B` times, seeded, with
+the same draws for both (paired); its interval is the percentile interval of the difference
+a − b. The bootstrap cannot see variation its few items do not show: two items that
 both favour one model give the interval [d, d] at any level. So the p-value comes from the paired
 randomization (sign-flip) test instead: under "the two models are exchangeable" each item's
 difference `d_i = a_i − b_i` is as likely to have the other sign, and `p = P(|Σ c_i ε_i d_i| ≥
@@ -22,6 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..stats import wilson, wilson_sum
 from ._items import NO_SUBSET, SubsetLayout
 from ._sections import OVERALL, RB2, RB2_SUBSETS, SECTIONS, overall, rb2_score, section_scores
 
@@ -69,6 +77,20 @@ def combine(acc: dict[str | None, np.ndarray], lay: SubsetLayout) -> dict[Key, n
     counts = [len(ix) for ix in lay.index]
     out[("score", ALL_ITEMS)] = np.asarray(sum(n * a for n, a in zip(counts, acc.values())) / sum(counts))
     return out
+
+
+def intervals(correct: np.ndarray, lay: SubsetLayout, keys: list[Key], level: float) -> dict[Key, tuple[float, float]]:
+    """Each score's interval at `level` from per-item correctness [m] (module docstring): Wilson for
+    subsets and all items, MOVER-Wilson over the subsets' Wilson intervals for the weighted scores."""
+    c = np.asarray(correct, dtype=bool)
+    wins = np.array([int(c[ix].sum()) for ix in lay.index])
+    n = np.array([len(ix) for ix in lay.index])
+    coef = coefficients(lay, keys)  # [K, m]: a subset's weight is spread evenly over its items
+    per_subset = np.stack([coef[:, ix].sum(1) for ix in lay.index], axis=1) if lay.index else coef[:, :0]
+    own = {subset_key(s): (int(w), int(k)) for s, w, k in zip(lay.subsets, wins, n)}
+    own[("score", ALL_ITEMS)] = (int(wins.sum()), int(n.sum()))
+    return {k: wilson(*own[k], level) if k in own else wilson_sum(wins, n, row, level)
+            for k, row in zip(keys, per_subset)}
 
 
 def support(lay: SubsetLayout, keys: list[Key]) -> np.ndarray:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+import math
 from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any, NoReturn
@@ -22,6 +23,7 @@ from typing import Any, NoReturn
 import torch
 from torch import Tensor, nn
 
+from ..data import part
 from ..model import RewardModel, TraceKey
 from ..model.internal import OOM_ERRORS, Batch, Point, Tokenized, capture, collate, each_batch, eval_mode, first_output
 from ._engine import Declined, Overwrite, Site, final_point, head_slice, patched, take_values
@@ -115,13 +117,16 @@ def cached_read_sweep(
         final = captured[TraceKey.final()]
         clean[rows] = (model.head(model.final_hidden(final)) * coef[rows]).sum(-1)
         width = batch.input_ids.shape[1]
-        for first_layer, group in sorted(groups.items()):
+        for done, (first_layer, group) in enumerate(sorted(groups.items())):
+            part(done, len(groups))
             got = _group(model, batch, at, width, cache, name, captured, first_layer, [sweep[s] for s in group],
                          values, rows, coef[rows], dtype)
             if got is None:
                 raise Declined
             proof, patched_rewards = got
             tol = 1e-4 * float(final.abs().max())
+            if not math.isfinite(tol):  # a non-finite clean run proves nothing: the full engine says it in NaN
+                raise Declined
             if not torch.allclose(proof, final[:, None].expand_as(proof), rtol=1e-3, atol=tol):
                 raise Declined
             rewards[rows[:, None], torch.tensor(group)[None]] = patched_rewards

@@ -7,13 +7,12 @@ instruments are imported only once they are all good (inside each command's run 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Sequence
 
 from ..errors import RewardLensError
 from . import audit, base, bench, causal, compare, concepts, conflict, edit, monitor, organisms, probes, sae, tokens
-from ._common import Command, Interrupted, as_flags, check_common, command_line
+from ._common import Command, Interrupted, as_flags, check_common, command_line, print_json
 
 # Each module owns its commands; the order here is the order of `rewardlens -h`.
 _MODULES = (base, tokens, audit, bench, causal, probes, compare, concepts, conflict, edit, sae, organisms, monitor)
@@ -34,6 +33,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def one_line(message: str) -> str:
+    """`message` as one line of stderr: a line break it quotes (a path typed with one) is shown escaped."""
+    return message.replace("\r", "\\r").replace("\n", "\\n")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command (`argv`, default `sys.argv[1:]`) and return its exit code: 2 for bad input (one line
     naming it), 130 on Ctrl-C, else the command's own."""
@@ -46,13 +50,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         command.check(args)
         result = command.run(args)
     except (RewardLensError, OSError, ValueError) as exc:
-        print(f"rewardlens: error: {as_flags(str(exc))}", file=sys.stderr)  # the fix in flags, not keywords
+        print(f"rewardlens: error: {one_line(as_flags(str(exc)))}", file=sys.stderr)  # the fix in flags
         return 2
     except KeyboardInterrupt as exc:
         print(str(exc) if isinstance(exc, Interrupted) else "rewardlens: interrupted", file=sys.stderr)
         return 130
     if args.json:
-        print(json.dumps(result, indent=2))
+        print_json(result)  # strict JSON: NaN and inf as null
     else:
         command.show(result)
     return command.exit_code(result)

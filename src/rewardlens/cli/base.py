@@ -10,6 +10,7 @@ from ._common import (
     Command,
     add_model_options,
     add_pairs_options,
+    finite,
     fraction,
     load_model,
     pair_id,
@@ -24,18 +25,22 @@ if TYPE_CHECKING:
 
 
 def _score(model: RewardModel, pairs: list[Pair], args: argparse.Namespace) -> dict[str, Any]:
-    import numpy as np
-
+    """Each pair's rewards and the pair accuracy over the pairs with finite rewards (`score_pairs`: the
+    others are named, never counted as losses; none finite is an error)."""
     from ..data import chosen, rejected
+    from ..model import dtype_name, score_pairs
 
     rewards = model.score(pairs, batch_size=args.batch_size)
+    ids = [pair_id(p, i) for i, p in enumerate(pairs)]
+    counted, acc = score_pairs(rewards, ids, dtype=dtype_name(model))
     good, bad = chosen(rewards), rejected(rewards)
     return {
         "pairs": [
-            {"id": pair_id(p, i), "chosen": float(c), "rejected": float(r), "margin": float(c - r)}
-            for i, (p, c, r) in enumerate(zip(pairs, good, bad))
+            {"id": pid, "chosen": finite(c), "rejected": finite(r), "margin": finite(c - r), "counted": bool(ok)}
+            for pid, c, r, ok in zip(ids, good, bad, counted.finite.tolist())
         ],
-        "accuracy": float(np.mean(good > bad)),
+        **{k: acc.to_dict()[k] for k in ("accuracy", "correct", "excluded", "saturated", "notes")},
+        "counted": acc.n, "line": acc.line(),
     }
 
 
@@ -83,9 +88,13 @@ def _attribute(model: RewardModel, pairs: list[Pair], args: argparse.Namespace) 
 
 
 def _show_score(result: dict[str, Any]) -> None:
-    rows = [(p["id"], p["chosen"], p["rejected"], p["margin"]) for p in result["pairs"]]
-    print(table(["pair", "chosen", "rejected", "margin"], rows))
-    print(f"\npair accuracy: {result['accuracy']:.3f} over {len(rows)} pairs")
+    # NaN and inf are None in the result (JSON's null); a pair left out of the accuracy says so in its row.
+    cell = lambda x: "non-finite" if x is None else x  # noqa: E731
+    marked = bool(result["excluded"])  # the extra column only when a pair was left out
+    rows = [[p["id"], cell(p["chosen"]), cell(p["rejected"]), cell(p["margin"]),
+             *(["" if p["counted"] else "excluded"] if marked else [])] for p in result["pairs"]]
+    print(table(["pair", "chosen", "rejected", "margin", *(["accuracy"] if marked else [])], rows))
+    print(f"\n{result['line']}")
 
 
 def _show_lens(result: dict[str, Any]) -> None:

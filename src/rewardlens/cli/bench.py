@@ -13,7 +13,8 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     add_pairs_options(p)
     p.add_argument("--against", metavar="MODEL2", default=None,
                    help="a second model (folder or hub id, loaded with the same options): paired differences")
-    p.add_argument("--n-boot", type=positive(int), default=2000, help="bootstrap resamples for section intervals")
+    p.add_argument("--n-boot", type=positive(int), default=2000,
+                   help="with --against: paired bootstrap resamples for the differences' intervals")
     p.add_argument("--seed", type=int, default=0)
 
 
@@ -45,13 +46,21 @@ def _ci(ci: list[float | None]) -> str:
 def _show(result: dict[str, Any]) -> None:
     print(f"model: {result['paths']['model']}  {result['model']}")
     print(f"{result['n_pairs']} pairs, {result['n_items']} items (a RewardBench 2 group counts once)\n")
+    for note in result["notes"]:  # pairs left out of every count (non-finite rewards), a saturated model
+        print(f"note: {note}")
+    if result["counted_items"] < result["n_items"]:
+        print(f"every score below counts {result['counted_items']} of {result['n_items']} items: an item with a "
+              "non-finite reward on any of its pairs is left out, never counted wrong\n")
+    elif result["notes"]:
+        print()
     rows = [(s["subset"] or "-", s["kind"], s["n"], s["correct"], _pct(s["accuracy"]), _ci(s["ci"]),
              s["section"] or "-", "-" if s["weight"] is None else f"{s['weight']:.3f}") for s in result["subsets"]]
     print(table(["subset", "kind", "n", "right", "accuracy", "95% Wilson CI", "section", "weight"], rows))
     level = f"{result['bootstrap']['level']:.0%}"
     if result["sections"]:
         print("\nRewardBench sections: subset accuracies weighted by example counts (math-prm weighs as much as "
-              f"all hep-* together); {level} CIs from a bootstrap over items within subsets")
+              f"all hep-* together); {level} CIs: MOVER-Wilson, the subsets' Wilson intervals combined with the "
+              "section's weights")
         print(table(["section", "score", f"{level} CI", "n"],
                     [(k, _pct(v["value"]), _ci(v["ci"]), v["n"]) for k, v in result["sections"].items()]))
         missing = result["missing_sections"]
@@ -64,8 +73,11 @@ def _show(result: dict[str, Any]) -> None:
         rb2 = result["rewardbench2"]
         print(f"RewardBench 2 (mean best-of-N accuracy of its subsets): {_pct(rb2['value'])} {_ci(rb2['ci'])}")
     acc = result["accuracy"]
-    print(f"accuracy over all {acc['n']} items: {_pct(acc['value'])} {_ci(acc['ci'])} (Wilson)")
+    over = f"all {acc['n']}" if acc["n"] == result["n_items"] else f"{acc['n']} of {result['n_items']}"
+    print(f"accuracy over {over} items: {_pct(acc['value'])} {_ci(acc['ci'])} (Wilson)"
+          + "".join(f"; {note}" for note in result["notes"]))
     print(f"ties: {result['ties']}")
+    print(f"intervals: {result['intervals']}")
     if result["comparison"] is not None:
         _show_comparison(result)
 

@@ -3,6 +3,8 @@ statistic differ by subset (`Pair.subset`, e.g. RewardBench's `chat`, `math-prm`
 
 Accuracy carries a Wilson interval (`stats.wilson`: a proportion over a few dozen pairs), the seed
 statistic a percentile bootstrap over the subset's pairs, depth its median and interquartile range.
+Every number counts only the pairs whose reward and parts are finite (`counted`,
+`rewardlens.model.finite_pairs`); the others are named, never counted as losses.
 Pairs without a subset, among pairs that have one, form their own group `NO_SUBSET`; when no pair
 has a subset there are no groups (`labels` is None) and the report says so in one line.
 """
@@ -14,7 +16,8 @@ from typing import Any
 import numpy as np
 
 from ...data import margin
-from ...stats import bootstrap_ci, wilson
+from ...model import FinitePairs, finite_pairs, pair_accuracy
+from ...stats import bootstrap_ci
 from ...types import LensKind
 from .._runner import Audit
 
@@ -44,11 +47,20 @@ def groups(audit: Audit) -> dict[str, np.ndarray] | None:
     return {name: arr == name for name in order}
 
 
-def accuracy(margins: np.ndarray, level: float = LEVEL) -> dict[str, Any]:
-    """Share of pairs with chosen > rejected [n], with its Wilson interval (NaN with no pairs)."""
-    n, correct = int(len(margins)), int(np.sum(margins > 0))
-    lo, hi = wilson(correct, n, level)
-    return {"n": n, "correct": correct, "accuracy": correct / n if n else float("nan"), "lo": lo, "hi": hi}
+def parts(audit: Audit) -> tuple[np.ndarray, ...]:
+    """What must be finite, besides both rewards, for a pair to be counted: its parts at both levels [2n, P]."""
+    return audit.sublayers.values, audit.heads.values
+
+
+def counted(audit: Audit) -> FinitePairs:
+    """The pairs the audit's numbers count: finite rewards and parts. Raises `NonFiniteError` when none is."""
+    return finite_pairs(audit.lens.reward, [str(i) for i in audit.pair_ids], parts=parts(audit))
+
+
+def accuracy(margins: np.ndarray, pairs: FinitePairs, level: float = LEVEL) -> dict[str, Any]:
+    """Share of the finite pairs with chosen > rejected [n] (`pair_accuracy`), with its Wilson interval
+    (NaN over no pairs): n (counted), total, correct, ties, accuracy, lo, hi, excluded, saturated, notes."""
+    return pair_accuracy(margins, pairs, level).to_dict()
 
 
 def spread(depth: np.ndarray) -> dict[str, Any]:
@@ -62,9 +74,9 @@ def spread(depth: np.ndarray) -> dict[str, Any]:
 
 
 def top_parts(audit: Audit, k: int = TOP_PARTS) -> list[int]:
-    """Indices into `faithfulness.names` of the `k` parts with the largest mean |total effect| over all
-    pairs (`Faithfulness.top`, the rule every table of top parts uses)."""
-    return audit.faithfulness.top(k)
+    """Indices into `faithfulness.names` of the `k` parts with the largest mean |total effect| over the counted
+    pairs (`Faithfulness.top`, the rule every table of top parts uses; `counted`)."""
+    return audit.faithfulness.top(k, rows=counted(audit).finite)
 
 
 def seed_statistic(audit: Audit, mask: np.ndarray) -> dict[str, Any]:
@@ -86,15 +98,21 @@ def subsets(audit: Audit) -> dict[str, Any] | None:
     depth = {kind: audit.lens.crystallization(kind, audit.fraction) for kind in KINDS}
     f = audit.faithfulness
     top = top_parts(audit)
+    pairs = counted(audit)
+    used = {s: mask & pairs.finite for s, mask in masks.items()}  # a non-finite pair enters no statistic
     return {
         "names": list(masks), "level": LEVEL,
-        "accuracy": {s: accuracy(m[mask]) for s, mask in masks.items()},
-        "crystallization": {s: {kind: spread(depth[kind][mask]) for kind in KINDS} for s, mask in masks.items()},
+        "accuracy": {s: accuracy(m[mask], pairs.take(mask)) for s, mask in masks.items()},
+        "crystallization": {s: {kind: spread(depth[kind][mask]) for kind in KINDS} for s, mask in used.items()},
         "top_parts": {"parts": [f.names[i] for i in top],
-                      "mean_total_effect": {s: [float(v) for v in f.total[mask][:, top].mean(0)]
-                                            for s, mask in masks.items()}},
-        "seed_statistic": {s: seed_statistic(audit, mask) for s, mask in masks.items()},
+                      "mean_total_effect": {s: _mean_rows(f.total[mask][:, top]) for s, mask in used.items()}},
+        "seed_statistic": {s: seed_statistic(audit, mask) for s, mask in used.items()},
     }
+
+
+def _mean_rows(values: np.ndarray) -> list[float]:
+    """Column means of `values` [k, P]; NaN for every column when no pair is left (k = 0)."""
+    return [float(v) for v in values.mean(0)] if len(values) else [float("nan")] * values.shape[1]
 
 
 def subsets_frame(audit: Audit) -> Any:

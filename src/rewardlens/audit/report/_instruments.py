@@ -13,7 +13,7 @@ import numpy as np
 
 from .._runner import Audit
 from .._whole import TOKEN_PAIRS, shown_pairs
-from ._groups import TOP_PARTS, top_parts
+from ._groups import TOP_PARTS, counted, top_parts
 from ._schema import TopPart
 
 """The token section shows at most this many pairs: those with the largest |margin|."""
@@ -37,10 +37,10 @@ def estimands(audit: Audit) -> list[dict[str, Any]]:
 def top_parts_table(audit: Audit, k: int = TOP_PARTS) -> list[TopPart]:
     """The `k` top parts (`Faithfulness.top`: mean |total effect|, noising at the read positions), each
     with its mean exact attribution, total, direct and indirect effect, and its patched runs out of the
-    natural distribution (None when divergence was not run)."""
-    f, d = audit.faithfulness, audit.divergence
+    natural distribution (None when divergence was not run). Means are over the counted pairs (`counted`)."""
+    f, d, ok = audit.faithfulness, audit.divergence, counted(audit).finite
     flagged = {} if d is None else dict(zip(d.names, d.flagged.sum(0).tolist()))
-    att, total, direct = f.attribution.mean(0), f.total.mean(0), f.direct.mean(0)
+    att, total, direct = f.attribution[ok].mean(0), f.total[ok].mean(0), f.direct[ok].mean(0)
     return [{"part": f.names[i], "attribution": float(att[i]), "total_effect": float(total[i]),
              "direct_effect": float(direct[i]), "indirect_effect": float(total[i] - direct[i]),
              "out_of_distribution_runs": flagged.get(f.names[i])} for i in f.top(k)]

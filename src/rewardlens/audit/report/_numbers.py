@@ -9,8 +9,6 @@ faithfulness and concept summaries, probe items).
 
 from __future__ import annotations
 
-import json
-import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,9 +16,11 @@ import numpy as np
 
 from ...data import chosen, margin, pair_of, rejected
 from ...errors import RewardLensError
+from ...model import score_pairs
+from ...stats import json_ready, to_json
 from .._runner import Audit
 from . import _instruments as more
-from ._groups import TOP_PARTS, accuracy, labels, spread, subsets, subsets_frame
+from ._groups import TOP_PARTS, counted, labels, parts, spread, subsets, subsets_frame
 from ._schema import AuditSummary, FaithfulnessSummary, Interval
 from ._steps import steps_summary
 
@@ -54,6 +54,13 @@ def _median(x: np.ndarray) -> float:
     return float(np.median(finite)) if len(finite) else float("nan")
 
 
+def _largest(x: np.ndarray) -> float:
+    """max |x| over the finite entries (NaN when none is): a pair left out for NaN parts has no closure."""
+    finite = np.abs(np.asarray(x, dtype=np.float64))
+    finite = finite[np.isfinite(finite)]
+    return float(finite.max()) if len(finite) else float("nan")
+
+
 def margins(audit: Audit) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(chosen reward, rejected reward, chosen − rejected margin), each [n_pairs], in reward units."""
     reward = np.asarray(audit.lens.reward, dtype=np.float64)
@@ -62,20 +69,26 @@ def margins(audit: Audit) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 def summary(audit: Audit, top: int = TOP_PARTS) -> AuditSummary:
     """Every headline number of the audit (plain Python values; NaN where undefined): the one dict the
-    page, `numbers.json` and `rewardlens audit` show. `top`: how many parts `top_parts` lists."""
+    page, `numbers.json` and `rewardlens audit` show. `top`: how many parts `top_parts` lists.
+
+    Scores count only the pairs whose rewards and parts are finite (`rewardlens.model.score_pairs`):
+    the others are named in `scores` (`excluded`, `notes`), never counted as losses; raises
+    `NonFiniteError` when no pair is finite, and warns when every counted margin is exactly 0."""
     from ..._version import __version__
 
     check(audit)
     chosen, rejected, margin = margins(audit)
+    kept, acc = score_pairs(audit.lens.reward, [str(i) for i in audit.pair_ids], parts=parts(audit))
+    ok = kept.finite
     lens = audit.lens
     crystal = {kind: lens.crystallization(kind, audit.fraction) for kind in ("linear", "normed")}
     closure = {
-        "sublayers": float(np.max(np.abs(audit.sublayers.residual_error))),
-        "heads": float(np.max(np.abs(audit.heads.residual_error))),
-        "lens_final": float(np.max(np.abs(lens.linear[:, -1] - lens.reward))),
+        "sublayers": _largest(audit.sublayers.residual_error),
+        "heads": _largest(audit.heads.residual_error),
+        "lens_final": _largest(lens.linear[:, -1] - lens.reward),
     }
     if audit.features is not None:
-        closure["features"] = float(np.max(np.abs(audit.features.residual_error)))
+        closure["features"] = _largest(audit.features.residual_error)
     closure["max"] = max(closure.values())
     out: AuditSummary = {
         "rewardlens_version": __version__, "model": audit.model, "fingerprint": audit.fingerprint,
@@ -85,10 +98,11 @@ def summary(audit: Audit, top: int = TOP_PARTS) -> AuditSummary:
                   for pid, subset, c, r, m in zip(audit.pair_ids, audit.subsets or [None] * len(audit.pair_ids),
                                                   chosen, rejected, margin)],
         "scores": {
-            "accuracy": float(np.mean(margin > 0)), "ties": int(np.sum(margin == 0)),
-            "correct": int(np.sum(margin > 0)), "accuracy_ci": _ci(accuracy(margin)),
-            "mean_margin": float(margin.mean()), "median_margin": float(np.median(margin)),
-            "mean_chosen": float(chosen.mean()), "mean_rejected": float(rejected.mean()),
+            "accuracy": acc.accuracy, "ties": acc.ties, "correct": acc.correct, "accuracy_ci": list(acc.ci),
+            "counted": acc.n, "excluded": list(acc.excluded), "saturated": acc.saturated, "notes": list(acc.notes),
+            "line": acc.line(interval=True),
+            "mean_margin": float(margin[ok].mean()), "median_margin": float(np.median(margin[ok])),
+            "mean_chosen": float(chosen[ok].mean()), "mean_rejected": float(rejected[ok].mean()),
         },
         "lens": {
             "fraction": audit.fraction,
@@ -113,10 +127,6 @@ def summary(audit: Audit, top: int = TOP_PARTS) -> AuditSummary:
         "steps": steps_summary(audit),
     }
     return out
-
-
-def _ci(acc: dict[str, Any]) -> list[float]:
-    return [acc["lo"], acc["hi"]]
 
 
 def provenance(audit: Audit) -> dict[str, Any]:
@@ -197,6 +207,7 @@ def tables(audit: Audit) -> dict[str, pd.DataFrame]:
         "scores": pd.DataFrame({
             "index": np.arange(len(margin)), "pair": [str(p) for p in audit.pair_ids], "chosen": chosen,
             "rejected": rejected, "margin": margin, "chosen_wins": margin > 0,
+            "counted": counted(audit).finite,
             "crystallization_linear": lens.crystallization("linear", audit.fraction),
             "crystallization_normed": lens.crystallization("normed", audit.fraction),
         }),
@@ -230,18 +241,9 @@ def tables(audit: Audit) -> dict[str, pd.DataFrame]:
 
 
 def plain(x: Any) -> Any:
-    """`x` with numpy scalars and arrays made Python values and non-finite floats made None (JSON null)."""
-    if isinstance(x, dict):
-        return {str(k): plain(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple, np.ndarray)):
-        return [plain(v) for v in (x.tolist() if isinstance(x, np.ndarray) else x)]
-    if isinstance(x, (np.bool_, bool)):
-        return bool(x)
-    if isinstance(x, np.integer):
-        return int(x)
-    if isinstance(x, (float, np.floating)):
-        return float(x) if math.isfinite(x) else None
-    return x
+    """`x` with numpy scalars and arrays made Python values and non-finite floats made None (JSON null):
+    `stats.json_ready`, the one rule every JSON output follows."""
+    return json_ready(x)
 
 
 def write_numbers(audit: Audit, out: Path, numbers: AuditSummary | None = None) -> dict[str, Any]:
@@ -256,7 +258,6 @@ def write_numbers(audit: Audit, out: Path, numbers: AuditSummary | None = None) 
         listing[name] = {"file": f"{name}.parquet", "rows": len(frame), "columns": [str(c) for c in frame.columns]}
     doc["tables"] = listing  # numbers.json: the summary and the files its tables went into
     data = plain(doc)
-    # allow_nan=False: a stray NaN would write invalid JSON that strict readers reject.
-    (out / "numbers.json").write_text(json.dumps(data, indent=2, ensure_ascii=False, allow_nan=False) + "\n",
-                                      encoding="utf-8")
+    # Strict JSON (NaN and inf as null): a stray NaN literal is invalid JSON that strict readers reject.
+    (out / "numbers.json").write_text(to_json(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     return data

@@ -75,7 +75,8 @@ def _summary(a: Audit, s: AuditSummary) -> Html:
                   + "; ".join(f"{k}: {v}" for k, v in s["skipped"].items()) + ")"), ("layers", s["n_layers"]),
         ("accuracy (chosen reward > rejected) [95% Wilson CI]",
          f"{num(sc['accuracy'])} [{num(sc['accuracy_ci'][0], 2)}, {num(sc['accuracy_ci'][1], 2)}] "
-         f"({sc['correct']} of {n})"),
+         f"({sc['correct']} of {sc['counted']} counted)"),
+        *(("not counted", note) for note in sc["notes"]),  # non-finite pairs (named), a saturated model
         ("subsets", "none given" if s["subsets"] is None else ", ".join(s["subsets"]["names"])),
         ("mean margin, chosen − rejected", f"{num(sc['mean_margin'])} reward units"),
         (f"median crystallization depth l/L (fraction {lens['fraction']:g})",

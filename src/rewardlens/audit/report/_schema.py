@@ -21,12 +21,19 @@ class PairScore(TypedDict):
 
 
 class Scores(TypedDict):
-    """Pair accuracy (chosen > rejected) with its Wilson interval, and the mean rewards."""
+    """Pair accuracy (chosen > rejected) with its Wilson interval, and the mean rewards, over the `counted`
+    pairs (finite rewards and parts); `excluded` names the others, `saturated` says every counted margin
+    is exactly 0, `notes` says both in words and `line` is the accuracy as one printed line."""
 
     accuracy: float
     ties: int
     correct: int
     accuracy_ci: list[float]
+    counted: int
+    excluded: list[str]
+    saturated: bool
+    notes: list[str]
+    line: str
     mean_margin: float
     median_margin: float
     mean_chosen: float

@@ -20,6 +20,16 @@ def _depth(c: dict[str, Any]) -> str:
     return f"{num(c['median'], 2)} {interval(c['q25'], c['q75'])}" if c["defined"] else "— (no pair has a depth)"
 
 
+def _counted(acc: dict[str, Any]) -> str:
+    """A subset's pairs: '5', or '4 of 5' when pairs with non-finite numbers were left out."""
+    return str(acc["n"]) if acc["n"] == acc["total"] else f"{acc['n']} of {acc['total']}"
+
+
+def _notes(s: AuditSummary) -> Html:
+    """The pairs the counts leave out and a saturated model, one note each (nothing when neither)."""
+    return Html("".join(f'<p class="note">{e(note)}</p>' for note in s["scores"]["notes"]))
+
+
 def subsets(_a: Audit, s: AuditSummary) -> Html:  # RENDER's signature (called positionally)
     g = s["subsets"]
     if g is None:
@@ -33,12 +43,12 @@ def subsets(_a: Audit, s: AuditSummary) -> Html:  # RENDER's signature (called p
     rows = []
     for name in g["names"]:
         acc, c, seed = g["accuracy"][name], g["crystallization"][name], g["seed_statistic"][name]
-        rows.append((name, acc["n"], f"{num(acc['accuracy'], 2)} {interval(acc['lo'], acc['hi'])}",
+        rows.append((name, _counted(acc), f"{num(acc['accuracy'], 2)} {interval(acc['lo'], acc['hi'])}",
                      _depth(c["linear"]), _depth(c["normed"]), rho(seed["rho"], seed["lo"], seed["hi"])))
     parts = g["top_parts"]
     effect_rows = [(p, *(num(g["top_parts"]["mean_total_effect"][name][k]) for name in g["names"]))
                    for k, p in enumerate(parts["parts"])]
-    return Html(text + table(["subset", "pairs", "accuracy [95% CI]", "depth linear, median [IQR]",
+    return Html(text + _notes(s) + table(["subset", "pairs", "accuracy [95% CI]", "depth linear, median [IQR]",
                               "depth normed, median [IQR]", "seed statistic ρ [95% CI]"], rows)
                 + Html("<h3>Mean total effect of the top parts per subset (reward units)</h3>")
                 + table(["part", *g["names"]], effect_rows))
@@ -59,7 +69,8 @@ def crystallization(a: Audit, s: AuditSummary) -> Html:
     fig = figure("crystallization", figures.fig_crystallization(a),
                  f"Pairs per crystallization depth l/L{by}, linear (left) and normed (right) lens; dashed: median; "
                  "shaded: interquartile range.", "crystallization depth histogram")
-    return Html(text + table(["lens", "pairs with a depth", "median", "interquartile range"], rows) + fig)
+    # Named here too: this section is always on the page, and a pair left out has no depth either.
+    return Html(text + _notes(s) + table(["lens", "pairs with a depth", "median", "interquartile range"], rows) + fig)
 
 
 def estimands(a: Audit, s: AuditSummary) -> Html:
