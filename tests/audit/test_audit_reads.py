@@ -76,7 +76,7 @@ def test_an_audit_whose_pairs_have_no_read_to_read_map_patches_by_ablation(prm, 
     tok = build_tokenizer()
     model = prm if kind == "prm" else rl.wrap_dpo(build(tok, "llama", "lm"), build(tok, "llama", "lm", seed=1), tok)
     with pytest.raises(DataError, match="mode='ablation'"):
-        rl.patch(model, UNEQUAL)  # noising has no map here, and says what to do
+        rl.patch(model, UNEQUAL, mode="noising")  # noising has no map here, and says what to do
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         audit = rl.audit(model, UNEQUAL, store=tmp_path / "audit.sqlite", plan=Plan(chunk_size=1))

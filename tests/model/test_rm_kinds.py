@@ -469,10 +469,11 @@ def test_bad_inputs_get_clear_errors(tok):
     with pytest.raises(HeadError, match="not one"):
         rl.wrap_prm(lm, tok, separator="Step 1", tokens=(23, 29))
     rm = rl.wrap_prm(lm, tok, separator=SEP, tokens=(23, 29))
-    with pytest.raises(TokenizationError, match="no step separator"):
-        rm.score([rl.Pair("q?", "one step without a break", "another")])
+    ignore = rl.wrap_prm(lm, tok, separator=SEP, tokens=(23, 29), final="ignore")
+    with pytest.raises(TokenizationError, match="no step separator.*final=.ignore."):
+        ignore.score([rl.Pair("q?", "one step without a break", "another")])
     with pytest.raises(DataError, match="different numbers of positions"):
-        rl.patch(rm, [rl.Pair("q?", "a.\nb.\n", "a.\n")])
+        rl.patch(rm, [rl.Pair("q?", "a.\nb.\n", "a.\n")], mode="noising")
     with pytest.raises(HeadError, match="set of positions"):
         rl.tokens(rm, STEPS)
     with pytest.raises(HeadError, match="set of positions"):

@@ -10,11 +10,11 @@ from ._faithfulness import ESTIMANDS as ESTIMANDS
 from ._faithfulness import Faithfulness as Faithfulness
 from ._faithfulness import aligned as aligned
 from ._faithfulness import faithfulness as faithfulness
-from ._faithfulness import patch_mode as patch_mode
 from ._patching import MODES as MODES
 from ._patching import Patching as Patching
 from ._patching import patch as patch
 from ._plan import encode_pairs as encode_pairs
+from ._reads_patch import patch_mode as patch_mode
 from ._spec import PatchSpec as PatchSpec
 from ._traced import Traced as Traced
 from ._traced import trace_pairs as trace_pairs

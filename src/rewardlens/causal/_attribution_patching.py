@@ -27,7 +27,7 @@ from ._engine import Site, head_slice, site_point, sites
 from ._layerwise import layerwise_grads
 from ._patching import Patching, assemble
 from ._plan import Clean, PatchPlan, pair_seqs
-from ._reads_patch import ReadChunks, check_reads_options
+from ._reads_patch import ReadChunks, check_reads_options, mode_for
 from ._spec import PatchSpec, spec_of
 
 Tensors = dict[TraceKey, Tensor]
@@ -73,7 +73,7 @@ def attribution_patch(
     model: RewardModel,
     pairs: Sequence[Pair],
     *,
-    mode: Mode = "noising",
+    mode: Mode | None = None,
     ablation: Ablation = "zero",
     positions: Positions | Spans = "read",
     level: PatchLevel = "sublayer",
@@ -88,13 +88,16 @@ def attribution_patch(
 
     One forward and one backward pass over the patched side only (the targets); `clean`: the pairs'
     clean runs when the caller already traced them (`trace_pairs`), else they are traced here.
-    `spec`: the choices as one `PatchSpec` (its estimand 'total') instead of the keywords."""
+    `spec`: the choices as one `PatchSpec` (its estimand 'total') instead of the keywords. `mode` None
+    is `patch`'s default: zero ablation at every read where a set of reads has no read-to-read map, then
+    estimated as `−Σ_k a_k · ∂r/∂a_k` over each side's reads (`_reads_estimate`)."""
     with counting("attribution patching", progress):
-        spec = spec_of(spec, mode=mode, ablation=ablation, positions=positions, level=level)
+        seqs = pair_seqs(model, pairs, clean)
+        given = mode if spec is not None else mode_for(model, pairs, mode, seqs)
+        spec = spec_of(spec, mode=given, ablation=ablation, positions=positions, level=level)
         if spec.estimand != "total":
             raise ValueError(f"attribution patching estimates total effects; got {spec}: use estimand='total'")
         mode, ablation, positions, level = spec.mode, spec.ablation, spec.positions, spec.level
-        seqs = pair_seqs(model, pairs, clean)
         sweep = sites(model, level)
         if model.reads.multi:
             check_reads_options(mode, ablation, positions, False)

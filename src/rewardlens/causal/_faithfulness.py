@@ -29,6 +29,7 @@ from ._attribution_patching import attribution_patch
 from ._engine import sites
 from ._patching import Patching, patch
 from ._plan import Clean, encode_pairs
+from ._reads_patch import mode_for
 from ._spec import PatchSpec
 from ._traced import Traced, trace_pairs
 
@@ -125,11 +126,12 @@ class Faithfulness:
         NaN when `faithfulness(paper=True)` was not asked for."""
         return _mean_ci(self.paper_rho, self.n_boot, self.seed)
 
-    def top(self, n: int = 10) -> list[int]:
+    def top(self, n: int = 10, rows: np.ndarray | None = None) -> list[int]:
         """Indices into `names` of the `n` parts with the largest mean |total effect| over pairs (NaN last,
         ties in part order): the rule `Patching.top` ranks by (`stats.top_parts`), so the audit's list of
-        top parts is `rewardlens patch`'s for the same pairs and level."""
-        return [int(i) for i in top_parts(self.total, n)]
+        top parts is `rewardlens patch`'s for the same pairs and level. `rows`: a mask [n_pairs] of the pairs
+        to rank over (the audit's counted ones: a pair with a non-finite effect would make every mean NaN)."""
+        return [int(i) for i in top_parts(self.total if rows is None else self.total[rows], n)]
 
     def agreement(self, k: int = 10) -> dict[str, float]:
         """How well attribution patching ranks parts against exact total patching."""
@@ -221,23 +223,12 @@ def aligned(model: RewardModel, pairs: Sequence[Pair], seqs: Sequence[Tokenized]
     return all(len(seqs[i].ids) == len(seqs[i + 1].ids) for i in range(0, len(seqs), 2))
 
 
-def patch_mode(model: RewardModel, pairs: Sequence[Pair], seqs: Sequence[Tokenized] | None = None) -> Mode:
-    """The mode an audit patches in: noising, unless the reward is read at a set of positions and some
-    pair's sides are read at different numbers of them (a DPO reward's responses of two lengths): no
-    read of one side then maps to one of the other, and zero ablation at every read is what is defined.
-    `seqs`: the pairs' token ids (`encode_pairs`) when the caller has them."""
-    if not model.reads.multi:
-        return "noising"
-    counts = model.read_counts(list(pairs)) if seqs is None else [1 if s.reads is None else len(s.reads) for s in seqs]
-    return "noising" if counts[0::2] == counts[1::2] else "ablation"
-
-
 def faithfulness(
     model: RewardModel,
     pairs: Sequence[Pair],
     *,
     level: PatchLevel = "sublayer",
-    mode: Mode = "noising",
+    mode: Mode | None = None,
     n_boot: int = 2000,
     seed: int = 0,
     batch_size: int = 8,
@@ -258,7 +249,8 @@ def faithfulness(
     It costs one patched forward of the chosen sides per sublayer.
 
     The pairs are traced once (`trace_pairs`) and every estimand starts from those clean runs;
-    `traced`: clean runs the caller already has (at `level`, or at head level for any level).
+    `traced`: clean runs the caller already has (at `level`, or at head level for any level). `mode`
+    None is `patch`'s default (noising, or zero ablation where a set of reads has no read-to-read map).
     """
     with counting("faithfulness", progress):
         if seed_positions is not None and seed_positions not in SEED_POSITIONS:
@@ -270,6 +262,7 @@ def faithfulness(
             raise ValueError(f"traced runs at level {traced.level!r} cannot serve level={level!r}; trace at "
                              f"level='head' (it serves both) or at {level!r}")
         clean = traced.clean
+        mode = mode_for(model, pairs, mode, clean.seqs)
         att, sub_att = traced.attribution(level), traced.attribution("sublayer")
         positions: Positions = seed_positions or ("all" if aligned(model, pairs, clean.seqs) else "read")
         spec = PatchSpec(mode=mode, level=level)

@@ -29,7 +29,7 @@ from ._direct import direct_rewards
 from ._divergence import score_patched, scorer
 from ._engine import Site, batched_sweep, copies_supported, read_sweep, sites
 from ._plan import Clean, PatchPlan, pair_ids, pair_seqs
-from ._reads_patch import check_reads_options, direct_reads, patch_reads
+from ._reads_patch import check_reads_options, direct_reads, mode_for, patch_reads
 from ._spec import MODES as MODES
 from ._spec import PatchSpec, spec_of
 from ._stepped import stepped_sweep
@@ -164,7 +164,7 @@ def patch(
     model: RewardModel,
     pairs: Sequence[Pair],
     *,
-    mode: Mode = "noising",
+    mode: Mode | None = None,
     ablation: Ablation = "zero",
     positions: Positions | Spans = "read",
     level: PatchLevel = "sublayer",
@@ -181,6 +181,9 @@ def patch(
 ) -> Patching:
     """Patch every part (`level` 'sublayer' or 'head') of every pair and return the patched rewards.
 
+    `mode`: 'noising', 'denoising' or 'ablation'; None (the default) is noising, except for a reward read
+    at a set of positions whose pairs have no read-to-read map: zero ablation at every read (`patch_mode`,
+    the audit's rule; it warns).
     `positions`: 'read' (only the read token; any two lengths), 'all' (token-aligned pairs),
     'prefix' (the first `min(len(chosen), len(rejected))` tokens of both sides, aligned from the
     start as in the seed paper; warns naming the pairs whose read token it leaves unpatched) or
@@ -196,12 +199,13 @@ def patch(
     ablation, positions, level, estimand) as one validated `PatchSpec`, instead of the keywords.
     """
     with counting("patch", progress):
-        spec = spec_of(spec, mode=mode, ablation=ablation, positions=positions, level=level, estimand=estimand)
+        seqs = pair_seqs(model, pairs, clean)
+        given = mode if spec is not None else mode_for(model, pairs, mode, seqs)
+        spec = spec_of(spec, mode=given, ablation=ablation, positions=positions, level=level, estimand=estimand)
         mode, ablation, positions, level, estimand = spec.mode, spec.ablation, spec.positions, spec.level, spec.estimand
         if divergence and estimand == "direct":
             raise ValueError("divergence scores patched runs' later activations; estimand='direct' holds them "
                              "frozen, so there is nothing to score: use estimand='total'")
-        seqs = pair_seqs(model, pairs, clean)
         sweep = sites(model, level) if sweep is None else list(sweep)
         if model.reads.multi:  # a reward read at a set of positions is patched at that set
             check_reads_options(mode, ablation, positions, divergence)

@@ -14,13 +14,14 @@ clean traces: each read's final residual moves by the site's change alone (`patc
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from ..errors import DataError
+from ..data import Pair
+from ..errors import DataError, warn
 from ..model import RewardModel, Trace, TraceKey, trace
 from ..model.internal import Tokenized, collate, sequence_label
 from ..types import Ablation, Mode, PatchLevel, Positions, Spans
@@ -40,6 +41,30 @@ def check_reads_options(mode: Mode, ablation: Ablation, positions: Positions | S
                          "them (leave divergence off)")
     if mode == "ablation" and ablation != "zero":
         raise ValueError("a multi-position read-out takes mode='ablation' with ablation='zero' only for now")
+
+
+def patch_mode(model: RewardModel, pairs: Sequence[Pair], seqs: Sequence[Tokenized] | None = None) -> Mode:
+    """The mode an audit patches in: noising, unless the reward is read at a set of positions and some
+    pair's sides are read at different numbers of them (a DPO reward's responses of two lengths): no
+    read of one side then maps to one of the other, and zero ablation at every read is what is defined.
+    `seqs`: the pairs' token ids (`encode_pairs`) when the caller has them."""
+    if not model.reads.multi:
+        return "noising"
+    counts = model.read_counts(list(pairs)) if seqs is None else [1 if s.reads is None else len(s.reads) for s in seqs]
+    return "noising" if counts[0::2] == counts[1::2] else "ablation"
+
+
+def mode_for(model: RewardModel, pairs: Sequence[Pair], mode: Mode | None, seqs: Sequence[Tokenized]) -> Mode:
+    """`mode` as given; None (the instruments' default): `patch_mode`, with a warning when that is zero
+    ablation, so a reward read at a set of positions is patched wherever one of its pairs has no map."""
+    if mode is not None:
+        return mode
+    chosen = patch_mode(model, pairs, seqs)
+    if chosen == "ablation":
+        warn("some pairs' two sides are read at different numbers of positions (a DPO reward's responses of two "
+             "lengths, PRM answers with different step counts), so no read maps to one of the other: patching by "
+             "zero ablation at every read, as the audit does; pass mode= to choose")
+    return chosen
 
 
 def matched_reads(seqs: list[Tokenized], mode: Mode) -> None:

@@ -63,12 +63,12 @@ class PatchSpec:
 
 
 def spec_of(spec: PatchSpec | None, **given: object) -> PatchSpec:
-    """The run's `PatchSpec`: `spec` when given (then every keyword choice must be left at its default),
-    else one built, and so validated, from the keyword choices."""
+    """The run's `PatchSpec`: `spec` when given (then every keyword choice must be left at its default, or
+    None), else one built, and so validated, from the keyword choices."""
     if spec is None:
         return PatchSpec(**given)  # type: ignore[arg-type]  # the keywords' own annotations hold each value
     default = PatchSpec()
-    clash = {k: v for k, v in given.items() if v != getattr(default, k)}
+    clash = {k: v for k, v in given.items() if v is not None and v != getattr(default, k)}
     if clash:
         raise ValueError(f"pass the patch's choices either as spec= or as keywords, not both: spec={spec} and "
                          + ", ".join(f"{k}={v!r}" for k, v in clash.items()))

@@ -72,7 +72,7 @@ def rank_parts(names: Sequence[str], effect: np.ndarray, margin: np.ndarray, top
     }
 
 
-def patch_summary(model: RewardModel, pairs: Sequence[Pair], *, mode: Mode = "noising", ablation: Ablation = "zero",
+def patch_summary(model: RewardModel, pairs: Sequence[Pair], *, mode: Mode | None = None, ablation: Ablation = "zero",
                   positions: Positions | Spans = "read", level: PatchLevel = "sublayer", estimand: Estimand = "total",
                   divergence: bool = False, atp: bool = False, top: int = 10, all_parts: bool = False,
                   batch_size: int = 8, progress: bool = False) -> dict[str, Any]:
@@ -106,7 +106,7 @@ def patch_summary(model: RewardModel, pairs: Sequence[Pair], *, mode: Mode = "no
 
 def _patch(args: argparse.Namespace) -> dict[str, Any]:
     pairs = read_pairs(args)
-    return patch_summary(load_model(args), pairs, mode=args.mode, ablation=args.ablation,
+    return patch_summary(load_model(args), pairs, mode=args.mode, ablation=args.ablation or "zero",
                          positions=args.positions, level=args.level, estimand=args.estimand,
                          divergence=args.divergence, atp=args.atp, top=args.top, all_parts=args.all_parts,
                          batch_size=args.batch_size, progress=not args.quiet)
@@ -170,16 +170,25 @@ def _show_faithfulness(result: dict[str, Any]) -> None:
 def _check_patch(args: argparse.Namespace) -> None:
     if args.atp and args.estimand != "total":
         raise ArgumentError("--atp estimates total effects; drop --estimand direct")
+    if args.ablation is not None and args.mode != "ablation":
+        mode = args.mode or "noising (the default)"
+        raise ArgumentError(f"--ablation {args.ablation} picks what --mode ablation writes, but --mode is {mode}, "
+                            "which patches in the other side's activations; pass --mode ablation too, "
+                            "or drop --ablation")
 
 
 def _options(kind: str) -> Callable[[argparse.ArgumentParser], None]:
     def add(p: argparse.ArgumentParser) -> None:
         add_model_options(p)
         add_pairs_options(p)
-        p.add_argument("--mode", choices=["noising", "denoising", "ablation"], default="noising")
+        p.add_argument("--mode", choices=["noising", "denoising", "ablation"], default=None,
+                       help="default: noising, or zero ablation for a reward read at a set of positions whose two "
+                            "sides have no read-to-read map (PRM answers of different step counts, DPO responses of "
+                            "different lengths), as the library does")
         p.add_argument("--level", choices=["sublayer", "head"], default="sublayer")
         if kind == "patch":
-            p.add_argument("--ablation", choices=["zero", "mean"], default="zero")
+            p.add_argument("--ablation", choices=["zero", "mean"], default=None,
+                           help="with --mode ablation: write zeros (default) or the mean activation")
             p.add_argument("--positions", type=positions, default="read",
                            help="'read' (default), 'all' (token-aligned pairs), 'prefix' (the first min(len) tokens "
                                 "of both sides, the seed paper's rule) or spans like '-4:'")

@@ -10,8 +10,10 @@ are frozen at their value on this input:
 - LM-head rows (an LLM judge, a PRM that reads "+" against "−"): the difference of two vocabulary
   rows is a linear head with k = 2 and readout (1, −1); a soft-capped logit `c·tanh(z/c)` is read
   as `g·z` with the gain `g = c·tanh(z/c)/z` frozen;
-- a log-probability (an implicit DPO reward): `log p(y) = z_y − log Σ_v exp z_v`; with the
-  log-sum-exp frozen at its value on this input it is the affine row `β·e_y · h − β·LSE`, exact.
+- a log-probability (an implicit DPO reward): `log p(y) = z_y − log Σ_v exp z_v`; with this input's
+  next-token distribution `p` frozen it is the affine row `β·(e_y − ē)·h − β·H`, exact, where
+  `ē = Σ_v p_v e_v` is the mean row under `p` and `H` the entropy: the row is centred, so a write
+  that moves every logit alike (and no probability) reads 0, and the constant is bounded by `β log V`.
 A readout turns the k objective values into the scalar being explained.
 """
 
@@ -195,8 +197,7 @@ class Head:
         """Objective values [n, k] at final hidden states `h` [n, d] (the head's true function); a
         log-probability head reads token `targets` [n] at each row."""
         if self.log_prob:
-            rows, bias = self._log_prob_rows(h, self._targets(targets, h))
-            return torch.einsum("nkd,nd->nk", rows, h) + bias
+            return self.scale * self._log_probs(h, self._targets(targets, h))[:, None]
         pooler = self._pooler()
         if pooler is not None:
             pooler_weight, pooler_bias, pooler_act = pooler
@@ -214,18 +215,35 @@ class Head:
         return targets.to(h.device)
 
     def _log_prob_rows(self, h: Tensor, targets: Tensor, chunk: int = 1024) -> tuple[Tensor, Tensor]:
-        """rows [n, 1, d] `β·g_y·e_y` and bias [n, 1] `β·(g_y·b_y − LSE)`, the log-sum-exp over the
-        (capped) logits frozen at `h`; computed `chunk` rows at a time, so [chunk, V] at most."""
-        lse = torch.cat([self._lse(h[i:i + chunk]) for i in range(0, h.shape[0], chunk)])
-        rows, bias = self.weight[targets], self.bias[targets]
-        if self.softcap is not None:
-            gain = _cap_gain((rows * h).sum(-1) + bias, self.softcap)
-            rows, bias = rows * gain[:, None], bias * gain
-        return self.scale * rows[:, None], self.scale * (bias - lse)[:, None]
+        """rows [n, 1, d] `β·(g_y·e_y − ē)` and bias [n, 1] `β·(g_y·b_y − b̄ − H)`, exact at `h`: `ē = Σ_v p_v g_v e_v`
+        and `b̄ = Σ_v p_v g_v b_v` are the mean row and bias under the next-token distribution `p`, `H` its entropy,
+        with `p` and the soft-cap gains `g` frozen at `h`; computed `chunk` rows at a time, so [chunk, V] at most."""
+        parts = [self._centred_rows(h[i:i + chunk], targets[i:i + chunk]) for i in range(0, h.shape[0], chunk)]
+        rows, bias = torch.cat([r for r, _ in parts]), torch.cat([b for _, b in parts])
+        return self.scale * rows[:, None], self.scale * bias[:, None]
 
-    def _lse(self, h: Tensor) -> Tensor:
+    def _centred_rows(self, h: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
+        """One chunk of `_log_prob_rows` before the scale β: rows [c, d], bias [c]."""
         z = h @ self.weight.T + self.bias
-        return torch.logsumexp(z if self.softcap is None else self.softcap * torch.tanh(z / self.softcap), dim=-1)
+        gain = None if self.softcap is None else _cap_gain(z, self.softcap)
+        capped = z if gain is None else gain * z
+        p = torch.softmax(capped, -1)
+        # Σ_v p_v·capped_v − LSE = −H: what the centring moves out of the rows into the constant.
+        minus_entropy = (p * capped).sum(-1) - torch.logsumexp(capped, -1)
+        weight = p if gain is None else p * gain  # each raw row's share of the mean row
+        g_y = torch.ones_like(minus_entropy) if gain is None else gain.gather(-1, targets[:, None])[:, 0]
+        rows = g_y[:, None] * self.weight[targets] - weight @ self.weight
+        return rows, g_y * self.bias[targets] - weight @ self.bias + minus_entropy
+
+    def _log_probs(self, h: Tensor, targets: Tensor, chunk: int = 1024) -> Tensor:
+        """`log p(target)` [n] at `h` [n, d] over the (capped) logits, `chunk` rows at a time: the head's true
+        function, which the frozen rows equal at `h` and which gradients flow through."""
+        out = []
+        for i in range(0, h.shape[0], chunk):
+            z = h[i:i + chunk] @ self.weight.T + self.bias
+            capped = z if self.softcap is None else self.softcap * torch.tanh(z / self.softcap)
+            out.append(capped.gather(-1, targets[i:i + chunk, None])[:, 0] - torch.logsumexp(capped, -1))
+        return torch.cat(out)
 
     def _pooler(self) -> tuple[Tensor, Tensor, nn.Module] | None:
         """(weight [d_pool, d], bias [d_pool], activation) of a pooler head, or None without a pooler."""

@@ -7,7 +7,9 @@ positions `t_1 … t_K` of one sequence and combined,
     r = Σ_k α_k r_k,      r_k = u_k · norm(h_{t_k}) + c_k,
 
 with `α` = 1 (sum), 1/K (mean), one-hot at the last read (last) or at the lowest step score on this
-input (min: the selection is frozen at its value on this input, as a norm's scale is). Every
+input (min: the selection is frozen at its value on this input, as a norm's scale is). A response
+whose last step does not end with the separator has the separator appended to it (`Reads.final`),
+as PRMs are trained with a step tag after every step, the last included. Every
 weight is fixed once the forward has run, so the decomposition of each `r_k` folds into the
 sequence's exactly. Reads are rows of their own in a trace ("read rows"); `ReadSet` maps them to
 their batch rows, positions and steps (docs/design.md §1).
@@ -21,7 +23,8 @@ from typing import TYPE_CHECKING, Literal, get_args
 import torch
 from torch import Tensor
 
-from ..errors import HeadError, TokenizationError
+from ..errors import HeadError, TokenizationError, warn
+from ..types import Truncation
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -31,8 +34,11 @@ ReadAt = Literal["last", "separator", "response"]
 response token's prediction (an LM read-out of the token that follows)."""
 Combine = Literal["sum", "mean", "min", "last"]
 """How the reads of one sequence make its reward."""
+LastStep = Literal["append", "last-token", "ignore"]
+"""How a response's last step is read when it does not end with the separator."""
 READ_AT: tuple[ReadAt, ...] = get_args(ReadAt)
 COMBINES: tuple[Combine, ...] = get_args(Combine)
+LAST_STEPS: tuple[LastStep, ...] = get_args(LastStep)
 
 
 @dataclass(frozen=True)
@@ -45,6 +51,8 @@ class Reads:
     """The step separator for `at='separator'`: a string that is one token, or a token id."""
     combine: Combine = "sum"
     """How the per-read scores make the sequence's reward: sum, mean, min or last."""
+    final: LastStep = "append"
+    """A last step without its separator: 'append' one (as PRMs are trained), read 'last-token', or 'ignore' (warns)."""
 
     def __post_init__(self) -> None:
         if self.at not in READ_AT:
@@ -55,6 +63,10 @@ class Reads:
             raise ValueError(
                 f"Reads(at={self.at!r}, separator={self.separator!r}): a separator is given exactly when "
                 "at='separator'; pass the step-separator token (text or id) with at='separator'")
+        if self.final not in LAST_STEPS or (self.final != "append" and self.at != "separator"):
+            raise ValueError(
+                f"Reads(at={self.at!r}, final={self.final!r}): final says how a process reward model's last step "
+                f"is read, one of {LAST_STEPS}, with at='separator' only; leave it at 'append' otherwise")
 
     @property
     def multi(self) -> bool:
@@ -72,19 +84,49 @@ class Reads:
                 "pass the id of the token the PRM was trained to score at (Reads(separator=<id>))")
         return int(ids[0])
 
+    def open_end(self, ids: list[int], prompt_length: int, separator: int | None, suffix: int = 0) -> bool:
+        """Whether the response (`ids[prompt_length:len(ids) - suffix]`, `positions`' span) has tokens after
+        its last separator: a last step that no separator closes."""
+        end = len(ids) - suffix
+        return self.at == "separator" and end > prompt_length and ids[end - 1] != separator
+
+    def closed(
+        self, ids: list[int], prompt_length: int, separator: int | None, suffix: int, label: str,
+        limit: tuple[int | None, Truncation] = (None, "error"),
+    ) -> tuple[list[int], int]:
+        """(`ids`, `prompt_length`) with the separator inserted after the response's last token (before the
+        template's end of turn) when `final='append'` and the last step is open (`open_end`). `limit`: the
+        model's (max_length, truncation); one more token is cut from the left when the inserted separator
+        takes the sequence over max_length and truncation='left' allows it, as `fit_length` cuts."""
+        if self.final != "append" or not self.open_end(ids, prompt_length, separator, suffix):
+            return ids, prompt_length
+        assert separator is not None  # open_end holds for separator reads only
+        end, (max_length, truncation) = len(ids) - suffix, limit
+        closed = [*ids[:end], separator, *ids[end:]]
+        if max_length is None or len(closed) <= max_length:
+            return closed, prompt_length
+        if truncation != "left":
+            raise TokenizationError(
+                f"{label} has {len(ids)} tokens, the limit, before the separator closing its last step is appended; "
+                "raise max_length=, end the response with the separator, or pass truncation='left'")
+        return closed[1:], max(prompt_length - 1, 0)
+
     def positions(
         self, ids: list[int], prompt_length: int, separator: int | None, label: str, suffix: int = 0
     ) -> tuple[tuple[int, ...], tuple[int, ...] | None]:
         """(read positions, target ids or None) of one sequence of token `ids` whose response starts at
         `prompt_length` and whose last `suffix` tokens are the chat template's end of turn (no step
         ends there). 'response' reads position t for the token at t+1 (a log-probability), end of turn
-        included, as DPO trains on it."""
+        included, as DPO trains on it. With `final='last-token'` an open last step (`open_end`) is read at
+        its last token; `closed` has already appended its separator for 'append'."""
         if self.at == "separator":
             where = tuple(t for t in range(prompt_length, len(ids) - suffix) if ids[t] == separator)
+            if self.final == "last-token" and self.open_end(ids, prompt_length, separator, suffix):
+                where = (*where, len(ids) - suffix - 1)
             if not where:
                 raise TokenizationError(
-                    f"{label} has no step separator (token {separator}) in its response; a process reward "
-                    "model reads every step at its separator — end each step with it")
+                    f"{label} has no step separator (token {separator}) in its response and no open last step "
+                    f"read under Reads(final={self.final!r}); give the response a step, ended with the separator")
             return where, None
         where = tuple(range(max(prompt_length - 1, 0), len(ids) - 1))
         if not where:
@@ -127,6 +169,14 @@ class ReadSet:
             0, rows, torch.where(chosen, pick, m), "amin", include_self=False)
         fold[torch.arange(n_rows, device=device), first] = 1.0  # ties: the earliest read
         return fold
+
+
+def warn_unscored(labels: list[str], total: int) -> None:
+    """Say once that `Reads(final='ignore')` left the open last step of the sequences `labels` (of `total`) unscored."""
+    if labels:
+        shown = ", ".join(labels[:3]) + (f" and {len(labels) - 3} more" if len(labels) > 3 else "")
+        warn(f"{len(labels)} of {total} responses end without the step separator ({shown}); Reads(final='ignore') "
+             "leaves their last step unscored; pass final='append' (the default) to score it as PRMs are trained")
 
 
 def one_read_only(what: str = "this instrument") -> HeadError:

@@ -25,7 +25,7 @@ from torch import Tensor
 from ..data import Inputs, Pair
 from ..errors import TokenizationError, warn
 from ..types import Conversation, PaddingSide, Text, Truncation
-from ._reads import Reads, ReadSet, collate_reads, one_read_only
+from ._reads import Reads, ReadSet, collate_reads, one_read_only, warn_unscored
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -195,13 +195,14 @@ def content_span(tokenizer: PreTrainedTokenizerBase, item: Text) -> tuple[int, i
 
 def with_reads(
     tokenizer: PreTrainedTokenizerBase, reads: Reads, items: list[Text], seqs: list[Tokenized], is_pairs: bool,
-    max_length: int | None,
+    max_length: int | None, truncation: Truncation = "error",
 ) -> list[Tokenized]:
     """`seqs` (tokenized `items`, fitted to length) with their read positions and targets for a
-    multi-position read-out (model/_reads.py): steps are searched in the assistant's content, and a
-    DPO reward reads every token the assistant's turn adds to its generation prompt."""
+    multi-position read-out (model/_reads.py): steps are searched in the assistant's content (an open
+    last step closed by its separator, `Reads.closed`), and a DPO reward reads every token the
+    assistant's turn adds to its generation prompt."""
     separator = reads.separator_id(tokenizer) if reads.at == "separator" else None
-    out = []
+    out, unscored = [], []
     for i, (item, seq) in enumerate(zip(items, seqs)):
         label = sequence_label(i, is_pairs)
         if not isinstance(item, str) and item[-1]["role"] != "assistant":
@@ -214,8 +215,12 @@ def with_reads(
         prompt, suffix = span or (seq.prompt_length() if seq.prompt_length else 0, 0)
         if prompt and len(seq.ids) == max_length:  # a left cut may have moved the response start
             prompt = max(prompt - (len(tokenize(tokenizer, item, encoder=False).ids) - len(seq.ids)), 0)
-        where, targets = reads.positions(seq.ids, prompt, separator, label, suffix)
-        out.append(replace(seq, reads=where, targets=targets))
+        ids, prompt = reads.closed(seq.ids, prompt, separator, suffix, label, (max_length, truncation))
+        if reads.final == "ignore" and reads.open_end(ids, prompt, separator, suffix):
+            unscored.append(label)
+        where, targets = reads.positions(ids, prompt, separator, label, suffix)
+        out.append(replace(seq, ids=ids, reads=where, targets=targets))
+    warn_unscored(unscored, len(seqs))
     return out
 
 
