@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from rewardlens.data import Pair, load_pairs, save_pairs
-from rewardlens.errors import DataError
+from rewardlens.errors import DataError, RewardLensError
 
 # Some fixtures are degenerate on purpose (an empty rejected response, the same pair under two ids);
 # test_degenerate.py checks the warning they get, here it would only be noise.
@@ -402,8 +402,9 @@ def test_missing_optional_dependency_names_extra(tmp_path, monkeypatch, module, 
         if name == module or name.startswith(module + "."):
             monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, module, None)  # makes `import module` raise ImportError
-    with pytest.raises(ImportError, match=r"rewardlens\[data\]"):
+    with pytest.raises(ImportError, match=r"rewardlens\[data\]") as info:
         load_pairs(path)
+    assert isinstance(info.value, RewardLensError)  # the library's own class, still an ImportError
 
 
 def test_optional_deps_are_imported_lazily():
@@ -415,3 +416,49 @@ def test_optional_deps_are_imported_lazily():
     names = {a.name for n in top_level for a in n.names} | {n.module for n in top_level
                                                             if isinstance(n, ast.ImportFrom)}
     assert not {n for n in names if n and n.split(".")[0] in ("datasets", "pyarrow")}
+
+
+# --- formats agree: a record means the same in JSONL, JSON, CSV and Parquet ------------------------
+
+USER = {"role": "user", "content": "Hi"}
+
+
+@pytest.mark.parametrize("prompt, field, found", [
+    ([USER, {"content": "More?"}], "prompt[1].role", "no such field"),           # one message lacks its role
+    ([USER, "More?"], "prompt[1]", 'string "More?"'),                             # an entry that is no message
+    ([{"from": "human", "value": "Hi"}, {"from": "gpt"}], "prompt[1].value", "no such field"),
+])
+def test_a_csv_cell_of_messages_is_refused_as_jsonl_refuses_it(tmp_path, prompt, field, found):
+    """Before, the CSV cell was taken for literal prompt text while the same record in JSONL was refused."""
+    record = {"prompt": prompt, "chosen": "a", "rejected": "b"}
+    messages = {}
+    for fmt in ("jsonl", "csv"):
+        with pytest.raises(DataError) as info:
+            load_pairs(write_records(tmp_path, fmt, [record]))
+        messages[fmt] = str(info.value).split(": ", 1)[1]  # after "<file>, line 1" / "<file>, record 0"
+    assert messages["jsonl"] == messages["csv"]
+    assert messages["csv"].startswith(f"field {field!r}: expected ") and f"found {found}. Fix: " in messages["csv"]
+
+
+GPT_LAST = [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Hello!"}]
+ASSISTANT_LAST = [USER, {"role": "assistant", "content": "Hello!"}]
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "csv", "parquet"])
+@pytest.mark.parametrize("record, field", [
+    ({"prompt": ASSISTANT_LAST, "chosen": "a", "rejected": "b"}, "prompt[1]"),
+    ({"conversations": GPT_LAST, "system": "Be brief.", "chosen": "a", "rejected": "b"}, "conversations[1]"),
+    ({"chosen": ASSISTANT_LAST + [{"role": "assistant", "content": "a"}],
+      "rejected": ASSISTANT_LAST + [{"role": "assistant", "content": "b"}]}, "chosen[1]"),
+])
+def test_a_prompt_ending_on_an_assistant_turn_is_refused(tmp_path, fmt, record, field):
+    """The response would follow an assistant turn: the template renders another conversation than meant."""
+    path = write_records(tmp_path, fmt, [record])
+    where = "line 1" if fmt == "jsonl" else "record 0"
+    with pytest.raises(DataError) as info:
+        load_pairs(path)
+    assert str(info.value) == (
+        f"{path}, {where}: field {field!r}: expected a prompt ending on the turn the response answers (user, "
+        f'system or tool), found object {{"role": "assistant", "content": "Hello!"}}. Fix: drop the trailing '
+        f"assistant turn {field} (if it is the response, it belongs in 'chosen' and 'rejected').")
+

@@ -3,6 +3,7 @@ explicitly by every instrument: NaN with a reason wherever a ratio to the margin
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import warnings
@@ -12,8 +13,8 @@ import pytest
 
 import rewardlens as rl
 from rewardlens.causal import attribution_patch, faithfulness, patch
-from rewardlens.data import CHECK_KINDS, Pair, PairChecks, check_pairs, load_pairs
-from rewardlens.errors import DataError, DegeneratePairsWarning, RewardLensWarning
+from rewardlens.data import CHECK_KINDS, Pair, PairChecks, check_pairs, check_tokens, load_pairs
+from rewardlens.errors import DataError, DegeneratePairsWarning, RewardLensWarning, TokenizationError
 from rewardlens.hacking import distortion, probe
 
 MATH = [{"role": "user", "content": "2+2?"}]
@@ -219,3 +220,84 @@ def test_distortion_bootstrap_draws_of_only_zero_margins_have_no_ratio(llama):
     d = distortion(dataclasses.replace(probes, quality=("q",), quality_delta=quality), seed=0, n_boot=2000)
     assert d.note == ("",) and d.quality_effect[0] == 0.75
     assert np.isfinite(d.index).all() and np.isfinite(d.ci).all()
+
+
+# ---- token checks: what only the token ids show ---------------------------------------------------
+
+USER_ONLY = ("{% for m in messages %}{% if m['role'] == 'user' %}<|im_start|>user\n{{ m['content'] }}<|im_end|>\n"
+             "{% endif %}{% endfor %}")
+"""A chat template that drops every assistant turn: both sides of a pair encode to the same tokens."""
+TRIMMED = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] | trim }}<|im_end|>\n{% endfor %}")
+"""ChatML with each message's content trimmed: sides that differ only by edge whitespace encode alike."""
+ANSWERS = [Pair("What is the capital of France?", "The capital of France is Paris.", "France is in Europe, I think.",
+                id="fr"),
+           Pair("How do I boil an egg?", "Place the egg in boiling water for nine minutes.", "Eggs are laid by hens.")]
+
+
+def _templated(model, template):
+    """`model` read through a copy of its tokenizer with another chat template (the user's model untouched)."""
+    tok = copy.deepcopy(model.tokenizer)
+    tok.chat_template = template
+    return rl.wrap(model.model, tok)
+
+
+def test_a_template_that_drops_the_assistant_turn_is_refused_before_any_forward(llama):
+    """Before, every margin was exactly 0 and the pairs scored with 'pair accuracy 0.000'."""
+    dropping = _templated(llama, USER_ONLY)
+    with pytest.raises(TokenizationError) as info:
+        dropping.score(ANSWERS)
+    with pytest.raises(TokenizationError):
+        dropping.score(ANSWERS)  # refused again: a refusal is never remembered as a pass
+    assert str(info.value) == (
+        "token checks: 2 of 2 pairs whose two sides differ as text but encode to the same token ids (a zero margin "
+        "by construction): pair 0 (id 'fr'), pair 1; 4 of 4 sequences that do not hold their response's last "
+        "tokens (the chat template drops or rewrites the assistant's turn): pair 0 (id 'fr') (chosen), "
+        "pair 0 (id 'fr') (rejected), pair 1 (chosen), ...; that is every pair whose sides differ, so no score "
+        "would depend on the responses. Fix: use a chat template that renders the assistant's turn "
+        "(tokenizer.chat_template), raise max_length= if a left cut removed the difference, or drop those pairs "
+        "(docs/scoring.md, 'Token checks')")
+
+
+def test_a_pair_whose_sides_encode_alike_is_named_in_one_warning(llama):
+    trimmed = _templated(llama, TRIMMED)
+    pairs = [*ANSWERS, Pair("Say hi.", "Hello there, my friend.", "Hello there, my friend.  ", id="ws")]
+    with pytest.warns(DegeneratePairsWarning) as record:
+        scores = trimmed.score(pairs)
+    (message,) = [str(w.message) for w in record if "token checks" in str(w.message)]
+    assert message == (
+        "token checks: 1 of 3 pairs whose two sides differ as text but encode to the same token ids (a zero margin "
+        "by construction): pair 2 (id 'ws'). Fix: use a chat template that renders the assistant's turn "
+        "(tokenizer.chat_template), raise max_length= if a left cut removed the difference, or drop those pairs "
+        "(docs/scoring.md, 'Token checks')")
+    assert scores[4] == scores[5]  # what the warning is about: the same sequence twice
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DegeneratePairsWarning)
+        trimmed.score(pairs)  # the same pairs checked once: no second warning
+        trimmed.score(pairs[2:])  # nor on a chunk of them, which alone would be refused (its one pair is)
+    with pytest.raises(TokenizationError, match=r"1 of 1 pairs whose two sides differ"):
+        _templated(llama, TRIMMED).score(pairs[2:])  # as it is, first, on a model that has not seen the set
+
+
+def test_check_tokens_finds_each_kind_on_ids():
+    pairs = [Pair("p", "a b c d", "e f g h", id="x"), Pair("p", "same", "same"), Pair("p", "i j k", "l m n")]
+    # Responses tokenized alone: 4, 1 and 3 tokens; only the tokens between the first and last are searched.
+    responses = [[1, 2, 3, 4], [5, 6, 7, 8], [9], [9], [10, 11, 12], [13, 14, 15]]
+    ids = [[0, 1, 2, 3, 4, 99], [0, 5, 6, 7, 8, 99],   # pair 0: both responses there
+           [0, 9, 99], [0, 9, 99],                     # pair 1: identical text, identical ids; too short to look for
+           [0, 50, 51, 99], [0, 50, 51, 99]]           # pair 2: texts differ, ids alike, neither response there
+    reads = [5, 1, 2, 2, 3, 3]                         # pair 0 rejected: read at 1, before its tokens 6, 7 end
+    checks = check_tokens(pairs, ids, responses, reads)
+    assert dict(checks.found) == {"identical_tokens": ("pair 2",),
+                                  "response_missing": ("pair 2 (chosen)", "pair 2 (rejected)"),
+                                  "read_before_response": ("pair 0 (id 'x') (rejected)",)}
+    assert dict(checks.checked) == {"identical_tokens": 2, "response_missing": 4, "read_before_response": 2}
+    assert checks.everywhere() is None and not checks.ok
+    with pytest.warns(DegeneratePairsWarning, match=r"1 of 2 sequences read at a token before their response's "
+                                                    r"last tokens .*: pair 0 \(id 'x'\) \(rejected\)\. Fix: "):
+        checks.report()
+    alone = check_tokens(pairs[:1], ids[:2], responses[:2], [5, 1])
+    assert alone.everywhere() is None  # one of the two sequences: a warning, not a refusal
+    with pytest.raises(TokenizationError, match=r"that is every sequence whose response was found, .* Fix: pass a "
+                                                r"pad_token_id= that does not occur"):
+        check_tokens(pairs[:1], ids[:2], responses[:2], [1, 1]).report()
+    assert check_tokens(pairs[:1], ids[:2], responses[:2], None).ok  # no read positions: not checked

@@ -47,6 +47,7 @@ LONE = st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF)
 TEXT = st.text(st.characters(exclude_categories=("Cs",)), max_size=12) | st.sampled_from(RTL + ODD) | HUGE
 TEXT_OR_SURROGATE = TEXT | st.builds(lambda a, s, b: a + s + b, TEXT, LONE, TEXT)
 ROLES = ["user", "assistant", "system", "human", "gpt", "Human", "tool", "narrator"]
+ANSWERABLE = ["user", "system", "human", "Human", "tool", "narrator"]  # what a prompt may end on
 ROLE_MAP = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system",
             "tool": "tool"}  # the loader's mapping, on lower-cased names; others pass unchanged
 
@@ -70,7 +71,8 @@ SHAPES = st.fixed_dictionaries({
 def well_formed(draw: st.DrawFn, shape: dict[str, Any], text: st.SearchStrategy[str]) -> tuple[dict, Pair]:
     """One record of `shape` (so a file's records share column types) and its expected Pair."""
     def messages(keys: tuple[str, str], n: int) -> tuple[list[dict], list[dict]]:
-        roles = [draw(st.sampled_from(ROLES)) for _ in range(n)]
+        # A prompt ends on a turn the response answers: one ending on the assistant's is refused.
+        roles = [draw(st.sampled_from(ROLES)) for _ in range(n - 1)] + [draw(st.sampled_from(ANSWERABLE))]
         texts = [draw(text) for _ in range(n)]
         return ([{keys[0]: r, keys[1]: t} for r, t in zip(roles, texts)],
                 [{"role": _role(r), "content": t} for r, t in zip(roles, texts)])

@@ -1,7 +1,8 @@
-"""What every command shares: model and pairs options, path checks, loading, tables, errors.
+"""What every command shares: model and pairs options, loading, tables, errors (the path and option
+checks live in `_checks`, their names re-exported here).
 
 Only the standard library is imported here (and by every command module at import time): the
-parser, its value checks and the path checks below run before torch or transformers is imported,
+parser, its value checks and the path checks run before torch or transformers is imported,
 so a mistyped path or option is refused at once. The heavy imports happen inside each command's
 run function.
 """
@@ -9,8 +10,6 @@ run function.
 from __future__ import annotations
 
 import argparse
-import math
-import os
 import re
 import shlex
 import sys
@@ -19,7 +18,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ..errors import RewardLensError
+from ._checks import ArgumentError as ArgumentError
+from ._checks import check_common as check_common
+from ._checks import check_device_parses
+from ._checks import check_folder as check_folder
+from ._checks import check_input as check_input
+from ._checks import check_model as check_model
+from ._checks import check_out_file as check_out_file
+from ._checks import check_out_folder as check_out_folder
 
 if TYPE_CHECKING:
     from ..data import Pair
@@ -29,10 +35,6 @@ _Number = TypeVar("_Number", int, float)
 
 DTYPES = ("auto", "bf16", "bfloat16", "float16", "float32", "fp16", "fp32", "half")
 """The `--dtype` names `rewardlens.load` accepts (tests/cli checks them against the loader's)."""
-
-
-class ArgumentError(RewardLensError):
-    """A path or option the command cannot use; found before anything heavy is imported."""
 
 
 class Interrupted(KeyboardInterrupt):
@@ -67,8 +69,18 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
 
 
 def finite(x: float) -> float | None:
-    """A float for JSON, or None where it is NaN or infinite (JSON has no NaN)."""
-    return float(x) if math.isfinite(x) else None
+    """A float for JSON, or None where it is NaN or infinite (JSON has no NaN): `stats.json_number`.
+    Imported on call: only run functions call it, after the heavy imports."""
+    from ..stats import json_number
+
+    return json_number(x)
+
+
+def print_json(result: dict[str, Any]) -> None:
+    """`--json`: the result as strict JSON, NaN and inf as null (`stats.to_json`, the one JSON writer)."""
+    from ..stats import to_json
+
+    print(to_json(result, indent=2))
 
 
 def pair_id(pair: Pair, i: int) -> str:
@@ -119,7 +131,10 @@ def add_model_options(p: argparse.ArgumentParser, *, optional_model: bool = Fals
     p.add_argument("--pad-token-id", type=int, default=None, help="read by this pad id instead of the model's")
     p.add_argument("--max-length", type=positive(int), default=None)
     p.add_argument("--truncation", choices=["error", "left"], default="error")
-    p.add_argument("--trust-remote-code", action="store_true")
+    p.add_argument("--trust-remote-code", action="store_true",
+                   help="run the custom code a model folder's config.json names (auto_map); read it first")
+    p.add_argument("--allow-pickle", action="store_true",
+                   help="load pickle-only weights (pytorch_model.bin); refused by default: unpickling runs code")
     kind = p.add_argument_group("reward-model kind (docs/rm-kinds.md; default: a sequence classifier)")
     kind.add_argument("--prm-separator", type=_escaped, default=None,
                       help="a process RM: read every step at this separator token (escapes allowed: '\\n')")
@@ -165,87 +180,11 @@ def add_strict_option(p: argparse.ArgumentParser) -> None:
                         "instead of warning")
 
 
-# ---- path checks: standard library only ----------------------------------------------------------
-
-_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
-"""`org/name`: a path that does not exist locally but may name a Hugging Face hub repository."""
-MODEL_OPTIONS = ("model", "other")
-"""Options holding a model folder or hub id, checked by `check_common`."""
-PAIRS_OPTIONS = ("pairs", "reference", "background", "probe_pairs")
-"""Options holding a pairs file or dataset folder, checked by `check_common`."""
-
-
-def check_model(path: str) -> None:
-    """A model folder with a config.json, or a plausible hub id (`org/name`) that is not a local path."""
-    p = Path(path).expanduser()
-    if p.is_dir():
-        if not (p / "config.json").is_file():
-            raise ArgumentError(f"not a model folder (no config.json in it): {path}")
-    elif p.exists():
-        raise ArgumentError(f"not a model folder (it is a file): {path}")
-    elif not _HUB_ID.fullmatch(path):
-        raise ArgumentError(f"no such model folder: {path}")
-
-
-def check_input(path: str, what: str = "file") -> None:
-    """A file (or dataset folder) that exists and can be read."""
-    p = Path(path).expanduser()
-    if not p.exists():
-        raise ArgumentError(f"no such {what}: {path}")
-    if not os.access(p, os.R_OK):
-        raise ArgumentError(f"cannot read {what}: {path}")
-
-
-def check_folder(path: str, what: str = "folder") -> None:
-    """An input folder that exists."""
-    if not Path(path).expanduser().is_dir():
-        raise ArgumentError(f"no such {what}: {path}")
-
-
-def check_out_folder(path: str, what: str = "output folder") -> None:
-    """A folder that exists and is writable, or one that can be created (its nearest existing parent is)."""
-    p = Path(path).expanduser().absolute()
-    if p.exists() and not p.is_dir():
-        raise ArgumentError(f"{what} is a file, not a folder: {path}")
-    _check_writable(p, path, what)
-
-
-def check_out_file(path: str, what: str = "output file") -> None:
-    """A file that can be written: not a folder, and in a folder that exists or can be created."""
-    p = Path(path).expanduser().absolute()
-    if p.is_dir():
-        raise ArgumentError(f"{what} is a folder, not a file: {path}")
-    if p.exists() and not os.access(p, os.W_OK):
-        raise ArgumentError(f"cannot write {what}: {path}")
-    _check_writable(p.parent, path, what)
-
-
-def _check_writable(folder: Path, shown: str, what: str) -> None:
-    existing = folder
-    while not existing.exists():
-        existing = existing.parent
-    if not existing.is_dir():
-        raise ArgumentError(f"cannot create {what} {shown}: {existing} is a file")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise ArgumentError(f"cannot write to {what}: {shown} ({existing} is not writable)")
-
-
-def check_common(args: argparse.Namespace) -> None:
-    """The checks every command shares: model paths and pairs files, whichever of them it takes."""
-    for name in MODEL_OPTIONS:
-        value = getattr(args, name, None)
-        if value is not None:
-            check_model(value)
-    for name in PAIRS_OPTIONS:
-        value = getattr(args, name, None)
-        if value:
-            check_input(value, f"--{name.replace('_', '-')} file")
-
-
 FLAGS = {
     "readout": "--readout", "max_length": "--max-length", "pad_token_id": "--pad-token-id",
     "truncation": "--truncation", "batch_size": "--batch-size", "dtype": "--dtype", "device": "--device",
     "device_map": "--device-map", "offload_folder": "--offload-folder", "trust_remote_code": "--trust-remote-code",
+    "allow_pickle": "--allow-pickle",
     "strict": "--strict", "limit": "--limit", "chunk_size": "--chunk-size", "probe_items": "--probe-items",
     "sae_layer": "--sae-layer", "layer": "--layer", "positions": "--positions", "estimand": "--estimand",
     "fraction": "--fraction", "n_boot": "--n-boot", "seed": "--seed", "k": "--k", "expansion_factor":
@@ -295,11 +234,14 @@ def quiet_hub() -> None:
 def load_model(args: argparse.Namespace) -> RewardModel:
     """`rewardlens.load` with the options of `add_model_options`."""
     quiet_hub()
+    check_device_parses(getattr(args, "device", None))  # torch is imported now: it parses its own names
     from ..model import load, load_dpo, load_judge, load_prm
 
     extra: dict[str, Any] = {"pad_token_id": args.pad_token_id} if args.pad_token_id is not None else {}
     if args.trust_remote_code:
         extra["trust_remote_code"] = True
+    if getattr(args, "allow_pickle", False):
+        extra["allow_pickle"] = True
     if args.offload_folder is not None:
         extra["offload_folder"] = args.offload_folder
     common = dict(dtype=args.dtype, device=args.device, max_length=args.max_length, truncation=args.truncation)

@@ -15,6 +15,19 @@ A pair can be well formed and still say nothing about a preference. Four kinds a
 `DegeneratePairsWarning` (a `RewardLensWarning`) with the count per kind and the first few pairs
 of each. `strict=True` turns the same report into a `DataError`. `load_pairs` runs the same
 check with each pair named by its line or record in the file (docs/scoring.md, "Degenerate pairs").
+
+Text can be fine and its token ids still say nothing: `check_tokens` looks at the ids a model read
+(the model layer runs it on every encoding of pairs, docs/scoring.md, "Token checks"):
+
+- `identical_tokens`: the two sides differ as text but encode to the same ids (a chat template that
+  drops the assistant's turn, or a tokenizer that normalises the difference away): a zero margin.
+- `response_missing`: the response's own last tokens (tokenized alone) occur nowhere in the sequence
+  the model reads: the template drops or rewrites the assistant's content.
+- `read_before_response`: a decoder's read token comes before those tokens, so the reward cannot
+  see how the response ends (a pad id that occurs there moves the read token back).
+
+When a kind holds for every pair (or sequence) that could be checked, nothing the model scores
+carries the responses, so `TokenChecks.report` raises `TokenizationError`; otherwise it warns once.
 """
 
 from __future__ import annotations
@@ -25,8 +38,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
-from ..errors import DataError, DegeneratePairsWarning
+from ..errors import DataError, DegeneratePairsWarning, TokenizationError
 from ._pair import Pair
+from ._rows import Side, pair_of
 
 if TYPE_CHECKING:
     from ..types import Prompt
@@ -161,3 +175,129 @@ def _canonical(prompt: Prompt) -> str:
 
 def _name(pair: Pair, where: str) -> str:
     return where if pair.id is None else f"{where} (id {pair.id!r})"
+
+
+TokenCheckKind = Literal["identical_tokens", "response_missing", "read_before_response"]
+TOKEN_CHECK_KINDS: tuple[TokenCheckKind, ...] = get_args(TokenCheckKind)
+TAIL = 4
+"""How many of a response's last tokens `check_tokens` looks for (its very last token left out)."""
+_TOKEN_DESCRIBE: dict[TokenCheckKind, str] = {
+    "identical_tokens": "pairs whose two sides differ as text but encode to the same token ids (a zero margin "
+                        "by construction)",
+    "response_missing": "sequences that do not hold their response's last tokens (the chat template drops or "
+                        "rewrites the assistant's turn)",
+    "read_before_response": "sequences read at a token before their response's last tokens (the reward cannot "
+                            "see how the response ends)",
+}
+_TOKEN_FIX: dict[TokenCheckKind, str] = {
+    "identical_tokens": "use a chat template that renders the assistant's turn (tokenizer.chat_template), raise "
+                        "max_length= if a left cut removed the difference, or drop those pairs",
+    "response_missing": "use a chat template that renders the assistant's message content (tokenizer.chat_template)",
+    "read_before_response": "pass a pad_token_id= that does not occur at the end of the responses, or leave it to "
+                            "the model's own",
+}
+
+_EVERY: dict[TokenCheckKind, str] = {
+    "identical_tokens": "that is every pair whose sides differ",
+    "response_missing": "that is every response long enough to look for",
+    "read_before_response": "that is every sequence whose response was found",
+}
+
+
+@dataclass(frozen=True)
+class TokenChecks:
+    """What `check_tokens` found in `n_pairs` pairs, per kind of `TOKEN_CHECK_KINDS`.
+
+    `found[kind]`: every pair (`identical_tokens`) or sequence (the others) of that kind, named as
+    messages name it (`pair 3 (id 'x')`, `pair 3 (rejected)`); `checked[kind]`: how many could be
+    checked (pairs whose texts differ; sequences whose response has three tokens or more, so one is left
+    to look for once its edges are left out; sequences whose response was found, with a read position).
+    """
+
+    n_pairs: int
+    found: Mapping[TokenCheckKind, tuple[str, ...]]
+    checked: Mapping[TokenCheckKind, int]
+
+    @property
+    def ok(self) -> bool:
+        """True when no kind was found."""
+        return not any(self.found[kind] for kind in TOKEN_CHECK_KINDS)
+
+    def everywhere(self) -> TokenCheckKind | None:
+        """The first kind found in every pair or sequence that could be checked, else None."""
+        return next((k for k in TOKEN_CHECK_KINDS if self.found[k] and len(self.found[k]) == self.checked[k]), None)
+
+    def describe(self) -> str:
+        """One line: how many of each kind, with the first few named."""
+        parts = []
+        for kind in TOKEN_CHECK_KINDS:
+            named = self.found[kind]
+            if named:
+                shown = ", ".join(named[:EXAMPLES]) + (", ..." if len(named) > EXAMPLES else "")
+                parts.append(f"{len(named)} of {self.checked[kind]} {_TOKEN_DESCRIBE[kind]}: {shown}")
+        return "token checks: " + ("; ".join(parts) if parts else f"all {self.n_pairs} pairs pass")
+
+    def report(self, stacklevel: int = 1) -> None:
+        """Raise `TokenizationError` when a kind holds everywhere it was checked (nothing the model reads carries
+        the responses); else warn once (`DegeneratePairsWarning`) when anything was found."""
+        if self.ok:
+            return
+        kind = self.everywhere()
+        if kind is not None:
+            raise TokenizationError(f"{self.describe()}; {_EVERY[kind]}, so no score would depend on the responses. "
+                                    f"Fix: {_TOKEN_FIX[kind]} (docs/scoring.md, 'Token checks')")
+        fixes = "; ".join(dict.fromkeys(_TOKEN_FIX[k] for k in TOKEN_CHECK_KINDS if self.found[k]))
+        warnings.warn(f"{self.describe()}. Fix: {fixes} (docs/scoring.md, 'Token checks')", DegeneratePairsWarning,
+                      stacklevel=stacklevel + 1)
+
+
+def check_tokens(pairs: Sequence[Pair], ids: Sequence[Sequence[int]], responses: Sequence[Sequence[int]],
+                 reads: Sequence[int] | None = None) -> TokenChecks:
+    """The token checks of `pairs` on what a model reads of them (module docstring), raising nothing.
+
+    `ids` [2n]: each sequence's token ids, rows alternating chosen, rejected; `responses` [2n]: each
+    side's response tokenized alone (no special tokens); `reads` [2n]: each sequence's read position
+    (a decoder's one read token), or None where the read cannot miss the response (encoders, reads set
+    inside the response). A response's first and last tokens are left out of the search: next to
+    the template they may merge into other tokens."""
+    if not len(ids) == len(responses) == 2 * len(pairs) or (reads is not None and len(reads) != len(ids)):
+        raise ValueError(f"check_tokens needs two sequences per pair: {len(pairs)} pairs, {len(ids)} sequences, "
+                         f"{len(responses)} responses, {'no' if reads is None else len(reads)} read positions")
+    found: dict[TokenCheckKind, list[str]] = {kind: [] for kind in TOKEN_CHECK_KINDS}
+    checked = dict.fromkeys(TOKEN_CHECK_KINDS, 0)
+    sides: dict[int, dict[Side, list[int]]] = {}
+    for row, seq in enumerate(ids):
+        i, side = pair_of(row)
+        sides.setdefault(i, {})[side] = list(seq)
+    for i, pair in enumerate(pairs):
+        if pair.chosen != pair.rejected:
+            checked["identical_tokens"] += 1
+            if sides[i]["chosen"] == sides[i]["rejected"]:
+                found["identical_tokens"].append(_name(pair, f"pair {i}"))
+    for row, (seq, response) in enumerate(zip(ids, responses)):
+        tail = list(response[1:-1][-TAIL:])
+        if not tail:  # a response of one or two tokens: nothing left once its edges are left out
+            continue
+        checked["response_missing"] += 1
+        end = _last_end(list(seq), tail)
+        i, side = pair_of(row)
+        where = _name(pairs[i], f"pair {i}") + f" ({side})"
+        if end is None:
+            found["response_missing"].append(where)
+        elif reads is not None:
+            checked["read_before_response"] += 1
+            if reads[row] < end - 1:
+                found["read_before_response"].append(where)
+    return TokenChecks(len(pairs), {k: tuple(v) for k, v in found.items()}, checked)
+
+
+def _last_end(seq: list[int], tail: list[int]) -> int | None:
+    """Where the last occurrence of `tail` in `seq` ends (one past its last token), or None."""
+    end, start = None, -1
+    try:
+        while True:  # list.index finds each candidate start in C: long sequences stay cheap
+            start = seq.index(tail[0], start + 1)
+            if seq[start:start + len(tail)] == tail:
+                end = start + len(tail)
+    except ValueError:
+        return end

@@ -10,7 +10,7 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from ..errors import DataError
+from ..errors import DataError, MissingDependencyError
 from ..types import Message, Prompt
 from ._checks import find
 from ._fields import MISSING, bad, label, show
@@ -42,6 +42,12 @@ def load_pairs(path: str | os.PathLike[str], *, limit: int | None = None, strict
       combination, adjacent, in order, sharing a `group` (the record's id, else its location).
     - LLaMA-Factory / ShareGPT DPO: `conversations` (`{"from", "value"}` or `{"role", "content"}`
       messages), optional `system`, and `chosen`/`rejected` as one message or a string.
+
+    Messages of either style are read as `{"role", "content"}`; ShareGPT speakers become chat-template
+    roles (case-insensitively: `human` → user, `gpt` → assistant, `system` → system, `observation` →
+    tool, `function_call` → assistant; other names pass unchanged). A prompt must end on the turn the
+    response answers: one ending on an assistant turn is refused. A record means the same in every
+    format: in CSV a cell holding JSON messages is decoded and checked as JSONL checks them.
 
     Reads at most `limit` records (a RewardBench 2 record counts once). Raises `DataError` naming
     file, line/record and field.
@@ -165,8 +171,8 @@ def _read_parquet(path: Path) -> Records:
                 i += 1
     except Exception as e:  # pyarrow raises several unrelated types for a non-Parquet file
         after = f" after record {i - 1}" if i else ""
-        raise DataError(f"{path}: not a readable Parquet file{after} ({e}). "
-                        f"Fix: check the file.") from None
+        raise DataError(f"{path}: not a readable Parquet file{after} ({' '.join(str(e).split())}). "
+                        f"Fix: check the file.") from None  # one line: pyarrow's messages hold line breaks
 
 
 def _read_dataset(path: Path) -> Records:
@@ -176,6 +182,10 @@ def _read_dataset(path: Path) -> Records:
     except FileNotFoundError:
         raise DataError(f"{path}: a folder, but not one written by Dataset.save_to_disk or "
                         f"DatasetDict.save_to_disk. Fix: point at one, or at a file.") from None
+    except Exception as e:  # a damaged folder: datasets raises JSON, key, Arrow and OS errors alike
+        raise DataError(f"{path}: a saved dataset folder that cannot be read ({type(e).__name__}: "
+                        f"{' '.join(str(e).split())[:200]}). Fix: save it again with save_to_disk, or "
+                        f"point at a file.") from None
     where = ""
     if isinstance(data, datasets.DatasetDict):
         splits = list(data)
@@ -184,7 +194,15 @@ def _read_dataset(path: Path) -> Records:
                             f"Fix: pass the folder of the split you want, e.g. {path / splits[0]}.")
         split = "train" if "train" in data else splits[0]
         data, where = data[split], f"split {split!r}, "
-    yield from ((f"{where}record {i}", row) for i, row in enumerate(data))
+    i = 0
+    try:  # rows are read from the Arrow files lazily, so a damaged file can fail after its first records
+        for row in data:
+            yield f"{where}record {i}", row
+            i += 1
+    except Exception as e:
+        after = f" after {where}record {i - 1}" if i else ""
+        raise DataError(f"{path}: a saved dataset folder that cannot be read{after} ({type(e).__name__}: "
+                        f"{' '.join(str(e).split())[:200]}). Fix: save it again with save_to_disk.") from None
 
 
 _READERS: dict[str, Callable[[Path], Records]] = {
@@ -195,21 +213,26 @@ def _require(module: str) -> Any:
     try:
         return importlib.import_module(module)
     except ImportError as e:
-        raise ImportError(f"Reading this format needs {module.split('.')[0]!r}, which is not "
-                          f"installed. Fix: pip install 'rewardlens[data]'") from e
+        raise MissingDependencyError(f"Reading this format needs {module.split('.')[0]!r}, which is not "
+                                     f"installed. Fix: pip install 'rewardlens[data]'") from e
 
 
 def _decode_cell(cell: str) -> Any:
-    """A CSV cell holding JSON messages (as exporters write nested columns) becomes messages."""
+    """A CSV cell holding JSON messages (as exporters write nested columns) becomes messages.
+
+    The cell is messages when its JSON (one object, or a list) holds at least one whole message (a
+    role and a text key). It is then read as JSONL reads the same value, so a message of it that
+    lacks its role, or an entry that is no message, is refused as it would be there, not taken for
+    literal text. JSON holding no whole message (`[1, 2]`, `{"role": "user"}`) stays text.
+    """
     try:
         parsed = json.loads(cell) if cell[:1] in ("[", "{") else cell
     except (ValueError, RecursionError):  # not JSON (or JSON too deep to be messages): text
         return cell
-    # Only message-shaped JSON is decoded: a response that merely looks like JSON stays text.
     items = parsed if isinstance(parsed, list) else [parsed]
-    is_message = [isinstance(m, dict) and bool({"role", "from"} & m.keys())
-                  and bool({"content", "value"} & m.keys()) for m in items]
-    return parsed if items and all(is_message) else cell
+    whole = [isinstance(m, dict) and bool({"role", "from"} & m.keys()) and bool({"content", "value"} & m.keys())
+             for m in items]
+    return parsed if any(whole) else cell
 
 
 def _to_pairs(record: Any, loc: str, where: str) -> list[Pair]:
@@ -263,7 +286,20 @@ def _prompt(record: dict[str, Any], loc: str, contexts: list[list[Message]]) -> 
         utf8_text(prompt, loc, field)
     if prompt == []:
         raise bad(loc, field, "at least one message", prompt, "add the turns before the response.")
+    if isinstance(prompt, list):  # named where the record holds it: a system prompt is not counted
+        given = field if record.get(field) is not None else "chosen"
+        _answerable(prompt, loc, f"{given}[{len(record.get(field) or prompt) - 1}]")
     return prompt
+
+
+def _answerable(prompt: list[Message], loc: str, last: str) -> None:
+    """Refuse a prompt whose last turn (`last`, as the record names it) is the assistant's: the response
+    would follow its own turn, which a chat template renders as two assistant turns in a row (or
+    refuses), so the pair would score another conversation than the one meant."""
+    if prompt[-1]["role"] == "assistant":
+        raise bad(loc, last, "a prompt ending on the turn the response answers (user, system or tool)",
+                  prompt[-1], f"drop the trailing assistant turn {last} (if it is the response, it belongs in "
+                  "'chosen' and 'rejected').")
 
 
 def _response(value: Any, loc: str, field: str) -> tuple[str, list[Message] | None]:
@@ -293,9 +329,10 @@ def _message(value: Any, loc: str, field: str) -> Message:
     if not isinstance(value, dict):
         raise bad(loc, field, "a message {\"role\", \"content\"} or {\"from\", \"value\"}", value,
                   "write each message as an object.")
-    # Arrow fills absent struct keys with None, so the keys holding values decide the style.
+    # Arrow fills absent struct keys with None, so the keys holding values decide the style (a message
+    # holding none is read as {"role", "content"} in every format).
     sharegpt = value.get("role") is None and value.get("content") is None and (
-        "from" in value or "value" in value)
+        value.get("from") is not None or value.get("value") is not None)
     role_key, text_key = ("from", "value") if sharegpt else ("role", "content")
     role, text = value.get(role_key, MISSING), value.get(text_key, MISSING)
     if not isinstance(role, str):
