@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 import rewardlens as rl
-from rewardlens.audit import Plan, Store, audit
+from rewardlens.audit import Plan, Store, audit, content_key
 from rewardlens.audit.report import summary
 from rewardlens.model.internal import hidden_arg
 from rewardlens.zoo import DEMO_PAIRS
@@ -49,7 +49,7 @@ def test_a_pair_that_fits_in_no_batch_is_skipped_recorded_and_named(tiny_root, t
         names = {key.instrument: [u for u, _ in store.records(key)] for key, _ in store.runs()}
     finally:
         store.close()
-    assert names["skipped"] == ["4"]  # the store records it: a resumed run does not try it again
+    assert names["skipped"] == [content_key(pairs[4])]  # the store records it: a resumed run does not try it again
     again = audit(model, pairs, store=tmp_path / "results.sqlite", plan=PLAN)
     assert again.skipped == res.skipped and again.pair_ids == res.pair_ids
     assert summary(again)["skipped"] == res.skipped  # numbers.json and the report's summary name it

@@ -121,7 +121,6 @@ def test_pairs_without_a_group_hash_as_before_the_field_existed():
     # Stores written before `Pair.group` must resume: their data checksum may not move.
     import dataclasses
 
-    from rewardlens.audit._store import checksum
     from rewardlens.zoo import DEMO_PAIRS
 
     before = [{k: v for k, v in dataclasses.asdict(p).items() if k != "group"} for p in DEMO_PAIRS]
@@ -144,6 +143,7 @@ def test_fingerprint_follows_every_choice_that_defines_a_reward(tiny_root):
         "prm": rl.wrap_prm(lm, tok, separator=SEP, tokens=(23, 29), combine="min"),
         "prm-sum": rl.wrap_prm(lm, tok, separator=SEP, tokens=(23, 29), combine="sum"),
         "prm-dot": rl.wrap_prm(lm, tok, separator=".", tokens=(23, 29), combine="min"),
+        "prm-last-token": rl.wrap_prm(lm, tok, separator=SEP, tokens=(23, 29), combine="min", final="last-token"),
         "judge": rl.wrap_judge(lm, tok, tokens=(23, 29)),
         "judge-asked": rl.wrap_judge(lm, tok, tokens=(23, 29), question="Rate: {response}"),
         "dpo": rl.wrap_dpo(lm, other, tok, beta=0.5),
@@ -162,7 +162,7 @@ def test_what_defines_a_kind_hashes_to_the_bytes_it_always_did(tiny_root):
     a change would make every store written before it unresumable."""
     import json
 
-    from rewardlens.audit._store import _kind
+    from rewardlens.audit._keys import _kind
     from rewardlens.zoo import build_tokenizer
     from tests.model.test_rm_kinds import SEP, build
 
@@ -195,19 +195,20 @@ def test_schema_version_follows_the_stored_fields():
     import dataclasses
 
     from rewardlens.audit import STORED_RESULTS, VERSION, schema_version
+    from rewardlens.audit._plan import REVISION
     from rewardlens.exact import STEP_FIELDS, Lens
     from rewardlens.types import Stored
 
-    assert schema_version(1, STORED_RESULTS, STEP_FIELDS) == VERSION  # deterministic, and what runs use
+    assert schema_version(REVISION, STORED_RESULTS, STEP_FIELDS) == VERSION  # deterministic, and what runs use
     wider = dataclasses.make_dataclass("Lens", [("extra", int, dataclasses.field(default=0))], bases=(Lens,),
                                        frozen=True)
     wider.__qualname__ = Lens.__qualname__  # the same name, one field more
-    assert schema_version(1, [wider if c is Lens else c for c in STORED_RESULTS], STEP_FIELDS) != VERSION
+    assert schema_version(REVISION, [wider if c is Lens else c for c in STORED_RESULTS], STEP_FIELDS) != VERSION
     moved = type("Lens", (Lens,), {"STORED": Stored(per_row=Lens.STORED.per_row[:-1], derived=Lens.STORED.derived)})
     moved.__qualname__ = Lens.__qualname__
-    assert schema_version(1, [moved if c is Lens else c for c in STORED_RESULTS], STEP_FIELDS) != VERSION
-    assert schema_version(2, STORED_RESULTS, STEP_FIELDS) != VERSION
-    assert schema_version(1, STORED_RESULTS, STEP_FIELDS[:-1]) != VERSION
+    assert schema_version(REVISION, [moved if c is Lens else c for c in STORED_RESULTS], STEP_FIELDS) != VERSION
+    assert schema_version(REVISION + 1, STORED_RESULTS, STEP_FIELDS) != VERSION
+    assert schema_version(REVISION, STORED_RESULTS, STEP_FIELDS[:-1]) != VERSION
 
 
 def test_every_declared_stored_field_is_a_field_of_its_result():

@@ -3,6 +3,11 @@
 `run_lock(out)` keeps a second run out of a folder a run is writing (the store and the report).
 """
 
+from ._keys import RunKey as RunKey
+from ._keys import checksum as checksum
+from ._keys import content_key as content_key
+from ._keys import fingerprint as fingerprint
+from ._keys import schema_version as schema_version
 from ._lock import Holder as Holder
 from ._lock import RunLock as RunLock
 from ._lock import run_lock as run_lock
@@ -14,11 +19,7 @@ from ._runner import Audit as Audit
 from ._runner import collect as collect
 from ._runner import plan_for_model as plan_for_model
 from ._runner import run_pairs as run_pairs
-from ._store import RunKey as RunKey
 from ._store import Store as Store
-from ._store import checksum as checksum
-from ._store import fingerprint as fingerprint
-from ._store import schema_version as schema_version
 from ._whole import TOKEN_PAIRS as TOKEN_PAIRS
 from ._whole import run_whole as run_whole
 from ._whole import shown_pairs as shown_pairs
@@ -42,6 +43,7 @@ __all__ = [
     "audit",
     "checksum",
     "collect",
+    "content_key",
     "fingerprint",
     "run_lock",
     "plan_for_model",

@@ -18,8 +18,9 @@ from ..data import Pair
 from ..errors import RunLockedError
 from ..model import RewardModel
 from ..sae import TopKSAE
+from ._keys import checksum
 from ._lock import run_lock
-from ._plan import Decided, Plan, run_keys, skipped_key
+from ._plan import VERSION, Decided, PairUnits, Plan, run_keys, skipped_key
 from ._runner import Audit, collect, plan_for_model, run_pairs
 from ._store import Store
 from ._whole import run_whole
@@ -33,8 +34,10 @@ def shard_path(store: str | Path, rank: int) -> Path:
 
 @dataclass(frozen=True)
 class ResumeStatus:
-    """What a results store holds of one run: the pairs whose every per-pair instrument is stored (or that
-    were recorded as skipped), and the whole-model results stored for the same model and data."""
+    """What a results store holds of one run: the pairs whose every per-pair instrument is stored and sound
+    (or that were recorded as skipped), found by content whichever run stored them (this one before an
+    interrupt, or an earlier run of a subset, a superset or a reordering of the pairs), and the
+    whole-model results stored for the same model and pair set."""
 
     path: Path
     """The store read."""
@@ -45,13 +48,18 @@ class ResumeStatus:
     whole: int
     """Whole-model results (probes, concepts, ...) stored for this model and data."""
 
+    @staticmethod
+    def reused(kept: int, n_pairs: int) -> str:
+        """How many of a run's pairs the store held before it, in the words a resumed run says it with."""
+        return f"{kept} of {n_pairs} pairs already in the store (reused from an earlier run)"
+
     def message(self, command_line: str) -> str:
         """The one line an interrupted run prints: what is kept and the command that resumes."""
         if not self.path.is_file():
             return f"rewardlens: interrupted before this run stored anything; start it again with: {command_line}"
         also = f" and {self.whole} whole-model result{'s' * (self.whole != 1)}" if self.whole else ""
-        return (f"rewardlens: interrupted; {self.path} keeps the finished chunks of {self.kept} of {self.n_pairs} "
-                f"pairs{also}; resume with: {command_line}")
+        return (f"rewardlens: interrupted; {self.path} keeps {self.kept} of {self.n_pairs} pairs{also} (a rerun "
+                f"reuses them, found by content); resume with: {command_line}")
 
 
 def resume_status(store: str | Path, model: RewardModel, pairs: Sequence[Pair], plan: Plan = Plan(),
@@ -65,13 +73,14 @@ def resume_status(store: str | Path, model: RewardModel, pairs: Sequence[Pair], 
     db = Store(path)
     try:
         keys = run_keys(model, pairs, plan.for_reads() if model.reads.multi else plan, decided)
-        done = set.intersection(*(db.done(k) for k in keys.values())) | db.done(skipped_key(model, pairs))
-        same = next(iter(keys.values()))
-        whole = sum("all" in db.done(k) for k, _ in db.runs()
-                    if (k.model, k.data, k.version) == (same.model, same.data, same.version))
+        units = PairUnits.of(pairs).units
+        done = set.intersection(*(db.done(k, set(units)) for k in keys.values()))
+        done |= db.done(skipped_key(model), set(units))
+        same = (keys["lens"].model, checksum(pairs), VERSION)  # the whole-model runs: keyed by the pair set
+        whole = sum("all" in db.done(k, ["all"]) for k in db.keys() if (k.model, k.data, k.version) == same)
     finally:
         db.close()
-    return ResumeStatus(path, len(pairs), sum(str(i) in done for i in range(len(pairs))), whole)
+    return ResumeStatus(path, len(pairs), sum(unit in done for unit in units), whole)
 
 
 @contextlib.contextmanager
