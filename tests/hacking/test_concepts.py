@@ -303,3 +303,16 @@ def test_cli_json_matches_the_api_and_table_prints(tiny_root, tmp_path, capsys):
     assert "item 0" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["concepts", path, "--concept", "no-files"])
+
+
+@pytest.mark.parametrize("arch,positions,forwards", [("llama", "all", 1), ("armorm", "read", 1), ("armorm", "all", 2)])
+def test_the_default_dose_reuses_the_read_of_its_inputs_unless_the_gate_moves(tiny_root, monkeypatch, arch,
+                                                                               positions, forwards):
+    """At the last layer the dose is the head on the dosed final residual of the negatives just read: no
+    second forward of them, except where a gate read elsewhere moves with an every-position dose."""
+    model = rl.load(str(tiny_root[arch]))
+    calls = []
+    real = model.run
+    monkeypatch.setattr(model, "run", lambda batch, points: calls.append(len(batch.input_ids)) or real(batch, points))
+    concepts(model, {"eager": (_conv(POS), _conv(NEG))}, positions=positions, n_boot=20, batch_size=64)
+    assert len(calls) == forwards  # one batch holds every input: one forward per pass over them

@@ -36,11 +36,11 @@ import torch
 
 from ..data import progress_bar
 from ..errors import DataError, warn
-from ..model import RewardModel
+from ..model import ReadCache, RewardModel
 from ..model.internal import Tokenized, flatten_inputs, one_read_only
 from ..stats import auroc, bootstrap_ci
 from ..types import Positions, Text
-from ._dose import dose_response, fit_slope, linearity
+from ._dose import dose_read, dose_response, fit_slope, linearity
 from ._fit import builtin_sets
 
 if TYPE_CHECKING:
@@ -257,13 +257,18 @@ def _unit(x: np.ndarray, typical: np.ndarray) -> tuple[np.ndarray, np.ndarray, n
 
 def _concept(model: RewardModel, name: str, value: object, kept: list[str], dose_label: str, unit: Unit,
              grid: np.ndarray, positions: Positions, dose_seqs: list[Tokenized] | None, seed: int,
-             batch_size: int, step: Callable[[], object] = lambda: None) -> dict[str, Any]:
+             batch_size: int, step: Callable[[], object] = lambda: None, cache: ReadCache | None = None
+             ) -> dict[str, Any]:
     """Everything about one concept: per-layer statistics and its dose-response [n_alphas, n_inputs];
     `step()` after the read and after the dose."""
     if not isinstance(value, (tuple, list)) or len(value) != 2:
         raise DataError(f"concept {name!r}: expected (positive inputs, negative inputs), got {type(value).__name__}")
     pos, neg = (_encode_set(model, name, side, x) for side, x in zip(("positive", "negative"), value))
-    reading = model.read(pos + neg, layers=kept, batch_size=batch_size, readout=True)
+    if cache is None:
+        reading = model.read(pos + neg, layers=kept, batch_size=batch_size, readout=True)
+    else:
+        cache.check(model, "concepts")
+        reading = cache.read(pos + neg, batch_size=batch_size)
     step()
     resid, ro = torch.stack([reading.layers[label] for label in kept], 1), reading.readout
     assert ro is not None  # read with readout=True
@@ -282,7 +287,11 @@ def _concept(model: RewardModel, name: str, value: object, kept: list[str], dose
     scale = float(rnorm[j] if unit == "difference" else sigma[j])
     targets = neg if dose_seqs is None else dose_seqs
     shift = torch.as_tensor(scale * rdir[j], dtype=torch.float32, device=model.device)
-    base, dose = dose_response(model, targets, dose_label, shift, grid, positions, batch_size)
+    last = dose_label == str(model.n_layers - 1)
+    if dose_seqs is None and last and (positions == "read" or not model.gated):  # the negatives were just read
+        base, dose = dose_read(model, reading.final[n:], reading.coefficients[n:], shift, grid)
+    else:
+        base, dose = dose_response(model, targets, dose_label, shift, grid, positions, batch_size)
     step()
     if not rok[j]:
         warn(f"concept {name!r}: its two sets do not differ at layer {dose_label} (at the read token), so it has "
@@ -308,6 +317,7 @@ def concepts(
     n_boot: int = 2000,
     batch_size: int = 16,
     progress: bool = False,
+    cache: ReadCache | None = None,
 ) -> Concepts:
     """Concept directions per layer and the causal dose-response of each concept (module docstring).
 
@@ -322,7 +332,12 @@ def concepts(
     sequences per forward (the dose pass runs about that many rows: inputs × alphas). `items`: with
     `sets=None`, the items the built-in sets are made from (default all built-in items; an axis that
     applies to fewer than 2 of them is left out with a warning). `progress`: a tqdm bar on stderr,
-    two steps per concept (its read, its dose).
+    two steps per concept (its read, its dose). `cache`: a `ReadCache` of this model shared with `probe`
+    (the audit's): an input it holds is not read again.
+
+    At the default dose layer (the last), the dose needs no forward where the readout does not move with
+    it (`positions='read'`, or a head without a gate): the reward of the dosed final residual is the head's
+    on it, from the clean read of the dose inputs (`dose_read`).
 
     Short-context models: a built-in item whose with or without sequence on any axis is longer than
     the model's `max_length` is left out of every built-in set (one warning; `Concepts.skipped`).
@@ -354,7 +369,7 @@ def concepts(
     dose_seqs = None if dose_inputs is None else _encode_set(model, "dose_inputs", "dose", dose_inputs)
     with progress_bar(2 * len(sets), "concepts: read and dose", progress) as bar:
         per = [_concept(model, str(name), value, kept, dose_label, unit, grid, positions, dose_seqs, seed,
-                        batch_size, lambda: bar.update(1))
+                        batch_size, lambda: bar.update(1), cache)
                for name, value in sets.items()]
 
     dose = np.full((len(per), len(grid), max(p["dose"].shape[1] for p in per)), np.nan)

@@ -81,6 +81,24 @@ def _dose_last(model: RewardModel, seqs: list[Tokenized], shift: Tensor, alphas:
     return base, out
 
 
+def dose_read(model: RewardModel, final: Tensor, coefficients: Tensor, shift: Tensor, alphas: np.ndarray,
+              rows: int = 256) -> tuple[np.ndarray, np.ndarray]:
+    """`dose_response` at the last layer's output from a reading, without a forward: `final` [n, d] the
+    clean final residuals and `coefficients` [n, k] the readout a `Reading` holds. What `_dose_last`
+    computes where the readout does not move with the dose (the read position alone is dosed, or the
+    head has no gate); `rows` inputs at a time."""
+    a, zero = len(alphas), int(np.flatnonzero(alphas == 0)[0])
+    coef = torch.as_tensor(alphas, dtype=torch.float32, device=final.device)
+    out, base = np.zeros((a, len(final))), np.zeros(len(final))
+    for start in range(0, len(final), rows):
+        index = np.arange(start, min(start + rows, len(final)))
+        x = final[index].float().repeat_interleave(a, 0)  # [rows * a, d]: each input once per α
+        x = x + coef.repeat(len(index))[:, None] * shift.to(x.device)[None]
+        values = model.head_values(model.final_hidden(x), None)
+        _record(out, base, index, (values * coefficients[index].repeat_interleave(a, 0)).sum(-1), a, zero)
+    return base, out
+
+
 def fit_slope(alphas: np.ndarray, y: np.ndarray) -> np.ndarray:
     """Least-squares slopes of `y` [n_alphas, ...] against `alphas` (intercept free)."""
     da = alphas - alphas.mean()

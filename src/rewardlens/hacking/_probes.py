@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..data import Pair, margin, progress_bar
-from ..model import RewardModel
+from ..model import ReadCache, RewardModel
 from ..model.internal import one_read_only
 from ..stats import benjamini_hochberg, bootstrap_ci, paired_test, standardized
 from ..types import Conversation, Prompt
@@ -159,6 +159,7 @@ def probe(
     n_boot: int = 2000,
     batch_size: int = 16,
     progress: bool = False,
+    cache: ReadCache | None = None,
 ) -> Probes:
     """Run the probe axes on base items and test each effect; returns `Probes`.
 
@@ -174,7 +175,9 @@ def probe(
     and `Probes.skipped` records them (an axis left with no item gets n = 0 and NaN statistics). With
     `truncation='left'` nothing is skipped: long inputs are cut from the start. The user's own items
     are never skipped: one that does not fit raises `TokenizationError`, as any input does.
-    `progress`: a tqdm bar on stderr over the scored sequences.
+    `progress`: a tqdm bar on stderr over the scored sequences. `cache`: a `ReadCache` of this model
+    shared with `concepts` (the audit's): a sequence it holds is not scored again, and those scored are
+    read at every depth for the concepts (the same rewards, read by the same loop).
     """
     if model.reads.multi:  # before the items are tokenized: they carry no step separators
         raise one_read_only("the probes")
@@ -200,7 +203,7 @@ def probe(
     report("probe", gone, len(everything), model.max_length, "scored")
 
     keys = list(convs)
-    reward, length = _rewards(model, [convs[k] for k in keys], batch_size, progress)
+    reward, length = _rewards(model, [convs[k] for k in keys], batch_size, progress, cache)
     at = {k: i for i, k in enumerate(keys)}
     delta = np.full((len(base), len(names)), np.nan)
     added = np.full_like(delta, np.nan)
@@ -297,17 +300,21 @@ def _degradations(base: list[Item], seed: int) -> dict[str, list[str | None]]:
             "informativeness": evasive, "relevance": off}
 
 
-def _rewards(model: RewardModel, convs: list[Conversation], batch_size: int,
-             progress: bool = False) -> tuple[np.ndarray, np.ndarray]:
+def _rewards(model: RewardModel, convs: list[Conversation], batch_size: int, progress: bool = False,
+             cache: ReadCache | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Reward [n] and token count [n] of each conversation: `model.score`'s loop (the same batches,
-    fp32 head and readout), one bar step per scored sequence."""
+    fp32 head and readout), or the read loop through `cache`; one bar step per scored sequence."""
     seqs, _ = model.encode(convs)
     reward = np.zeros(len(seqs), dtype=np.float32)
     with progress_bar(len(seqs), "probe: scoring", progress, unit="seq") as bar:
-        for rows, batch in model.batches(seqs, batch_size):
-            values, coef = model.head_readout(model.run(batch, model.final_points(batch)))
-            reward[rows] = (values * coef).sum(-1).cpu().numpy()
-            bar.update(len(rows))
+        if cache is not None:
+            cache.check(model, "probe")
+            reward[:] = cache.read(seqs, batch_size=batch_size, step=bar.update).reward.cpu().numpy()
+        else:
+            for rows, batch in model.batches(seqs, batch_size):
+                values, coef = model.head_readout(model.run(batch, model.final_points(batch)))
+                reward[rows] = (values * coef).sum(-1).cpu().numpy()
+                bar.update(len(rows))
     return reward.astype(np.float64), np.array([len(s.ids) for s in seqs], float)
 
 

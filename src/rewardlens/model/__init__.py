@@ -15,6 +15,13 @@ from ._arch import register_architecture as register_architecture
 from ._core import UNSET as UNSET
 from ._core import RewardModel as RewardModel
 from ._core import Unset as Unset
+from ._finite import SATURATED as SATURATED
+from ._finite import FinitePairs as FinitePairs
+from ._finite import PairAccuracy as PairAccuracy
+from ._finite import dtype_name as dtype_name
+from ._finite import finite_pairs as finite_pairs
+from ._finite import pair_accuracy as pair_accuracy
+from ._finite import score_pairs as score_pairs
 from ._keys import TRACE_KINDS as TRACE_KINDS
 from ._keys import TraceKey as TraceKey
 from ._keys import TraceKind as TraceKind
@@ -34,6 +41,7 @@ from ._parts import KINDS as KINDS
 from ._parts import Part as Part
 from ._parts import PartKind as PartKind
 from ._parts import SublayerKind as SublayerKind
+from ._read_cache import ReadCache as ReadCache
 from ._reads import COMBINES as COMBINES
 from ._reads import READ_AT as READ_AT
 from ._reads import Combine as Combine
@@ -47,19 +55,23 @@ __all__ = [
     "ArchitectureMap",
     "COMBINES",
     "Combine",
+    "FinitePairs",
     "HEAD_KINDS",
     "KINDS",
     "KIND_NAMES",
     "KindName",
     "LAYOUTS",
     "Part",
+    "PairAccuracy",
     "PartKind",
     "READ_AT",
     "ReadAt",
+    "ReadCache",
     "Reads",
     "ReferenceTerm",
     "RewardKind",
     "RewardModel",
+    "SATURATED",
     "SublayerKind",
     "TRACE_KINDS",
     "Trace",
@@ -67,11 +79,15 @@ __all__ = [
     "TraceKind",
     "UNSET",
     "Unset",
+    "dtype_name",
+    "finite_pairs",
     "load",
     "load_dpo",
     "load_judge",
     "load_prm",
+    "pair_accuracy",
     "register_architecture",
+    "score_pairs",
     "trace",
     "verify",
     "wrap",

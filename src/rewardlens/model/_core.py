@@ -10,7 +10,6 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any, cast, get_args
 
 import numpy as np
-import torch
 from torch import Tensor, nn
 
 from ..errors import ArchitectureError, HeadError, TokenizationError, warn
@@ -22,8 +21,9 @@ from ._keys import TraceKey
 from ._kind import CLASSIFIER, Offsets, RewardKind
 from ._norms import NormParams
 from ._oom import batch_loop, run_rows
+from ._pair_tokens import CheckedPairs
 from ._placement import execution_device, onloaded, remove_dispatch_hooks
-from ._reading import Reading
+from ._reading import Reading, read_loop
 from ._readout import Head
 from ._reads import READ_LAST, Reads, one_read_only
 from ._tokens import (
@@ -86,7 +86,7 @@ class RewardModel:
         if truncation not in TRUNCATIONS:
             raise ValueError(f"truncation must be 'error' or 'left', got {truncation!r}")
         self.model, self.tokenizer, self.arch = model, tokenizer, arch
-        self.truncation, self._memo = truncation, TokenMemo()
+        self.truncation, self._memo, self._checked = truncation, TokenMemo(), CheckedPairs()
         self.encoder = arch.pooling == "first"
         self.device = execution_device(model, get_module(model, arch.head))
         with onloaded(*(get_module(model, p) for p in (arch.head, arch.pooler, arch.gate) if p)):
@@ -195,6 +195,7 @@ class RewardModel:
     def encode(self, inputs: Inputs | Text | Pair) -> tuple[list[Tokenized], bool]:
         """Token ids of every sequence (pairs interleaved chosen, rejected) and whether inputs were pairs."""
         seqs, is_pairs = self._read_positions(inputs)
+        self._checked.check(self, inputs if is_pairs else None, seqs)  # token checks of pairs, before any forward
         if self.offsets is not None:
             seqs = [replace(s, offsets=o) for s, o in zip(seqs, self.offsets(seqs))]
         if not self.encoder and not self.reads.multi:  # a set of reads has explicit positions: no pad rule
@@ -215,7 +216,7 @@ class RewardModel:
         if empty:
             raise TokenizationError(f"{empty[0]} tokenized to zero tokens; there is nothing to read")
         if self.reads.multi:
-            seqs = with_reads(self.tokenizer, self.reads, items, seqs, is_pairs, self.max_length)
+            seqs = with_reads(self.tokenizer, self.reads, items, seqs, is_pairs, self.max_length, self.truncation)
         return seqs, is_pairs
 
     def read_counts(self, inputs: Inputs | Text | Pair) -> list[int]:
@@ -307,50 +308,28 @@ class RewardModel:
         self, seqs: list[Tokenized], *, layers: Sequence[str] = (), batch_size: int = 16, gate: bool = True,
         readout: bool = False,
     ) -> Reading:
-        """The read loop: one batched no-grad forward per batch, capturing only the read position.
+        """The read loop (model/_reading.py): one batched no-grad forward per batch, capturing only the read position.
 
         `seqs` as `encode` returns them (pairs interleaved chosen, rejected); `layers` the depths whose
         residual to keep (`"embed"` or a layer index as a string, negative from the end); `gate=False`
         skips a gated head's gate (whose coefficients, and so `reward` and `readout`, are then NaN: the
         gate was not read). See `Reading` for what comes back.
         """
-        if self.reads.multi:
-            raise one_read_only("the read loop (`RewardModel.read`)")
-        n, k, d = len(seqs), self.head.n_objectives, self.d_model
-        zeros = lambda *shape: torch.zeros(*shape, dtype=torch.float32, device=self.device)  # noqa: E731
-        final, hidden, values, coef = zeros(n, d), zeros(n, d), zeros(n, k), zeros(n, k)
-        kept = {label: zeros(n, d) for label in layers}
-        keys = {label: TraceKey.embed() if label == "embed" else TraceKey.resid(range(self.n_layers)[int(label)])
-                for label in layers}
-        vectors = zeros(n, d) if readout else None
-        unread_gate = not gate and self.arch.head_kind == "gated" and self.head.readout is None
-        if unread_gate:
-            coef.fill_(float("nan"))
-        for rows, batch in self.batches(seqs, batch_size):
-            points = self.final_points(batch, gate=gate)
-            for key in keys.values():
-                where = (self.layers[0], "in") if key.layer is None else (self.layers[key.layer], "out")
-                points[key] = Point(*where, batch.read_index)
-            captured = self.run(batch, points)
-            index = torch.as_tensor(rows, device=self.device)
-            h = self.final_hidden(captured[TraceKey.final()])
-            final[index], hidden[index], values[index] = captured[TraceKey.final()], h, self.head(h)
-            if not unread_gate:
-                coef[index] = self.coefficients(captured)
-            for label, key in keys.items():
-                kept[label][index] = captured[key]
-            if vectors is not None:
-                head_rows, _ = self.head.rows(h)
-                vectors[index] = (coef[index][:, :, None] * head_rows).sum(1)
-        return Reading(final, hidden, kept, values, coef, vectors)
+        return read_loop(self, seqs, layers=layers, batch_size=batch_size, gate=gate, readout=readout)
 
     # ---- the reward ---------------------------------------------------------------------------
+    @property
+    def gated(self) -> bool:
+        """Whether the readout coefficients come from a gate read at its own position (ArmoRM's), so they
+        move when the residual there moves; False where they are fixed (one output, or a given readout)."""
+        return self.arch.head_kind == "gated" and self.head.readout is None
+
     def final_points(self, batch: Batch, *, gate: bool = True) -> dict[TraceKey, Point]:
         """Capture points the head needs: `final` (the final norm's input, or the last layer's output) and `gate`."""
         final_norm = self.arch.final_norm
         where = (self.layers[-1], "out") if final_norm is None else (get_module(self.model, final_norm), "in")
         points = {TraceKey.final(): self.read_point(batch, *where)}
-        if self.arch.head_kind == "gated" and gate and self.head.readout is None:
+        if self.gated and gate:
             if self.arch.final_norm is None:
                 raise ArchitectureError(f"map {self.arch.name!r}: a gated head reads its gate through final_norm")
             points[TraceKey.gate()] = Point(get_module(self.model, self.arch.final_norm), "in", self.gate_index(batch))

@@ -1,10 +1,26 @@
-"""`Reading`: what the head reads at the read position, one row per sequence (`RewardModel.read`)."""
+"""The read loop (`RewardModel.read`) and what it returns, `Reading`: what the head reads at the read
+position, one row per sequence."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
 
+import torch
 from torch import Tensor
+
+from ._hooks import Point, PointKey
+from ._keys import TraceKey
+from ._reads import one_read_only
+
+if TYPE_CHECKING:
+    import numpy as np
+    from torch import nn
+
+    from ._readout import Head
+    from ._reads import Reads
+    from ._tokens import Batch, Tokenized
 
 
 @dataclass(frozen=True)
@@ -29,3 +45,89 @@ class Reading:
     def reward(self) -> Tensor:
         """The scalar reward [N]."""
         return (self.values * self.coefficients).sum(-1)
+
+
+class Reader(Protocol):
+    """What the read loop reads of a `RewardModel` (which sits above this module: a protocol, no import)."""
+
+    reads: Reads
+    """Where the reward is read: the loop reads one token per sequence."""
+    head: Head
+    """The fp32 head."""
+    device: torch.device
+    """Where the head runs and every captured point lands."""
+
+    @property
+    def d_model(self) -> int:
+        """The residual width."""
+        ...
+
+    @property
+    def n_layers(self) -> int:
+        """How many transformer layers."""
+        ...
+
+    @property
+    def layers(self) -> nn.ModuleList:
+        """The transformer layers, in order."""
+        ...
+
+    @property
+    def gated(self) -> bool:
+        """Whether the readout coefficients come from a gate read at its own position."""
+        ...
+
+    def batches(self, seqs: list[Tokenized], batch_size: int) -> Iterator[tuple[np.ndarray, Batch]]:
+        """Length-sorted batches, with each batch's original row indices."""
+        ...
+
+    def final_points(self, batch: Batch, *, gate: bool = True) -> dict[TraceKey, Point]:
+        """The capture points the head needs (`final`, and a gated head's `gate`)."""
+        ...
+
+    def run(self, batch: Batch, points: Mapping[PointKey, Point]) -> dict[PointKey, Tensor]:
+        """One no-grad forward of the backbone: the captured points in fp32, by their keys."""
+        ...
+
+    def final_hidden(self, x: Tensor) -> Tensor:
+        """The head's input [n, d] from the captured final residual [n, d]."""
+        ...
+
+    def coefficients(self, captured: Mapping[TraceKey, Tensor]) -> Tensor:
+        """Readout coefficients [n, k] from captured final points."""
+        ...
+
+
+def read_loop(model: Reader, seqs: list[Tokenized], *, layers: Sequence[str], batch_size: int, gate: bool,
+              readout: bool) -> Reading:
+    """`RewardModel.read`: one batched no-grad forward per batch, capturing only the read position (its
+    docstring says what each argument asks for)."""
+    if model.reads.multi:
+        raise one_read_only("the read loop (`RewardModel.read`)")
+    n, k, d = len(seqs), model.head.n_objectives, model.d_model
+    zeros = lambda *shape: torch.zeros(*shape, dtype=torch.float32, device=model.device)  # noqa: E731
+    final, hidden, values, coef = zeros(n, d), zeros(n, d), zeros(n, k), zeros(n, k)
+    kept = {label: zeros(n, d) for label in layers}
+    keys = {label: TraceKey.embed() if label == "embed" else TraceKey.resid(range(model.n_layers)[int(label)])
+            for label in layers}
+    vectors = zeros(n, d) if readout else None
+    unread_gate = not gate and model.gated
+    if unread_gate:
+        coef.fill_(float("nan"))
+    for rows, batch in model.batches(seqs, batch_size):
+        points = model.final_points(batch, gate=gate)
+        for key in keys.values():
+            where = (model.layers[0], "in") if key.layer is None else (model.layers[key.layer], "out")
+            points[key] = Point(*where, batch.read_index)
+        captured = model.run(batch, points)
+        index = torch.as_tensor(rows, device=model.device)
+        h = model.final_hidden(captured[TraceKey.final()])
+        final[index], hidden[index], values[index] = captured[TraceKey.final()], h, model.head(h)
+        if not unread_gate:
+            coef[index] = model.coefficients(captured)
+        for label, key in keys.items():
+            kept[label][index] = captured[key]
+        if vectors is not None:
+            head_rows, _ = model.head.rows(h)
+            vectors[index] = (coef[index][:, :, None] * head_rows).sum(1)
+    return Reading(final, hidden, kept, values, coef, vectors)
