@@ -105,8 +105,7 @@ CHILD = textwrap.dedent("""
     import sys, torch
     torch.set_num_threads(1)
     import rewardlens as rl
-    from rewardlens.audit import Plan, run_pairs
-    from rewardlens.audit._store import Store
+    from rewardlens.audit import Plan, Store, run_pairs
     model = rl.load(sys.argv[1])
     run_pairs(model, rl.load_pairs(sys.argv[2]), Store(sys.argv[3]), Plan(chunk_size=1, probes=False, concepts=False))
 """)
@@ -168,7 +167,7 @@ def test_two_torchrun_ranks_give_exactly_the_single_process_results(tiny_root, p
     assert proc.returncode == 0, proc.stderr[-3000:]
     shards = [Store(tmp_path / "two" / f"results.rank{r}.sqlite") for r in (0, 1)]
     per_rank = [len(next(iter(_all_records(s).values()))) for s in shards]
-    assert per_rank == [4, 3]  # chunks {0,1}, {4,5} on rank 0; {2,3}, {6} on rank 1
+    assert per_rank == [3, 4]  # spans {0}, {3,4} on rank 0; {1,2}, {5,6} on rank 1 (the first pair alone)
     single = subprocess.run([sys.executable, "-m", "rewardlens", "audit", *args, "--out", str(tmp_path / "one")],
                             env=env, capture_output=True, text=True, timeout=600)
     assert single.returncode == 0, single.stderr[-3000:]

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 import rewardlens as rl
+from rewardlens.cli import audit as cli_audit
 from rewardlens.cli import concepts as cli_concepts
 from rewardlens.cli import edit as cli_edit
 from rewardlens.cli import organisms as cli_organisms
@@ -185,7 +186,7 @@ def test_import_rewardlens_is_light_and_every_public_name_resolves(tmp_path):
 
 def test_the_parsers_copies_of_option_values_match_their_owners():
     """The parser checks choices without importing their owners; here the owners are asked."""
-    from rewardlens.hacking import ALPHAS, AXES, METHODS
+    from rewardlens.hacking import ALPHAS, AXES, ITEMS, METHODS
     from rewardlens.model._load import _DTYPES
     from rewardlens.zoo.organisms import ORGANISMS
 
@@ -194,6 +195,7 @@ def test_the_parsers_copies_of_option_values_match_their_owners():
     assert cli_edit.METHODS == tuple(METHODS)
     assert cli_concepts.ALPHAS == tuple(ALPHAS)
     assert set(cli_organisms.ORGANISMS) == set(ORGANISMS)
+    assert cli_audit.PROBE_ITEMS == len(ITEMS)
 
 
 def _units(store: Path) -> set[str]:
@@ -242,16 +244,18 @@ def test_ctrl_c_during_an_audit_says_what_is_kept_and_the_printed_command_resume
     assert proc.returncode == 130, err
     assert "Traceback" not in err
     line = one_error_line(err)
-    found = re.fullmatch(rf"rewardlens: interrupted; {re.escape(str(store))} keeps the finished chunks of "
-                         rf"(\d+) of {len(pairs)} pairs(?: and \d+ whole-model results?)?; resume with: (.+)", line)
+    found = re.fullmatch(rf"rewardlens: interrupted; {re.escape(str(store))} keeps (\d+) of {len(pairs)} pairs"
+                         r"(?: and \d+ whole-model results?)? \(a rerun reuses them, found by content\); "
+                         r"resume with: (.+)", line)
     assert found, line
     kept, command = int(found.group(1)), found.group(2)
-    assert kept >= 2 and kept == len(_units(store))
+    assert kept >= 1 and kept == len(_units(store))  # at least the first span (one pair alone)
     assert shlex.split(command) == argv
 
     again = subprocess.run(shlex.split(command), cwd=tmp_path, capture_output=True, text=True, timeout=900)
     assert again.returncode == 0, again.stderr
-    assert f"resumed: {kept} of {len(pairs)} pairs were read from the store, not computed again" in again.stdout
+    assert (f"resumed: {kept} of {len(pairs)} pairs already in the store (reused from an earlier run), not computed "
+            "again") in again.stdout
     assert len(_units(store)) == len(pairs)
     numbers = json.loads((out / "numbers.json").read_text())
     assert numbers["n_pairs"] == len(pairs)
@@ -263,3 +267,133 @@ def test_strict_refuses_degenerate_pairs_before_torch(tmp_path, model_dir, pairs
                  ["audit", "--pairs", str(path)]):
         code, err = run_light(*argv, "--strict", cwd=tmp_path)
         assert code == 2 and "twice.jsonl" in one_error_line(err) and "line 2" in err, err
+
+
+# ---- issue 30: every flag checked before the model loads ------------------------------------------
+
+
+@pytest.fixture
+def no_loading(monkeypatch):
+    """The loaders, replaced by one that fails the test: a refusal must come before any model loads."""
+    import rewardlens.model
+
+    def loaded(*args, **kwargs):
+        raise AssertionError("a model was loaded")
+
+    for name in ("load", "load_prm", "load_judge", "load_dpo"):
+        monkeypatch.setattr(rewardlens.model, name, loaded)
+
+
+def refused(capsys, *argv: str) -> str:
+    """The one error line `rewardlens ARGV` exits 2 with, in-process."""
+    from rewardlens.cli import main
+
+    assert main(list(argv)) == 2
+    return one_error_line(capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("pad, message", [
+    ("999999", "--pad-token-id 999999 is not a token id of {model}: its vocabulary has 600 ids (0 to 599, config.json "
+               "vocab_size); pass an id in that range, or drop --pad-token-id to read by the model's own"),
+    ("-5", "--pad-token-id -5 is not a token id (ids count from 0); pass the id of the pad token, or drop "
+           "--pad-token-id to read by the model's own"),
+])
+def test_a_pad_token_id_outside_the_vocabulary_is_refused_before_torch(tmp_path, model_dir, pairs_path, pad, message):
+    """Before, torch.embedding raised an IndexError on the first forward."""
+    code, err = run_light("score", str(model_dir), "--pairs", str(pairs_path), "--pad-token-id", pad, cwd=tmp_path)
+    assert code == 2 and one_error_line(err) == "rewardlens: error: " + message.format(model=model_dir)
+
+
+@pytest.mark.parametrize("device, message", [
+    ("", "--device '' is not a device name; pass cpu, cuda, cuda:N, mps or another device torch knows (TYPE or "
+         "TYPE:INDEX)"),
+    ("cuda:x", "--device 'cuda:x' is not a device name; pass cpu, cuda, cuda:N, mps or another device torch knows "
+               "(TYPE or TYPE:INDEX)"),
+    ("tpu", "--device 'tpu' is not a device torch knows (Expected one of "),
+])
+def test_a_device_torch_cannot_parse_is_refused_before_the_model_loads(capsys, no_loading, model_dir, pairs_path,
+                                                                      device, message):
+    """Before, `.to(device)` raised a RuntimeError after the weights had loaded."""
+    line = refused(capsys, "score", str(model_dir), "--pairs", str(pairs_path), f"--device={device}")
+    assert line.startswith("rewardlens: error: " + message)
+    assert line.endswith("pass cpu, cuda, cuda:N, mps or another type torch lists") or device != "tpu"
+
+
+@pytest.mark.parametrize("argv, shown", [
+    (["audit", "{model}", "--pairs", "{pairs}", "--out="], "--out"),
+    (["audit", "{model}", "--pairs", "{pairs}", "--store="], "--store"),
+    (["audit", "{model}", "--pairs="], "--pairs"),
+    (["probe", "{model}", "--pairs="], "--pairs"),
+    (["score", "", "--pairs", "{pairs}"], "MODEL"),
+    (["patch", "{model}", "--pairs", "{pairs}", "--dpo-reference="], "--dpo-reference"),
+    (["sae", "attribute", "{model}", "--pairs", "{pairs}", "--sae="], "--sae"),
+])
+def test_an_empty_path_is_refused_by_name(capsys, no_loading, tmp_path, monkeypatch, model_dir, pairs_path, argv,
+                                          shown):
+    """Before, `--out ""` wrote the whole audit into the current folder, and `--pairs ""` audited the built-in
+    pairs instead."""
+    monkeypatch.chdir(tmp_path)
+    line = refused(capsys, *(a.format(model=model_dir, pairs=pairs_path) for a in argv))
+    assert line == (f"rewardlens: error: {shown} '' is empty, and an empty path means the current folder; name the "
+                    "file or folder (use . to mean the current folder)")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs /proc")
+def test_a_store_in_a_folder_that_takes_no_files_names_the_store(capsys, no_loading, model_dir, pairs_path):
+    """Before, the error named the run lock's file (/proc/.rewardlens.lock), not the store asked for."""
+    line = refused(capsys, "audit", str(model_dir), "--pairs", str(pairs_path), "--store", "/proc/x.sqlite")
+    assert line.startswith("rewardlens: error: cannot write to --store file: /proc/x.sqlite (/proc ")
+
+
+KIND_FIX = {"--prm-separator": "a PRM's folder (…ForTokenClassification or …ForCausalLM)",
+            "--judge-tokens": "a judge's folder (…ForCausalLM)",
+            "--dpo-reference": "the policy's folder (…ForCausalLM)"}
+
+
+@pytest.mark.parametrize("flag, value, reads", [
+    ("--prm-separator", ".", "reads a process RM's steps from a token-classification head (or, with --prm-tokens, "
+                             "an LM head)"),
+    ("--judge-tokens", "Yes,No", "reads an LLM judge's answer-token log-odds from its LM head"),
+    ("--dpo-reference", "{model}", "reads a DPO policy's implicit reward from its LM head"),
+])
+def test_a_kind_flag_on_a_sequence_classifier_names_the_flag(tmp_path, model_dir, pairs_path, flag, value, reads):
+    """Before, the load blamed the folder's weights ('not in the folder ... initialised them at random')."""
+    code, err = run_light("score", str(model_dir), "--pairs", str(pairs_path), flag, value.format(model=model_dir),
+                          cwd=tmp_path)
+    assert code == 2 and one_error_line(err) == (
+        f"rewardlens: error: {flag} {reads}, but {model_dir} holds a sequence-classification reward model "
+        f"(LlamaForSequenceClassification in its config.json), which has no such head; drop {flag} to score it as "
+        f"one, or point at {KIND_FIX[flag]}")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["patch", "{model}", "--pairs", "{pairs}", "--mode", "noising", "--ablation", "mean"],
+     "--ablation mean picks what --mode ablation writes, but --mode is noising, which patches in the other side's "
+     "activations; pass --mode ablation too, or drop --ablation"),
+    (["score", "{model}", "--pairs", "{pairs}", "--offload-folder", "off"],
+     "--offload-folder is where --device-map puts weights it offloads to disk, and --device-map was not given; "
+     "pass --device-map auto too, or drop --offload-folder"),
+    (["audit", "{model}", "--pairs", "{pairs}", "--probe-items", "5", "--no-probes", "--no-concepts"],
+     "--probe-items 5 picks the items of the probes and concepts, and --no-probes --no-concepts skips both; "
+     "drop --probe-items"),
+    (["audit", "{model}", "--pairs", "{pairs}", "--probe-items", "1"],
+     "--probe-items 1 is under 2, the inputs a concept needs a side; pass 2 to 72, or drop --probe-items to use "
+     "all 72"),
+])
+def test_an_option_that_does_not_apply_is_refused_by_name(capsys, no_loading, tmp_path, monkeypatch, model_dir,
+                                                          pairs_path, argv, message):
+    """Before, each ran with the option silently unused (or, for --probe-items 1, failed once the model loaded)."""
+    monkeypatch.chdir(tmp_path)
+    line = refused(capsys, *(a.format(model=model_dir, pairs=pairs_path) for a in argv))
+    assert line == f"rewardlens: error: {message}"
+
+
+def test_probe_items_over_the_built_in_items_are_clamped_with_a_word(capsys, model_dir):
+    """Before, `--probe-items 100000` failed only after the model had loaded."""
+    from rewardlens.cli import build_parser
+
+    args = build_parser().parse_args(["audit", str(model_dir), "--probe-items", "100000"])
+    cli_audit._check(args)
+    assert args.probe_items is None  # all of them: the same run as without the flag
+    assert capsys.readouterr().err == "rewardlens: --probe-items 100000 > the 72 built-in items: using all 72\n"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from ..causal import Faithfulness, Patching, PatchSpec, aligned, encode_pairs, patch_mode
@@ -13,10 +13,12 @@ from ..model import RewardModel
 from ..model.internal import Tokenized
 from ..sae import FeatureAttribution
 from ..types import Mode, Positions
-from ._store import RunKey, checksum, fingerprint, schema_version
+from ._keys import RunKey, content_key, fingerprint, schema_version
 
-REVISION = 1
-"""Bump when a stored number would change with no stored field changing (a fix to how one is computed)."""
+REVISION = 2
+"""Bump when a stored number would change with no stored field changing (a fix to how one is computed).
+2: per-pair units are named by the pair's content (`content_key`), not its index, and a pair's steps are
+numbered by side (0 chosen, 1 rejected), not by input row."""
 STORED_RESULTS: tuple[type, ...] = (Lens, Attribution, Faithfulness, Steps, Probes, Concepts, FeatureAttribution,
                                     Conflicts, Patching, TokenAttribution)
 """Every result the audit keeps in its store: per pair (by their `STORED` declaration) or whole."""
@@ -80,6 +82,35 @@ def chunks(n_pairs: int, chunk_size: int) -> list[range]:
     return [range(s, min(s + chunk_size, n_pairs)) for s in range(0, n_pairs, chunk_size)]
 
 
+@dataclass(frozen=True)
+class PairUnits:
+    """Each pair's store unit (`content_key`), and the distinct units in first-occurrence order with the first
+    pair holding each. A pair given twice is one unit: computed once, read back for both places."""
+
+    units: tuple[str, ...]
+    """The unit of pair i, for every pair in order."""
+    first: Mapping[str, int]
+    """Each distinct unit → the first pair holding it, in first-occurrence order."""
+
+    @classmethod
+    def of(cls, pairs: Sequence[Pair]) -> PairUnits:
+        """The units of `pairs`, in their order."""
+        units = tuple(content_key(p) for p in pairs)
+        first: dict[str, int] = {}
+        for i, unit in enumerate(units):
+            first.setdefault(unit, i)
+        return cls(units, first)
+
+    def spans(self, chunk_size: int) -> list[list[str]]:
+        """The fixed chunks of distinct units every run and every rank cuts them into: the first unit alone, then
+        `chunks` of `chunk_size` over the others. A function of the pairs alone, never of what a store holds, so
+        ranks that see different shards still split the units the same way and no unit is computed by two ranks.
+        The first pair alone tells the progress bar what a pair costs before the first full chunk runs."""
+        order = list(self.first)
+        rest = [range(span.start + 1, span.stop + 1) for span in chunks(len(order) - 1, chunk_size)]
+        return [[order[i] for i in span] for span in [range(min(1, len(order))), *rest] if len(span)]
+
+
 LENS = "lens"
 """The lens's instrument name in the store (`run_keys`, `lens_key`)."""
 
@@ -115,17 +146,27 @@ class Decided:
         return [self.seqs[2 * i + side] for i in span for side in (0, 1)]
 
 
-def lens_key(model: RewardModel, pairs: Sequence[Pair]) -> RunKey:
-    """The store key of the pairs' lens, `run_keys(...)["lens"]` without the run's decisions (the lens is
-    the same whatever faithfulness does, so finding it needs no tokenization)."""
-    return RunKey(fingerprint(model), checksum(pairs), LENS, VERSION)
+BY_CONTENT = "pairs-by-content"
+"""The `data` of every per-pair run key: its units are pairs named by their content (`content_key`), so one
+run holds the pairs of every pair set audited with the model and a pair is found whatever set it comes in.
+The whole-model runs keep the checksum of the pair set (`whole_key`): their numbers depend on all pairs."""
+
+
+def lens_key(model: RewardModel) -> RunKey:
+    """The store key of the lens, `run_keys(...)["lens"]` without the run's decisions (the lens is the same
+    whatever faithfulness does, so finding it needs no tokenization)."""
+    return RunKey(fingerprint(model), BY_CONTENT, LENS, VERSION)
 
 
 def run_keys(model: RewardModel, pairs: Sequence[Pair], plan: Plan, decided: Decided | None = None
              ) -> dict[str, RunKey]:
     """The store key of each per-pair instrument (`lens`, `sublayers`, `heads`, `faithfulness`, and `steps` for
-    a reward read at a set of positions) for this run; `decided`: the run's decisions when already made."""
-    fp, data = fingerprint(model), checksum(pairs)
+    a reward read at a set of positions) for this run; `decided`: the run's decisions when already made.
+
+    No key depends on the pair set (`BY_CONTENT`), except through faithfulness's decision over all pairs
+    (seed positions, patching mode): a subset whose decision differs patches differently, so its
+    faithfulness is another run and is computed again, while its lens and attribution are reused."""
+    fp, data = fingerprint(model), BY_CONTENT
     decided = Decided.of(model, pairs) if decided is None else decided
     names = {"lens": LENS, "sublayers": "attribution/sublayer", "heads": "attribution/head",
              "faithfulness": f"faithfulness/{decided.spec.name}/seed-{decided.seed_positions}"
@@ -135,6 +176,7 @@ def run_keys(model: RewardModel, pairs: Sequence[Pair], plan: Plan, decided: Dec
     return {field: RunKey(fp, data, name, VERSION) for field, name in names.items()}
 
 
-def skipped_key(model: RewardModel, pairs: Sequence[Pair]) -> RunKey:
-    """The store key under which a run records the pairs it skipped (one unit per pair, with the reason)."""
-    return RunKey(fingerprint(model), checksum(pairs), "skipped", VERSION)
+def skipped_key(model: RewardModel) -> RunKey:
+    """The store key under which a run records the pairs it skipped (one unit per pair, by content, with the
+    reason)."""
+    return RunKey(fingerprint(model), BY_CONTENT, "skipped", VERSION)

@@ -1,13 +1,15 @@
 """`audit`: every per-pair instrument and the whole-model ones in one resumable run.
 
-Pairs are cut into fixed chunks of `chunk_size`; each chunk runs the lens, attribution at
-sublayer and head level and the faithfulness report (attribution next to read-position
-patching, total and direct), and its pairs' rows are committed to the results store in one
-transaction. A run that dies loses at most the chunk in flight; run again with the same store
-and it computes only the chunks that are missing. Chunks are the unit of sharding too (chunk c
-goes to rank c mod world size), so a sharded run does the very same computations as a single
-process and its merged store is bit-for-bit the same. The `Audit` is then read back from the
-store: the report is a view over it.
+The distinct pairs are cut into fixed chunks of `chunk_size`; each chunk runs the lens,
+attribution at sublayer and head level and the faithfulness report (attribution next to
+read-position patching, total and direct), and its pairs' rows are committed to the results
+store in one transaction, each pair under its content (`content_key`). A run that dies loses at
+most the chunk in flight; run again with the same store (with the same pairs, or a subset, a
+superset or a reordering of them) and it computes only the pairs that are missing, or damaged.
+Chunks are the unit of sharding too (chunk c goes to rank c mod world size), so a sharded run
+does the very same computations as a single process and its merged store is bit-for-bit the
+same. The `Audit` is then read back from the store, pair by pair in the order given: the report
+is a view over it.
 """
 
 from __future__ import annotations
@@ -22,14 +24,15 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 
 from ..causal import Faithfulness, Patching, faithfulness, trace_pairs
-from ..data import Pair, progress_bar, row_labels
+from ..data import Pair, UnitMeter, progress_bar, row_labels
 from ..errors import HeadError, OutOfMemoryError, RewardLensWarning, StoreError
 from ..exact import STEP_FIELDS, Attribution, Lens, Steps
 from ..hacking import Concepts, Conflicts, Probes, cascade, distortion
 from ..model import RewardModel
 from ..sae import FeatureAttribution, TopKSAE
-from ._plan import Decided, Plan, chunks, run_keys, skipped_key
-from ._store import RunKey, Store
+from ._keys import RunKey, checksum
+from ._plan import Decided, PairUnits, Plan, run_keys, skipped_key
+from ._store import Store, Units
 from ._whole import CONFLICT, DIVERGENCE, sae_name, stored_tokens, whole_key
 
 if TYPE_CHECKING:  # annotations only
@@ -111,8 +114,9 @@ def _varying(result: Lens | Attribution | Faithfulness) -> tuple[tuple[str, ...]
 
 
 def _chunk_entries(model: RewardModel, pairs: Sequence[Pair], span: Sequence[int], keys: dict[str, RunKey],
-                   decided: Decided, plan: Plan
+                   decided: Decided, plan: Plan, units: Sequence[str]
                    ) -> tuple[list[tuple[RunKey, str, int, dict[str, Any]]], dict[RunKey, dict[str, Any]]]:
+    """The store entries of the pairs `span` (indices into `pairs`, each stored as its unit `units[i]`)."""
     part = [pairs[i] for i in span]
     # One traced forward per batch: the lens and both attribution levels are views of its head-level
     # decomposition, and every patching estimand starts from its clean runs.
@@ -129,30 +133,38 @@ def _chunk_entries(model: RewardModel, pairs: Sequence[Pair], span: Sequence[int
     entries: list[tuple[RunKey, str, int, dict[str, Any]]] = []
     meta: dict[RunKey, dict[str, Any]] = {}
     if dec.steps is not None:
-        entries += _step_entries(dec.steps, span, keys["steps"])
+        entries += _step_entries(dec.steps, [units[i] for i in span], span, keys["steps"])
         meta[keys["steps"]] = {}
     for name, res in results.items():
         varying, per = _varying(res)
         meta[keys[name]] = _constants(res, varying)
-        entries += [(keys[name], str(i), i, _split(res, varying, per, j)) for j, i in enumerate(span)]
+        entries += [(keys[name], units[i], i, _split(res, varying, per, j)) for j, i in enumerate(span)]
     return entries, meta
 
 
-def _step_entries(steps: Steps, span: Sequence[int], key: RunKey) -> list[tuple[RunKey, str, int, dict[str, Any]]]:
-    """Each pair's reads (both sides, numbered by input row `2·pair + side`) as one store unit."""
+def _step_entries(steps: Steps, units: Sequence[str], span: Sequence[int], key: RunKey
+                  ) -> list[tuple[RunKey, str, int, dict[str, Any]]]:
+    """Each pair's reads (both sides, `sequence` numbered by side: 0 chosen, 1 rejected, so the unit reads
+    the same whatever the pair's place in a run) as one store unit."""
     out = []
-    for j, i in enumerate(span):
+    for j, (unit, i) in enumerate(zip(units, span)):
         mine = (steps.sequence == 2 * j) | (steps.sequence == 2 * j + 1)
-        unit = {f: getattr(steps, f)[mine] for f in STEP_FIELDS}
-        unit["sequence"] = unit["sequence"] - 2 * j + 2 * i
-        out.append((key, str(i), i, unit))
+        record = {f: getattr(steps, f)[mine] for f in STEP_FIELDS}
+        record["sequence"] = record["sequence"] - 2 * j
+        out.append((key, unit, i, record))
     return out
 
 
 def run_pairs(model: RewardModel, pairs: Sequence[Pair], store: Store, plan: Plan = Plan(), *,
               rank: int = 0, world_size: int = 1, progress: bool = False, skip: Store | None = None,
               decided: Decided | None = None) -> int:
-    """Compute this rank's missing chunks and store each as it finishes; returns pairs computed.
+    """Compute this rank's missing pairs, chunk by chunk, storing each chunk as it finishes; returns the
+    pairs computed (distinct ones: a pair given twice is one unit, computed once).
+
+    A pair is stored under its content (`content_key`), so the pairs any earlier run of the model stored (a
+    subset, a superset, a reordering of these) are read, not computed. The distinct pairs are cut into fixed
+    chunks (`PairUnits.spans`), chunk c for rank c mod `world_size`. A damaged unit (its checksum fails)
+    counts as missing: it is computed again, replaces the damaged row, and a warning names it.
 
     `skip`: another store whose finished pairs count as done too (a rank's shard resumes against
     the merged store of an earlier run). `decided`: the run's decisions over all its pairs, when the
@@ -164,41 +176,78 @@ def run_pairs(model: RewardModel, pairs: Sequence[Pair], store: Store, plan: Pla
                       "(PRM answers with different numbers of steps, DPO responses of different lengths), so no read "
                       "of one side maps to one of the other: faithfulness patches by zero ablation at every read "
                       "instead of noising, its seed statistic too (docs/rm-kinds.md)", RewardLensWarning, stacklevel=2)
-    keys, skipped = run_keys(model, pairs, plan, decided), skipped_key(model, pairs)
-    done = set.intersection(*(store.done(k) for k in keys.values())) | store.done(skipped)
+    keys, units = run_keys(model, pairs, plan, decided), PairUnits.of(pairs)
+    mine, done = _stored(store, model, keys, units)
+    held, seen = mine[1], [mine]
     if skip is not None:
-        done |= set.intersection(*(skip.done(k) for k in keys.values())) | skip.done(skipped)
-    todo = [span for c, span in enumerate(chunks(len(pairs), plan.chunk_size))
-            if c % world_size == rank and not all(str(i) in done for i in span)]
+        other, also = _stored(skip, model, keys, units)
+        seen.append(other)
+        done |= also
+    todo = [left for c, span in enumerate(units.spans(plan.chunk_size))
+            if c % world_size == rank and (left := [u for u in span if u not in done])]
     desc = f"audit: pairs (rank {rank})" if world_size > 1 else "audit: pairs"
-    bar = progress_bar(sum(map(len, todo)), desc, progress)
-    for span in todo:
-        left = [i for i in span if str(i) not in done]
-        while left:
-            try:
-                entries, meta = _chunk_entries(model, pairs, left, keys, decided, plan)
-            except OutOfMemoryError as exc:  # pairs that fit in no batch: recorded, and the rest computed
-                left = _skip(store, skipped, pairs, left, exc)
-                continue
-            # Chunks are written whole (one transaction), so none is ever half stored; an instrument
-            # that already holds a unit (a store filled by an older run of fewer instruments) keeps it.
-            held = {key: store.done(key) for key in keys.values()}
-            store.write([e for e in entries if e[1] not in held[e[0]]], meta)
-            break
-        bar.update(len(span))
+    bar = progress_bar(sum(map(len, todo)), desc, progress, unit="pair")
+    meter = UnitMeter(bar)  # pairs: the first span is one pair, which says what a pair costs
+    for left in todo:
+        with meter.chunk(len(left)):
+            _compute(model, pairs, store, [units.first[u] for u in left], keys, held, decided, plan, units)
     bar.close()
+    _say_damaged(seen, {u for left in todo for u in left}, pairs, units)
     return sum(map(len, todo))
 
 
-def _skip(store: Store, key: RunKey, pairs: Sequence[Pair], left: list[int], exc: OutOfMemoryError) -> list[int]:
+def _stored(store: Store, model: RewardModel, keys: dict[str, RunKey], units: PairUnits
+            ) -> tuple[tuple[Store, dict[RunKey, Units]], set[str]]:
+    """What `store` holds of the run's units, per key (the per-pair instruments and the skipped record), and
+    the units finished: stored sound in every instrument, or recorded as skipped."""
+    skipped = skipped_key(model)
+    held = {key: store.status(key, units.first) for key in [*keys.values(), skipped]}
+    done = set.intersection(*(set(held[k].done) for k in keys.values())) | held[skipped].done
+    return (store, held), done
+
+
+def _compute(model: RewardModel, pairs: Sequence[Pair], store: Store, left: list[int], keys: dict[str, RunKey],
+             held: dict[RunKey, Units], decided: Decided, plan: Plan, units: PairUnits) -> None:
+    """The pairs `left` (indices: one chunk's missing pairs) computed and stored in one transaction; those
+    too long for memory even alone are recorded as skipped and the others computed."""
+    while left:
+        try:
+            entries, meta = _chunk_entries(model, pairs, left, keys, decided, plan, units.units)
+        except OutOfMemoryError as exc:  # pairs that fit in no batch: recorded, and the rest computed
+            left = _skip(store, skipped_key(model), pairs, units.units, left, exc)
+            continue
+        # Chunks are written whole (one transaction), so none is ever half stored; an instrument that
+        # already holds a sound unit (a store filled by an older run of fewer instruments) keeps it.
+        store.write([e for e in entries if e[1] not in held[e[0]].done], meta)
+        return
+
+
+def _say_damaged(seen: Sequence[tuple[Store, dict[RunKey, Units]]], computed: set[str], pairs: Sequence[Pair],
+                 units: PairUnits) -> None:
+    """One warning per store naming the damaged units this run computed again (instrument, pair, unit)."""
+    for store, held in seen:
+        named = [f"{key.instrument} pair {_pair_id(pairs, units.first[u])} (unit {u})"
+                 for key, got in held.items() for u in got.damaged if u in computed]
+        if named:
+            more = f", and {len(named) - DAMAGE_NAMED} more" if len(named) > DAMAGE_NAMED else ""
+            warnings.warn(f"audit: {len(named)} damaged unit(s) in {store.path} were recomputed: "
+                          f"{', '.join(named[:DAMAGE_NAMED])}{more}", RewardLensWarning, stacklevel=3)
+
+
+DAMAGE_NAMED = 8
+"""Damaged units a warning names (the rest are counted)."""
+
+
+def _skip(store: Store, key: RunKey, pairs: Sequence[Pair], units: Sequence[str], left: list[int],
+          exc: OutOfMemoryError) -> list[int]:
     """Record the pairs of `left` that `exc` names as skipped for memory; return the others."""
     if not exc.pairs:  # an error that names no pair would loop forever: it is not the per-pair kind
         raise exc
     bad = sorted({left[p] for p in exc.pairs})
     warnings.warn(f"audit: {len(bad)} pair(s) did not fit in accelerator memory even alone and are skipped "
                   f"(recorded in the store; the report lists them): {', '.join(_pair_id(pairs, i) for i in bad)}",
-                  RewardLensWarning, stacklevel=3)
-    store.write([(key, str(i), i, {"reason": "out of accelerator memory at batch size 1"}) for i in bad])
+                  RewardLensWarning, stacklevel=4)
+    store.write([(key, units[i], i, {"reason": "out of accelerator memory at batch size 1"}) for i in bad])
     return [i for i in left if i not in set(bad)]
 
 
@@ -231,20 +280,13 @@ def collect(model: RewardModel, pairs: Sequence[Pair], store: Store, plan: Plan 
     path (`load`'s `path_or_id`), the rewardlens version and the time. `decided`: the run's decisions
     (`Decided.of`), when the caller has them."""
     keys, every = run_keys(model, pairs, plan, decided), list(pairs)
-    skipped = {int(unit): r["reason"] for unit, r in store.records(skipped_key(model, every))}
+    units = PairUnits.of(every).units
+    reasons = dict(store.records(skipped_key(model), set(units)))
+    skipped = {i: reasons[u]["reason"] for i, u in enumerate(units) if u in reasons}
     kept = [i for i in range(len(every)) if i not in skipped]  # pair i of the audit is pair kept[i] of the input
     pairs, n = [every[i] for i in kept], len(kept)
-    parts: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}
-    for name, key in keys.items():
-        records = store.records(key)
-        if [u for u, _ in records] != [str(i) for i in kept]:
-            missing = n - len(records)
-            raise StoreError(f"the store {store.path} holds {len(records)} of {n} pairs for {key.instrument}; "
-                                  f"{missing} are missing — run the audit again with this store to finish them")
-        meta = store.meta(key)
-        assert meta is not None  # the run's row exists: it holds the records just read
-        stacked: dict[str, Any] = {f: np.concatenate([r[f] for _, r in records]) for f in records[0][1]}
-        parts[name] = stacked, meta
+    parts = {name: _stacked(store, key, [units[i] for i in kept], by_side=name == "steps")
+             for name, key in keys.items()}
     ids = [_pair_id(every, i) for i in kept]
     rows = row_labels(2 * n, True)
 
@@ -258,10 +300,8 @@ def collect(model: RewardModel, pairs: Sequence[Pair], store: Store, plan: Plan 
 
     lens_, sublayers, heads = per_pair(Lens, "lens"), per_pair(Attribution, "sublayers"), per_pair(Attribution, "heads")
     steps = None
-    if "steps" in parts:  # renumbered to the audit's pairs (skipped ones leave gaps in the input's numbering)
+    if "steps" in parts:
         got = parts["steps"][0]
-        pair_of_row = {2 * i + side: 2 * j + side for j, i in enumerate(kept) for side in (0, 1)}
-        got["sequence"] = np.array([pair_of_row[int(r)] for r in got["sequence"]], dtype=np.int64)
         steps = Steps(**{f: np.asarray(got[f]) for f in STEP_FIELDS}, values=None, names=[])
     stacked, meta = parts["faithfulness"]
     probes = whole(Probes, "probes" + plan.suffix())
@@ -275,7 +315,7 @@ def collect(model: RewardModel, pairs: Sequence[Pair], store: Store, plan: Plan 
     distortion_ = distortion(probes) if probes is not None and probes.quality else None
     tokens_, token_pairs = stored_tokens(model, every, store)
     position = {i: j for j, i in enumerate(kept)}
-    return Audit(model=repr(model), fingerprint=keys["lens"].model, data_checksum=keys["lens"].data, pair_ids=ids,
+    return Audit(model=repr(model), fingerprint=keys["lens"].model, data_checksum=checksum(every), pair_ids=ids,
                  faithfulness=Faithfulness(**stacked, **meta, pair_ids=ids), fraction=plan.fraction,
                  lens=lens_, sublayers=sublayers, heads=heads, probes=probes, concepts=concepts_, features=features,
                  provenance=provenance(model, data, command_line), subsets=[p.subset for p in pairs],
@@ -283,6 +323,25 @@ def collect(model: RewardModel, pairs: Sequence[Pair], store: Store, plan: Plan 
                  tokens=tokens_, token_pairs=[position[i] for i in token_pairs],
                  skipped={_pair_id(every, i): reason for i, reason in skipped.items()}, steps=steps,
                  cascades=None if probes is None else cascade(probes))
+
+
+def _stacked(store: Store, key: RunKey, want: Sequence[str], by_side: bool
+             ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The records of the units `want` (one per pair, in the audit's order; a unit given twice is read for
+    both places) concatenated field by field, and the run's metadata; `StoreError` when some are missing.
+    `by_side`: the steps' `sequence` is a side (0, 1) in a unit and becomes the audit's row, 2·pair + side."""
+    got = dict(store.records(key, set(want)))
+    missing = sum(u not in got for u in want)
+    if missing:
+        raise StoreError(f"the store {store.path} holds {len(want) - missing} of {len(want)} pairs for "
+                         f"{key.instrument}; {missing} are missing — run the audit again with this store to "
+                         "finish them")
+    records = [got[u] for u in want]
+    if by_side:
+        records = [{**r, "sequence": (r["sequence"] + 2 * j).astype(np.int64)} for j, r in enumerate(records)]
+    meta = store.meta(key)
+    assert meta is not None  # the run's row exists: it holds the records just read
+    return {f: np.concatenate([r[f] for r in records]) for f in records[0]}, meta
 
 
 def plan_for_model(model: RewardModel, plan: Plan, sae: TopKSAE | None) -> Plan:

@@ -8,6 +8,7 @@ exact token attribution of the pairs the report shows (`shown_pairs`: at most `T
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import fields
 from typing import Any
@@ -16,12 +17,14 @@ import numpy as np
 
 from ..causal import Patching, patch
 from ..data import Pair, margin, progress_bar
+from ..errors import RewardLensWarning
 from ..exact import TokenAttribution, tokens
 from ..hacking import Concepts, Conflicts, Probes, concepts, conflict, probe
-from ..model import RewardModel
+from ..model import ReadCache, RewardModel
 from ..sae import FeatureAttribution, TopKSAE, attribute_features
-from ._plan import VERSION, Plan, lens_key, skipped_key
-from ._store import RunKey, Store, checksum, fingerprint
+from ._keys import RunKey, checksum, fingerprint
+from ._plan import VERSION, PairUnits, Plan, lens_key, skipped_key
+from ._store import Store
 
 DIVERGENCE = "divergence/head/noising"
 CONFLICT = "conflict/objectives"
@@ -51,8 +54,9 @@ def run_whole(model: RewardModel, pairs: Sequence[Pair], store: Store, plan: Pla
     and `plan.tokens`: exact token attribution of the pairs `token_choice` picks from the stored lens.
     Pairs the store records as skipped (too long for memory) are left out of all of them."""
     every = list(pairs)
-    skipped = store.done(skipped_key(model, every))  # too long for memory: left out here as everywhere
-    pairs = [p for i, p in enumerate(every) if str(i) not in skipped]
+    units = PairUnits.of(every).units
+    skipped = store.done(skipped_key(model), set(units))  # too long for memory: left out here as everywhere
+    pairs = [p for p, unit in zip(every, units) if unit not in skipped]
     items = plan.items()
 
     def features() -> FeatureAttribution:
@@ -60,6 +64,7 @@ def run_whole(model: RewardModel, pairs: Sequence[Pair], store: Store, plan: Pla
         return attribute_features(model, sae, pairs, layer=plan.sae_layer, batch_size=plan.batch_size)
 
     chosen = token_choice(model, every, store) if plan.tokens else []
+    cache = ReadCache(model)  # the probes' sequences are the concepts' contrast sets: each read once
 
     def token_pairs() -> _Tokens:
         res = tokens(model, [every[i] for i in chosen], heads=False, approx=False, batch_size=plan.batch_size)
@@ -73,24 +78,30 @@ def run_whole(model: RewardModel, pairs: Sequence[Pair], store: Store, plan: Pla
         (CONFLICT, lambda: conflict(model, pairs, batch_size=2 * plan.batch_size),
          model.head.n_objectives > 1 and len(pairs) >= 3 and not model.reads.multi),  # conflicts read one token
         ("probes" + plan.suffix(), lambda: probe(model, items, reference=pairs, batch_size=2 * plan.batch_size,
-                                                 progress=progress), plan.probes),
+                                                 progress=progress, cache=cache), plan.probes),
         ("concepts" + plan.suffix(), lambda: concepts(model, items=items, batch_size=2 * plan.batch_size,
-                                                      progress=progress), plan.concepts),
+                                                      progress=progress, cache=cache), plan.concepts),
         (sae_name(sae, plan), features, sae is not None),
     )
     jobs = [(name, fn) for name, fn, wanted in whole if wanted]
     bar = progress_bar(len(jobs), "audit: whole-model instruments", progress)
+    damaged = []
     for name, fn in jobs:
         key = whole_key(model, every, name)
         bar.set_postfix_str(name.split("/")[0])  # the outer bar names the step; the step's own bar moves below
-        if "all" not in store.done(key):
+        held = store.status(key, ["all"])
+        if "all" not in held.done:
             res = fn()
             # An object array (a conflict's relation labels) is stored as a list: the store keeps no pickles.
             record = res.record() if isinstance(res, _Tokens) else {f.name: _plain(getattr(res, f.name))
                                                                      for f in fields(res)}
-            store.write([(key, "all", 0, record)])
+            store.write([(key, "all", 0, record)])  # replaces a damaged row
+            damaged += [name] if held.damaged else []
         bar.update(1)
     bar.close()
+    if damaged:
+        warnings.warn(f"audit: {len(damaged)} damaged unit(s) in {store.path} were recomputed: "
+                      f"{', '.join(f'{name} (unit all)' for name in damaged)}", RewardLensWarning, stacklevel=2)
 
 
 def _plain(value: Any) -> Any:
@@ -122,13 +133,14 @@ class _Tokens:
 
 
 def token_choice(model: RewardModel, pairs: Sequence[Pair], store: Store) -> list[int]:
-    """The pairs whose tokens the audit attributes: `shown_pairs` of the stored margins (pairs whose
-    lens is not stored, such as pairs skipped for memory, are left out)."""
-    stored = store.records(lens_key(model, pairs))
-    index = np.array([int(unit) for unit, _ in stored], dtype=np.int64)
+    """The pairs (indices into `pairs`) whose tokens the audit attributes: `shown_pairs` of the stored
+    margins (pairs whose lens is not stored, such as pairs skipped for memory, are left out)."""
+    units = PairUnits.of(pairs).units
+    stored = dict(store.records(lens_key(model), set(units)))
+    index = np.array([i for i, unit in enumerate(units) if unit in stored], dtype=np.int64)
     if not len(index):
         return []
-    rewards = np.concatenate([r["reward"] for _, r in stored])
+    rewards = np.concatenate([stored[units[i]]["reward"] for i in index])
     return [int(index[i]) for i in shown_pairs(margin(rewards))]
 
 

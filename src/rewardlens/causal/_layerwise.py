@@ -19,6 +19,7 @@ from contextlib import AbstractContextManager
 import torch
 from torch import Tensor
 
+from ..data import part
 from ..model import RewardModel, TraceKey
 from ..model.internal import Batch, eval_mode, get_module
 from ._stepped import Recording
@@ -48,6 +49,7 @@ def layerwise_grads(
     grads: Tensors = {}
     upstream: Tensor | None = None
     for layer in reversed(range(model.n_layers)):
+        part(model.n_layers - 1 - layer, model.n_layers)
         args, kwargs = rec.calls[layer]
         x = rec.inputs[layer].detach().requires_grad_(True)
         with torch.enable_grad(), eval_mode(model.model), probes() as (deltas, seen, _):

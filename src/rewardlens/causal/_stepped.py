@@ -22,6 +22,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
+from ..data import part
 from ..model import RewardModel, TraceKey
 from ..model.internal import (
     OOM_ERRORS,
@@ -95,7 +96,7 @@ def _readout(model: RewardModel, rec: Recording, hidden: Tensor, rows: Tensor) -
     r = torch.arange(len(rows), device=hidden.device)
     x = hidden[r, at.to(hidden.device)].float().to(model.device)
     values = model.head(model.final_hidden(x))
-    if model.arch.head_kind == "gated" and model.head.readout is None:
+    if model.gated:
         gate_at = model.gate_index(rec.batch)[rows.to(model.device)]
         gate_h = model.final_hidden(hidden[r, gate_at.to(hidden.device)].float().to(model.device))
         coef = model.head.coefficients(len(rows), gate_h)
@@ -175,7 +176,8 @@ def stepped_sweep(
         rec = Recording(model, batch)
         if not stepping_works(model, rec):
             raise Declined
-        for start, group in sorted(by_start.items()):
+        for done, (start, group) in enumerate(sorted(by_start.items())):
+            part(done, len(by_start))
             jobs = [(b, s) for s in group for b in range(len(index))]
             for at in range(0, len(jobs), size):
                 job = jobs[at : at + size]

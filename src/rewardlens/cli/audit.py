@@ -155,11 +155,11 @@ def _show(shown: dict[str, Any]) -> None:
     ci = lambda d: "-" if d["rho"] is None else f"{d['rho']:+.3f} [{bound(d['lo'])}, {bound(d['hi'])}]"
     prov = result["provenance"]
     print(f"{result['model']}\nmodel: {prov['model_path']} · data: {prov['data']}\n")
+    cell = lambda x: "non-finite" if x is None else x  # noqa: E731  (NaN and inf are None once plain)
     print(table(["pair", "chosen", "rejected", "margin"],
-                [(p["id"], p["chosen"], p["rejected"], p["margin"]) for p in result["pairs"]]))
+                [(p["id"], cell(p["chosen"]), cell(p["rejected"]), cell(p["margin"])) for p in result["pairs"]]))
     sc = result["scores"]
-    print(f"\npair accuracy: {sc['accuracy']:.3f} over {result['n_pairs']} pairs "
-          f"(95% Wilson interval [{num(sc['accuracy_ci'][0])}, {num(sc['accuracy_ci'][1])}])")
+    print(f"\n{sc['line']}")  # counted pairs, Wilson interval, and the pairs left out (non-finite), by id
     for pair, reason in result.get("skipped", {}).items():
         print(f"skipped pair {pair}: {reason} (every other pair was audited)")
     depth, iqr = result["lens"]["crystallization_median"], result["lens"]["crystallization_iqr"]
@@ -185,9 +185,11 @@ def _show(shown: dict[str, Any]) -> None:
         flagged = result["probes"]["flagged"]
         print(f"flagged probe axes: {', '.join(flagged) if flagged else 'none'}")
     _show_more(result)
-    if result.get("pairs_from_store"):
-        print(f"\nresumed: {result['pairs_from_store']} of {result['n_pairs']} pairs were read from the store, "
-              "not computed again")
+    kept = result.get("pairs_from_store")
+    if kept:
+        from ..audit import ResumeStatus  # imported by the run already: its wording of what a rerun reuses
+
+        print(f"\nresumed: {ResumeStatus.reused(kept, result['n_pairs'])}, not computed again")
     print(f"\nreport: {result['report']}\nstore:  {result['store']}")
 
 
@@ -201,7 +203,8 @@ def _show_subsets(groups: dict[str, Any] | None, ci: Any) -> None:
     for name in groups["names"]:
         acc, seed = groups["accuracy"][name], groups["seed_statistic"][name]
         c = groups["crystallization"][name]["linear"]
-        rows.append((name, acc["n"], f"{bound(acc['accuracy'])} [{bound(acc['lo'])}, {bound(acc['hi'])}]",
+        pairs = acc["n"] if acc["n"] == acc["total"] else f"{acc['n']} of {acc['total']}"  # non-finite left out
+        rows.append((name, pairs, f"{bound(acc['accuracy'])} [{bound(acc['lo'])}, {bound(acc['hi'])}]",
                      f"{bound(c['median'])} [{bound(c['q25'])}, {bound(c['q75'])}]", ci(seed)))
     print("by subset (accuracy with 95% Wilson CI; linear-lens crystallization depth median [IQR]; seed statistic):")
     print(table(["subset", "pairs", "accuracy", "depth", "seed ρ"], rows))
@@ -215,9 +218,10 @@ def _show_subsets(groups: dict[str, Any] | None, ci: Any) -> None:
 def _show_more(result: AuditSummary) -> None:
     """One line each: divergence of patched states, distortion, cascade clusters, conflicting terms."""
     div, dist, casc, conf = (result[k] for k in ("divergence", "distortion", "cascades", "conflicts"))
+    share = lambda x: "-" if x is None else f"{x:.2f}"  # None: undefined (no finite patched run)
     if div is not None:
-        print(f"patched runs out of distribution: {div['flagged_share']:.2f} of runs, carrying "
-              f"{div['effect_share_flagged']:.2f} of the total |effect|")
+        print(f"patched runs out of distribution: {share(div['flagged_share'])} of runs, carrying "
+              f"{share(div['effect_share_flagged'])} of the total |effect|")
     if dist is not None:
         print(f"flagged distortion indices: {', '.join(dist['flagged']) or 'none'}")
     if casc is not None:
@@ -227,7 +231,29 @@ def _show_more(result: AuditSummary) -> None:
         print(f"conflicting head terms: {', '.join(bad) or 'none'}")
 
 
+PROBE_ITEMS = 72
+"""How many built-in probe items there are (`len(rewardlens.hacking.ITEMS)`; tests/cli checks the two agree)."""
+
+
+def _check_probe_items(args: argparse.Namespace) -> None:
+    """Refuse `--probe-items` where nothing reads items, or under the two a concept needs; clamp (with a
+    word) a count over the built-in items, which would otherwise fail only once the model had loaded."""
+    if args.probe_items is None:
+        return
+    if args.no_probes and args.no_concepts:
+        raise ArgumentError(f"--probe-items {args.probe_items} picks the items of the probes and concepts, and "
+                            "--no-probes --no-concepts skips both; drop --probe-items")
+    if args.probe_items < 2:
+        raise ArgumentError(f"--probe-items {args.probe_items} is under 2, the inputs a concept needs a side; pass 2 "
+                            f"to {PROBE_ITEMS}, or drop --probe-items to use all {PROBE_ITEMS}")
+    if args.probe_items > PROBE_ITEMS:
+        print(f"rewardlens: --probe-items {args.probe_items} > the {PROBE_ITEMS} built-in items: using all "
+              f"{PROBE_ITEMS}", file=sys.stderr)
+        args.probe_items = None  # all of them: the run (and its store keys) of no --probe-items
+
+
 def _check(args: argparse.Namespace) -> None:
+    _check_probe_items(args)
     check_out_folder(args.out, "--out folder")
     if args.store:
         check_out_file(args.store, "--store file")

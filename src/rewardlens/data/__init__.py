@@ -4,20 +4,30 @@
 scored as `2n` rows alternating chosen, rejected; `chosen`, `rejected`, `margin`, `side` and
 `row_labels` are the one owner of that layout (docs/design.md §2). `check_pairs` finds degenerate
 pairs (empty responses, identical sides, duplicate ids, repeats); `load_pairs` runs it on every load.
+`check_tokens` finds what only token ids show (sides encoded alike, a response the template drops, a
+read token before the response's end); the model layer runs it on every encoding of pairs.
 RewardBench 2 records (lists of responses) load as grouped pairs (`Pair.group`); `sample_path`
 gives the shipped RewardBench-schema sample files.
 """
 
 from ._checks import CHECK_KINDS as CHECK_KINDS
+from ._checks import TOKEN_CHECK_KINDS as TOKEN_CHECK_KINDS
 from ._checks import CheckKind as CheckKind
 from ._checks import PairChecks as PairChecks
+from ._checks import TokenCheckKind as TokenCheckKind
+from ._checks import TokenChecks as TokenChecks
 from ._checks import check_pairs as check_pairs
+from ._checks import check_tokens as check_tokens
 from ._pair import Inputs as Inputs
 from ._pair import Pair as Pair
 from ._pairs import SUPPORTED as SUPPORTED
 from ._pairs import load_pairs as load_pairs
 from ._pairs import save_pairs as save_pairs
+from ._progress import UnitMeter as UnitMeter
+from ._progress import batch_work as batch_work
 from ._progress import counting as counting
+from ._progress import metering as metering
+from ._progress import part as part
 from ._progress import progress_bar as progress_bar
 from ._progress import stage as stage
 from ._progress import tick as tick
@@ -38,16 +48,24 @@ __all__ = [
     "SAMPLES",
     "SIDES",
     "SUPPORTED",
+    "TOKEN_CHECK_KINDS",
     "CheckKind",
     "Pair",
     "PairChecks",
     "Side",
+    "TokenCheckKind",
+    "TokenChecks",
+    "UnitMeter",
     "check_pairs",
+    "check_tokens",
     "chosen",
     "load_pairs",
     "margin",
     "pair_of",
+    "batch_work",
     "counting",
+    "metering",
+    "part",
     "progress_bar",
     "stage",
     "tick",

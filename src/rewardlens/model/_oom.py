@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..data import pair_of, tick
+from ..data import batch_work, pair_of, tick
 from ..errors import OutOfMemoryError, RewardLensWarning
 from ._hooks import Point, PointKey, capture, eval_mode
 from ._tokens import Batch, sequence_label
@@ -141,7 +141,8 @@ def each_batch(order: Sequence[int], batch_size: int, work: Callable[[list[int]]
     writes its own results; a retried piece is run again whole, so writes must be idempotent."""
     loop = Backoff(batch_size, ids=ids, is_pairs=is_pairs)
     for rows in loop.chunks(order, lengths):
-        loop.attempt(rows, work)
+        with batch_work(len(rows)):
+            loop.attempt(rows, work)
         tick()
     loop.finish()
 
@@ -162,7 +163,8 @@ def batch_loop(
         batch = make(rows, [loop.label(r) for r in rows])
         _ACTIVE[id(batch)] = (loop, rows)
         try:
-            yield np.asarray(rows, dtype=np.int64), batch
+            with batch_work(len(rows)):
+                yield np.asarray(rows, dtype=np.int64), batch
         finally:
             _ACTIVE.pop(id(batch), None)
         tick()
