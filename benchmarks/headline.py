@@ -33,6 +33,7 @@ import torch
 import transformers as tf
 
 import rewardlens as rl
+from audit import plain_forward
 from rewardlens.audit import Decided, Plan, Store, collect, plan_for_model, run_pairs, run_whole
 from rewardlens.audit.report import write_report
 from rewardlens.zoo import DEMO_PAIRS, build_tokenizer
@@ -77,18 +78,6 @@ def synthetic_pairs(model: rl.RewardModel, n: int, lo: int, hi: int, seed: int =
 
     return [rl.Pair(prompt=text(rng.randint(20, 60)), chosen=text(rng.randint(lo, hi)),
                     rejected=text(rng.randint(lo, hi)), id=f"h{i}") for i in range(n)]
-
-
-def plain_forward(model: rl.RewardModel, pairs: list[rl.Pair]) -> Callable[[], None]:
-    """One unpadded no-hook forward of every sequence, as benchmarks/audit.py measures it."""
-    seqs, _ = model.encode(pairs)
-    ids = [torch.tensor([s.ids], device=model.device) for s in seqs]
-
-    def run() -> None:
-        with torch.no_grad():
-            for x in ids:
-                model.model(input_ids=x)
-    return run
 
 
 def timed(device: torch.device, fn: Callable[[], Any]) -> tuple[float, Any]:
