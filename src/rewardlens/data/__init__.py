@@ -26,6 +26,7 @@ from ._pairs import save_pairs as save_pairs
 from ._progress import UnitMeter as UnitMeter
 from ._progress import batch_work as batch_work
 from ._progress import counting as counting
+from ._progress import metered as metered
 from ._progress import metering as metering
 from ._progress import part as part
 from ._progress import progress_bar as progress_bar
@@ -64,6 +65,7 @@ __all__ = [
     "pair_of",
     "batch_work",
     "counting",
+    "metered",
     "metering",
     "part",
     "progress_bar",

@@ -94,6 +94,11 @@ def batch_work(rows: int) -> Iterator[None]:
     step(held[0] - held[1])
 
 
+def metered() -> bool:
+    """Whether a batch of a `metering` block is in flight (so that reporting its parts is heard)."""
+    return _WORK.get() is not None and _BATCH.get() is not None
+
+
 def part(done: int, total: int) -> None:
     """Inside a long batch: `done` of its `total` steps (an engine's layers, its groups of sites) are finished;
     the enclosing `metering` block hears that share of the batch's rows. A no-op outside one."""

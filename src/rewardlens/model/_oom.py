@@ -16,13 +16,14 @@ import dataclasses
 import gc
 import warnings
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from ..data import batch_work, pair_of, tick
+from ..data import batch_work, metered, pair_of, part, tick
 from ..errors import OutOfMemoryError, RewardLensWarning
 from ._hooks import Point, PointKey, capture, eval_mode
 from ._tokens import Batch, sequence_label
@@ -192,9 +193,29 @@ def select(batch: Batch, index: Sequence[int]) -> tuple[Batch, int]:
 
 def forward(model: Backbone, batch: Batch, points: Mapping[PointKey, Point]) -> dict[PointKey, Tensor]:
     """One no-grad forward of the backbone on `batch`, returning the captured points in fp32."""
-    with torch.no_grad(), eval_mode(model.model), capture(points, model.device) as captured:
+    with torch.no_grad(), eval_mode(model.model), capture(points, model.device) as captured, layer_parts(model):
         model.backbone(**model.batch_kwargs(batch))
     return captured
+
+
+@contextmanager
+def layer_parts(model: Backbone) -> Iterator[None]:
+    """While a metered batch runs (`metered`), each layer's end reports its share of the forward (`part`), so a
+    progress bar moves within one long forward; nothing is hooked otherwise."""
+    if not metered():
+        yield
+        return
+    n = len(model.layers)
+
+    def hook(i: int) -> Callable[..., None]:
+        return lambda *_: part(i + 1, n)
+
+    handles = [layer.register_forward_hook(hook(i)) for i, layer in enumerate(model.layers)]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 def run_rows(model: Backbone, batch: Batch, points: Mapping[PointKey, Point]) -> dict[PointKey, Tensor]:
