@@ -171,3 +171,10 @@ def test_a_hugging_face_model_is_wrapped_once(rm, batch):
         *batch, step=0).rewards)
     with pytest.raises(ValueError, match="tokenizer"):
         PolicyMonitor(hf, directions=dirs)
+
+
+@pytest.mark.parametrize("progress", [True, False])
+def test_the_set_up_shows_a_bar_while_it_builds_the_concept_directions(rm, capsys, progress):
+    """Building the default directions read the contrast sets silently (over 10 minutes on a real RM)."""
+    PolicyMonitor(rm, axes=["length"], parts_every=0, progress=progress)
+    assert ("concepts: read and dose" in capsys.readouterr().err) == progress

@@ -63,7 +63,7 @@ def conversations(prompts: Sequence[Any], completions: Sequence[Any]) -> tuple[l
 
 
 def _unit_directions(rm: RewardModel, directions: Directions, axes: Sequence[str] | None,
-                     batch_size: int) -> tuple[tuple[str, ...], torch.Tensor]:
+                     batch_size: int, progress: bool = False) -> tuple[tuple[str, ...], torch.Tensor]:
     """Names and unit directions [m, d] in head space (what the head reads at t*)."""
     if directions is None:
         chosen = list(dict.fromkeys(SURFACE[s][0] for s in SURFACE)) if axes is None else list(axes)
@@ -72,7 +72,8 @@ def _unit_directions(rm: RewardModel, directions: Directions, axes: Sequence[str
             raise ValueError(f"unknown probe axes {unknown}; choose from {list(AXES)}")
         sets: ConceptSets = {a: contrast_sets(a) for a in chosen}
         # Only the last layer's head-space directions are used; the dose is the cheapest one allowed.
-        directions = concepts(rm, sets, layers=[-1], alphas=(0.0, 1.0), n_boot=1, batch_size=batch_size)
+        directions = concepts(rm, sets, layers=[-1], alphas=(0.0, 1.0), n_boot=1, batch_size=batch_size,
+                              progress=progress)
     if isinstance(directions, Concepts):
         names = directions.names
         vecs = np.stack([directions.direction(n, -1, "head") for n in names])
@@ -102,7 +103,9 @@ class PolicyMonitor:
     `min_gain` × the baseline rewards' sd; a statistic whose Spearman ρ with reward over the window
     has its interval above `rho_threshold`. `parts_every`: exact sublayer attribution on every
     `parts_every`-th batch (0: never), `top` parts kept. `log`: a JSON-lines file each record is
-    appended to, flushed and synced (a crash loses nothing).
+    appended to, flushed and synced (a crash loses nothing). `progress`: a bar on stderr while the
+    set-up builds the concept directions (minutes on a real RM; on by default, so it is never silent);
+    scoring the policy's batches shows none.
     """
 
     def __init__(
@@ -110,7 +113,7 @@ class PolicyMonitor:
         directions: Directions = None, axes: Sequence[str] | None = None, stats: Sequence[str] = tuple(SURFACE),
         baseline: int = 2, window: int = 4, share_threshold: float = 0.5, rho_threshold: float = 0.5,
         min_gain: float = 0.5, parts_every: int = 10, top: int = 5, log: str | os.PathLike[str] | None = None,
-        batch_size: int = 16, n_boot: int = 1000, seed: int = 0, **wrap_kwargs: Any,
+        batch_size: int = 16, n_boot: int = 1000, seed: int = 0, progress: bool = True, **wrap_kwargs: Any,
     ) -> None:
         if baseline < 1 or window < 1:
             raise ValueError(f"baseline and window must be at least one batch, got {baseline} and {window}")
@@ -126,7 +129,7 @@ class PolicyMonitor:
         self.share_threshold, self.rho_threshold, self.min_gain = share_threshold, rho_threshold, min_gain
         self.parts_every, self.top, self.batch_size, self.n_boot, self.seed = parts_every, top, batch_size, n_boot, seed
         self.log = None if log is None else Path(log)
-        self.directions, self._vectors = _unit_directions(self.rm, directions, axes, batch_size)
+        self.directions, self._vectors = _unit_directions(self.rm, directions, axes, batch_size, progress)
         self.records: list[PolicyRecord] = []
         self._first_parts: dict[str, float] | None = None
 
