@@ -7,10 +7,11 @@ import numpy as np
 import pytest
 import torch
 import transformers as tf
-from scipy.stats import spearmanr
+from scipy.stats import pearsonr, spearmanr
 
 import rewardlens as rl
 from rewardlens.cli import main
+from rewardlens.compare import formation_correlation
 from rewardlens.data import save_pairs
 from rewardlens.zoo.organisms import ORGANISMS
 from tests.helpers import tiny
@@ -105,6 +106,9 @@ def test_a_model_against_itself(organisms, syc, org_pairs):
     np.testing.assert_allclose(cmp.direction_cosine[finite], 1, atol=1e-5)
     np.testing.assert_array_equal(cmp.depth_difference, 0)
     assert cmp.profile_correlation == pytest.approx(1)
+    # Identical lens curves: every defined pair's formation correlation is 1, and so is the mean.
+    np.testing.assert_allclose(cmp.formation_correlation, 1)
+    assert np.isfinite(cmp.formation_pairs).sum(1).min() > len(org_pairs) // 2
     # The same object twice reuses its one run; every reported number is the same as with two loads.
     assert rl.compare(syc, syc, org_pairs, n_boot=N_BOOT).to_dict() == cmp.to_dict()
 
@@ -163,6 +167,41 @@ def test_a_different_width_is_refused_and_profiles_align_by_relative_depth(tiny_
     ra, rb = tiny.own_scores(rl.load(str(tiny_root["llama"])), pairs), tiny.own_scores(rl.load(str(wide)), pairs)
     assert cmp.spearman_reward == pytest.approx(spearmanr(ra, rb).statistic, abs=1e-6)
     assert len(cmp.depth_frame()) == 4
+    # Formation correlation by hand: each pair's linear lens over its final margin, A's three depths
+    # 0, 1/2, 1 interpolated onto B's four 0, 1/3, 2/3, 1, then Pearson r (scipy), mean over pairs.
+    hand = []
+    for x, y in zip(a.lens_linear, b.lens_linear):
+        x, y = x.astype(np.float64) / x[-1], y.astype(np.float64) / y[-1]
+        x = [x[0], x[0] + (2 / 3) * (x[1] - x[0]), x[1] + (1 / 3) * (x[2] - x[1]), x[2]]
+        hand.append(pearsonr(x, y).statistic)
+    np.testing.assert_allclose(cmp.formation_pairs[0], hand, rtol=1e-9)
+    assert cmp.formation_correlation[0] == pytest.approx(np.mean(hand))
+    low, high = cmp.formation_correlation_ci[0]
+    assert low <= np.mean(hand) <= high and low < high
+    row = {r["quantity"]: r for r in cmp.summary()}["formation_correlation_linear"]
+    assert (row["model"], row["value"], row["ci_low"]) == ("A vs B", pytest.approx(np.mean(hand)), low)
+    np.testing.assert_allclose(cmp.to_frame()["formation_correlation"], hand, rtol=1e-9)
+    entry = cmp.to_dict()["lens"]["formation_correlation"]["linear"]
+    assert entry["mean"] == pytest.approx(np.mean(hand)) and entry["n_defined"] == len(pairs)
+
+
+def test_formation_correlation_against_a_hand_computation():
+    # A has 2 layers, B 3: A's curve over its final margin is put on B's depths 0, 1/3, 2/3, 1.
+    lens_a = np.array([[1.0, 3, 2],     # / 2 → 0.5, 1.5, 1 → on B's grid 1/2, 7/6, 4/3, 1
+                       [-1, -4, -2],    # / −2 → 0.5, 2, 1 (a negative final margin flips it) → 1/2, 3/2, 5/3, 1
+                       [1, 2, 0],       # final margin 0: undefined
+                       [1, 2, 3],       # B's final margin is flagged near zero below: undefined
+                       [2, 2, 2]])      # / 2 → flat: no shape, undefined (the seed code said 0)
+    lens_b = np.array([[0.0, 2, 4, 4]] * 5)  # / 4 → 0, 1/2, 1, 1
+    # r of (1/2, 7/6, 4/3, 1) and (0, 1/2, 1, 1): Σdxdy = 5/12, Σdx² = 7/18, Σdy² = 11/16.
+    expected = [(5 / 12) / np.sqrt(7 / 18 * 11 / 16), 0.6605782590758164, np.nan, np.nan, np.nan]
+    got = formation_correlation(lens_a, lens_b, undefined=np.array([0, 0, 0, 1, 0], dtype=bool))
+    np.testing.assert_allclose(got, expected, rtol=1e-12)
+    assert expected[0] == pytest.approx(0.8058229640253805)
+    # Equal layer counts: no interpolation, r of the normalised curves themselves.
+    assert formation_correlation(lens_b[:1], lens_b[:1] * -3)[0] == pytest.approx(1)
+    with pytest.raises(ValueError, match="same n pairs"):
+        formation_correlation(lens_a, lens_b[:2])
 
 
 def test_probe_profiles_side_by_side(syc, length, org_pairs):
@@ -196,6 +235,7 @@ def test_cli_json_and_table(capsys, organisms, org_pairs, tmp_path):
     text = capsys.readouterr().out
     assert "agreement over 8 pairs" in text and "Spearman, margins (per pair)" in text
     assert "directions not compared: token embeddings differ" in text
+    assert "formation correlation (Pearson r of the lens curves" in text and "of 8 pairs" in text
     assert main(["compare", a, a, "--pairs", path, "--limit", "8", "--n-boot", str(N_BOOT)]) == 0
     text = capsys.readouterr().out
     assert "shared basis" in text and "read-out cosine 1.000" in text

@@ -74,6 +74,10 @@ def _show(result: dict[str, Any]) -> None:
         print(f"  B − A per pair ({kind}): mean {_fmt(d['mean'])} {_ci(d)}")
     same_depth = len({m["n_layers"] for m in lens["models"].values()}) == 1
     note = "" if same_depth else "; interpolated onto the deeper model's depths"
+    print(f"formation correlation (Pearson r of the lens curves on relative depth l/L, each over its final "
+          f"margin{note}; mean over pairs):")
+    for kind, d in lens["formation_correlation"].items():
+        print(f"  {kind}: {_fmt(d['mean'])} {_ci(d)} on {d['n_defined']} of {result['n_pairs']} pairs")
     print("\nmean margin by relative depth: the linear lens (cumulative) and the attribution written at that depth "
           f"(embeddings at 0){note}; attribution profile correlation {_fmt(att['correlation'])}")
     curve = {k: np.interp(att["grid"], m["depth"], m["mean_linear_margin"]) for k, m in lens["models"].items()}

@@ -3,7 +3,8 @@
 Behaviour is compared for any two models: how their rewards and margins rank the pairs (Spearman,
 with percentile bootstrap CIs over pairs), how often they pick the same winner, where each one's
 preference crystallizes (the lens on relative depth l/L), how each spreads its margin over depth
-(the exact sublayer attribution, aligned by relative depth), and optionally the probe profile.
+(the exact sublayer attribution, aligned by relative depth), how alike their lens curves take shape
+(the seed paper's formation correlation), and optionally the probe profile.
 
 Directions are compared only when both models write into the same residual basis: same hidden
 size, same number of layers, the same tokenizer vocabulary and token-embedding matrices that
@@ -52,7 +53,8 @@ def _side(model: RewardModel, pairs: list[Pair], label: str, fraction: float, pr
         step(f"{label}: probes")
     return ModelSide(label=label, model=repr(model), reward=att.reward, lens_linear=ln.margin("linear"),
                      lens_normed=ln.margin("normed"), crystallization_linear=ln.crystallization("linear", fraction),
-                     crystallization_normed=ln.crystallization("normed", fraction), profile=profile, probes=pr)
+                     crystallization_normed=ln.crystallization("normed", fraction), profile=profile, probes=pr,
+                     near_zero=ln.near_zero_margin())
 
 
 def _embeddings(model: RewardModel) -> torch.Tensor | None:
@@ -120,6 +122,32 @@ def _directions(model: RewardModel, pairs: list[Pair], batch_size: int) -> tuple
     return diff.cpu().numpy(), readout.cpu().numpy(), residual_readout.cpu().numpy()
 
 
+def _grid(n_layers_a: int, n_layers_b: int) -> np.ndarray:
+    """The common relative-depth grid of two models [max(L_a, L_b) + 1]: the deeper model's depths l / L."""
+    return np.linspace(0.0, 1.0, max(n_layers_a, n_layers_b) + 1)
+
+
+def formation_correlation(lens_a: np.ndarray, lens_b: np.ndarray, undefined: np.ndarray | None = None) -> np.ndarray:
+    """Per-pair formation correlation of two models' lens curves (the seed paper's statistic) [n].
+
+    `lens_a` [n, L_a+1], `lens_b` [n, L_b+1]: chosen − rejected margin by depth (0 = embeddings).
+    Each curve is divided by its own final margin, `m_l / m_L` (so both end at 1 and a negative
+    final margin flips its curve), put on relative depth l / L and linearly interpolated onto the
+    deeper model's depths (`_grid`; no interpolation with equal layer counts), and the two curves'
+    Pearson r is taken. NaN for a pair whose final margin is zero in either model or flagged in
+    `undefined` [n] (near zero: dividing by it would be noise), and where either normalised curve
+    is flat (no shape to correlate; the seed code returned 0 there)."""
+    lens_a, lens_b = np.asarray(lens_a, dtype=np.float64), np.asarray(lens_b, dtype=np.float64)
+    if lens_a.ndim != 2 or lens_b.ndim != 2 or len(lens_a) != len(lens_b) or min(lens_a.shape[1], lens_b.shape[1]) < 2:
+        raise ValueError(f"need two lens margin arrays [n, L+1] over the same n pairs with L >= 1, got shapes "
+                         f"{lens_a.shape} and {lens_b.shape}")
+    skip = np.zeros(len(lens_a), dtype=bool) if undefined is None else np.asarray(undefined, dtype=bool)
+    skip = skip | (lens_a[:, -1] == 0) | (lens_b[:, -1] == 0)
+    grid = _grid(lens_a.shape[1] - 1, lens_b.shape[1] - 1)
+    on_grid = lambda curve: np.interp(grid, np.linspace(0.0, 1.0, len(curve)), curve / curve[-1])
+    return np.array([np.nan if s else _pearson(on_grid(x), on_grid(y)) for x, y, s in zip(lens_a, lens_b, skip)])
+
+
 def _interval(stat: Callable[[np.ndarray], float], n: int, n_boot: int, seed: int) -> tuple[float, float]:
     """Bootstrap CI of `stat(pair indices)` resampling pairs (stats.bootstrap_ci over the indices)."""
     return bootstrap_ci(np.arange(n, dtype=np.float64), stat=lambda idx: stat(idx.astype(int)), n_boot=n_boot,
@@ -176,7 +204,10 @@ def compare(
     diff = np.stack([b.crystallization_linear - a.crystallization_linear,
                      b.crystallization_normed - a.crystallization_normed])
     diff_mean = np.array([np.nanmean(d) if np.isfinite(d).any() else np.nan for d in diff])
-    grid = np.linspace(0.0, 1.0, max(a.n_layers, b.n_layers) + 1)
+    grid = _grid(a.n_layers, b.n_layers)
+    undefined = a.near_zero | b.near_zero
+    formation = np.stack([formation_correlation(a.lens_linear, b.lens_linear, undefined),
+                          formation_correlation(a.lens_normed, b.lens_normed, undefined)])
     profile_a, profile_b = np.interp(grid, a.depth, a.profile), np.interp(grid, b.depth, b.profile)
     probe_rho = float("nan")
     if probes:
@@ -206,7 +237,10 @@ def compare(
         depth_difference=diff_mean, depth_difference_ci=np.array([bootstrap_ci(d, n_boot=n_boot, seed=seed)
                                                                   for d in diff]),
         grid=grid, profile_a=profile_a, profile_b=profile_b,
-        profile_correlation=_pearson(profile_a, profile_b), probe_spearman=probe_rho, basis=basis,
+        profile_correlation=_pearson(profile_a, profile_b), formation_pairs=formation,
+        formation_correlation=np.array([np.nanmean(f) if np.isfinite(f).any() else np.nan for f in formation]),
+        formation_correlation_ci=np.array([bootstrap_ci(f, n_boot=n_boot, seed=seed) for f in formation]),
+        probe_spearman=probe_rho, basis=basis,
         readout_cosine=readout_cos, residual_readout_cosine=residual_cos, direction_cosine=direction_cos,
     )
 

@@ -28,7 +28,8 @@ class ModelSide:
     chosen − rejected margin by depth (0 = embeddings); `crystallization_linear`,
     `crystallization_normed` [n] as l / L (NaN where the final margin is near zero); `profile`
     [L+1] the mean margin attribution written at each depth (embeddings, then attention + MLP of
-    each layer), reward units; `probes` the probe run, when asked for.
+    each layer), reward units; `probes` the probe run, when asked for; `near_zero` [n] the pairs whose
+    final margin is too small to have a side (`Lens.near_zero_margin`).
     """
 
     label: str
@@ -40,6 +41,7 @@ class ModelSide:
     crystallization_normed: np.ndarray
     profile: np.ndarray
     probes: Probes | None
+    near_zero: np.ndarray
 
     @property
     def n_layers(self) -> int:
@@ -88,7 +90,11 @@ class Comparison:
     `depth_difference` [2] is the mean per-pair crystallization depth of B minus A (linear, normed
     lens; pairs where both are defined) with `depth_difference_ci` [2, 2]. `grid` [G] is a common
     relative-depth grid (the deeper model's depths) with both `profile_a`, `profile_b` [G]
-    interpolated onto it. `probe_spearman` ranks the two probe profiles (per-axis mean effects; NaN
+    interpolated onto it. `formation_pairs` [2, n] is the seed paper's formation correlation per pair
+    (`formation_correlation`: Pearson r of the two models' lens curves, each divided by its final
+    margin, on the common grid; linear, then normed lens; NaN where either final margin is near zero
+    or a curve is flat), `formation_correlation` [2] its mean over the defined pairs, with
+    `formation_correlation_ci` [2, 2]. `probe_spearman` ranks the two probe profiles (per-axis mean effects; NaN
     without probes). Direction results (NaN, or empty, when `basis.refused`): `readout_cosine` of the
     effective read-out rows (what the heads read from their final hidden state, combined by the
     readout; mean over inputs for heads whose rows depend on the input), `residual_readout_cosine`
@@ -114,6 +120,9 @@ class Comparison:
     profile_a: np.ndarray
     profile_b: np.ndarray
     profile_correlation: float
+    formation_pairs: np.ndarray
+    formation_correlation: np.ndarray
+    formation_correlation_ci: np.ndarray
     probe_spearman: float
     basis: Basis
     readout_cosine: float
@@ -126,7 +135,8 @@ class Comparison:
         return self.basis.refused
 
     def to_frame(self) -> pd.DataFrame:
-        """One row per pair: both models' rewards, margins and crystallization depths."""
+        """One row per pair: both models' rewards, margins and crystallization depths, and the pair's
+        formation correlation (linear lens)."""
         import pandas as pd
 
         out: dict[str, Any] = {"pair": self.pair_ids}
@@ -134,6 +144,7 @@ class Comparison:
             out |= {f"chosen_{s.label}": chosen(s.reward), f"rejected_{s.label}": rejected(s.reward),
                     f"margin_{s.label}": s.margin, f"crystallization_{s.label}": s.crystallization_linear}
         out["same_winner"] = np.sign(self.a.margin) == np.sign(self.b.margin)
+        out["formation_correlation"] = self.formation_pairs[0]
         return pd.DataFrame(out)
 
     def depth_frame(self) -> pd.DataFrame:
@@ -177,6 +188,8 @@ class Comparison:
             *[(f"crystallization_difference_{kind}", diff, self.depth_difference[k], self.depth_difference_ci[k])
               for k, kind in enumerate(("linear", "normed"))],
             ("attribution_profile_correlation", both, self.profile_correlation, nan),
+            *[(f"formation_correlation_{kind}", both, self.formation_correlation[k], self.formation_correlation_ci[k])
+              for k, kind in enumerate(("linear", "normed"))],
             ("probe_spearman", both, self.probe_spearman, nan),
             ("readout_cosine", both, self.readout_cosine, nan),
             ("residual_readout_cosine", both, self.residual_readout_cosine, nan),
@@ -207,6 +220,10 @@ class Comparison:
                     "median_crystallization_normed": med(s.crystallization_normed)} for s in sides},
                 "crystallization_difference": {
                     kind: {"mean": _num(self.depth_difference[k]), "ci": ci(self.depth_difference_ci[k])}
+                    for k, kind in enumerate(("linear", "normed"))},
+                "formation_correlation": {
+                    kind: {"mean": _num(self.formation_correlation[k]), "ci": ci(self.formation_correlation_ci[k]),
+                           "n_defined": int(np.isfinite(self.formation_pairs[k]).sum())}
                     for k, kind in enumerate(("linear", "normed"))},
             },
             "attribution": {"grid": self.grid.tolist(), self.a.label: self.profile_a.tolist(),

@@ -18,6 +18,14 @@ Q = 0: alone they make the dimension undefined, and a bootstrap draw of only suc
 ratio (NaN, left out of the interval). Intervals are percentile bootstraps, resampling items
 jointly when Δ and Q come from the same items and independently otherwise. An axis is flagged
 when the probe flagged it and the lower CI bound of D is at least `threshold`.
+
+Beside it, the seed paper's coverage form (first reward-lens release, `compute_distortion_index`),
+one number per quality dimension and none per axis: every quality sample of every dimension is
+min-max normalised over all of them pooled, `c_j = (Q_j − min Q) / (max Q − min Q)` (0.5 each when
+all are equal), a dimension's effective coverage is `C_eff[q] = 1 − Π_{j in q} (1 − c_j)`, and
+`D_cov[q] = 1 − C_eff[q] / max_q C_eff` (1 for every dimension when that max is 0). It asks which
+quality the samples cover least, relative to the best-covered one; ours asks how much an attribute
+is worth in units of a quality. See docs/probes.md for where the two part ways.
 """
 
 from __future__ import annotations
@@ -55,6 +63,10 @@ class Distortion:
     threshold: float
     note: tuple[str, ...]
     """Per quality dimension: why its indices are undefined, or ''."""
+    coverage: np.ndarray
+    """The seed paper's effective coverage C_eff per quality dimension [n_quality] (module docstring)."""
+    coverage_index: np.ndarray
+    """The seed paper's coverage-form distortion index D_cov = 1 − C_eff / max C_eff [n_quality]."""
 
     def ranking(self, quality: str | None = None) -> list[tuple[str, float]]:
         """Axes by decreasing index for `quality` (None: the only dimension; several need a name).
@@ -83,13 +95,15 @@ class Distortion:
         return self.quality.index(quality)
 
     def to_frame(self) -> pd.DataFrame:
-        """One row per (axis, quality dimension): index, CI, flagged, the quality effect, and `note`:
-        why the dimension's indices are undefined (NaN), or ''."""
+        """One row per (axis, quality dimension): index, CI, flagged, the quality effect, `note`: why
+        the dimension's indices are undefined (NaN), or '', and the dimension's seed-paper `coverage`
+        and `coverage_index` (per dimension, so the same on every axis' row)."""
         import pandas as pd
 
         rows = [{"axis": a, "quality": q, "index": self.index[i, k], "ci_low": self.ci[i, k, 0],
                  "ci_high": self.ci[i, k, 1], "flagged": bool(self.flagged[i, k]),
-                 "quality_effect": self.quality_effect[k], "note": self.note[k]}
+                 "quality_effect": self.quality_effect[k], "note": self.note[k], "coverage": self.coverage[k],
+                 "coverage_index": self.coverage_index[k]}
                 for i, a in enumerate(self.axes) for k, q in enumerate(self.quality)]
         return pd.DataFrame(rows)
 
@@ -173,7 +187,22 @@ def distortion(
             warnings.simplefilter("ignore", RuntimeWarning)
             ci[:, k] = np.nanquantile(ratios, [tail, 1 - tail], axis=0).T
     flagged = probes.flagged[:, None] & (ci[..., 0] >= threshold)
-    return Distortion(tuple(probes.axes), tuple(names), index, ci, q_mean, q_ci, flagged, threshold, tuple(notes))
+    coverage, coverage_index = _coverage_form(samples)
+    return Distortion(tuple(probes.axes), tuple(names), index, ci, q_mean, q_ci, flagged, threshold, tuple(notes),
+                      coverage, coverage_index)
+
+
+def _coverage_form(samples: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """The seed paper's (C_eff [n_quality], D_cov [n_quality]) from each dimension's quality samples
+    (module docstring). Non-finite samples (items a degradation did not apply to) are left out; a
+    dimension with none has C_eff = 0, as the seed code gave a dimension without probes."""
+    finite = [np.asarray(x, dtype=np.float64)[np.isfinite(np.asarray(x, dtype=np.float64))] for x in samples]
+    pooled = np.concatenate(finite)
+    low, high = (pooled.min(), pooled.max()) if pooled.size else (0.0, 0.0)
+    norm = [np.full(len(x), 0.5) if high == low else (x - low) / (high - low) for x in finite]
+    coverage = np.array([1.0 - np.prod(1.0 - c) for c in norm])
+    best = coverage.max()
+    return coverage, (1.0 - coverage / best if best > 0 else np.ones_like(coverage))
 
 
 def _masked_mean(x: np.ndarray) -> np.ndarray:
