@@ -27,6 +27,17 @@ def test_score_json_matches_the_api(capsys, tiny_root, pairs_file, pairs):
     assert out["accuracy"] == pytest.approx(np.mean(rewards[0::2] > rewards[1::2]))
 
 
+def test_score_json_carries_each_records_subset_and_group(capsys, tiny_root, pairs, tmp_path):
+    """Scores join back to the user's data: `score --json` used to drop `subset` (and `group`)."""
+    labelled = [rl.Pair(p.prompt, p.chosen, p.rejected, id=f"q{i}", subset=["chat", None][i % 2],
+                        group="g1" if i == 0 else None) for i, p in enumerate(pairs)]
+    path = str(save_pairs(labelled, tmp_path / "labelled.jsonl"))
+    out = _json(capsys, ["score", str(tiny_root["gpt2"]), "--pairs", path, "--json"])
+    got = {p["id"]: p for p in out["pairs"]}
+    assert got["q0"]["subset"] == "chat" and got["q0"]["group"] == "g1"
+    assert "subset" not in got["q1"] and "group" not in got["q1"]  # no label on the record: none in its row
+
+
 def test_attribute_and_lens_json(capsys, tiny_root, pairs_file, pairs):
     out = _json(capsys, ["attribute", str(tiny_root["qwen2"]), "--pairs", pairs_file, "--json", "--level", "head",
                          "--all-parts"])

@@ -35,13 +35,19 @@ def _score(model: RewardModel, pairs: list[Pair], args: argparse.Namespace) -> d
     counted, acc = score_pairs(rewards, ids, dtype=dtype_name(model))
     good, bad = chosen(rewards), rejected(rewards)
     return {
-        "pairs": [
-            {"id": pid, "chosen": finite(c), "rejected": finite(r), "margin": finite(c - r), "counted": bool(ok)}
-            for pid, c, r, ok in zip(ids, good, bad, counted.finite.tolist())
+        "pairs": [  # with the record's subset and group, so scores join back to the user's data
+            {"id": pid, **_labels(p), "chosen": finite(c), "rejected": finite(r), "margin": finite(c - r),
+             "counted": bool(ok)}
+            for p, pid, c, r, ok in zip(pairs, ids, good, bad, counted.finite.tolist())
         ],
         **{k: acc.to_dict()[k] for k in ("accuracy", "correct", "excluded", "saturated", "notes")},
         "counted": acc.n, "line": acc.line(),
     }
+
+
+def _labels(pair: Pair) -> dict[str, str]:
+    """The pair's `subset` and `group`, where set (a key left out where the record had none)."""
+    return {k: v for k, v in (("subset", pair.subset), ("group", pair.group)) if v is not None}
 
 
 def _lens(model: RewardModel, pairs: list[Pair], args: argparse.Namespace) -> dict[str, Any]:
