@@ -11,11 +11,27 @@ import sys
 from collections.abc import Sequence
 
 from ..errors import RewardLensError
-from . import audit, base, bench, causal, compare, concepts, conflict, edit, monitor, organisms, probes, sae, tokens
+from . import (
+    audit,
+    base,
+    bench,
+    causal,
+    compare,
+    concepts,
+    conflict,
+    edit,
+    monitor,
+    organisms,
+    parity,
+    probes,
+    sae,
+    tokens,
+)
 from ._common import Command, Interrupted, as_flags, check_common, command_line, print_json
 
 # Each module owns its commands; the order here is the order of `rewardlens -h`.
-_MODULES = (base, tokens, audit, bench, causal, probes, compare, concepts, conflict, edit, sae, organisms, monitor)
+_MODULES = (base, tokens, audit, bench, causal, probes, compare, concepts, conflict, edit, sae, organisms, monitor,
+            parity)
 
 
 def _commands() -> dict[str, Command]:

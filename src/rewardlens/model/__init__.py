@@ -37,6 +37,11 @@ from ._kinds import wrap_judge as wrap_judge
 from ._kinds import wrap_prm as wrap_prm
 from ._load import load as load
 from ._load import wrap as wrap
+from ._parity import CHECKS as PARITY_CHECKS
+from ._parity import TOLERANCE as PARITY_TOLERANCE
+from ._parity import Parity as Parity
+from ._parity import ParityCheck as ParityCheck
+from ._parity import parity as parity
 from ._parts import KINDS as KINDS
 from ._parts import Part as Part
 from ._parts import PartKind as PartKind
@@ -62,7 +67,11 @@ __all__ = [
     "KindName",
     "LAYOUTS",
     "Part",
+    "PARITY_CHECKS",
+    "PARITY_TOLERANCE",
     "PairAccuracy",
+    "Parity",
+    "ParityCheck",
     "PartKind",
     "READ_AT",
     "ReadAt",
@@ -86,6 +95,7 @@ __all__ = [
     "load_judge",
     "load_prm",
     "pair_accuracy",
+    "parity",
     "register_architecture",
     "score_pairs",
     "trace",
