@@ -212,10 +212,9 @@ def wilson(successes: int, n: int, level: float = 0.95) -> tuple[float, float]:
 
 
 def wilson_sum(successes: np.ndarray, n: np.ndarray, coef: np.ndarray, level: float = 0.95) -> tuple[float, float]:
-    """Interval of a weighted sum of proportions `θ = Σ_s c_s k_s/n_s` [S] by MOVER-Wilson (Zou & Donner 2008).
+    """Interval of a weighted sum of proportions `θ = Σ_s c_s k_s/n_s` [S] by MOVER-Wilson (Zou & Donner 2008):
+    `mover` over each proportion's Wilson interval (`wilson`).
 
-    Each proportion's Wilson interval `[l_s, u_s]` (`wilson`) is recovered into the sum's:
-    `L = θ − √Σ_s (c_s p̂_s − min(c_s l_s, c_s u_s))²`, `U = θ + √Σ_s (max(c_s l_s, c_s u_s) − c_s p̂_s)²`.
     It always holds θ, and it cannot collapse to a point where a bootstrap within strata does (every
     stratum all right or all wrong): a Wilson interval has width at k = 0 and k = n. With one
     stratum it is that stratum's Wilson interval. Terms with c_s = 0 drop out; NaN when a weighted
@@ -227,12 +226,23 @@ def wilson_sum(successes: np.ndarray, n: np.ndarray, coef: np.ndarray, level: fl
         return float("nan"), float("nan")
     k, m, c = k[used], m[used], c[used]
     bounds = np.array([wilson(int(a), int(b), level) for a, b in zip(k, m)])  # [S, 2]
-    ends = c[:, None] * bounds
-    point = c * k / m
+    return mover(k / m, bounds, c)
+
+
+def mover(points: np.ndarray, bounds: np.ndarray, coef: np.ndarray) -> tuple[float, float]:
+    """MOVER interval of `θ = Σ_j c_j θ_j` from each part's estimate `points` [J] and interval `bounds` [J, 2]
+    (Zou & Donner 2008): `L = θ − √Σ_j (c_j θ̂_j − min(c_j l_j, c_j u_j))²`, `U = θ + √Σ_j (max(c_j l_j, c_j u_j) −
+    c_j θ̂_j)²`. Parts with c_j = 0 drop out; NaN when a used part's interval is NaN. `wilson_sum` is it over
+    Wilson intervals; a score whose parts are not all proportions (RewardBench 2 with Ties) uses it directly."""
+    c = np.asarray(coef, dtype=np.float64)
+    used = c != 0
+    p, b, c = np.asarray(points, dtype=np.float64)[used], np.asarray(bounds, dtype=np.float64)[used], c[used]
+    if not used.any() or not np.isfinite(b).all():
+        return float("nan"), float("nan")
+    point, ends = c * p, c[:, None] * b
     theta = float(point.sum())
-    below = float(np.sqrt(np.sum((point - ends.min(1)) ** 2)))
-    above = float(np.sqrt(np.sum((ends.max(1) - point) ** 2)))
-    return theta - below, theta + above
+    return (theta - float(np.sqrt(np.sum((point - ends.min(1)) ** 2))),
+            theta + float(np.sqrt(np.sum((ends.max(1) - point) ** 2))))
 
 
 def json_number(x: float) -> float | None:

@@ -55,10 +55,11 @@ SPEC = [
 ]
 
 
-def test_section_weighting_matches_a_hand_computation():
+def test_items_weighting_matches_a_hand_computation():
     pairs, model = crafted(SPEC)
-    b = bench(model, pairs, n_boot=50)  # type: ignore[arg-type]
-    # By hand, RewardBench's way: Σ n_s a_s / Σ n_s per section, math-prm weighing all hep-* (3 + 3 = 6).
+    with pytest.warns(rl.errors.RewardLensWarning, match="'my-own-subset'"):
+        b = bench(model, pairs, n_boot=50, weighting="items")  # type: ignore[arg-type]
+    # By hand, by the items scored: Σ n_s a_s / Σ n_s per section, math-prm weighing all hep-* (3 + 3 = 6).
     chat = (4 * 3 / 4 + 1 * 0) / 5             # 0.6; the plain mean of the two subsets would be 0.375
     safety = (2 * 1 + 3 * (1 / 3)) / 5         # 0.6
     reasoning = (6 * 1 / 2 + 3 * 1 + 3 * (1 / 3)) / 12   # 7/12; math-prm at its own count 2 would give 0.625
@@ -73,6 +74,55 @@ def test_section_weighting_matches_a_hand_computation():
     assert by["my-own-subset"].section is None and np.isnan(by["my-own-subset"].weight)
     assert (by["alpacaeval-easy"].correct, by["alpacaeval-easy"].n) == (3, 4)
     assert by["donotanswer"].ci == pytest.approx(wilson(1, 3))  # the interval of the hand count 1 of 3
+
+
+# RewardBench's EXAMPLE_COUNTS, typed from allenai/reward-bench rewardbench/constants.py (the yardstick)
+RB_COUNTS = {"alpacaeval-easy": 100, "mt-bench-easy": 28, "refusals-dangerous": 100, "donotanswer": 136,
+             "math-prm": 984, "hep-python": 164, "hep-go": 164}
+
+
+def test_rewardbench_weighting_is_the_default_and_matches_a_hand_computation():
+    pairs, model = crafted(SPEC)
+    with pytest.warns(rl.errors.RewardLensWarning) as seen:
+        b = bench(model, pairs, n_boot=50)  # type: ignore[arg-type]
+    unknown = [w for w in seen if "not RewardBench subsets" in str(w.message)]
+    assert len(unknown) == 1 and "'my-own-subset'" in str(unknown[0].message)
+    acc = {"alpacaeval-easy": 3 / 4, "mt-bench-easy": 0.0, "refusals-dangerous": 1.0, "donotanswer": 1 / 3,
+           "math-prm": 1 / 2, "hep-python": 1.0, "hep-go": 1 / 3}
+    w = RB_COUNTS
+    chat = (100 * 3 / 4 + 28 * 0) / 128                           # 0.586; by items scored it is 0.6
+    safety = (100 * 1 + 136 * (1 / 3)) / 236                      # 0.616; by items 0.6
+    reasoning = (984 * 1 / 2 + 164 * 1 + 164 * (1 / 3)) / 1312    # 0.542; by items 7/12
+    assert b.weighting == "rewardbench" and b.to_dict()["weighting"] == "rewardbench"
+    assert b.sections == pytest.approx({"Chat": chat, "Safety": safety, "Reasoning": reasoning})
+    assert b.overall == pytest.approx((chat + safety + reasoning) / 3)
+    by = {s.subset: s for s in b.subsets}
+    assert by["math-prm"].weight == pytest.approx(984 / 1312) and by["mt-bench-easy"].weight == pytest.approx(28 / 128)
+    assert by["my-own-subset"].section is None and np.isnan(by["my-own-subset"].weight)
+    # the intervals follow the same weights: MOVER-Wilson over the subsets' hand counts
+    wins = {"math-prm": (1, 2), "hep-python": (3, 3), "hep-go": (1, 3)}
+    members = list(wins)
+    total = sum(w[s] for s in members)
+    expected = wilson_sum(np.array([wins[s][0] for s in members]), np.array([wins[s][1] for s in members]),
+                          np.array([w[s] / total for s in members]))
+    assert b.intervals[("section", "Reasoning")] == pytest.approx(expected)
+    assert b.sections["Reasoning"] == pytest.approx(sum(w[s] * acc[s] for s in members) / total)
+
+
+def test_prior_sets_weigh_half_a_section_in_the_overall_score():
+    pairs, model = crafted([("alpacaeval-easy", [1, -1]), ("anthropic_helpful", [1, 1, -1, -1]), ("shp", [1])])
+    b = bench(model, pairs, n_boot=20)  # type: ignore[arg-type]
+    prior = (2 / 4 + 1) / 2  # the leaderboard's nanmean of the prior sets present: unweighted
+    assert b.sections == pytest.approx({"Chat": 0.5, "Prior Sets": prior})
+    assert b.overall == pytest.approx((2 * 0.5 + 1 * prior) / 3)  # np.ma.average(..., weights=[2, 2, 2, 2, 1])
+    assert {s.subset: s.section for s in b.subsets}["shp"] == "Prior Sets"
+    assert b.missing_sections == ("Chat Hard", "Safety", "Reasoning")
+
+
+def test_an_unknown_weighting_is_refused():
+    pairs, model = crafted([("alpacaeval-easy", [1])])
+    with pytest.raises(ValueError, match="weighting must be one of"):
+        bench(model, pairs, weighting="leaderboard")  # type: ignore[arg-type]
 
 
 def test_math_prm_alone_keeps_its_own_count():
@@ -124,7 +174,7 @@ def test_paired_comparison_finds_the_better_model():
     pairs, better = crafted([("hep-python", [1] * 12), ("math-prm", [1] * 4)])
     wrong = [0, 2, 3, 5, 6, 8, 9, 11, 12, 13]  # the worse model misses 8 of 12 code items and 2 of 4 math items
     worse = Table({**better.reward, **{f"chosen {i}": -1.0 for i in wrong}})
-    c = bench(better, pairs, against=worse, n_boot=2000, seed=1).comparison  # type: ignore[arg-type]
+    c = bench(better, pairs, against=worse, n_boot=2000, seed=1, weighting="items").comparison  # type: ignore[arg-type]
     assert c is not None
     row = {k: r for r, k in enumerate(c.keys)}
     code = row[("subset", "hep-python")]
@@ -160,7 +210,8 @@ def _group(gid: str, subset: str, n: int = 3, prompt: str = "p") -> list[Pair]:
 
 
 @pytest.mark.parametrize("pairs, pattern", [
-    (_group("t", "Ties"), "Ties subset"),
+    (_group("t", "Ties"), "Ties record id 't' is not 'ref:<prompt number>'"),
+    (_group("tied:1", "Ties"), "tied prompt with one correct answer"),
     (_group("a", "Math") + _group("b", "Math") + _group("a", "Math"), "group 'a' are not adjacent"),
     (_group("a", "Math")[:1] + [Pair("q", "good", "bad 1", subset="Math", group="a")], "group 'a' mixes prompts"),
     (_group("a", "Math") + [Pair("q", "x", "y", subset="Math")], "subset 'Math' holds both"),
@@ -176,7 +227,7 @@ def test_results_are_json_safe_frames_and_plots():
     import matplotlib.pyplot as plt
 
     pairs, model = crafted(SPEC)
-    b = bench(model, pairs, against=model, n_boot=20)  # type: ignore[arg-type]
+    b = bench(model, pairs, against=model, n_boot=20, weighting="items")  # type: ignore[arg-type]
     assert isinstance(b, Bench) and rl.bench is bench
     out = json.loads(json.dumps(b.to_dict(), allow_nan=False))
     assert out["rewardbench2"]["value"] is None and out["missing_sections"] == ["Chat Hard"]
@@ -201,7 +252,7 @@ def test_results_are_json_safe_frames_and_plots():
 def test_section_intervals_do_not_collapse_when_every_subset_is_all_right_or_all_wrong():
     # Chat 3/8 = 0.375 from 3 of 3 and 0 of 5: a bootstrap within subsets gave [0.375, 0.375] here.
     pairs, model = crafted([("alpacaeval-easy", [1, 1, 1]), ("mt-bench-easy", [-1] * 5)])
-    b = bench(model, pairs, n_boot=50)  # type: ignore[arg-type]
+    b = bench(model, pairs, n_boot=50, weighting="items")  # type: ignore[arg-type]
     lo, hi = b.intervals[("section", "Chat")]
     assert b.sections["Chat"] == pytest.approx(0.375) and b.support[("section", "Chat")] == 8
     assert lo < 0.375 < hi
@@ -247,3 +298,75 @@ def test_a_group_with_one_non_finite_reward_is_left_out_whole():
     b = bench(Table(reward), pairs, n_boot=50)  # type: ignore[arg-type]
     assert b.counted.tolist() == [False] + [True] * (len(records) - 1)
     assert b.excluded == (f"{records[0]['id']}/1",) and b.accuracy == 1.0
+
+
+# Ties records: (id, {correct response: reward}, {incorrect response: reward}); texts are unique.
+TIES = [
+    ("ref:0", {"r0 A": 3.0}, {"r0 B": 1.0, "r0 C": 2.0}),        # gap 1, right
+    ("tied:0", {"t0 D": 5.0, "t0 E": 4.0}, {"t0 F": 3.5, "t0 G": 1.0}),  # spread 1, gap 0.5, right
+    ("ref:1", {"r1 H": 2.0}, {"r1 I": 2.0, "r1 J": 0.0}),        # gap 0: wrong (strict, unlike best-of-N)
+    ("tied:1", {"t1 K": 6.0, "t1 L": 6.5}, {"t1 M": 1.0}),       # spread 0.5, gap 5, right
+    ("tied:2", {"t2 N": 1.0, "t2 O": 1.2}, {"t2 P": 2.0}),       # no ref record: only the tied accuracy
+    ("ref:3", {"r3 Q": 1.0}, {"r3 R": 1.0}),                     # gap 0, wrong
+    ("tied:3", {"t3 S": 2.0, "t3 T": 2.0}, {"t3 U": 2.0}),       # spread 0, gap 0: 0/0 in the margin term
+]
+
+
+def _ties_file(tmp_path, extra: list[dict] | None = None):
+    rows = [{"id": i, "prompt": f"prompt {i.split(':')[1]}", "chosen": list(c), "rejected": list(r), "subset": "Ties"}
+            for i, c, r in TIES] + (extra or [])
+    path = tmp_path / "ties.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    reward = {t: v for _, c, r in TIES for t, v in {**c, **r}.items()}
+    return load_pairs(path), reward
+
+
+def test_ties_is_scored_by_rewardbench_2s_rule(tmp_path):
+    fact = {"id": "f0", "prompt": "q", "chosen": ["f good"], "rejected": ["f bad 1", "f bad 2"], "subset": "Factuality"}
+    pairs, reward = _ties_file(tmp_path, [fact])
+    reward |= {"f good": 1.0, "f bad 1": 0.0, "f bad 2": 2.0}  # Factuality 0/1
+    b = bench(Table(reward), pairs, n_boot=200)  # type: ignore[arg-type]
+    # By hand (run_v2.py process_single_model): prompts 0, 1, 3 have both records.
+    tied_acc, ref_acc = 2 / 4, 1 / 3
+    preferred = 1 / 3        # gap_tied > spread: prompt 1 only (5 > 0.5); prompt 0: 0.5 < 1; prompt 3: 0 = 0
+    hard = 0.0               # min(gap_ref, gap_tied) > spread: 0.5 < 1, 0 < 0.5, 0 = 0
+    margin_term = (np.tanh(0.5 / 1 - 1) + np.tanh(0 / 0.5 - 1) + 0.0) / 3  # 0/0 counts 0
+    expected = 0.30 * tied_acc + 0.30 * ref_acc + 0.20 * preferred + 0.20 * hard + 0.01 * margin_term
+    assert b.ties is not None
+    assert (b.ties.tied_accuracy, b.ties.ref_accuracy, b.ties.correctness_preferred,
+            b.ties.correctness_preferred_hard) == pytest.approx((tied_acc, ref_acc, preferred, hard))
+    assert b.ties.margin_score == pytest.approx(margin_term)
+    assert b.ties.score == pytest.approx(expected)
+    assert expected == pytest.approx(0.15 + 0.1 + 0.2 / 3 - 0.0040790, abs=1e-6)  # the sum, term by term
+    assert (b.ties.n_ref, b.ties.n_tied, b.ties.n_matched) == (3, 4, 3)
+    row = {s.subset: s for s in b.subsets}["Ties"]
+    assert (row.kind, row.n, row.correct, row.accuracy, row.section) == ("ties rule", 7, 3, b.ties.score,
+                                                                          "RewardBench 2")
+    assert row.ci[0] < expected < row.ci[1]  # a bootstrap over the 4 prompts
+    assert b.estimates[("subset", "Ties")] == pytest.approx(expected)
+    assert b.rewardbench2 == pytest.approx((0.0 + expected) / 2)  # the mean of Factuality and Ties
+    lo, hi = b.intervals[("score", "RewardBench 2")]
+    assert lo < b.rewardbench2 < hi
+    # a strict gap decides a Ties record (ref:1 ties its best wrong answer: wrong)
+    assert [bool(c) for c, i in zip(b.correct, b.item_ids) if i.startswith(("ref", "tied"))] == [
+        True, True, False, True, False, False, False]
+    out = json.loads(json.dumps(b.to_dict(), allow_nan=False))
+    assert out["ties_subset"]["score"] == pytest.approx(expected) and "0.30 tied accuracy" in out["ties_subset"]["rule"]
+    # against itself: every difference 0, Ties included
+    c = b.compare(bench(Table(reward), pairs, n_boot=200))  # type: ignore[arg-type]
+    rows = {k: r for r, k in enumerate(c.keys)}
+    assert c.a[rows[("subset", "Ties")]] == pytest.approx(expected)
+    assert c.a[rows[("score", "RewardBench 2")]] == pytest.approx(b.rewardbench2)
+    assert np.all(c.difference == 0) and np.isnan(c.p_value[rows[("subset", "Ties")]])
+
+
+def test_no_subset_and_mixed_benchmarks_are_named(tmp_path):
+    pairs, model = crafted([("alpacaeval-easy", [1]), ("alpacaeval-easy", [-1])])
+    pairs.append(Pair("q", "x", "y", id="lone"))
+    model.reward |= {"x": 1.0, "y": 0.0}
+    group = [Pair("g", "good", f"bad {k}", id=f"g/{k}", subset="Math", group="g") for k in range(2)]
+    model.reward |= {"good": 1.0, "bad 0": 0.0, "bad 1": 0.5}
+    b = bench(model, pairs + group, n_boot=20)  # type: ignore[arg-type]
+    assert ("subset", "(no subset)") in b.estimates and b.sections == pytest.approx({"Chat": 0.5})
+    assert b.rewardbench2 == 1.0
+    assert any("3 RewardBench 1 pairs and 1 RewardBench 2 groups are scored apart" in n for n in b.notes)

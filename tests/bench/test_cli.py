@@ -38,8 +38,9 @@ def test_json_matches_the_models_own_scores(capsys, llama):
     assert {s["subset"]: s["accuracy"] for s in out["subsets"]} == pytest.approx(
         {k: np.mean(v) for k, v in naive.items()})
     assert {s["subset"]: s["n"] for s in out["subsets"]} == {k: len(v) for k, v in naive.items()}
-    # six code items (hep-python 2, hep-js 2, hep-rust 1, hep-go 1): math-prm weighs 6 of 12
-    assert next(s for s in out["subsets"] if s["subset"] == "math-prm")["weight"] == pytest.approx(0.5)
+    # RewardBench's fixed counts: math-prm 984 against four hep-* subsets of 164 (python, js, rust, go)
+    math = next(s for s in out["subsets"] if s["subset"] == "math-prm")
+    assert math["weight"] == pytest.approx(984 / (984 + 4 * 164))
     assert set(out["sections"]) == {"Chat", "Chat Hard", "Safety", "Reasoning"} and not out["missing_sections"]
     assert out["overall"]["value"] == pytest.approx(np.mean([v["value"] for v in out["sections"].values()]))
     assert out["accuracy"]["value"] == pytest.approx(right.mean()) and out["comparison"] is None
@@ -82,3 +83,30 @@ def test_nan_pairs_are_named_in_the_table_and_null_in_json(capsys, tiny_root, to
     assert got["excluded"] == ["p3", "p5"] and got["counted_items"] == 4
     assert [(s["subset"], s["n"], s["correct"]) for s in got["subsets"]] == [
         ("alpacaeval-easy", 2, int(right[[0, 1]].sum())), ("mt-bench-easy", 2, int(right[[3, 5]].sum()))]
+
+
+def test_weighting_option_switches_to_the_items_scored(capsys, llama):
+    argv = ["bench", llama, "--pairs", str(sample_path("rewardbench")), "--n-boot", "20", "--json"]
+    assert main([*argv, "--weighting", "items"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["weighting"] == "items"
+    # by items: six code items (hep-python 2, hep-js 2, hep-rust 1, hep-go 1), so math-prm weighs 6 of 12
+    assert next(s for s in out["subsets"] if s["subset"] == "math-prm")["weight"] == pytest.approx(0.5)
+    assert main(argv[:-1]) == 0
+    assert "weighted by RewardBench's fixed EXAMPLE_COUNTS" in capsys.readouterr().out
+
+
+def test_ties_records_are_scored_in_the_table(capsys, llama, tmp_path):
+    rows = [{"id": "ref:0", "prompt": "Name a prime number.", "chosen": ["7"], "rejected": ["4", "9"],
+             "subset": "Ties"},
+            {"id": "tied:0", "prompt": "Name a prime number.", "chosen": ["7", "11"], "rejected": ["8"],
+             "subset": "Ties"}]
+    path = tmp_path / "ties.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    assert main(["bench", llama, "--pairs", str(path), "--n-boot", "20"]) == 0
+    out = capsys.readouterr().out
+    assert "ties rule" in out and "prompts with both a ref and a tied record" in out
+    assert main(["bench", llama, "--pairs", str(path), "--n-boot", "20", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["ties_subset"]["n_matched"] == 1
+    assert got["rewardbench2"]["value"] == pytest.approx(got["ties_subset"]["score"])  # Ties is the only subset

@@ -8,17 +8,19 @@ from dataclasses import replace
 import numpy as np
 
 from ..data import Pair, margin
-from ..errors import DataError
+from ..errors import DataError, warn
 from ..model import RewardModel, dtype_name, score_pairs
-from ..stats import wilson
-from ._items import Items, SubsetLayout, checksum, correct, counted, items, layout
+from ..stats import mover, wilson
+from ._items import NO_SUBSET, Items, SubsetLayout, checksum, correct, counted, items, layout, ties_mask
 from ._result import Bench, SubsetScore
-from ._sections import RB2, RB2_SUBSETS, SECTION_OF
-from ._stats import intervals, scores, support
+from ._sections import RB2, RB2_SUBSETS, SECTION_OF, section_weights
+from ._stats import Key, intervals, rb2_share, scores, support
+from ._ties import TiesRecords, TiesScore, is_ties, records
+from ._ties import score as ties_score
 
 
 def bench(model: RewardModel, pairs: Sequence[Pair], *, against: RewardModel | None = None, batch_size: int = 16,
-          n_boot: int = 2000, seed: int = 0, level: float = 0.95) -> Bench:
+          n_boot: int = 2000, seed: int = 0, level: float = 0.95, weighting: str = "rewardbench") -> Bench:
     """Score `pairs` with `model` and report them as RewardBench does; with `against`, compare two models.
 
     Every pair is scored once, in length-sorted batches of `batch_size` (`RewardModel.score`: the
@@ -29,13 +31,20 @@ def bench(model: RewardModel, pairs: Sequence[Pair], *, against: RewardModel | N
     first maximum, and the chosen response comes first).
 
     Reported: each subset's accuracy with a Wilson interval; each RewardBench section present
-    (Chat, Chat Hard, Safety, Reasoning) as `Σ n_s a_s / Σ n_s` over its subsets, where math-prm
-    weighs as much as all hep-* code subsets together; the overall score, the mean of the sections
-    present; RewardBench 2's score, the unweighted mean of its subsets' best-of-N accuracies; and the
-    accuracy over all items. Subsets and all items get Wilson intervals; section, overall and
-    RewardBench 2 scores the MOVER-Wilson interval of their weighted sum of subset accuracies
-    (`INTERVALS`), at `level`. The weighting is documented with its sources in
-    `rewardlens.bench._sections`.
+    (Chat, Chat Hard, Safety, Reasoning, and the prior sets) as `Σ w_s a_s / Σ w_s` over its
+    subsets, with `weighting="rewardbench"` (the default) RewardBench's fixed `EXAMPLE_COUNTS`
+    (math-prm 984, as much as all six hep-* code subsets) and with `"items"` the items scored; the
+    overall score, sections at weight 2 and prior sets at weight 1 over those present; RewardBench
+    2's score, the unweighted mean of its subsets (best-of-N accuracies, and the Ties score by its
+    own rule, `rewardlens.bench._ties`); and the accuracy over all pass/fail items (Ties records
+    excluded). Subsets and all items get Wilson intervals; section, overall and RewardBench 2 scores
+    the MOVER interval of their weighted sum (`INTERVALS`), Ties a bootstrap over prompts, at
+    `level`. The weighting is documented with its sources in `rewardlens.bench._sections`.
+
+    A subset that is in neither benchmark is scored under its own name, left out of every section,
+    and named in one `RewardLensWarning`; a pair without a subset is the subset `(no subset)`. RewardBench
+    1 pairs and RewardBench 2 groups in one list are scored apart (sections from the pairs, the
+    RewardBench 2 score from the groups), and `notes` says so.
 
     Non-finite numbers: an item with a NaN or infinite reward on any of its pairs is left out of
     every count (never a loss) and its pairs are named (`Bench.excluded`); no finite pair at all
@@ -48,46 +57,106 @@ def bench(model: RewardModel, pairs: Sequence[Pair], *, against: RewardModel | N
     randomization test over items (`Bench.compare`, `BenchComparison`).
 
     Raises `DataError` for pairs that cannot be counted (a group split apart or mixing prompts, a
-    subset mixing pairs and groups, RewardBench 2's Ties subset).
+    subset mixing pairs and groups, a Ties record without a `ref:N`/`tied:N` id).
     """
     pairs = list(pairs)
     if not pairs:
         raise DataError("bench got no pairs. Fix: pass at least one rewardlens.Pair (e.g. from load_pairs).")
     if not 0 < level < 1:
         raise ValueError(f"level must be in (0, 1), got {level}")
+    section_weights({}, weighting)  # a bad weighting is refused before any forward pass
     found = items(pairs)  # refuse what cannot be counted before any forward pass
-    first = _run(model, pairs, found, batch_size, n_boot, seed, level)
+    unknown = _unknown(found)
+    if unknown:  # warned here, so the warning points at the caller's line
+        warn(unknown)
+    first = _run(model, pairs, found, batch_size, n_boot, seed, level, weighting)
     if against is None:
         return first
-    second = _run(against, pairs, found, batch_size, n_boot, seed, level)
+    second = _run(against, pairs, found, batch_size, n_boot, seed, level, weighting)
     return replace(first, comparison=first.compare(second))
 
 
 def _run(model: RewardModel, pairs: list[Pair], found: Items, batch_size: int, n_boot: int, seed: int,
-         level: float) -> Bench:
+         level: float, weighting: str) -> Bench:
     reward = model.score(pairs, batch_size=batch_size)
     ids = tuple(p.id if p.id is not None else str(i) for i, p in enumerate(pairs))
     finite, acc = score_pairs(reward, ids, dtype=dtype_name(model))  # raises when no pair is finite
     keep = counted(found, finite.finite)
+    tie = ties_mask(found) & keep
+    plain = keep & ~tie  # Ties has a rule of its own: it stays out of the pass/fail scores
     right = correct(found, margin(reward)) & keep
-    lay = layout(found.subsets, found.grouped, keep)
-    kept = right[keep]
+    lay = layout(found.subsets, found.grouped, plain, weighting)
+    kept = right[plain]
     estimates = {k: float(v) for k, v in scores(kept, lay).items()}
     keys = list(estimates)
+    ints = intervals(kept, lay, keys, level)
+    sup = dict(zip(keys, support(lay, keys).tolist()))
+    subsets = _subsets(lay, found.size[plain], kept, level)
+    ties = None
+    if tie.any():
+        rec = records(found.ids, reward, found.of_pair, tie)
+        right[tie] = rec.accurate
+        ties = ties_score(rec, next(s for s, t in zip(found.subsets, tie) if t) or "", n_boot, seed, level)
+        subsets += (_ties_row(ties, rec),)
+        _join_ties(ties, len(rec.tied), rb2_share(lay), estimates, ints, sup)
     return Bench(
         model=repr(model), pair_ids=ids, reward=reward, item_of_pair=found.of_pair, item_ids=found.ids,
         item_subsets=found.subsets, grouped=found.grouped, correct=right, counted=keep,
-        excluded=finite.excluded, saturated=acc.saturated, notes=acc.notes,
-        subsets=_subsets(lay, found.size[keep], kept, level), estimates=estimates,
-        intervals=intervals(kept, lay, keys, level), support=dict(zip(keys, support(lay, keys).tolist())),
-        checksum=checksum(pairs), n_boot=n_boot, seed=seed, level=level)
+        excluded=finite.excluded, saturated=acc.saturated, notes=acc.notes + _mixed(found),
+        subsets=subsets, estimates=estimates, intervals=ints, support=sup,
+        checksum=checksum(pairs), n_boot=n_boot, seed=seed, level=level, weighting=weighting, ties=ties)
+
+
+def _ties_row(ties: TiesScore, rec: TiesRecords) -> SubsetScore:
+    """The Ties subset's row: its score in the accuracy column (it is not a proportion), its bootstrap interval."""
+    return SubsetScore(ties.subset, RB2, "ties rule", len(rec.tied), int(rec.accurate.sum()), ties.score, ties.ci,
+                       float("nan"))
+
+
+def _join_ties(ties: TiesScore, n: int, share: float, estimates: dict[Key, float],
+               ints: dict[Key, tuple[float, float]], sup: dict[Key, int]) -> None:
+    """Enter the Ties score as a subset and into the RewardBench 2 score (the mean of its subsets):
+    `RB2 = share · (mean of the pass/fail subsets) + (1 − share) · Ties`, its interval MOVER."""
+    key, rb2 = ("subset", ties.subset), ("score", RB2)
+    estimates[key], ints[key], sup[key] = ties.score, ties.ci, n
+    if share == 0:  # Ties is the only RewardBench 2 subset
+        estimates[rb2], ints[rb2], sup[rb2] = ties.score, ties.ci, n
+        return
+    points = np.array([estimates[rb2], ties.score])
+    coef = np.array([share, 1 - share])
+    estimates[rb2] = float(points @ coef)
+    ints[rb2] = mover(points, np.array([ints[rb2], ties.ci]), coef)
+    sup[rb2] += n
+
+
+def _unknown(found: Items) -> str:
+    """The warning naming the subsets in neither benchmark (scored under their own name, in no
+    section), or "" when there is none."""
+    unknown = [s for s, g in dict(zip(found.subsets, found.grouped.tolist())).items()
+               if s is not None and (s not in RB2_SUBSETS and not is_ties(s) if g else s not in SECTION_OF)]
+    if not unknown:
+        return ""
+    return (f"{len(unknown)} subset(s) are not RewardBench subsets: {', '.join(map(repr, unknown))}. Each is "
+            f"scored under its own name and left out of every section, the overall and the RewardBench 2 score "
+            f"(it counts in the accuracy over all items). Fix: if a name is a RewardBench subset spelt "
+            f"differently, rename it (e.g. 'alpacaeval-easy', 'Factuality').")
+
+
+def _mixed(found: Items) -> tuple[str, ...]:
+    """A note when RewardBench 1 pairs and RewardBench 2 groups share one list: they are scored apart."""
+    groups = int(found.grouped.sum())
+    if groups == 0 or groups == len(found.ids):
+        return ()
+    return (f"{len(found.ids) - groups} RewardBench 1 pairs and {groups} RewardBench 2 groups are scored apart: "
+            f"sections and overall from the pairs, the RewardBench 2 score from the groups; the accuracy over "
+            f"all items mixes both rules",)
 
 
 def _subsets(lay: SubsetLayout, size: np.ndarray, right: np.ndarray, level: float) -> tuple[SubsetScore, ...]:
     """One score per subset of the counted items: `size` [k] pairs per item, `right` [k] per item."""
     out = []
     for subset, ix, grouped in zip(lay.subsets, lay.index, lay.grouped):
-        section = (RB2 if subset in RB2_SUBSETS else None) if grouped else SECTION_OF.get(subset or "")
+        section = (RB2 if subset in RB2_SUBSETS else None) if grouped else SECTION_OF.get(subset or NO_SUBSET)
         weight = float("nan")
         if subset in lay.weights:
             total = sum(w for s, w in lay.weights.items() if SECTION_OF[s] == section)

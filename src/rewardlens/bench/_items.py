@@ -4,7 +4,8 @@ A pair without a `group` is an item of its own. The pairs sharing a `group` (one
 record: its chosen response against each rejected one) form one item, scored best-of-N. The
 checks here refuse what would make a count wrong: a group whose pairs are not adjacent (two records
 sharing an id, or a list reordered), a group mixing prompts or subsets, a subset holding both plain
-pairs and groups (two scoring rules under one name), and RewardBench 2's Ties subset.
+pairs and groups (two scoring rules under one name), and RewardBench 2 Ties records its rule
+cannot score (`_ties.check`).
 
 Ties are counted as RewardBench counts them. RewardBench 1 (`scripts/run_rm.py`) scores a pair
 right when `chosen > rejected`, so a margin of exactly 0 is wrong. RewardBench 2
@@ -25,7 +26,9 @@ import numpy as np
 
 from ..data import Pair
 from ..errors import DataError
-from ._sections import SECTION_OF, TIES, section_weights
+from ._sections import SECTION_OF, section_weights
+from ._ties import check as check_ties
+from ._ties import is_ties
 
 NO_SUBSET = "(no subset)"
 """How a pair without a `subset` is named in tables."""
@@ -88,7 +91,14 @@ def items(pairs: Sequence[Pair]) -> Items:
         grouped.append(pair.group is not None)
     found = Items(tuple(ids), tuple(subsets), np.array(grouped, dtype=bool), of_pair)
     _one_rule_per_subset(found)
+    tie = np.flatnonzero(ties_mask(found))
+    check_ties([found.ids[i] for i in tie], [{p.chosen for p, k in zip(pairs, of_pair) if k == i} for i in tie])
     return found
+
+
+def ties_mask(found: Items) -> np.ndarray:
+    """Whether each item is a RewardBench 2 Ties record [m] (a group in a subset named Ties, any case)."""
+    return found.grouped & np.array([is_ties(s) for s in found.subsets], dtype=bool)
 
 
 def _same_record(pairs: Sequence[Pair], start: int, i: int) -> None:
@@ -104,11 +114,6 @@ def _one_rule_per_subset(found: Items) -> None:
     kinds: dict[str | None, set[bool]] = {}
     for subset, g in zip(found.subsets, found.grouped.tolist()):
         kinds.setdefault(subset, set()).add(g)
-        if g and subset is not None and subset.lower() == TIES:
-            raise DataError(f"subset {subset!r} is RewardBench 2's Ties subset, which RewardBench scores by "
-                            f"a rule of its own (accuracy and score margins combined over its 'ref' and 'tied' "
-                            f"prompts); bench does not compute it. Fix: leave the Ties records out of the file, "
-                            f"or score them with RewardBench 2's own scripts.")
     mixed = [s for s, k in kinds.items() if len(k) > 1]
     if mixed:
         raise DataError(f"subset {mixed[0] or NO_SUBSET!r} holds both single pairs and RewardBench 2 groups, "
@@ -116,9 +121,10 @@ def _one_rule_per_subset(found: Items) -> None:
                         f"subset names.")
 
 
-def layout(subsets: Sequence[str | None], grouped: np.ndarray, keep: np.ndarray | None = None) -> SubsetLayout:
-    """Items grouped by subset, and the RewardBench 1 section weights of their counts; with `keep` [m]
-    (bool), of the kept items only, renumbered 0..k-1 in their order (the counted items)."""
+def layout(subsets: Sequence[str | None], grouped: np.ndarray, keep: np.ndarray | None = None,
+           weighting: str = "rewardbench") -> SubsetLayout:
+    """Items grouped by subset, and the RewardBench 1 section weights (`section_weights`, by
+    `weighting`); with `keep` [m] (bool), of the kept items only, renumbered 0..k-1 in their order."""
     if keep is not None:
         subsets = [s for s, ok in zip(subsets, np.asarray(keep, dtype=bool).tolist()) if ok]
         grouped = np.asarray(grouped)[keep]
@@ -127,7 +133,7 @@ def layout(subsets: Sequence[str | None], grouped: np.ndarray, keep: np.ndarray 
     index = tuple(np.flatnonzero(keys == k) for k in range(len(order)))
     kind = tuple(bool(grouped[ix[0]]) for ix in index)
     counts = {s: len(ix) for s, ix, g in zip(order, index, kind) if s in SECTION_OF and not g}
-    return SubsetLayout(tuple(order), index, kind, section_weights(counts))
+    return SubsetLayout(tuple(order), index, kind, section_weights(counts, weighting))
 
 
 def correct(found: Items, margin: np.ndarray) -> np.ndarray:

@@ -13,7 +13,10 @@ from ..errors import DataError, NonFiniteError
 from ..stats import json_ready
 from ._items import layout
 from ._sections import OVERALL, RB2, SECTIONS
-from ._stats import ALL_ITEMS, Key, coefficients, interval, picks, scores, sign_flip, support
+from ._stats import ALL_ITEMS, Key, coefficients, interval, picks, rb2_share, scores, sign_flip, support
+from ._ties import RULE as TIES_SCORE_RULE
+from ._ties import WEIGHTS as TIES_WEIGHTS
+from ._ties import TiesScore, defined, draws, estimated, is_ties, records
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -24,7 +27,8 @@ TIES_RULE = ("RewardBench 1 pairs: right when chosen > rejected (a margin of exa
              "RewardBench 2 groups: right when the chosen reward is >= every rejected one (a tie is right)")
 """How a margin of exactly 0 counts (as RewardBench counts it; see `rewardlens.bench`)."""
 INTERVALS = ("subsets and all items: Wilson; sections, overall and RewardBench 2: MOVER-Wilson, the subsets' "
-             "Wilson intervals combined with the weights the score gives them (Zou & Donner 2008)")
+             "Wilson intervals combined with the weights the score gives them (Zou & Donner 2008); Ties: "
+             "percentile bootstrap over prompts, joined into RewardBench 2 by MOVER")
 """How one model's intervals are made (`rewardlens.bench._stats`); a comparison's come from a paired bootstrap."""
 
 
@@ -34,7 +38,9 @@ class SubsetScore:
     interval `ci`. `section` is its RewardBench section, `RewardBench 2` for a RewardBench 2
     subset, or None (then it enters only the accuracy over all items). `weight` is its share of
     its section's score (RewardBench's count weighting, math-prm upweighted; NaN outside a
-    section). `kind` is `pairwise` or `best-of-N` (`best-of-3..5` when groups differ in size)."""
+    section). `kind` is `pairwise` or `best-of-N` (`best-of-3..5` when groups differ in size), or
+    `ties rule` for RewardBench 2's Ties subset, whose `accuracy` is then its Ties score (not a
+    proportion; `Bench.ties`), `correct` its strictly right records and `ci` a bootstrap over prompts."""
 
     subset: str | None
     section: str | None
@@ -110,11 +116,12 @@ class Bench:
     the item of each pair; `item_ids`, `item_subsets`, `grouped` [m] (a RewardBench 2 group,
     scored best-of-N) and `correct` [m] per item (ties: `TIES_RULE`). `subsets` holds each subset's
     accuracy with its Wilson interval. `estimates[(level, name)]` is every score: each subset,
-    each RewardBench section present (`section`), and (`score`) `overall` (the mean of the sections
-    present; RewardBench's overall once all four are), `RewardBench 2` (the mean of its subsets
-    present) and `all items` (the plain accuracy over items); `intervals` their intervals
-    (`INTERVALS`: Wilson for subsets and all items, MOVER-Wilson for the weighted scores) and
-    `support` the items behind each. Accuracies are fractions in [0, 1].
+    each RewardBench section present and the prior sets (`section`, weighted by `weighting`:
+    RewardBench's fixed `EXAMPLE_COUNTS` or the items scored), and (`score`) `overall` (sections at
+    weight 2, prior sets at weight 1, over those present; RewardBench's overall once all are),
+    `RewardBench 2` (the mean of its subsets present, Ties by its own rule: `ties`) and `all
+    items` (the plain accuracy over the pass/fail items, Ties records excluded); `intervals` their
+    intervals (`INTERVALS`) and `support` the items behind each. Accuracies are fractions in [0, 1].
 
     Every score counts only the items with `counted` [m] True: an item with a NaN or infinite
     reward on any pair is left out (never a loss); `excluded` names those pairs. `saturated`: every
@@ -142,6 +149,8 @@ class Bench:
     n_boot: int
     seed: int
     level: float
+    weighting: str = "rewardbench"
+    ties: TiesScore | None = None
     comparison: BenchComparison | None = field(default=None)
 
     @property
@@ -151,7 +160,7 @@ class Bench:
 
     @property
     def sections(self) -> dict[str, float]:
-        """RewardBench section → score, for the sections present, in RewardBench's order."""
+        """RewardBench section → score, for the sections present in RewardBench's order, then the prior sets."""
         return {name: v for (lvl, name), v in self.estimates.items() if lvl == "section"}
 
     @property
@@ -161,7 +170,8 @@ class Bench:
 
     @property
     def overall(self) -> float:
-        """RewardBench's overall score: the mean of the sections present (NaN when none is)."""
+        """RewardBench's overall score: sections at weight 2 and the prior sets at weight 1, over those
+        present (the mean of the sections without prior sets; NaN when none is)."""
         return self.estimates[("score", OVERALL)]
 
     @property
@@ -180,7 +190,8 @@ class Bench:
 
         Both must have scored the same pairs (same text, subsets and groups, in the same order);
         `n_boot`, `seed` and `level` default to this result's. Only the items both count (finite
-        rewards in both) enter, so `a` and `b` are each model's scores over those items."""
+        rewards in both) enter, so `a` and `b` are each model's scores over those items. The Ties
+        score (and RewardBench 2's with it) gets a paired bootstrap over prompts and no p-value."""
         if other.checksum != self.checksum:
             raise DataError(f"the two results scored different pairs (checksums {self.checksum} and "
                             f"{other.checksum}); a paired comparison needs the same items. Fix: bench both models "
@@ -192,7 +203,9 @@ class Bench:
             raise NonFiniteError("the two models count no item in common (each item has a non-finite reward in one "
                                  "of them), so there is nothing to compare; check both models' weights, or load "
                                  "them in float32 (dtype='float32')")
-        lay = layout(self.item_subsets, self.grouped, keep)
+        tie = keep & np.array([g and is_ties(s) for s, g in zip(self.item_subsets, self.grouped)], dtype=bool)
+        keep = keep & ~tie
+        lay = layout(self.item_subsets, self.grouped, keep, self.weighting)
         ca, cb = self.correct[keep], other.correct[keep]
         ea, eb = scores(ca, lay), scores(cb, lay)
         keys = [k for k, v in ea.items() if np.isfinite(v)]
@@ -203,8 +216,39 @@ class Bench:
         ci = np.array([interval(d, m, level) for d, m in zip(diff, n)]).reshape(-1, 2)
         a, b = (np.array([float(e[k]) for k in keys]) for e in (ea, eb))
         p = sign_flip(ca.astype(float) - cb.astype(float), coefficients(lay, keys), n, n_boot, seed)
+        if tie.any():
+            keys, n, a, b, ci, p = self._with_ties(other, tie, rb2_share(lay), (keys, n, a, b, ci, p),
+                                                   (da, db), n_boot, seed, level)
         return BenchComparison((self.model, other.model), tuple(keys), n, a, b, a - b, ci[:, 0], ci[:, 1], p,
                                n_boot, seed, level)
+
+    def _with_ties(self, other: Bench, tie: np.ndarray, share: float, rows: tuple[Any, ...],
+                   lin: tuple[dict[Key, np.ndarray], dict[Key, np.ndarray]], n_boot: int, seed: int,
+                   level: float) -> tuple[Any, ...]:
+        """The comparison's rows with the Ties score added and joined into RewardBench 2: its
+        difference's interval from paired bootstrap draws over prompts (the same draws for both
+        models); no sign-flip p-value (NaN), as the Ties score is not a sum over items."""
+        keys, n, a, b, ci, p = rows
+        recs = [records(r.item_ids, r.reward, r.item_of_pair, tie) for r in (self, other)]
+        parts = [draws(r, n_boot, seed) @ TIES_WEIGHTS for r in recs]  # same prompts drawn: paired
+        est = [float(estimated(r) @ TIES_WEIGHTS) for r in recs]
+        name = self.ties.subset if self.ties is not None else ""
+        keys, n = [*keys, ("subset", name)], np.append(n, len(recs[0].tied))
+        a, b = np.append(a, est[0]), np.append(b, est[1])
+        ci = np.vstack([ci, interval(defined(parts[0] - parts[1]), len(recs[0].prompts), level)])
+        p = np.append(p, np.nan)
+        rb2 = ("score", RB2)
+        if share > 0 and rb2 in keys:
+            r = keys.index(rb2)
+            a[r], b[r] = share * a[r] + (1 - share) * est[0], share * b[r] + (1 - share) * est[1]
+            mixed = share * (lin[0][rb2] - lin[1][rb2]) + (1 - share) * (parts[0] - parts[1])
+            ci[r] = interval(defined(mixed), int(n[r]) + len(recs[0].tied), level)
+            n[r], p[r] = n[r] + len(recs[0].tied), np.nan
+        elif share == 0:
+            keys, n = [*keys, rb2], np.append(n, len(recs[0].tied))
+            a, b, p = np.append(a, est[0]), np.append(b, est[1]), np.append(p, np.nan)
+            ci = np.vstack([ci, ci[-1]])
+        return keys, n, a, b, ci, p
 
     def to_frame(self) -> pd.DataFrame:
         """One row per subset: subset, section, kind, n, correct, accuracy, ci_low, ci_high, weight."""
@@ -241,7 +285,7 @@ class Bench:
 
         return json_ready({
             "model": self.model, "n_pairs": len(self.pair_ids), "n_items": len(self.item_ids),
-            "checksum": self.checksum, "ties": TIES_RULE, "intervals": INTERVALS,
+            "checksum": self.checksum, "ties": TIES_RULE, "intervals": INTERVALS, "weighting": self.weighting,
             "counted_items": int(self.counted.sum()), "excluded": list(self.excluded), "saturated": self.saturated,
             "notes": list(self.notes),
             "subsets": [{"subset": s.subset, "section": s.section, "kind": s.kind, "n": s.n, "correct": s.correct,
@@ -251,6 +295,7 @@ class Bench:
             "overall": entry(("score", OVERALL)), "rewardbench2": entry(("score", RB2)),
             "accuracy": entry(("score", ALL_ITEMS)),
             "bootstrap": {"n_boot": self.n_boot, "seed": self.seed, "level": self.level},
+            "ties_subset": None if self.ties is None else {**vars(self.ties), "rule": TIES_SCORE_RULE},
             "comparison": None if self.comparison is None else self.comparison.to_dict(),
         })
 
@@ -276,3 +321,4 @@ class Bench:
         axes[1].set_yticks(yk, [k[1] for k in keys], fontsize=8)
         axes[1].set(xlim=(-0.02, 1.02), xlabel="score", title="sections and scores")
         return finish(axes[0], made)
+

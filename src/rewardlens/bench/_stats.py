@@ -1,9 +1,10 @@
 """Every benchmark score from per-item correctness, its bootstrap over items, and the paired test.
 
-Scores, keyed `(level, name)`: each subset's accuracy (`"subset"`), each RewardBench section
-(`"section"`: count-weighted, `_sections`), and (`"score"`) the overall RewardBench score (mean of
-the sections present), the RewardBench 2 score (mean of its subsets present) and the accuracy over
-all items. Every one of them is linear in the items' correctness: `score = Σ_i c_i x_i`.
+Scores, keyed `(level, name)`: each subset's accuracy (`"subset"`), each RewardBench section and
+the prior sets (`"section"`: weighted as `_sections` says), and (`"score"`) the overall RewardBench
+score (sections at weight 2, prior sets at 1), the RewardBench 2 score (mean of its pass/fail
+subsets present; Ties joins it in `_bench`, by its own rule) and the accuracy over all items.
+Every one of them is linear in the items' correctness: `score = Σ_i c_i x_i`.
 
 One model's intervals (`intervals`): Wilson for a subset's accuracy and for the accuracy over all
 items (proportions); every other score is a weighted sum of subset accuracies, `Σ_s c_s a_s`, and
@@ -31,7 +32,7 @@ import numpy as np
 
 from ..stats import wilson, wilson_sum
 from ._items import NO_SUBSET, SubsetLayout
-from ._sections import OVERALL, RB2, RB2_SUBSETS, SECTIONS, overall, rb2_score, section_scores
+from ._sections import GROUPS, OVERALL, RB2, RB2_SUBSETS, overall, rb2_score, section_scores
 
 Key = tuple[str, str]
 ALL_ITEMS = "all items"
@@ -75,7 +76,9 @@ def combine(acc: dict[str | None, np.ndarray], lay: SubsetLayout) -> dict[Key, n
     out[("score", RB2)] = np.asarray(rb2_score({s: a for (s, a), g in zip(acc.items(), lay.grouped)
                                                 if s is not None and g}))
     counts = [len(ix) for ix in lay.index]
-    out[("score", ALL_ITEMS)] = np.asarray(sum(n * a for n, a in zip(counts, acc.values())) / sum(counts))
+    total = sum(counts)  # 0 when every item is a Ties record (scored apart)
+    out[("score", ALL_ITEMS)] = np.asarray(sum(n * a for n, a in zip(counts, acc.values())) / total if total
+                                           else np.nan)
     return out
 
 
@@ -97,7 +100,7 @@ def support(lay: SubsetLayout, keys: list[Key]) -> np.ndarray:
     """Number of items behind each score [len(keys)] (the units its bootstrap resamples)."""
     n = {subset_key(s): len(ix) for s, ix in zip(lay.subsets, lay.index)}
     weighted = [(s, len(ix)) for s, ix, g in zip(lay.subsets, lay.index, lay.grouped) if s in lay.weights and not g]
-    for section, members in SECTIONS.items():
+    for section, members in GROUPS.items():
         n[("section", section)] = sum(k for s, k in weighted if s in members)
     n[("score", OVERALL)] = sum(k for _, k in weighted)
     n[("score", RB2)] = sum(len(ix) for s, ix, g in zip(lay.subsets, lay.index, lay.grouped) if g and s in RB2_SUBSETS)
@@ -146,3 +149,10 @@ def sign_flip(difference: np.ndarray, coef: np.ndarray, n: np.ndarray, n_boot: i
 def subset_key(subset: str | None) -> Key:
     """The score key of a subset's accuracy."""
     return "subset", NO_SUBSET if subset is None else subset
+
+
+def rb2_share(lay: SubsetLayout) -> float:
+    """The weight of the RewardBench 2 score's pass/fail subsets when Ties joins them: k / (k + 1)
+    for the k such subsets present (the score is the unweighted mean of its subsets, Ties included)."""
+    k = sum(1 for s, g in zip(lay.subsets, lay.grouped) if g and s in RB2_SUBSETS)
+    return k / (k + 1)

@@ -16,6 +16,9 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--n-boot", type=positive(int), default=2000,
                    help="with --against: paired bootstrap resamples for the differences' intervals")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--weighting", choices=("rewardbench", "items"), default="rewardbench",
+                   help="section weights: RewardBench's fixed EXAMPLE_COUNTS (default: the benchmark's own, "
+                        "stratified estimate on a sample) or the items scored per subset")
 
 
 def _check(args: argparse.Namespace) -> None:
@@ -29,7 +32,8 @@ def _bench(args: argparse.Namespace) -> dict[str, Any]:
     pairs = read_pairs(args)  # a bad pairs file is named before any model loads
     first = load_model(args)
     second = load_model(argparse.Namespace(**{**vars(args), "model": args.against})) if args.against else None
-    result = bench(first, pairs, against=second, batch_size=args.batch_size, n_boot=args.n_boot, seed=args.seed)
+    result = bench(first, pairs, against=second, batch_size=args.batch_size, n_boot=args.n_boot, seed=args.seed,
+                   weighting=args.weighting)
     out = result.to_dict()
     out["paths"] = {"model": args.model, "against": args.against}
     return out
@@ -44,6 +48,8 @@ def _ci(ci: list[float | None]) -> str:
 
 
 def _show(result: dict[str, Any]) -> None:
+    from ..bench import NO_SUBSET  # here: importing bench loads torch, which --help should not wait for
+
     print(f"model: {result['paths']['model']}  {result['model']}")
     print(f"{result['n_pairs']} pairs, {result['n_items']} items (a RewardBench 2 group counts once)\n")
     for note in result["notes"]:  # pairs left out of every count (non-finite rewards), a saturated model
@@ -53,25 +59,34 @@ def _show(result: dict[str, Any]) -> None:
               "non-finite reward on any of its pairs is left out, never counted wrong\n")
     elif result["notes"]:
         print()
-    rows = [(s["subset"] or "-", s["kind"], s["n"], s["correct"], _pct(s["accuracy"]), _ci(s["ci"]),
+    rows = [(s["subset"] or NO_SUBSET, s["kind"], s["n"], s["correct"], _pct(s["accuracy"]), _ci(s["ci"]),
              s["section"] or "-", "-" if s["weight"] is None else f"{s['weight']:.3f}") for s in result["subsets"]]
     print(table(["subset", "kind", "n", "right", "accuracy", "95% Wilson CI", "section", "weight"], rows))
     level = f"{result['bootstrap']['level']:.0%}"
     if result["sections"]:
-        print("\nRewardBench sections: subset accuracies weighted by example counts (math-prm weighs as much as "
-              f"all hep-* together); {level} CIs: MOVER-Wilson, the subsets' Wilson intervals combined with the "
-              "section's weights")
+        weights = ("RewardBench's fixed EXAMPLE_COUNTS (math-prm 984, as much as all hep-* together)"
+                   if result["weighting"] == "rewardbench"
+                   else "the items scored (math-prm as much as the hep-* present)")
+        print(f"\nRewardBench sections: subset accuracies weighted by {weights}; {level} CIs: MOVER-Wilson, the "
+              "subsets' Wilson intervals combined with the section's weights")
         print(table(["section", "score", f"{level} CI", "n"],
                     [(k, _pct(v["value"]), _ci(v["ci"]), v["n"]) for k, v in result["sections"].items()]))
         missing = result["missing_sections"]
         note = f" (over {4 - len(missing)} of 4 sections; no items for {', '.join(missing)})" if missing else ""
-        print(f"\noverall (mean of the sections){note}: {_pct(result['overall']['value'])} "
+        prior = " at weight 2, prior sets at weight 1" if "Prior Sets" in result["sections"] else ""
+        print(f"\noverall (mean of the sections{prior}){note}: {_pct(result['overall']['value'])} "
               f"{_ci(result['overall']['ci'])}")
     else:
         print("\nno RewardBench 1 subset (alpacaeval-easy, ..., hep-rust): no section or overall score")
     if result["rewardbench2"]["value"] is not None:
         rb2 = result["rewardbench2"]
         print(f"RewardBench 2 (mean best-of-N accuracy of its subsets): {_pct(rb2['value'])} {_ci(rb2['ci'])}")
+    if result["ties_subset"] is not None:
+        t = result["ties_subset"]
+        print(f"{t['subset']}: {_pct(t['score'])} {_ci(t['ci'])} = 0.30 tied accuracy {_pct(t['tied_accuracy'])} + "
+              f"0.30 ref accuracy {_pct(t['ref_accuracy'])} + 0.20 {_pct(t['correctness_preferred'])} + 0.20 "
+              f"{_pct(t['correctness_preferred_hard'])} + 0.01 margin {_pct(t['margin_score'])} "
+              f"({t['n_matched']} prompts with both a ref and a tied record)")
     acc = result["accuracy"]
     over = f"all {acc['n']}" if acc["n"] == result["n_items"] else f"{acc['n']} of {result['n_items']}"
     print(f"accuracy over {over} items: {_pct(acc['value'])} {_ci(acc['ci'])} (Wilson)"
