@@ -57,8 +57,9 @@ def bootstrap_ci(
     if len(x) < 2:
         return float("nan"), float("nan")
     draws = _draws(x, stat, n_boot, np.random.default_rng(seed))
-    tail = (1 - level) / 2
-    return float(np.quantile(draws, tail)), float(np.quantile(draws, 1 - tail))
+    if not np.isfinite(draws).all():  # a statistic undefined on some resample: NaN, as np.quantile gave
+        return float("nan"), float("nan")
+    return percentile_interval(draws, len(x), level)
 
 
 _AXIS_STATS: tuple[Callable[..., object], ...] = (np.mean, np.median, np.nanmean, np.nanmedian)
@@ -78,6 +79,15 @@ def _draws(x: np.ndarray, stat: Callable[[np.ndarray], float], n_boot: int, rng:
     blocks = [np.asarray(stat(x[rng.integers(0, n, (min(rows, n_boot - start), n))], axis=1))  # type: ignore[call-arg]
               for start in range(0, n_boot, rows)]
     return np.concatenate(blocks)
+
+
+def percentile_interval(draws: np.ndarray, n: int, level: float) -> tuple[float, float]:
+    """Percentile interval at `level` of bootstrap draws [B] over `n` units; NaN from fewer than two units or
+    with an undefined draw (the house rule `bootstrap_ci` keeps, for draws a caller made itself)."""
+    if n < 2 or not np.isfinite(draws).all():
+        return float("nan"), float("nan")
+    tail = (1 - level) / 2
+    return float(np.quantile(draws, tail)), float(np.quantile(draws, 1 - tail))
 
 
 def ranked(score: np.ndarray, k: int | None = None) -> np.ndarray:

@@ -10,10 +10,10 @@ import numpy as np
 
 from ..data import margin
 from ..errors import DataError, NonFiniteError
-from ..stats import json_ready
+from ..stats import json_ready, percentile_interval
 from ._items import layout
 from ._sections import OVERALL, RB2, SECTIONS
-from ._stats import ALL_ITEMS, Key, coefficients, interval, picks, rb2_share, scores, sign_flip, support
+from ._stats import ALL_ITEMS, Key, coefficients, picks, rb2_share, scores, sign_flip, support
 from ._ties import RULE as TIES_SCORE_RULE
 from ._ties import WEIGHTS as TIES_WEIGHTS
 from ._ties import TiesScore, defined, draws, estimated, is_ties, records
@@ -213,7 +213,7 @@ class Bench:
         da, db = scores(ca, lay, draws), scores(cb, lay, draws)
         n = support(lay, keys)
         diff = [da[k] - db[k] for k in keys]
-        ci = np.array([interval(d, m, level) for d, m in zip(diff, n)]).reshape(-1, 2)
+        ci = np.array([percentile_interval(d, m, level) for d, m in zip(diff, n)]).reshape(-1, 2)
         a, b = (np.array([float(e[k]) for k in keys]) for e in (ea, eb))
         p = sign_flip(ca.astype(float) - cb.astype(float), coefficients(lay, keys), n, n_boot, seed)
         if tie.any():
@@ -235,14 +235,14 @@ class Bench:
         name = self.ties.subset if self.ties is not None else ""
         keys, n = [*keys, ("subset", name)], np.append(n, len(recs[0].tied))
         a, b = np.append(a, est[0]), np.append(b, est[1])
-        ci = np.vstack([ci, interval(defined(parts[0] - parts[1]), len(recs[0].prompts), level)])
+        ci = np.vstack([ci, percentile_interval(defined(parts[0] - parts[1]), len(recs[0].prompts), level)])
         p = np.append(p, np.nan)
         rb2 = ("score", RB2)
         if share > 0 and rb2 in keys:
             r = keys.index(rb2)
             a[r], b[r] = share * a[r] + (1 - share) * est[0], share * b[r] + (1 - share) * est[1]
             mixed = share * (lin[0][rb2] - lin[1][rb2]) + (1 - share) * (parts[0] - parts[1])
-            ci[r] = interval(defined(mixed), int(n[r]) + len(recs[0].tied), level)
+            ci[r] = percentile_interval(defined(mixed), int(n[r]) + len(recs[0].tied), level)
             n[r], p[r] = n[r] + len(recs[0].tied), np.nan
         elif share == 0:
             keys, n = [*keys, rb2], np.append(n, len(recs[0].tied))

@@ -116,14 +116,6 @@ def picks(lay: SubsetLayout, n_boot: int, seed: int) -> list[np.ndarray]:
     return [rng.integers(0, len(ix), (n_boot, len(ix))) for ix in lay.index]
 
 
-def interval(draws: np.ndarray, n: int, level: float) -> tuple[float, float]:
-    """Percentile interval of bootstrap draws [B]; NaN from fewer than two items or undefined draws."""
-    if n < 2 or not np.isfinite(draws).all():
-        return float("nan"), float("nan")
-    tail = (1 - level) / 2
-    return float(np.quantile(draws, tail)), float(np.quantile(draws, 1 - tail))
-
-
 def sign_flip(difference: np.ndarray, coef: np.ndarray, n: np.ndarray, n_boot: int, seed: int) -> np.ndarray:
     """Two-sided p-value of each score's paired difference [K] (module docstring).
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import DataError
+from ..stats import percentile_interval
 
 TIES = "ties"
 """RewardBench 2's Ties subset, compared lower-case (`run_v2.py`: `subset.lower() == "ties"`)."""
@@ -135,11 +136,9 @@ def parts(rec: TiesRecords, counts: np.ndarray) -> np.ndarray:
 
 def score(rec: TiesRecords, subset: str, n_boot: int, seed: int, level: float) -> TiesScore:
     """The Ties score of `rec` and its percentile bootstrap interval over prompts (`n_boot` seeded draws)."""
-    from ._stats import interval  # here: _stats needs _items, which needs this module's checks
-
     estimate = estimated(rec)
     value = float(estimate @ WEIGHTS)
-    ci = interval(defined(draws(rec, n_boot, seed) @ WEIGHTS), len(rec.prompts), level)
+    ci = percentile_interval(defined(draws(rec, n_boot, seed) @ WEIGHTS), len(rec.prompts), level)
     both = np.intersect1d(rec.prompt[rec.tied], rec.prompt[~rec.tied])
     tied_acc, ref_acc, preferred, hard, margin = (float(x) for x in estimate)
     return TiesScore(subset, value, ci, tied_acc, ref_acc, preferred, hard, margin, int((~rec.tied).sum()),

@@ -3,8 +3,9 @@
 `load`/`wrap` and the reward-kind loaders (through `from_pretrained`, then the load-time proof
 `verify`), `RewardModel` (the fp32 head, the read position, batches) and its declared `RewardKind`,
 the read rule `Reads`, the declarative architecture maps (`ArchitectureMap`, `register_architecture`),
-the `Part` and `TraceKey` values, and the trace (one hooked forward → every part's write at the read
-position). The plumbing the instruments build on (batches, hooks, tokenization, back-off, placement,
+the `Part` and `TraceKey` values, the trace (one hooked forward → every part's write at the read
+position), the `ReadCache` instruments share, the finiteness of results (`score_pairs`) and the score
+parity certificate (`parity`). The plumbing the instruments build on (batches, hooks, tokenization, back-off, placement,
 the expert split) is the sibling face `rewardlens.model.internal`. See docs/design.md §1–§3.
 """
 
