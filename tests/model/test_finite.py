@@ -75,3 +75,25 @@ def test_one_tie_is_not_saturation():
         warnings.simplefilter("error")  # no warning
         _, acc = score_pairs(np.array([1.0, 1.0]), ["a"])
     assert not acc.saturated and acc.ties == 1 and acc.notes == ()
+
+
+def test_instruments_without_pair_ids_leave_non_finite_margins_out_too(nan_model):
+    """compare, the training monitor and an edit's report counted a NaN margin as a loss (`NaN > 0` is False)."""
+    from rewardlens.compare import compare
+    from rewardlens.hacking import EditReport
+    from rewardlens.model import finite_accuracy
+    from rewardlens.monitor import measure
+
+    pairs = finite.pairs(6, bad={3, 5})
+    pairs = [rl.Pair(p.prompt, p.rejected, p.chosen, id=p.id) if i < 2 else p for i, p in enumerate(pairs)]
+    m = margin(nan_model.score(pairs))
+    good = m[[0, 1, 3, 5]]
+    wins = float(np.mean(good > 0))
+    assert 0 < wins < 1  # else counting NaN as a loss would give the same share
+    assert finite_accuracy(m) == pytest.approx(wins) and np.isnan(finite_accuracy(np.full(3, np.nan)))
+    snap = measure(nan_model, pairs, step=0)
+    assert snap.metrics["accuracy"] == pytest.approx(wins) and snap.metrics["margin"] == pytest.approx(good.mean())
+    res = compare(nan_model, nan_model, pairs, probes=False, n_boot=50)
+    assert res.a.accuracy == pytest.approx(wins) and np.isfinite(res.accuracy_ci).all()
+    report = EditReport([], np.zeros(0), np.zeros(0), [p.id for p in pairs], m, m)
+    assert report.accuracy_before == pytest.approx(wins) and report.accuracy_change == 0.0

@@ -10,6 +10,7 @@ import numpy as np
 
 from ..data import chosen, margin, rejected
 from ..hacking import Probes
+from ..model import finite_accuracy
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -59,7 +60,8 @@ class ModelSide:
 
     @property
     def accuracy(self) -> float:
-        return float(np.mean(self.margin > 0))
+        """Share of pairs with chosen > rejected, over the pairs with finite rewards (`finite_accuracy`)."""
+        return finite_accuracy(self.margin)
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ import numpy as np
 
 from ..data import Pair, margin
 from ..errors import DataError
-from ..model import RewardModel
+from ..model import RewardModel, finite_accuracy
 from ..stats import bootstrap_ci
 from ..types import EditMethod
 from ._editing import Edit
@@ -57,12 +57,12 @@ class EditReport:
 
     @property
     def accuracy_before(self) -> float:
-        """Share of untargeted pairs with a positive margin before the edit."""
-        return _mean(self.other_before > 0)
+        """Share of untargeted pairs with a positive margin before the edit (non-finite margins left out)."""
+        return finite_accuracy(self.other_before)
 
     @property
     def accuracy_after(self) -> float:
-        return _mean(self.other_after > 0)
+        return finite_accuracy(self.other_after)
 
     @property
     def accuracy_change(self) -> float:
@@ -80,7 +80,7 @@ class EditReport:
                                 n_boot=n_boot, level=level, seed=seed)
 
         share = lambda b, a: 1.0 - a.mean() / b.mean() if b.mean() != 0 else float("nan")
-        points = lambda b, a: 100.0 * (np.mean(a > 0) - np.mean(b > 0))
+        points = lambda b, a: 100.0 * (finite_accuracy(a) - finite_accuracy(b))
         return {"share_removed": ci(self.probe_before, self.probe_after, share),
                 "accuracy_change_points": ci(self.other_before, self.other_after, points)}
 
@@ -128,7 +128,10 @@ class EditReport:
 
 
 def _mean(x: np.ndarray) -> float:
-    return float(np.mean(x)) if len(x) else float("nan")
+    """Mean of the finite entries of `x` (a non-finite margin is undefined, not a number to average); NaN if none."""
+    finite = np.asarray(x, dtype=np.float64)
+    finite = finite[np.isfinite(finite)]
+    return float(np.mean(finite)) if len(finite) else float("nan")
 
 
 def _margins(model: RewardModel, pairs: Sequence[Pair], batch_size: int) -> np.ndarray:

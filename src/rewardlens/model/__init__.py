@@ -20,6 +20,7 @@ from ._finite import SATURATED as SATURATED
 from ._finite import FinitePairs as FinitePairs
 from ._finite import PairAccuracy as PairAccuracy
 from ._finite import dtype_name as dtype_name
+from ._finite import finite_accuracy as finite_accuracy
 from ._finite import finite_pairs as finite_pairs
 from ._finite import pair_accuracy as pair_accuracy
 from ._finite import score_pairs as score_pairs
@@ -90,6 +91,7 @@ __all__ = [
     "UNSET",
     "Unset",
     "dtype_name",
+    "finite_accuracy",
     "finite_pairs",
     "load",
     "load_dpo",

@@ -172,6 +172,15 @@ def pair_accuracy(margins: np.ndarray, pairs: FinitePairs, level: float = 0.95, 
                         excluded=pairs.excluded, saturated=flat, level=level)
 
 
+def finite_accuracy(margins: np.ndarray) -> float:
+    """Share of the finite margins [n] that are positive: a NaN or infinite margin (a non-finite reward) is
+    left out, never a loss; NaN when no margin is finite. For instruments that keep no pair ids (compare,
+    the monitors, an edit's report); a table that names pairs uses `pair_accuracy`."""
+    m = np.asarray(margins, dtype=np.float64)
+    m = m[np.isfinite(m)]
+    return float(np.mean(m > 0)) if len(m) else float("nan")
+
+
 def score_pairs(reward: np.ndarray, ids: Sequence[str], *, parts: Sequence[np.ndarray] = (),
                 dtype: str | None = None, level: float = 0.95) -> tuple[FinitePairs, PairAccuracy]:
     """The whole run's finite pairs and pair accuracy from rewards [2n]: raises `NonFiniteError` when

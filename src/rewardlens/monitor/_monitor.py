@@ -17,7 +17,7 @@ from ..data import Pair, margin
 from ..errors import DataError
 from ..exact import attribute, lens
 from ..hacking import probe
-from ..model import ArchitectureMap, Part, RewardModel, verify, wrap
+from ..model import ArchitectureMap, Part, RewardModel, finite_accuracy, verify, wrap
 from ..model.internal import eval_mode
 from ..types import LensKind, Level
 from ._trajectory import GROUPS, Snapshot, Trajectory
@@ -85,7 +85,8 @@ def measure(
     ln = lens(rm, pairs, batch_size=batch_size)
     att = attribute(rm, pairs, level=level, batch_size=batch_size, per_objective=False)
     gap = margin(ln.reward)
-    metrics = {"accuracy": float(np.mean(gap > 0)), "margin": float(np.mean(gap))}
+    finite = gap[np.isfinite(gap)]  # a non-finite reward is left out, never counted as a loss
+    metrics = {"accuracy": finite_accuracy(gap), "margin": float(np.mean(finite)) if len(finite) else np.nan}
     kinds: tuple[LensKind, ...] = ("linear", "normed")
     for kind in kinds:
         depth = ln.crystallization(kind, fraction)
