@@ -40,7 +40,7 @@ from ..model import ReadCache, RewardModel
 from ..model.internal import Tokenized, flatten_inputs, one_read_only
 from ..stats import auroc, bootstrap_ci
 from ..types import Positions, Text
-from ._dose import dose_read, dose_response, fit_slope, linearity
+from ._dose import dose_read, dose_response, fit_slope, linearity, needs_no_forward
 from ._fit import builtin_sets
 
 if TYPE_CHECKING:
@@ -287,8 +287,7 @@ def _concept(model: RewardModel, name: str, value: object, kept: list[str], dose
     scale = float(rnorm[j] if unit == "difference" else sigma[j])
     targets = neg if dose_seqs is None else dose_seqs
     shift = torch.as_tensor(scale * rdir[j], dtype=torch.float32, device=model.device)
-    last = dose_label == str(model.n_layers - 1)
-    if dose_seqs is None and last and (positions == "read" or not model.gated):  # the negatives were just read
+    if dose_seqs is None and needs_no_forward(model, dose_label, positions):  # the negatives were just read
         base, dose = dose_read(model, reading.final[n:], reading.coefficients[n:], shift, grid)
     else:
         base, dose = dose_response(model, targets, dose_label, shift, grid, positions, batch_size)

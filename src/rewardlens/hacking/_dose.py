@@ -81,6 +81,13 @@ def _dose_last(model: RewardModel, seqs: list[Tokenized], shift: Tensor, alphas:
     return base, out
 
 
+def needs_no_forward(model: RewardModel, label: str, positions: Positions) -> bool:
+    """Whether the dose at `label` is the head on a clean read's final residual plus the shift (`dose_read`):
+    at the last layer's output, where nothing but the final norm and the head reads it, and with a readout
+    that does not move with it (the read position alone dosed, or no gate read elsewhere)."""
+    return label == str(model.n_layers - 1) and (positions == "read" or not model.gated)
+
+
 def dose_read(model: RewardModel, final: Tensor, coefficients: Tensor, shift: Tensor, alphas: np.ndarray,
               rows: int = 256) -> tuple[np.ndarray, np.ndarray]:
     """`dose_response` at the last layer's output from a reading, without a forward: `final` [n, d] the
