@@ -56,10 +56,7 @@ def bootstrap_ci(
     x = x[np.isfinite(x)]
     if len(x) < 2:
         return float("nan"), float("nan")
-    draws = _draws(x, stat, n_boot, np.random.default_rng(seed))
-    if not np.isfinite(draws).all():  # a statistic undefined on some resample: NaN, as np.quantile gave
-        return float("nan"), float("nan")
-    return percentile_interval(draws, len(x), level)
+    return percentile_interval(_draws(x, stat, n_boot, np.random.default_rng(seed)), len(x), level)
 
 
 _AXIS_STATS: tuple[Callable[..., object], ...] = (np.mean, np.median, np.nanmean, np.nanmedian)

@@ -64,7 +64,9 @@ def run_whole(model: RewardModel, pairs: Sequence[Pair], store: Store, plan: Pla
         return attribute_features(model, sae, pairs, layer=plan.sae_layer, batch_size=plan.batch_size)
 
     chosen = token_choice(model, every, store) if plan.tokens else []
-    cache = ReadCache(model)  # the probes' sequences are the concepts' contrast sets: each read once
+    # The probes' sequences are the concepts' contrast sets: each read once, at every depth the concepts need;
+    # without concepts the probes score alone (no depths to keep).
+    cache = ReadCache(model) if plan.concepts else None
 
     def token_pairs() -> _Tokens:
         res = tokens(model, [every[i] for i in chosen], heads=False, approx=False, batch_size=plan.batch_size)

@@ -40,7 +40,7 @@ def _score(model: RewardModel, pairs: list[Pair], args: argparse.Namespace) -> d
              "counted": bool(ok)}
             for p, pid, c, r, ok in zip(pairs, ids, good, bad, counted.finite.tolist())
         ],
-        **{k: acc.to_dict()[k] for k in ("accuracy", "correct", "excluded", "saturated", "notes")},
+        **{k: v for k, v in acc.to_dict().items() if k in ("accuracy", "correct", "excluded", "saturated", "notes")},
         "counted": acc.n, "line": acc.line(),
     }
 

@@ -89,8 +89,7 @@ def _show(result: dict[str, Any]) -> None:
               f"({t['n_matched']} prompts with both a ref and a tied record)")
     acc = result["accuracy"]
     over = f"all {acc['n']}" if acc["n"] == result["n_items"] else f"{acc['n']} of {result['n_items']}"
-    print(f"accuracy over {over} items: {_pct(acc['value'])} {_ci(acc['ci'])} (Wilson)"
-          + "".join(f"; {note}" for note in result["notes"]))
+    print(f"accuracy over {over} items: {_pct(acc['value'])} {_ci(acc['ci'])} (Wilson)")  # notes: printed above
     print(f"ties: {result['ties']}")
     print(f"intervals: {result['intervals']}")
     if result["comparison"] is not None:

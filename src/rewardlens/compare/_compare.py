@@ -29,7 +29,7 @@ from ..data import Pair, margin, progress_bar
 from ..errors import DataError
 from ..exact import attribute, lens
 from ..model import Part, RewardModel
-from ..stats import bootstrap_ci, spearman
+from ..stats import bootstrap_ci, spearman, wilson
 from ._result import EMBEDDING_MATCH, Basis, Comparison, ModelSide
 
 
@@ -148,10 +148,12 @@ def formation_correlation(lens_a: np.ndarray, lens_b: np.ndarray, undefined: np.
     return np.array([np.nan if s else _pearson(on_grid(x), on_grid(y)) for x, y, s in zip(lens_a, lens_b, skip)])
 
 
-def _wins(margins: np.ndarray) -> np.ndarray:
-    """1 where chosen > rejected, 0 where not, NaN where the margin is non-finite (left out, never a loss) [n]."""
+def _accuracy_ci(margins: np.ndarray) -> tuple[float, float]:
+    """Wilson interval of the pair accuracy over the finite margins [n], as every accuracy (`finite_accuracy`:
+    a non-finite margin is left out, never a loss; a bootstrap of a proportion collapses at 0 and 1)."""
     m = np.asarray(margins, dtype=np.float64)
-    return np.where(np.isfinite(m), (m > 0).astype(np.float64), np.nan)
+    m = m[np.isfinite(m)]
+    return wilson(int(np.sum(m > 0)), len(m))
 
 
 def _interval(stat: Callable[[np.ndarray], float], n: int, n_boot: int, seed: int) -> tuple[float, float]:
@@ -238,7 +240,7 @@ def compare(
         spearman_margin=spearman(a.margin, b.margin),
         spearman_margin_ci=_interval(lambda i: spearman(a.margin[i], b.margin[i]), n, n_boot, seed),
         agreement=float(same.mean()), agreement_ci=bootstrap_ci(same, n_boot=n_boot, seed=seed),
-        accuracy_ci=np.array([bootstrap_ci(_wins(s.margin), n_boot=n_boot, seed=seed) for s in (a, b)]),
+        accuracy_ci=np.array([_accuracy_ci(s.margin) for s in (a, b)]),
         depth_difference=diff_mean, depth_difference_ci=np.array([bootstrap_ci(d, n_boot=n_boot, seed=seed)
                                                                   for d in diff]),
         grid=grid, profile_a=profile_a, profile_b=profile_b,

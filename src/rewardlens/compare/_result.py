@@ -11,6 +11,7 @@ import numpy as np
 from ..data import chosen, margin, rejected
 from ..hacking import Probes
 from ..model import finite_accuracy
+from ..stats import json_ready
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -88,7 +89,8 @@ class Comparison:
     """Two models on the same n pairs. CIs are 95% percentile bootstraps over pairs, (low, high).
 
     `spearman_reward` ranks all 2n rewards, `spearman_margin` the n margins; `agreement` is the
-    share of pairs both models decide the same way; `accuracy_ci` [2, 2] is A's and B's.
+    share of pairs both models decide the same way; `accuracy_ci` [2, 2] is A's and B's (Wilson, over
+    the finite margins).
     `depth_difference` [2] is the mean per-pair crystallization depth of B minus A (linear, normed
     lens; pairs where both are defined) with `depth_difference_ci` [2, 2]. `grid` [G] is a common
     relative-depth grid (the deeper model's depths) with both `profile_a`, `profile_b` [G]
@@ -201,15 +203,15 @@ class Comparison:
 
     def to_dict(self) -> dict[str, Any]:
         """Every number as a JSON-ready nested dict (NaN becomes None): what `rewardlens compare` writes."""
-        ci = lambda c: [_num(c[0]), _num(c[1])]
-        med = lambda d: _num(np.nanmedian(d)) if np.isfinite(d).any() else None
+        ci = lambda c: [c[0], c[1]]
+        med = lambda d: np.nanmedian(d) if np.isfinite(d).any() else None
         sides = (self.a, self.b)
         out = {
             "labels": [s.label for s in sides], "models": [s.model for s in sides], "n_pairs": len(self.pair_ids),
             "agreement": {
-                "spearman_reward": {"value": _num(self.spearman_reward), "ci": ci(self.spearman_reward_ci)},
-                "spearman_margin": {"value": _num(self.spearman_margin), "ci": ci(self.spearman_margin_ci)},
-                "same_winner": {"value": _num(self.agreement), "ci": ci(self.agreement_ci)},
+                "spearman_reward": {"value": (self.spearman_reward), "ci": ci(self.spearman_reward_ci)},
+                "spearman_margin": {"value": (self.spearman_margin), "ci": ci(self.spearman_margin_ci)},
+                "same_winner": {"value": (self.agreement), "ci": ci(self.agreement_ci)},
                 "accuracy": {s.label: {"value": s.accuracy, "ci": ci(c)} for s, c in zip(sides, self.accuracy_ci)},
             },
             "lens": {
@@ -221,34 +223,34 @@ class Comparison:
                     "median_crystallization_linear": med(s.crystallization_linear),
                     "median_crystallization_normed": med(s.crystallization_normed)} for s in sides},
                 "crystallization_difference": {
-                    kind: {"mean": _num(self.depth_difference[k]), "ci": ci(self.depth_difference_ci[k])}
+                    kind: {"mean": (self.depth_difference[k]), "ci": ci(self.depth_difference_ci[k])}
                     for k, kind in enumerate(("linear", "normed"))},
                 "formation_correlation": {
-                    kind: {"mean": _num(self.formation_correlation[k]), "ci": ci(self.formation_correlation_ci[k]),
+                    kind: {"mean": (self.formation_correlation[k]), "ci": ci(self.formation_correlation_ci[k]),
                            "n_defined": int(np.isfinite(self.formation_pairs[k]).sum())}
                     for k, kind in enumerate(("linear", "normed"))},
             },
             "attribution": {"grid": self.grid.tolist(), self.a.label: self.profile_a.tolist(),
-                            self.b.label: self.profile_b.tolist(), "correlation": _num(self.profile_correlation)},
+                            self.b.label: self.profile_b.tolist(), "correlation": (self.profile_correlation)},
             "probes": None,
             "directions": {
                 "shared_basis": self.basis.shared, "refused": self.basis.refused,
                 "checks": {"hidden": list(self.basis.hidden), "layers": list(self.basis.layers),
                            "same_vocabulary": self.basis.same_vocabulary,
-                           "embedding_cosine": _num(self.basis.embedding_cosine), "threshold": EMBEDDING_MATCH},
-                "readout_cosine": _num(self.readout_cosine),
-                "residual_readout_cosine": _num(self.residual_readout_cosine),
-                "by_depth": [{"depth": float(d), "cosine": _num(c)}
+                           "embedding_cosine": (self.basis.embedding_cosine), "threshold": EMBEDDING_MATCH},
+                "readout_cosine": (self.readout_cosine),
+                "residual_readout_cosine": (self.residual_readout_cosine),
+                "by_depth": [{"depth": float(d), "cosine": (c)}
                              for d, c in zip(self.a.depth, self.direction_cosine)],
             },
         }
         if self.a.probes is not None and self.b.probes is not None:
             probed = ((self.a, self.a.probes), (self.b, self.b.probes))
-            out["probes"] = {"spearman": _num(self.probe_spearman), "axes": [
-                {"axis": axis, **{s.label: {"mean": _num(p.mean[j]), "flagged": bool(p.flagged[j]),
+            out["probes"] = {"spearman": (self.probe_spearman), "axes": [
+                {"axis": axis, **{s.label: {"mean": (p.mean[j]), "flagged": bool(p.flagged[j]),
                                             "ci": ci((p.ci_low[j], p.ci_high[j]))} for s, p in probed}}
                 for j, axis in enumerate(self.a.probes.axes)]}
-        return out
+        return json_ready(out)  # numpy values made Python ones, non-finite ones None
 
     def plot(self, ax: Sequence[Axes] | None = None) -> Figure:
         """Four panels: margins of B against A, mean lens margins and attribution profiles on relative
@@ -293,6 +295,3 @@ class Comparison:
             last.text(0, 0.5, f"directions not compared:\n{self.basis.refused}", wrap=True, fontsize=8)
         return finish(margins, made)
 
-
-def _num(x: float) -> float | None:
-    return float(x) if np.isfinite(x) else None

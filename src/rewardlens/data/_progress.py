@@ -79,11 +79,13 @@ def metering(step: Callable[[float], object]) -> Iterator[None]:
 
 @contextmanager
 def batch_work(rows: int) -> Iterator[None]:
-    """One batch of `rows` sequences of a batch loop: reported to the enclosing `metering` block when it ends
-    (less what `part` reported while it ran). A batch run inside another's is part of that one: not reported."""
+    """One batch of `rows` sequences of a batch loop: when it ends it ticks the enclosing `counting` bar (`tick`)
+    and reports its rows to the enclosing `metering` block (less what `part` reported while it ran). A batch
+    run inside another's is part of that one: its rows are not reported again."""
     step = _WORK.get()
     if step is None or _BATCH.get() is not None:
         yield
+        tick()
         return
     held = [float(rows), 0.0]
     token = _BATCH.set(held)
@@ -92,6 +94,7 @@ def batch_work(rows: int) -> Iterator[None]:
     finally:
         _BATCH.reset(token)
     step(held[0] - held[1])
+    tick()
 
 
 def metered() -> bool:

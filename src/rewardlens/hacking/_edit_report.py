@@ -79,7 +79,7 @@ class EditReport:
             return bootstrap_ci(rows, stat=lambda i: stat(before[i.astype(int)], after[i.astype(int)]),
                                 n_boot=n_boot, level=level, seed=seed)
 
-        share = lambda b, a: 1.0 - a.mean() / b.mean() if b.mean() != 0 else float("nan")
+        share = lambda b, a: 1.0 - _mean(a) / _mean(b) if _mean(b) != 0 else float("nan")  # as `share_removed`
         points = lambda b, a: 100.0 * (finite_accuracy(a) - finite_accuracy(b))
         return {"share_removed": ci(self.probe_before, self.probe_after, share),
                 "accuracy_change_points": ci(self.other_before, self.other_after, points)}

@@ -36,11 +36,6 @@ class FinitePairs:
     finite: np.ndarray
 
     @property
-    def counted(self) -> int:
-        """Pairs left to count."""
-        return int(self.finite.sum())
-
-    @property
     def excluded(self) -> tuple[str, ...]:
         """Ids of the pairs left out, in pair order."""
         return tuple(i for i, ok in zip(self.ids, self.finite.tolist()) if not ok)
@@ -49,10 +44,6 @@ class FinitePairs:
         """The pairs in the boolean `mask` [n] (e.g. one subset)."""
         keep = np.flatnonzero(mask)
         return FinitePairs(tuple(self.ids[i] for i in keep), self.finite[keep])
-
-    def note(self) -> str | None:
-        """'2 pairs with non-finite rewards excluded: p3, p5' (None when none is)."""
-        return excluded_note(self.excluded)
 
 
 def excluded_note(ids: Sequence[str]) -> str | None:
@@ -103,11 +94,13 @@ def dtype_name(model: Any) -> str | None:
         return None
 
 
-def saturated(margins: np.ndarray) -> bool:
-    """Whether every margin [k] of the counted pairs is exactly 0.0 on more than one pair; warns
+def saturated(margins: np.ndarray, *, say: bool = True) -> bool:
+    """Whether every margin [k] of the counted pairs is exactly 0.0 on more than one pair; with `say`, warns
     (`RewardLensWarning`, `SATURATED`) when it is. One pair at 0 is a tie, not a pattern."""
     m = np.asarray(margins, dtype=np.float64)
     if len(m) > 1 and np.all(m == 0):
+        if not say:
+            return True
         warn(f"{SATURATED}: all {len(m)} counted pairs have chosen reward == rejected reward. Check that the "
              "rewards vary at all (model.score), and the weights; a half-precision model may overflow: load it in "
              "float32 (dtype='float32')")
@@ -166,7 +159,7 @@ def pair_accuracy(margins: np.ndarray, pairs: FinitePairs, level: float = 0.95, 
     `check` (the whole run's accuracy, once) a saturated run warns (`saturated`)."""
     m = np.asarray(margins, dtype=np.float64)[pairs.finite]
     n, correct = len(m), int(np.sum(m > 0))
-    flat = saturated(m) if check else bool(len(m) > 1 and np.all(m == 0))
+    flat = saturated(m, say=check)
     return PairAccuracy(total=len(pairs.ids), n=n, correct=correct, ties=int(np.sum(m == 0)),
                         accuracy=correct / n if n else float("nan"), ci=wilson(correct, n, level),
                         excluded=pairs.excluded, saturated=flat, level=level)

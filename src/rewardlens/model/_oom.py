@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..data import batch_work, metered, pair_of, part, tick
+from ..data import batch_work, metered, pair_of, part
 from ..errors import OutOfMemoryError, RewardLensWarning
 from ._hooks import Point, PointKey, capture, eval_mode
 from ._tokens import Batch, sequence_label
@@ -144,7 +144,6 @@ def each_batch(order: Sequence[int], batch_size: int, work: Callable[[list[int]]
     for rows in loop.chunks(order, lengths):
         with batch_work(len(rows)):
             loop.attempt(rows, work)
-        tick()
     loop.finish()
 
 
@@ -168,7 +167,6 @@ def batch_loop(
                 yield np.asarray(rows, dtype=np.int64), batch
         finally:
             _ACTIVE.pop(id(batch), None)
-        tick()
     loop.finish()
 
 

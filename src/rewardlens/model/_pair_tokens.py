@@ -49,8 +49,10 @@ class CheckedPairs:
     def check(self, model: Encoding, inputs: Inputs | Text | Pair | None, seqs: list[Tokenized]) -> None:
         """`check_pair_tokens` of the pairs `inputs` (None: not pairs, nothing to check) as `model` reads
         them, unless done already; a decoder's one read token is checked too."""
+        if inputs is None:  # texts, probe items, concept sets: no pairs, nothing to hash either
+            return
         keys = [hash(tuple(s.ids)) for s in seqs]
-        if inputs is None or all(key in self._seen for key in keys):
+        if all(key in self._seen for key in keys):
             return
         check_pair_tokens(model.tokenizer, inputs, seqs, pad_id=model.pad_token_id,
                           reads=not (model.encoder or model.reads.multi))

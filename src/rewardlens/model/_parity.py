@@ -26,6 +26,7 @@ import torch
 from ..errors import HeadError
 from ._arch import text_config
 from ._core import RewardModel
+from ._finite import dtype_name
 from ._hooks import eval_mode
 from ._tokens import Tokenized, flatten_inputs
 
@@ -207,4 +208,4 @@ def parity(model: RewardModel, inputs: Inputs) -> Parity:
         _check("pad_eos", right, own_unpadded(model, seqs), tol),
         _check("trl_read", right, own_trl_batches(model, seqs), tol),
     )
-    return Parity(checks, str(next(model.model.parameters()).dtype).removeprefix("torch."))
+    return Parity(checks, dtype_name(model) or "unknown")

@@ -63,7 +63,7 @@ def conversations(prompts: Sequence[Any], completions: Sequence[Any]) -> tuple[l
 
 
 def _unit_directions(rm: RewardModel, directions: Directions, axes: Sequence[str] | None,
-                     batch_size: int, progress: bool = False) -> tuple[tuple[str, ...], torch.Tensor]:
+                     batch_size: int, progress: bool) -> tuple[tuple[str, ...], torch.Tensor]:
     """Names and unit directions [m, d] in head space (what the head reads at t*)."""
     if directions is None:
         chosen = list(dict.fromkeys(SURFACE[s][0] for s in SURFACE)) if axes is None else list(axes)

@@ -35,7 +35,7 @@ def estimands(audit: Audit) -> list[dict[str, Any]]:
 
 
 def top_parts_table(audit: Audit, k: int = TOP_PARTS) -> list[TopPart]:
-    """The `k` top parts (`Faithfulness.top`: mean |total effect|, noising at the read positions), each
+    """The `k` top parts (`top_parts`: mean |total effect| over the counted pairs, noising at the read positions), each
     with its mean exact attribution, total, direct and indirect effect, and its patched runs out of the
     natural distribution (None when divergence was not run). Means are over the counted pairs (`counted`)."""
     f, d, ok = audit.faithfulness, audit.divergence, counted(audit).finite
@@ -43,7 +43,7 @@ def top_parts_table(audit: Audit, k: int = TOP_PARTS) -> list[TopPart]:
     att, total, direct = f.attribution[ok].mean(0), f.total[ok].mean(0), f.direct[ok].mean(0)
     return [{"part": f.names[i], "attribution": float(att[i]), "total_effect": float(total[i]),
              "direct_effect": float(direct[i]), "indirect_effect": float(total[i] - direct[i]),
-             "out_of_distribution_runs": flagged.get(f.names[i])} for i in f.top(k)]
+             "out_of_distribution_runs": flagged.get(f.names[i])} for i in top_parts(audit, k)]
 
 
 def divergence(audit: Audit) -> dict[str, Any] | None:
