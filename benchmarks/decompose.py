@@ -36,6 +36,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -160,18 +161,26 @@ def capture_ops(model: RewardModel, pairs: list[Pair], bs: int) -> tuple[int, in
     return plain.n, traced.n - plain.n
 
 
+_T = TypeVar("_T")
+
+
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
 
-def seconds(fn: Callable[[], object], device: torch.device) -> float:
-    """Wall time of one call of `fn`, with the device's queue drained before and after."""
+def timed(fn: Callable[[], _T], device: torch.device) -> tuple[float, _T]:
+    """(wall time, result) of one call of `fn`, with the device's queue drained before and after."""
     sync(device)
     start = time.perf_counter()
-    fn()
+    out = fn()
     sync(device)
-    return time.perf_counter() - start
+    return time.perf_counter() - start, out
+
+
+def seconds(fn: Callable[[], object], device: torch.device) -> float:
+    """Wall time of one call of `fn` (`timed` without its result)."""
+    return timed(fn, device)[0]
 
 
 def time_all(fns: Calls, warm: Calls, device: torch.device, repeats: int) -> tuple[dict, dict]:

@@ -24,13 +24,12 @@ from __future__ import annotations
 import argparse
 import random
 import tempfile
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 import transformers as tf
+from decompose import seconds, timed
 
 import rewardlens as rl
 from audit import plain_forward
@@ -80,16 +79,6 @@ def synthetic_pairs(model: rl.RewardModel, n: int, lo: int, hi: int, seed: int =
                     rejected=text(rng.randint(lo, hi)), id=f"h{i}") for i in range(n)]
 
 
-def timed(device: torch.device, fn: Callable[[], Any]) -> tuple[float, Any]:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    start = time.perf_counter()
-    out = fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter() - start, out
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--small", action="store_true", help="the CPU shape even when CUDA is present")
@@ -103,13 +92,13 @@ def main() -> None:
     shape, (lo, hi) = (SMALL, (40, 120)) if small else (LLAMA_8B, (200, 600))
     n = args.pairs or (16 if small else 695)
 
-    built, model = timed(device, lambda: build(shape, device, dtype))
+    built, model = timed(lambda: build(shape, device, dtype), device)
     pairs = synthetic_pairs(model, n, lo, hi)
     lengths = [len(s.ids) for s in model.encode(pairs)[0]]
     print(f"model: random-init Llama RM, {shape['num_hidden_layers']} layers, d {shape['hidden_size']}, {device} "
           f"{str(dtype).removeprefix('torch.')} (built in {built:.1f} s); {n} pairs, {min(lengths)}-{max(lengths)} "
           f"tokens a sequence, {sum(lengths)} in all")
-    forward, _ = timed(device, plain_forward(model, pairs))
+    forward = seconds(plain_forward(model, pairs), device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     weights = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
@@ -118,14 +107,14 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         store = Store(Path(tmp) / "results.sqlite")
         plan = plan_for_model(model, plan, None)
-        steps["decide (tokenize every pair once)"], decided = timed(device, lambda: Decided.of(model, pairs))
-        steps["per-pair part (run_pairs)"], _ = timed(
-            device, lambda: run_pairs(model, pairs, store, plan, decided=decided, progress=True))
-        steps["whole-model part (run_whole)"], _ = timed(
-            device, lambda: run_whole(model, pairs, store, plan, progress=True))
-        steps["read back (collect)"], result = timed(device, lambda: collect(model, pairs, store, plan,
-                                                                            decided=decided))
-        steps["report (write_report)"], _ = timed(device, lambda: write_report(result, Path(tmp) / "report"))
+        steps["decide (tokenize every pair once)"], decided = timed(lambda: Decided.of(model, pairs), device)
+        steps["per-pair part (run_pairs)"] = seconds(
+            lambda: run_pairs(model, pairs, store, plan, decided=decided, progress=True), device)
+        steps["whole-model part (run_whole)"] = seconds(
+            lambda: run_whole(model, pairs, store, plan, progress=True), device)
+        steps["read back (collect)"], result = timed(lambda: collect(model, pairs, store, plan, decided=decided),
+                                                     device)
+        steps["report (write_report)"] = seconds(lambda: write_report(result, Path(tmp) / "report"), device)
         store.close()
     total = sum(steps.values())
     print(f"\nplain forward of the same tokens: {forward:8.1f} s")

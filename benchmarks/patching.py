@@ -25,12 +25,11 @@ import argparse
 import contextlib
 import multiprocessing as mp
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 import torch
-from decompose import anonymous_weights, build_model, cpu_memory_mode, peak_bytes, sync
+from decompose import anonymous_weights, build_model, cpu_memory_mode, peak_bytes, timed
 from transformers.utils.logging import disable_progress_bar
 
 import rewardlens
@@ -114,14 +113,6 @@ def naive(model: RewardModel, pairs: list[Pair], positions: str, level: str) -> 
 
 def engine(model: RewardModel, pairs: list[Pair], positions: str, level: str, bs: int) -> np.ndarray:
     return patch(model, pairs, positions=positions, level=level, batch_size=bs).patched_chosen
-
-
-def timed(fn, device: torch.device) -> tuple[float, object]:
-    sync(device)
-    start = time.perf_counter()
-    out = fn()
-    sync(device)
-    return time.perf_counter() - start, out
 
 
 def cpu_peaks(path: str, dtype: str, threads: int, n_pairs: int, bs: int) -> dict[str, int]:

@@ -48,7 +48,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from decompose import seconds
+from decompose import timed
 
 import rewardlens as rl
 from rewardlens.zoo.realmodels import dpo_pairs, load_reward_model
@@ -212,10 +212,9 @@ def one_round(ours: Calls, peer: Calls, device: torch.device, out: dict[str, Any
     """(our seconds, peer seconds) per instrument, ours first; the results land in `out` as (ours, peer)."""
     times = {}
     for name in INSTRUMENTS:
-        res: list[Any] = []
-        t_ours = seconds(lambda: res.append(ours[name]()), device)  # noqa: B023
-        t_peer = seconds(lambda: res.append(peer[name]()), device)  # noqa: B023
-        times[name], out[name] = (t_ours, t_peer), tuple(res)
+        t_ours, got_ours = timed(ours[name], device)
+        t_peer, got_peer = timed(peer[name], device)
+        times[name], out[name] = (t_ours, t_peer), (got_ours, got_peer)
     return times
 
 
