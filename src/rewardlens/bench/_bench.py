@@ -82,7 +82,7 @@ def _run(model: RewardModel, pairs: list[Pair], found: Items, batch_size: int, n
     ids = tuple(p.id if p.id is not None else str(i) for i, p in enumerate(pairs))
     finite, acc = score_pairs(reward, ids, dtype=dtype_name(model))  # raises when no pair is finite
     keep = counted(found, finite.finite)
-    tie = ties_mask(found) & keep
+    tie = ties_mask(found.subsets, found.grouped) & keep
     plain = keep & ~tie  # Ties has a rule of its own: it stays out of the pass/fail scores
     right = correct(found, margin(reward)) & keep
     lay = layout(found.subsets, found.grouped, plain, weighting)

@@ -91,14 +91,15 @@ def items(pairs: Sequence[Pair]) -> Items:
         grouped.append(pair.group is not None)
     found = Items(tuple(ids), tuple(subsets), np.array(grouped, dtype=bool), of_pair)
     _one_rule_per_subset(found)
-    tie = np.flatnonzero(ties_mask(found))
+    tie = np.flatnonzero(ties_mask(found.subsets, found.grouped))
     check_ties([found.ids[i] for i in tie], [{p.chosen for p, k in zip(pairs, of_pair) if k == i} for i in tie])
     return found
 
 
-def ties_mask(found: Items) -> np.ndarray:
-    """Whether each item is a RewardBench 2 Ties record [m] (a group in a subset named Ties, any case)."""
-    return found.grouped & np.array([is_ties(s) for s in found.subsets], dtype=bool)
+def ties_mask(subsets: Sequence[str | None], grouped: Sequence[bool] | np.ndarray) -> np.ndarray:
+    """Whether each item is a RewardBench 2 Ties record [m] (a group in a subset named Ties, any case), from
+    the items' subsets and whether each is a group (`Items`, or a `Bench`'s `item_subsets`, `grouped`)."""
+    return np.asarray(grouped, dtype=bool) & np.array([is_ties(s) for s in subsets], dtype=bool)
 
 
 def _same_record(pairs: Sequence[Pair], start: int, i: int) -> None:

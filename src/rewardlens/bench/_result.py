@@ -11,12 +11,12 @@ import numpy as np
 from ..data import margin
 from ..errors import DataError, NonFiniteError
 from ..stats import json_ready, percentile_interval
-from ._items import layout
+from ._items import layout, ties_mask
 from ._sections import OVERALL, RB2, SECTIONS
 from ._stats import ALL_ITEMS, Key, coefficients, picks, rb2_share, scores, sign_flip, support
 from ._ties import RULE as TIES_SCORE_RULE
 from ._ties import WEIGHTS as TIES_WEIGHTS
-from ._ties import TiesScore, defined, draws, estimated, is_ties, records
+from ._ties import TiesScore, defined, draws, estimated, records
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -203,7 +203,7 @@ class Bench:
             raise NonFiniteError("the two models count no item in common (each item has a non-finite reward in one "
                                  "of them), so there is nothing to compare; check both models' weights, or load "
                                  "them in float32 (dtype='float32')")
-        tie = keep & np.array([g and is_ties(s) for s, g in zip(self.item_subsets, self.grouped)], dtype=bool)
+        tie = keep & ties_mask(self.item_subsets, self.grouped)
         keep = keep & ~tie
         lay = layout(self.item_subsets, self.grouped, keep, self.weighting)
         ca, cb = self.correct[keep], other.correct[keep]
