@@ -96,20 +96,18 @@ class Reads:
     ) -> tuple[list[int], int]:
         """(`ids`, `prompt_length`) with the separator inserted after the response's last token (before the
         template's end of turn) when `final='append'` and the last step is open (`open_end`). `limit`: the
-        model's (max_length, truncation); one more token is cut from the left when the inserted separator
-        takes the sequence over max_length and truncation='left' allows it, as `fit_length` cuts."""
+        model's (max_length, truncation): a sequence the separator takes over max_length is refused unless
+        truncation='left', in which case the caller cuts it as any input is cut (`fit_length`)."""
         if self.final != "append" or not self.open_end(ids, prompt_length, separator, suffix):
             return ids, prompt_length
         assert separator is not None  # open_end holds for separator reads only
         end, (max_length, truncation) = len(ids) - suffix, limit
         closed = [*ids[:end], separator, *ids[end:]]
-        if max_length is None or len(closed) <= max_length:
-            return closed, prompt_length
-        if truncation != "left":
+        if max_length is not None and len(closed) > max_length and truncation != "left":
             raise TokenizationError(
                 f"{label} has {len(ids)} tokens, the limit, before the separator closing its last step is appended; "
                 "raise max_length=, end the response with the separator, or pass truncation='left'")
-        return closed[1:], max(prompt_length - 1, 0)
+        return closed, prompt_length
 
     def positions(
         self, ids: list[int], prompt_length: int, separator: int | None, label: str, suffix: int = 0

@@ -216,10 +216,12 @@ def with_reads(
         if prompt and len(seq.ids) == max_length:  # a left cut may have moved the response start
             prompt = max(prompt - (len(tokenize(tokenizer, item, encoder=False).ids) - len(seq.ids)), 0)
         ids, prompt = reads.closed(seq.ids, prompt, separator, suffix, label, (max_length, truncation))
+        fitted = fit_length(replace(seq, ids=ids), label, max_length, truncation, False)  # a separator past the limit
+        ids, prompt = fitted.ids, max(prompt - (len(ids) - len(fitted.ids)), 0)
         if reads.final == "ignore" and reads.open_end(ids, prompt, separator, suffix):
             unscored.append(label)
         where, targets = reads.positions(ids, prompt, separator, label, suffix)
-        out.append(replace(seq, ids=ids, reads=where, targets=targets))
+        out.append(replace(fitted, reads=where, targets=targets))
     warn_unscored(unscored, len(seqs))
     return out
 
