@@ -321,7 +321,7 @@ def test_mismatched_pairs_are_refused(audit, tmp_path):
 def test_figures_plot_the_results(audit):
     fig = figures.fig_lens(audit)
     for ax, kind in zip(fig.axes, ("linear", "normed")):
-        bold = [line for line in ax.get_lines() if line.get_label() == "mean over pairs"]
+        bold = [line for line in ax.get_lines() if line.get_label() == f"{kind} lens, mean over pairs"]
         np.testing.assert_allclose(bold[0].get_ydata(), audit.lens.margin(kind).mean(0))
     rows, cols, grid = figures.part_grid(audit.heads.names, audit.heads.margin.mean(0))
     mean = dict(zip(audit.heads.names, audit.heads.margin.mean(0)))

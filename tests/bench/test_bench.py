@@ -370,3 +370,26 @@ def test_no_subset_and_mixed_benchmarks_are_named(tmp_path):
     assert ("subset", "(no subset)") in b.estimates and b.sections == pytest.approx({"Chat": 0.5})
     assert b.rewardbench2 == 1.0
     assert any("3 RewardBench 1 pairs and 1 RewardBench 2 groups are scored apart" in n for n in b.notes)
+
+
+def test_the_docs_worked_example_is_the_default_weighting_and_its_numbers():
+    """docs/bench.md's worked example runs under RewardBench's own weighting (the default) and prints what
+    bench gives; Reasoning checked by hand from EXAMPLE_COUNTS (math-prm 984, each hep-* 164)."""
+    import re
+    from pathlib import Path
+
+    from rewardlens.zoo import demo_model_dir
+    from rewardlens.zoo.organisms import build
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "bench.md").read_text(encoding="utf-8")
+    example = text[text.index("## Worked example"):text.index("## Results")]
+    call = next(line for line in example.splitlines() if line.startswith("b = rl.bench("))
+    assert "weighting" not in call.split("#")[0]
+    shown = json.loads(re.search(r"b\.sections\s+# (\{.*\})", example).group(1).replace("'", '"'))
+    overall = float(re.search(r"b\.overall\s+# ([0-9.]+)", example).group(1))
+    demo, longer = rl.load(demo_model_dir()), rl.load(build("length"))
+    b = bench(longer, load_pairs(sample_path("rewardbench")), against=demo, n_boot=50)
+    assert b.sections == pytest.approx(shown, abs=5e-4) and b.overall == pytest.approx(overall, abs=5e-4)
+    acc = {s.subset: s.accuracy for s in b.subsets}
+    by_hand = (984 * acc["math-prm"] + 164 * sum(acc[f"hep-{k}"] for k in ("python", "js", "rust", "go"))) / 1640
+    assert b.sections["Reasoning"] == pytest.approx(by_hand) == pytest.approx(shown["Reasoning"], abs=5e-4)

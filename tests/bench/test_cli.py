@@ -110,3 +110,31 @@ def test_ties_records_are_scored_in_the_table(capsys, llama, tmp_path):
     got = json.loads(capsys.readouterr().out)
     assert got["ties_subset"]["n_matched"] == 1
     assert got["rewardbench2"]["value"] == pytest.approx(got["ties_subset"]["score"])  # Ties is the only subset
+
+
+def test_json_items_and_frames_carry_every_field_of_the_record(capsys, llama, tmp_path):
+    """bench's per-item output names each item by its record (id, subset and the fields bench does not read),
+    so its numbers join back to the data by id; a RewardBench 2 record's fields name its one item."""
+    records = [
+        {"id": "a", "prompt": "2+2?", "chosen": "4", "rejected": "5", "subset": "math-prm", "source": "web",
+         "meta": {"rater": 3}},
+        {"id": "b", "prompt": "Capital?", "chosen": "Paris", "rejected": "Rome", "subset": "math-prm",
+         "source": "book"},
+        {"id": "g", "prompt": "p", "chosen": ["good"], "rejected": ["bad", "worse"], "subset": "Math",
+         "source": "rb2", "difficulty": 4},
+    ]
+    path = tmp_path / "extra.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    assert main(["bench", llama, "--pairs", str(path), "--n-boot", "20", "--json"]) == 0
+    items = {i["id"]: i for i in json.loads(capsys.readouterr().out)["items"]}
+    assert items.keys() == {"a", "b", "g"}
+    assert [items[k]["source"] for k in "abg"] == ["web", "book", "rb2"]
+    assert items["a"]["meta"] == {"rater": 3} and items["g"]["difficulty"] == 4 and items["g"]["pairs"] == 2
+    pairs = load_pairs(path)
+    right = margin(rl.load(llama).score(pairs)) > 0  # the yardstick: best-of-N by hand, the group right when both are
+    assert [items[k]["correct"] for k in "abg"] == [bool(right[0]), bool(right[1]), bool(right[2] and right[3])]
+    b = rl.bench(rl.load(llama), pairs, n_boot=20)
+    frame = b.pair_frame()
+    assert list(frame["id"]) == ["a", "b", "g/0", "g/1"] and list(frame["source"]) == ["web", "book", "rb2", "rb2"]
+    assert frame["meta"][0] == '{"rater": 3}' and frame["meta"][1:].isna().all()  # nested: JSON text in a table
+    assert b.item_frame().set_index("id")["source"].to_dict() == {"a": "web", "b": "book", "g": "rb2"}

@@ -88,3 +88,25 @@ def test_readout_option_for_a_multi_objective_head(capsys, tiny_root, pairs_file
     out = _json(capsys, ["score", str(tiny_root["armorm"]), "--pairs", pairs_file, "--json", "--readout", "2"])
     rewards = rl.load(str(tiny_root["armorm"])).objectives(pairs)[:, 2]
     np.testing.assert_allclose([p["chosen"] for p in out["pairs"]], rewards[0::2], rtol=1e-5)
+
+
+EXTRA_RECORDS = [
+    {"id": "a", "prompt": "2+2?", "chosen": "4", "rejected": "5", "source": "web", "difficulty": 1,
+     "meta": {"tags": ["x"], "rater": 3}, "margin": "user's own"},
+    {"id": "b", "prompt": "Capital of France?", "chosen": "Paris", "rejected": "Rome", "source": "book",
+     "difficulty": "hard"},
+]
+
+
+def test_score_json_carries_every_other_field_of_the_record(capsys, tiny_root, tmp_path):
+    """Every field the loader does not read comes back in the pair's row, joined by id; a nested one as JSON,
+    and one named like a score key (`margin`) as `record.margin`, beside the score's own."""
+    path = tmp_path / "extra.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in EXTRA_RECORDS), encoding="utf-8")
+    out = _json(capsys, ["score", str(tiny_root["gpt2"]), "--pairs", str(path), "--json"])
+    got = {p["id"]: p for p in out["pairs"]}
+    for record in EXTRA_RECORDS:
+        row = got[record["id"]]
+        assert row["source"] == record["source"] and row["difficulty"] == record["difficulty"]
+    assert got["a"]["meta"] == {"tags": ["x"], "rater": 3} and "meta" not in got["b"]
+    assert got["a"]["record.margin"] == "user's own" and isinstance(got["a"]["margin"], float)

@@ -105,11 +105,15 @@ def checksum(items: Sequence[Any]) -> str:
 
 
 def _fields(item: Any) -> dict[str, Any]:
-    return {k: v for k, v in asdict(item).items() if not (k in _LATER_FIELDS and v is None)}
+    return {k: v for k, v in asdict(item).items()
+            if k not in _UNHASHED and not (k in _LATER_FIELDS and v is None)}
 
 
 _LATER_FIELDS = frozenset({"group"})
 """Fields added to `Pair` after stores were written: hashed only when set."""
+_UNHASHED = frozenset({"extra"})
+"""`Pair.extra` (the record's other fields) changes no number, so it is never hashed: a store written before
+the loaders kept those fields resumes, and so does one whose data gained a column."""
 
 
 def content_key(pair: Pair) -> str:

@@ -24,16 +24,16 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 
 from ..causal import Faithfulness, Patching, faithfulness, trace_pairs
-from ..data import Pair, UnitMeter, progress_bar, row_labels
+from ..data import Pair, UnitMeter, progress_bar, record_columns, record_fields, row_labels
 from ..errors import HeadError, OutOfMemoryError, RewardLensWarning, StoreError
 from ..exact import STEP_FIELDS, Attribution, Lens, Steps
 from ..hacking import Concepts, Conflicts, Probes, cascade, distortion
-from ..model import RewardModel
+from ..model import Parity, RewardModel
 from ..sae import FeatureAttribution, TopKSAE
 from ._keys import RunKey, checksum
 from ._plan import Decided, PairUnits, Plan, run_keys, skipped_key
 from ._store import Store, Units
-from ._whole import CONFLICT, DIVERGENCE, sae_name, stored_tokens, whole_key
+from ._whole import CONFLICT, DIVERGENCE, sae_name, stored_parity, stored_tokens, whole_key
 
 if TYPE_CHECKING:  # annotations only
     from ..exact import TokenAttribution
@@ -92,6 +92,29 @@ class Audit:
     steps: Steps | None = None
     """A reward read at a set of positions (PRM steps, DPO tokens): every read's own score and weight, both
     sides of every pair (`Steps.sequence` = 2·pair + side); None for a reward read at one token."""
+    parity: Parity | None = None
+    """`rewardlens.model.parity` on the first `parity_pairs` pairs (at most 8): rewardlens' scores against the
+    model's own forward; None when not run, and `parity_note` says why (a kind parity refuses, an old store)."""
+    parity_note: str = ""
+    parity_pairs: int = 0
+    pairs: list[Pair] = field(default_factory=list)
+    """The pairs audited, in `pair_ids`' order (empty when not kept): what names each pair in a table."""
+
+    def named(self) -> list[Pair]:
+        """The pairs that name the audit's rows: `pairs`, else stand-ins holding only each pair's subset."""
+        if len(self.pairs) == len(self.pair_ids):
+            return self.pairs
+        subsets = self.subsets if len(self.subsets) == len(self.pair_ids) else [None] * len(self.pair_ids)
+        return [Pair("", "", "", subset=s) for s in subsets]
+
+    def record_rows(self, taken: Sequence[str] = ()) -> list[dict[str, Any]]:
+        """Each pair's JSON naming (`record_fields`: id, subset, group and the record's other fields, every key
+        present); a field whose name is in `taken` is written as `record.<name>`."""
+        return [record_fields(p, str(pid), taken=taken, every=True) for p, pid in zip(self.named(), self.pair_ids)]
+
+    def record_columns(self, taken: Sequence[str] = ()) -> dict[str, list[Any]]:
+        """The table columns naming each pair (`record_columns`; Parquet-safe: nested values as JSON text)."""
+        return record_columns(self.named(), [str(p) for p in self.pair_ids], taken=taken)
 
 
 
@@ -315,6 +338,7 @@ def collect(model: RewardModel, pairs: Sequence[Pair], store: Store, plan: Plan 
     distortion_ = distortion(probes) if probes is not None and probes.quality else None
     tokens_, token_pairs = stored_tokens(model, every, store)
     position = {i: j for j, i in enumerate(kept)}
+    parity_, parity_note, parity_pairs = stored_parity(model, every, store)
     return Audit(model=repr(model), fingerprint=keys["lens"].model, data_checksum=checksum(every), pair_ids=ids,
                  faithfulness=Faithfulness(**stacked, **meta, pair_ids=ids), fraction=plan.fraction,
                  lens=lens_, sublayers=sublayers, heads=heads, probes=probes, concepts=concepts_, features=features,
@@ -322,7 +346,8 @@ def collect(model: RewardModel, pairs: Sequence[Pair], store: Store, plan: Plan 
                  divergence=whole(Patching, DIVERGENCE), conflicts=conflicts_, distortion=distortion_,
                  tokens=tokens_, token_pairs=[position[i] for i in token_pairs],
                  skipped={_pair_id(every, i): reason for i, reason in skipped.items()}, steps=steps,
-                 cascades=None if probes is None else cascade(probes))
+                 cascades=None if probes is None else cascade(probes), parity=parity_, parity_note=parity_note,
+                 parity_pairs=parity_pairs, pairs=pairs)
 
 
 def _stacked(store: Store, key: RunKey, want: Sequence[str], by_side: bool

@@ -10,17 +10,17 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import fields
+from dataclasses import asdict, fields, is_dataclass
 from typing import Any
 
 import numpy as np
 
 from ..causal import Patching, patch
 from ..data import Pair, margin, progress_bar
-from ..errors import RewardLensWarning
+from ..errors import HeadError, RewardLensWarning
 from ..exact import TokenAttribution, tokens
 from ..hacking import Concepts, Conflicts, Probes, concepts, conflict, probe
-from ..model import ReadCache, RewardModel
+from ..model import Parity, ParityCheck, ReadCache, RewardModel, parity
 from ..sae import FeatureAttribution, TopKSAE, attribute_features
 from ._keys import RunKey, checksum, fingerprint
 from ._plan import VERSION, PairUnits, Plan, lens_key, skipped_key
@@ -29,7 +29,10 @@ from ._store import Store
 DIVERGENCE = "divergence/head/noising"
 CONFLICT = "conflict/objectives"
 TOKENS = "tokens"
-"""Store names of the whole-model divergence, conflict and token runs."""
+PARITY = "parity"
+"""Store names of the whole-model divergence, conflict, token and parity runs."""
+PARITY_PAIRS = 8
+"""Pairs `parity` runs on (the first ones, skipped pairs left out): a few forwards, not a sweep."""
 TOKEN_PAIRS = 12
 """Pairs whose tokens the audit attributes and the report shows (the largest |margin| first)."""
 
@@ -72,9 +75,10 @@ def run_whole(model: RewardModel, pairs: Sequence[Pair], store: Store, plan: Pla
         res = tokens(model, [every[i] for i in chosen], heads=False, approx=False, batch_size=plan.batch_size)
         return _Tokens(chosen, res)
 
-    whole: tuple[tuple[str, Callable[[], Probes | Concepts | FeatureAttribution | Patching | Conflicts | _Tokens],
-                       bool], ...] = (
+    whole: tuple[tuple[str, Callable[[], Probes | Concepts | FeatureAttribution | Patching | Conflicts | _Tokens
+                                      | _Parity], bool], ...] = (
         (TOKENS, token_pairs, bool(chosen)),  # the pairs whose lens is stored (none before `run_pairs`)
+        (PARITY, lambda: _Parity.run(model, pairs), bool(pairs)),
         (DIVERGENCE, lambda: patch(model, pairs, level="head", divergence=True, batch_size=plan.batch_size),
          plan.divergence and len(pairs) >= 4),
         (CONFLICT, lambda: conflict(model, pairs, batch_size=2 * plan.batch_size),
@@ -95,8 +99,8 @@ def run_whole(model: RewardModel, pairs: Sequence[Pair], store: Store, plan: Pla
         if "all" not in held.done:
             res = fn()
             # An object array (a conflict's relation labels) is stored as a list: the store keeps no pickles.
-            record = res.record() if isinstance(res, _Tokens) else {f.name: _plain(getattr(res, f.name))
-                                                                     for f in fields(res)}
+            record = res.record() if isinstance(res, (_Tokens, _Parity)) else {
+                f.name: _plain(getattr(res, f.name)) for f in fields(res)}
             store.write([(key, "all", 0, record)])  # replaces a damaged row
             damaged += [name] if held.damaged else []
         bar.update(1)
@@ -107,6 +111,8 @@ def run_whole(model: RewardModel, pairs: Sequence[Pair], store: Store, plan: Pla
 
 
 def _plain(value: Any) -> Any:
+    if is_dataclass(value) and not isinstance(value, type):  # a nested result (FeatureAttribution.fidelity)
+        return asdict(value)
     return value.tolist() if isinstance(value, np.ndarray) and value.dtype == object else value
 
 
@@ -132,6 +138,42 @@ class _Tokens:
     def record(self) -> dict[str, Any]:
         return {"pairs": np.asarray(self.pairs, dtype=np.int64),
                 **{f.name: getattr(self.result, f.name) for f in fields(self.result)}}
+
+
+class _Parity:
+    """`parity` on the audit's first `PARITY_PAIRS` pairs, or why the model's kind refuses it (stored together)."""
+
+    def __init__(self, result: Parity | None, reason: str, n_pairs: int) -> None:
+        self.result, self.reason, self.n_pairs = result, reason, n_pairs
+
+    @classmethod
+    def run(cls, model: RewardModel, pairs: Sequence[Pair]) -> _Parity:
+        part = list(pairs[:PARITY_PAIRS])
+        try:
+            return cls(parity(model, part), "", len(part))
+        except HeadError as exc:  # a kind parity does not compare (a PRM, a judge, a DPO policy): said why
+            return cls(None, str(exc), 0)
+
+    def record(self) -> dict[str, Any]:
+        checks = () if self.result is None else self.result.checks
+        return {"names": [c.name for c in checks], "difference": np.array([c.difference for c in checks]),
+                "tolerance": np.array([c.tolerance for c in checks]), "n": np.array([c.n for c in checks], np.int64),
+                "dtype": "" if self.result is None else self.result.dtype, "reason": self.reason,
+                "pairs": self.n_pairs}
+
+
+def stored_parity(model: RewardModel, pairs: Sequence[Pair], store: Store) -> tuple[Parity | None, str, int]:
+    """The stored parity result, the reason it is None, and the pairs it ran on; (None, why, 0) when the
+    store holds none (a store written before the audit ran parity)."""
+    records = store.records(whole_key(model, pairs, PARITY))
+    if not records:
+        return None, "not run: the store was written before the audit ran parity; run the audit again", 0
+    r = records[0][1]
+    if not r["names"]:
+        return None, str(r["reason"]), 0
+    checks = tuple(ParityCheck(str(name), float(d), float(t), int(n))
+                   for name, d, t, n in zip(r["names"], r["difference"], r["tolerance"], r["n"]))
+    return Parity(checks, str(r["dtype"])), "", int(r["pairs"])
 
 
 def token_choice(model: RewardModel, pairs: Sequence[Pair], store: Store) -> list[int]:

@@ -104,7 +104,8 @@ def _run(model: RewardModel, pairs: list[Pair], found: Items, batch_size: int, n
         item_subsets=found.subsets, grouped=found.grouped, correct=right, counted=keep,
         excluded=finite.excluded, saturated=acc.saturated, notes=acc.notes + _mixed(found),
         subsets=subsets, estimates=estimates, intervals=ints, support=sup,
-        checksum=checksum(pairs), n_boot=n_boot, seed=seed, level=level, weighting=weighting, ties=ties)
+        checksum=checksum(pairs), n_boot=n_boot, seed=seed, level=level, weighting=weighting, ties=ties,
+        pairs=tuple(pairs))
 
 
 def _ties_row(ties: TiesScore, rec: TiesRecords) -> SubsetScore:

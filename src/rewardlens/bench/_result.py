@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..data import margin
+from ..data import Pair, margin, record_columns, record_fields
 from ..errors import DataError, NonFiniteError
 from ..stats import json_ready, percentile_interval
 from ._items import layout, ties_mask
@@ -127,6 +127,10 @@ class Bench:
     reward on any pair is left out (never a loss); `excluded` names those pairs. `saturated`: every
     counted margin is exactly 0 on more than one pair (`rewardlens.model.SATURATED`). `notes` says
     both in words, for tables.
+
+    `pairs` [n] are the pairs scored: `pair_frame`, `item_frame` and `to_dict`'s `items` name each pair or
+    item by them (`record_fields`: id, subset, group and the record's other fields), so the numbers join
+    back to the data by id. A RewardBench 2 item is named by its first pair (its record's fields).
     """
 
     model: str
@@ -146,6 +150,7 @@ class Bench:
     intervals: Mapping[Key, tuple[float, float]]
     support: Mapping[Key, int]
     checksum: str
+    pairs: tuple[Pair, ...]
     n_boot: int
     seed: int
     level: float
@@ -267,16 +272,39 @@ class Bench:
                              for k, v in self.estimates.items()])
 
     def pair_frame(self) -> pd.DataFrame:
-        """One row per pair: id, item, subset, chosen and rejected reward, margin, counted (its item is)."""
+        """One row per pair: pair (its id), item, subset, chosen and rejected reward, margin, counted (its
+        item is), then the pair's naming columns (`record_columns`: id, group and the record's other fields)."""
         import pandas as pd
 
         from ..data import chosen, rejected
 
         item = self.item_of_pair
-        return pd.DataFrame({"pair": self.pair_ids, "item": [self.item_ids[i] for i in item],
-                             "subset": [self.item_subsets[i] for i in item], "chosen": chosen(self.reward),
-                             "rejected": rejected(self.reward), "margin": self.margin,
-                             "counted": self.counted[item]})
+        own = {"pair": self.pair_ids, "item": [self.item_ids[i] for i in item],
+               "subset": [self.item_subsets[i] for i in item], "chosen": chosen(self.reward),
+               "rejected": rejected(self.reward), "margin": self.margin, "counted": self.counted[item]}
+        named = record_columns(self.pairs, self.pair_ids, taken=own)
+        return pd.DataFrame({**own, **{k: v for k, v in named.items() if k not in own}})
+
+    def item_frame(self) -> pd.DataFrame:
+        """One row per item: its naming columns (`record_columns` of its first pair: id, subset, group and
+        the record's other fields), then pairs (in the item), correct, counted."""
+        import pandas as pd
+
+        firsts = np.flatnonzero(np.r_[True, np.diff(self.item_of_pair) != 0])
+        own = {"pairs": np.bincount(self.item_of_pair, minlength=len(self.item_ids)), "correct": self.correct,
+               "counted": self.counted}
+        named = record_columns([self.pairs[i] for i in firsts], self.item_ids, taken=own)
+        return pd.DataFrame({**named, **own})
+
+    def _items(self) -> list[dict[str, Any]]:
+        """`to_dict`'s items: each item's `record_fields` (JSON), then pairs, correct, counted."""
+        firsts = np.flatnonzero(np.r_[True, np.diff(self.item_of_pair) != 0]).tolist()
+        sizes = np.bincount(self.item_of_pair, minlength=len(self.item_ids)).tolist()
+        own = ("pairs", "correct", "counted")
+        return [{**record_fields(self.pairs[f], iid, taken=own), "pairs": size, "correct": bool(ok),
+                 "counted": bool(kept)}
+                for f, iid, size, ok, kept in zip(firsts, self.item_ids, sizes, self.correct.tolist(),
+                                                  self.counted.tolist())]
 
     def to_dict(self) -> dict[str, Any]:
         """Every number as a JSON-ready dict (NaN becomes None)."""
@@ -297,6 +325,7 @@ class Bench:
             "bootstrap": {"n_boot": self.n_boot, "seed": self.seed, "level": self.level},
             "ties_subset": None if self.ties is None else {**vars(self.ties), "rule": TIES_SCORE_RULE},
             "comparison": None if self.comparison is None else self.comparison.to_dict(),
+            "items": self._items(),
         })
 
     def plot(self, ax: Sequence[Axes] | None = None) -> Figure:

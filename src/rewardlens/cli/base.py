@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 def _score(model: RewardModel, pairs: list[Pair], args: argparse.Namespace) -> dict[str, Any]:
     """Each pair's rewards and the pair accuracy over the pairs with finite rewards (`score_pairs`: the
     others are named, never counted as losses; none finite is an error)."""
-    from ..data import chosen, rejected
+    from ..data import chosen, record_fields, rejected
     from ..model import dtype_name, score_pairs
 
     rewards = model.score(pairs, batch_size=args.batch_size)
@@ -35,9 +35,9 @@ def _score(model: RewardModel, pairs: list[Pair], args: argparse.Namespace) -> d
     counted, acc = score_pairs(rewards, ids, dtype=dtype_name(model))
     good, bad = chosen(rewards), rejected(rewards)
     return {
-        "pairs": [  # with the record's subset and group, so scores join back to the user's data
-            {"id": pid, **_labels(p), "chosen": finite(c), "rejected": finite(r), "margin": finite(c - r),
-             "counted": bool(ok)}
+        "pairs": [  # with the record's subset, group and other fields, so scores join back to the user's data
+            {**record_fields(p, pid, taken=_SCORE_KEYS), "chosen": finite(c), "rejected": finite(r),
+             "margin": finite(c - r), "counted": bool(ok)}
             for p, pid, c, r, ok in zip(pairs, ids, good, bad, counted.finite.tolist())
         ],
         **{k: v for k, v in acc.to_dict().items() if k in ("accuracy", "correct", "excluded", "saturated", "notes")},
@@ -45,9 +45,8 @@ def _score(model: RewardModel, pairs: list[Pair], args: argparse.Namespace) -> d
     }
 
 
-def _labels(pair: Pair) -> dict[str, str]:
-    """The pair's `subset` and `group`, where set (a key left out where the record had none)."""
-    return {k: v for k, v in (("subset", pair.subset), ("group", pair.group)) if v is not None}
+_SCORE_KEYS = ("chosen", "rejected", "margin", "counted")
+"""A score row's own keys: a record field of one of these names is written as `record.<name>`."""
 
 
 def _lens(model: RewardModel, pairs: list[Pair], args: argparse.Namespace) -> dict[str, Any]:

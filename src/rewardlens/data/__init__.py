@@ -7,7 +7,8 @@ pairs (empty responses, identical sides, duplicate ids, repeats); `load_pairs` r
 `check_tokens` finds what only token ids show (sides encoded alike, a response the template drops, a
 read token before the response's end); the model layer runs it on every encoding of pairs.
 RewardBench 2 records (lists of responses) load as grouped pairs (`Pair.group`); `sample_path`
-gives the shipped RewardBench-schema sample files.
+gives the shipped RewardBench-schema sample files. A record's other fields ride along in `Pair.extra`;
+`record_fields` and `record_columns` name a pair in every per-pair result (id, subset, group, extra).
 """
 
 from ._checks import CHECK_KINDS as CHECK_KINDS
@@ -18,8 +19,12 @@ from ._checks import TokenCheckKind as TokenCheckKind
 from ._checks import TokenChecks as TokenChecks
 from ._checks import check_pairs as check_pairs
 from ._checks import check_tokens as check_tokens
+from ._extra import IDENTITY as IDENTITY
+from ._extra import Extra as Extra
 from ._pair import Inputs as Inputs
 from ._pair import Pair as Pair
+from ._pair import flatten_pairs as flatten_pairs
+from ._pair import pair_ids as pair_ids
 from ._pairs import SUPPORTED as SUPPORTED
 from ._pairs import load_pairs as load_pairs
 from ._pairs import save_pairs as save_pairs
@@ -32,6 +37,8 @@ from ._progress import part as part
 from ._progress import progress_bar as progress_bar
 from ._progress import stage as stage
 from ._progress import tick as tick
+from ._record import record_columns as record_columns
+from ._record import record_fields as record_fields
 from ._rows import SIDES as SIDES
 from ._rows import Side as Side
 from ._rows import chosen as chosen
@@ -44,6 +51,10 @@ from ._samples import SAMPLES as SAMPLES
 from ._samples import sample_path as sample_path
 
 __all__ = [
+    "Extra",
+    "flatten_pairs",
+    "pair_ids",
+    "IDENTITY",
     "Inputs",
     "CHECK_KINDS",
     "SAMPLES",
@@ -71,6 +82,8 @@ __all__ = [
     "progress_bar",
     "stage",
     "tick",
+    "record_columns",
+    "record_fields",
     "rejected",
     "row_labels",
     "sample_path",

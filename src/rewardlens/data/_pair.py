@@ -5,11 +5,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import TypeAlias
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeAlias
 
 from ..types import Conversation, Prompt, Text
+from ._extra import RESERVED, Extra
 from ._rows import Side
 
 
@@ -22,6 +23,10 @@ class Pair:
     RewardBench 2 record a pair came from (one chosen against several rejected, read as one pair
     per combination): pairs sharing a group are scored together, best-of-N (`rewardlens.bench`),
     and a list of pairs keeps each group's pairs adjacent. None for a pair that stands alone.
+
+    `extra` holds the record's other fields (`load_pairs` keeps every field it does not read), read-only
+    (an `Extra`), so results can be joined back to the user's data (`record_fields`). It changes no
+    score: it is left out of equality, hashing and every store key (docs/scoring.md, *Record fields*).
     """
 
     prompt: Prompt
@@ -30,8 +35,17 @@ class Pair:
     id: str | None = None
     subset: str | None = None
     group: str | None = None
+    extra: Mapping[str, Any] = field(default_factory=Extra, compare=False, repr=False)
 
     def __post_init__(self) -> None:
+        if not isinstance(self.extra, Mapping):
+            raise TypeError(f"Pair.extra must be a mapping of field name to value, got {type(self.extra).__name__}; "
+                            f"pass the record's other fields as a dict.")
+        clash = sorted(RESERVED & set(self.extra))
+        if clash:
+            raise ValueError(f"Pair.extra may not hold {clash}: Pair holds them itself; pass them as arguments.")
+        if not isinstance(self.extra, Extra):  # frozen, so the pair cannot change through it
+            object.__setattr__(self, "extra", Extra(self.extra))
         if not isinstance(self.chosen, str) or not isinstance(self.rejected, str):
             raise TypeError(
                 f"Pair.chosen and Pair.rejected must be strings, got {type(self.chosen).__name__} "
@@ -60,3 +74,14 @@ class Pair:
 
 Inputs: TypeAlias = Sequence[Pair] | Sequence[Text]
 """What the instruments read: preference pairs (rows alternate chosen, rejected) or single texts."""
+
+
+def flatten_pairs(pairs: Pair | Sequence[Pair]) -> list[Pair]:
+    """`pairs` as a list (one `Pair` on its own becomes a list of one)."""
+    return [pairs] if isinstance(pairs, Pair) else list(pairs)
+
+
+def pair_ids(pairs: Pair | Sequence[Pair]) -> list[str]:
+    """Each pair's id, or its number when it has none (what `Patching.pair_ids` lists)."""
+    ids = [getattr(p, "id", None) for p in flatten_pairs(pairs)]
+    return [str(i) if pid is None else str(pid) for i, pid in enumerate(ids)]

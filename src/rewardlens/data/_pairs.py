@@ -13,8 +13,9 @@ from typing import Any
 from ..errors import DataError, MissingDependencyError
 from ..types import Message, Prompt
 from ._checks import find
+from ._extra import RESERVED, Extra
 from ._fields import MISSING, bad, label, show
-from ._groups import check_counts, combinations, csv_lists, listed, responses
+from ._groups import COUNTS, check_counts, combinations, csv_lists, listed, responses
 from ._pair import Pair
 from ._refusals import not_utf8, text_lines, unparsable, utf8_text
 
@@ -49,7 +50,9 @@ def load_pairs(path: str | os.PathLike[str], *, limit: int | None = None, strict
     response answers: one ending on an assistant turn is refused. A record means the same in every
     format: in CSV a cell holding JSON messages is decoded and checked as JSONL checks them.
 
-    Reads at most `limit` records (a RewardBench 2 record counts once). Raises `DataError` naming
+    Every field the schema does not read (`source`, `difficulty`, a nested `meta`, ...) is kept in
+    `Pair.extra`, so results join back to the data (`record_fields`); a RewardBench 2 record's pairs
+    share its fields. Reads at most `limit` records (a RewardBench 2 record counts once). Raises `DataError` naming
     file, line/record and field.
 
     Degenerate pairs (an empty or whitespace-only response, chosen identical to rejected, an id
@@ -85,8 +88,8 @@ def load_pairs(path: str | os.PathLike[str], *, limit: int | None = None, strict
 def save_pairs(pairs: Iterable[Pair], path: str | os.PathLike[str]) -> Path:
     """Write pairs as RewardBench-schema JSONL that `load_pairs` reads back equal; return the path.
 
-    `id`/`subset`/`group` are written only when set; a RewardBench 2 group is written as one line
-    per pair, each naming its group. Messages are read back as `{"role", "content"}` with
+    `id`/`subset`/`group` are written only when set, then the pair's `extra` fields; a RewardBench 2
+    group is written as one line per pair, each naming its group. Messages are read back as `{"role", "content"}` with
     standard roles, so messages with other keys or ShareGPT roles do not round-trip.
     """
     path = Path(path).expanduser()
@@ -99,6 +102,7 @@ def save_pairs(pairs: Iterable[Pair], path: str | os.PathLike[str]) -> Path:
             record = {"prompt": pair.prompt, "chosen": pair.chosen, "rejected": pair.rejected,
                       "id": pair.id, "subset": pair.subset, "group": pair.group}
             record = {k: v for k, v in record.items() if v is not None}
+            record.update(pair.extra.thaw() if isinstance(pair.extra, Extra) else pair.extra)
             f.write(json.dumps(record, ensure_ascii=False) + "\n")
     return path
 
@@ -245,16 +249,34 @@ def _to_pairs(record: Any, loc: str, where: str) -> list[Pair]:
             raise bad(loc, field, "the response text or message", record.get(field, MISSING),
                       f"every record needs 'chosen' and 'rejected'; it has {sorted(record)}.")
     ident, subset = label(record, "id", loc), label(record, "subset", loc)
+    extra = _unread(record)
     if listed(record):
         chosen_list, rejected_list = (responses(record[f], loc, f) for f in ("chosen", "rejected"))
         check_counts(record, loc, len(chosen_list), len(rejected_list))
         prompt = _prompt(record, loc, [])
-        return [Pair(prompt, c, r, pair_id, subset, group)
+        return [Pair(prompt, c, r, pair_id, subset, group, extra)
                 for c, r, pair_id, group in combinations(chosen_list, rejected_list, ident, where)]
     chosen, chosen_context = _response(record["chosen"], loc, "chosen")
     rejected, rejected_context = _response(record["rejected"], loc, "rejected")
     contexts = [c for c in (chosen_context, rejected_context) if c is not None]
-    return [Pair(_prompt(record, loc, contexts), chosen, rejected, ident, subset, label(record, "group", loc))]
+    return [Pair(_prompt(record, loc, contexts), chosen, rejected, ident, subset, label(record, "group", loc), extra)]
+
+
+def _read_fields(record: dict[str, Any]) -> set[str]:
+    """The fields of `record` the loader reads: `Pair`'s own, the prompt's source (`conversations` and
+    `system`, whose `prompt` is then not read but still reserved), and RewardBench 2's counts."""
+    read = set(RESERVED) | {"conversations"}
+    if record.get("conversations") is not None:  # `system` is read only beside `conversations`
+        read.add("system")
+    if listed(record):
+        read |= {field for field, _ in COUNTS} | {"total_completions"}
+    return read
+
+
+def _unread(record: dict[str, Any]) -> Extra:
+    """Every field of `record` the loader does not read, in the record's order (`Pair.extra`)."""
+    read = _read_fields(record)
+    return Extra({str(k): v for k, v in record.items() if str(k) not in read})
 
 
 def _prompt(record: dict[str, Any], loc: str, contexts: list[list[Message]]) -> Prompt:

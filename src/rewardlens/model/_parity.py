@@ -85,6 +85,15 @@ class Parity:
         return [{"name": c.name, "difference": c.difference, "tolerance": c.tolerance, "passed": c.passed,
                  "n": c.n} for c in self.checks]
 
+    def line(self) -> str:
+        """The checks in one line: every one within tolerance with the largest difference, or each failure."""
+        if self.passed:
+            worst = max(self.checks, key=lambda c: c.difference / c.tolerance)
+            return (f"all {len(self.checks)} checks within tolerance ({self.dtype}); largest |difference| "
+                    f"{worst.difference:.1e} ({worst.name}) against a tolerance of {worst.tolerance:.1e}")
+        return "FAILED: " + "; ".join(f"{c.name} {c.difference:.3e} > {c.tolerance:.1e}" for c in self.failed) + (
+            f" ({self.dtype}); run `rewardlens parity MODEL --pairs FILE` for every check")
+
     def to_frame(self) -> pd.DataFrame:
         import pandas as pd
 

@@ -24,8 +24,8 @@ from ...model import Part
 from ...types import LensKind
 from ._canvas import KIND_COLORS as KIND_COLORS
 from ._canvas import PART_COLORS as PART_COLORS
+from ._canvas import legend_below, need, new_figure
 from ._canvas import nanmedian as nanmedian
-from ._canvas import need, new_figure
 from ._canvas import to_png as to_png
 from ._more_figures import fig_cascades as fig_cascades
 from ._more_figures import fig_conflicts as fig_conflicts
@@ -43,10 +43,11 @@ MAX_POINTS = 20_000
 
 def fig_lens(audit: Audit) -> Figure:
     """Chosen − rejected margin against relative depth l / L, linear and normed lens side by side:
-    one thin line per pair, the mean in bold, the median crystallization depth dashed."""
+    one thin line per pair, the mean in bold, the median crystallization depth dashed (its value in the
+    panel's title). One legend below both panels: inside, it would hide the lines it names."""
     lens = audit.lens
     x = np.arange(lens.n_layers + 1) / lens.n_layers
-    fig = new_figure(9, 3.2)
+    fig = new_figure(9, 3.6)
     axes = fig.subplots(1, 2, sharey=True)
     kinds: tuple[LensKind, ...] = ("linear", "normed")
     for ax, kind in zip(axes, kinds):
@@ -54,16 +55,18 @@ def fig_lens(audit: Audit) -> Figure:
         alpha = float(np.clip(8 / len(margin), 0.04, 0.3))  # many pairs: fainter lines, same ink
         for row in margin:
             ax.plot(x, row, color=color, lw=0.7, alpha=alpha)
-        ax.plot(x, margin.mean(0), color=color, lw=2.2, marker="o", ms=3.5, label="mean over pairs")
+        ax.plot(x, margin.mean(0), color=color, lw=2.2, marker="o", ms=3.5, label=f"{kind} lens, mean over pairs")
         depth = nanmedian(lens.crystallization(kind, audit.fraction))
+        title = f"{kind} lens"
         if np.isfinite(depth):
             ax.axvline(depth, color="black", ls="--", lw=1,
-                       label=f"median crystallization {depth:.2f} (fraction {audit.fraction:g})")
+                       label=f"median crystallization depth (fraction {audit.fraction:g})")
+            title += f": median crystallization {depth:.2f}"
         ax.axhline(0, color="gray", lw=0.6)
-        ax.set_title(f"{kind} lens")
+        ax.set_title(title, fontsize=10)
         ax.set_xlabel("depth l / L (0 = embeddings, 1 = reward)")
-        ax.legend(fontsize=7, loc="best")
     axes[0].set_ylabel("chosen − rejected (reward units)")
+    legend_below(fig, axes)  # both panels draw the median line: it is named once
     return fig
 
 
@@ -71,8 +74,10 @@ def fig_scatter(audit: Audit) -> Figure:
     """Attribution (margin contribution) against the direct (path-frozen) and total patching effect,
     one point per (pair, part), coloured by part kind, with the pooled Spearman ρ and its interval:
     `Faithfulness.plot`, at most `MAX_POINTS` points a panel."""
-    fig = new_figure(9, 3.6)
-    audit.faithfulness.plot(max_points=MAX_POINTS, ax=fig.subplots(1, 2))
+    fig = new_figure(9, 3.9)
+    axes = fig.subplots(1, 2)
+    audit.faithfulness.plot(max_points=MAX_POINTS, ax=axes)
+    legend_below(fig, axes, ncols=4)  # the plot's own legends sit over the points
     return fig
 
 

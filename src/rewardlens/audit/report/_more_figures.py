@@ -12,9 +12,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ._canvas import KIND_COLORS, need, new_figure
+from ._canvas import KIND_COLORS, legend_below, need, new_figure
 from ._groups import KINDS, groups, spread
 from ._instruments import estimands
+
+LEGEND_COLUMNS = 6
+"""Columns of a figure legend placed below its panels."""
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -22,14 +25,27 @@ if TYPE_CHECKING:
     from .._runner import Audit
 
 
+def subset_colors(n: int) -> list[tuple[float, ...]]:
+    """`n` distinct colours for subsets: tab10, tab20, then evenly spaced on turbo (no colour repeats)."""
+    import matplotlib
+
+    if n <= 10:
+        return [matplotlib.colormaps["tab10"](i) for i in range(n)]
+    if n <= 20:
+        return [matplotlib.colormaps["tab20"](i) for i in range(n)]
+    return [matplotlib.colormaps["turbo"](x) for x in np.linspace(0.05, 0.95, n)]
+
+
 def fig_crystallization(audit: Audit) -> Figure:
     """Histogram over pairs of the crystallization depth l/L, linear and normed lens side by side; stacked
-    by subset when the pairs have subsets; median dashed, interquartile range shaded."""
+    by subset when the pairs have subsets; median dashed, interquartile range shaded. One legend for both
+    panels, below them (outside every axis: with 21 subsets a legend inside would cover the bars)."""
     lens = audit.lens
     n_layers = lens.n_layers
     edges = (np.arange(n_layers + 2) - 0.5) / n_layers  # one bin per depth l/L
     masks = groups(audit)
-    fig = new_figure(9, 3.2)
+    rows = 0 if masks is None else -(-len(masks) // LEGEND_COLUMNS)
+    fig = new_figure(9, 3.4 + 0.2 * rows)
     axes = fig.subplots(1, 2, sharey=True)
     for ax, kind in zip(axes, KINDS):
         depth = lens.crystallization(kind, audit.fraction)
@@ -38,15 +54,18 @@ def fig_crystallization(audit: Audit) -> Figure:
             ax.hist(depth[np.isfinite(depth)], bins=edges, color=KIND_COLORS[kind], edgecolor="white")
         else:
             parts = [depth[m & np.isfinite(depth)] for m in masks.values()]
-            ax.hist(parts, bins=edges, stacked=True, label=list(masks), edgecolor="white")
+            ax.hist(parts, bins=edges, stacked=True, label=list(masks), edgecolor="white",
+                    color=subset_colors(len(parts)))
+        median = ""
         if stats["defined"]:
             ax.axvspan(stats["q25"], stats["q75"], color="gray", alpha=0.15, label="interquartile range")
-            ax.axvline(stats["median"], color="black", ls="--", lw=1, label=f"median {stats['median']:.2f}")
-        ax.set_title(f"{kind} lens: {stats['defined']} of {len(depth)} pairs have a depth", fontsize=10)
+            ax.axvline(stats["median"], color="black", ls="--", lw=1, label="median")
+            median = f", median {stats['median']:.2f}"
+        ax.set_title(f"{kind} lens: {stats['defined']} of {len(depth)} pairs have a depth{median}", fontsize=10)
         ax.set_xlabel("crystallization depth l / L (0 = embeddings, 1 = reward)")
         ax.set_xlim(edges[0], edges[-1])
-        ax.legend(fontsize=7, loc="upper left")
     axes[0].set_ylabel("pairs")
+    legend_below(fig, axes, ncols=LEGEND_COLUMNS)
     return fig
 
 
@@ -63,7 +82,7 @@ def fig_estimands(audit: Audit) -> Figure:
     ax.axvline(0, color="black", lw=0.8)
     ax.set_yticks(y, [r["part"] for r in rows], fontsize=8)
     ax.set_xlabel(f"mean effect on the margin ({audit.faithfulness.mode}, read position; reward units)")
-    ax.legend(fontsize=7, loc="best")
+    legend_below(fig, [ax], ncols=4)  # bars reach every edge of the axis
     return fig
 
 

@@ -10,7 +10,7 @@ faithfulness and concept summaries, probe items).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -21,7 +21,7 @@ from ...stats import json_ready, to_json
 from .._runner import Audit
 from . import _instruments as more
 from ._groups import TOP_PARTS, counted, labels, parts, spread, subsets, subsets_frame
-from ._schema import AuditSummary, FaithfulnessSummary, Interval
+from ._schema import AuditSummary, FaithfulnessSummary, Interval, PairScore, ParityRow
 from ._steps import steps_summary
 
 if TYPE_CHECKING:
@@ -94,9 +94,8 @@ def summary(audit: Audit, top: int = TOP_PARTS) -> AuditSummary:
         "rewardlens_version": __version__, "model": audit.model, "fingerprint": audit.fingerprint,
         "data_checksum": audit.data_checksum, "provenance": provenance(audit),
         "n_pairs": len(audit.pair_ids), "n_layers": lens.n_layers, "skipped": dict(audit.skipped),
-        "pairs": [{"id": pid, "subset": subset, "chosen": float(c), "rejected": float(r), "margin": float(m)}
-                  for pid, subset, c, r, m in zip(audit.pair_ids, audit.subsets or [None] * len(audit.pair_ids),
-                                                  chosen, rejected, margin)],
+        "pairs": [cast(PairScore, {**named, "chosen": float(c), "rejected": float(r), "margin": float(m)})
+                  for named, c, r, m in zip(audit.record_rows(_PAIR_KEYS), chosen, rejected, margin)],
         "scores": {
             "accuracy": acc.accuracy, "ties": acc.ties, "correct": acc.correct, "accuracy_ci": list(acc.ci),
             "counted": acc.n, "excluded": list(acc.excluded), "saturated": acc.saturated, "notes": list(acc.notes),
@@ -125,6 +124,8 @@ def summary(audit: Audit, top: int = TOP_PARTS) -> AuditSummary:
         "conflicts": more.conflicts(audit),
         "tokens": more.tokens(audit, margin),
         "steps": steps_summary(audit),
+        "parity": _parity(audit), "parity_note": audit.parity_note or None,
+        "parity_line": None if audit.parity is None else f"on {audit.parity_pairs} pairs: {audit.parity.line()}",
     }
     return out
 
@@ -197,6 +198,17 @@ def _features(audit: Audit) -> dict[str, Any]:
             "top_margin": [{"feature": i, "margin": v} for i, v in f.top(10, by="margin" if f.is_pairs else "mean")]}
 
 
+_PAIR_KEYS = ("chosen", "rejected", "margin")
+"""A summary pair's own keys: a record field of one of these names is written as `record.<name>`."""
+
+
+def _parity(audit: Audit) -> list[ParityRow] | None:
+    """The audit's parity checks (`Parity.summary`), or None when not run (`parity_note` says why)."""
+    if audit.parity is None:
+        return None
+    return [cast(ParityRow, row) for row in audit.parity.summary()]
+
+
 def tables(audit: Audit) -> dict[str, pd.DataFrame]:
     """{name: pandas DataFrame} of every table the report writes as Parquet."""
     import pandas as pd
@@ -228,6 +240,9 @@ def tables(audit: Audit) -> dict[str, pd.DataFrame]:
     if names is not None:
         out["scores"].insert(2, "subset", names)
         out["subsets"] = subsets_frame(audit)
+    for name, column in audit.record_columns(list(out["scores"].columns)).items():  # joins back to the data by id
+        if name not in out["scores"] and any(v is not None for v in column):  # no all-empty group column
+            out["scores"][name] = column
     out["estimands"] = pd.DataFrame(more.estimands(audit))
     results = {"divergence": audit.divergence, "distortion": audit.distortion, "cascades": audit.cascades,
                "conflicts": audit.conflicts}

@@ -17,8 +17,10 @@ import numpy as np
 
 from .._runner import Audit
 from . import _figures as figures
+from . import _html
 from . import _sections as more
-from ._html import Html, e, figure, how, kv, notrun, num, rho, table
+from ._html import TOP_ROWS, Html, e, figure, how, kv, notrun, num, rho, subset_picker, table
+from ._pairs import scores
 from ._schema import AuditSummary
 from ._steps import steps_section
 
@@ -87,6 +89,8 @@ def _summary(a: Audit, s: AuditSummary) -> Html:
         (f"seed statistic |attribution| vs |{seed['mode']}, {seed['positions']}|",
          f"{rho(seed['rho'], seed['lo'], seed['hi'])} (paper: {paper})"),
         ("flagged probe axes", flagged),
+        ("score parity, rewardlens against the model's own forward",
+         s["parity_line"] or s["parity_note"] or "not run"),
         *_more_summary(s),
     ]
     return kv(items)
@@ -109,20 +113,6 @@ def _more_summary(s: AuditSummary) -> list[tuple[str, str]]:
 
 def _rho(d: Mapping[str, Any]) -> dict[str, Any]:
     return {"mean": d["rho"], "lo": d["lo"], "hi": d["hi"]}
-
-
-def _scores(a: Audit, _s: AuditSummary) -> Html:  # RENDER's signature (called positionally)
-    from ._numbers import margins
-
-    chosen, rejected, margin = margins(a)
-    cl, cn = (a.lens.crystallization(k, a.fraction) for k in ("linear", "normed"))
-    rows = [(i, pid, num(c), num(r), num(m), "chosen" if m > 0 else "rejected" if m < 0 else "tie", num(x), num(y))
-            for i, (pid, c, r, m, x, y) in enumerate(zip(a.pair_ids, chosen, rejected, margin, cl, cn))]
-    intro = how("Each pair's rewards from the model's fp32 head, in reward units. A row is marked when the model "
-                "prefers the rejected response. Crystallization depth is l/L (— where the final margin is too small "
-                "to have a side).")
-    return Html(intro + table(["#", "pair", "chosen", "rejected", "margin", "prefers", "crystallization linear",
-                               "crystallization normed"], rows, ["bad" if m <= 0 else "" for m in margin]))
 
 
 def _lens(a: Audit, s: AuditSummary) -> Html:
@@ -158,8 +148,10 @@ def _attribution(a: Audit, s: AuditSummary) -> Html:
                  f"({a.faithfulness.mode}, reward units). Rows: layers (top row: embeddings); columns: heads, "
                  "then the MLP (right-hand column, which holds the embeddings in the top row); grey: no such "
                  "part.", "part heatmaps")
+    shown = [sub.names.index(n) for n, _ in sub.top(TOP_ROWS)]  # the result's own ranking: mean |contribution|
     return Html(text + Html("<h3>Sublayers</h3>")
-                + table(["part", "mean margin contribution", "mean |contribution|"], rows)
+                + table(["part", "mean margin contribution", "mean |contribution|"], rows, top=shown)
+                + more.subset_parts(s)
                 + Html("<h3>Top heads and MLPs by mean margin contribution</h3>")
                 + table(["part", "mean margin contribution"], [(n, num(v)) for n, v in top]) + fig)
 
@@ -248,8 +240,9 @@ def _features(a: Audit, s: AuditSummary) -> Html:
 
 
 RENDER: dict[str, Callable[[Audit, AuditSummary], Html]] = {
-    "summary": _summary, "scores": _scores, "lens": _lens, "attribution": _attribution, "patching": _patching,
+    "summary": _summary, "lens": _lens, "attribution": _attribution, "patching": _patching,
     "probes": _probes, "concepts": _concepts, "features": _features, "subsets": more.subsets,
+    "scores": scores,
     "crystallization": more.crystallization, "estimands": more.estimands, "divergence": more.divergence,
     "tokens": more.tokens, "distortion": more.distortion, "cascades": more.cascades, "conflicts": more.conflicts,
     "steps": steps_section,
@@ -313,14 +306,16 @@ def render(audit: Audit, numbers: AuditSummary, tables: Iterable[str]) -> str:
         body = notrun(NOT_RUN[name]) if instrument is None else RENDER[name](audit, numbers)
         parts.append(f'<section id="{name}"><h2>{e(TITLES[name])}</h2>{body}</section>')
     nav = "".join(f'<a href="#{name}">{e(TITLES[name])}</a>' for name in SECTIONS)
+    if numbers["subsets"] is not None:
+        nav = subset_picker(numbers["subsets"]["names"]) + nav
     files = ", ".join(f"<code>{e(t)}</code>" for t in ["numbers.json", *tables])
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
-        f"<title>rewardlens audit: {e(audit.model)}</title><style>{CSS}</style></head>\n"
+        f"<title>rewardlens audit: {e(audit.model)}</title><style>{CSS}{_html.CSS}</style></head>\n"
         f'<body data-images-total="0" data-images-decoded="0"><header><h1>Reward-model audit</h1>'
         f"<p>{e(audit.model)} · {e(numbers['n_pairs'])} pairs · rewardlens {e(numbers['rewardlens_version'])}</p>"
         f"</header><nav>{nav}</nav><main>\n" + "\n".join(parts)
         + f"\n<footer><p>Every number on this page is in {files} beside this file.</p></footer></main>"
-        f"<script>{SCRIPT}</script></body></html>\n"
+        f"<script>{SCRIPT}{_html.SCRIPT}</script></body></html>\n"
     )

@@ -11,13 +11,27 @@ from typing import Any, TypedDict
 
 
 class PairScore(TypedDict):
-    """One pair's rewards: `margin` = chosen − rejected, in reward units."""
+    """One pair's rewards: `margin` = chosen − rejected, in reward units. Its naming keys (`id`, `subset`,
+    `group`) come from `rewardlens.data.record_fields`, and so do its record's other fields, under the user's
+    names beyond these keys, so it joins back to the data by id."""
 
     id: str
     subset: str | None
+    group: str | None
     chosen: float
     rejected: float
     margin: float
+
+
+class ParityRow(TypedDict):
+    """One parity check on the audit's pairs (`rewardlens.model.parity`): the largest |difference| between
+    rewardlens' score and the model's own forward, the dtype's (scaled) tolerance, and the sequences compared."""
+
+    name: str
+    difference: float
+    tolerance: float
+    passed: bool
+    n: int
 
 
 class Scores(TypedDict):
@@ -110,6 +124,9 @@ class AuditSummary(TypedDict):
     conflicts: dict[str, Any] | None
     tokens: dict[str, Any] | None
     steps: dict[str, Any] | None
+    parity: list[ParityRow] | None
+    parity_note: str | None
+    parity_line: str | None
 
 
 class AuditResult(AuditSummary):

@@ -10,7 +10,8 @@ from typing import Any
 
 from .._runner import Audit
 from . import _figures as figures
-from ._html import Html, e, figure, how, interval, kv, notrun, num, rho, table
+from ._groups import labels
+from ._html import TOP_ROWS, Html, e, figure, how, interval, kv, notrun, num, rho, table
 from ._numbers import margins
 from ._schema import AuditSummary
 from ._tokens import token_section
@@ -37,21 +38,45 @@ def subsets(_a: Audit, s: AuditSummary) -> Html:  # RENDER's signature (called p
                       "field), so there are no per-subset tables.")
     text = how("Does the model behave differently on different kinds of prompt? One row per subset of the pairs: "
                "accuracy with its 95% Wilson interval, the median crystallization depth with its interquartile "
-               "range, and the seed paper's statistic with a 95% bootstrap interval over the subset's pairs; below, "
-               "the mean total effect of the top parts in each subset. Intervals that do not overlap mark a real "
-               "difference; overlapping ones on a few dozen pairs are not evidence that there is none.")
+               "range, and the seed paper's statistic with a 95% bootstrap interval over the subset's pairs (the "
+               "mean total effect of the top parts in each subset is under Attribution). Intervals that do not "
+               "overlap mark a real difference; overlapping ones on a few dozen pairs are not evidence that there is "
+               "none. Pick a subset at the top of the page to narrow every per-pair table to it.")
     rows = []
     for name in g["names"]:
         acc, c, seed = g["accuracy"][name], g["crystallization"][name], g["seed_statistic"][name]
         rows.append((name, _counted(acc), f"{num(acc['accuracy'], 2)} {interval(acc['lo'], acc['hi'])}",
                      _depth(c["linear"]), _depth(c["normed"]), rho(seed["rho"], seed["lo"], seed["hi"])))
-    parts = g["top_parts"]
-    effect_rows = [(p, *(num(g["top_parts"]["mean_total_effect"][name][k]) for name in g["names"]))
-                   for k, p in enumerate(parts["parts"])]
     return Html(text + _notes(s) + table(["subset", "pairs", "accuracy [95% CI]", "depth linear, median [IQR]",
-                              "depth normed, median [IQR]", "seed statistic ρ [95% CI]"], rows)
-                + Html("<h3>Mean total effect of the top parts per subset (reward units)</h3>")
-                + table(["part", *g["names"]], effect_rows))
+                              "depth normed, median [IQR]", "seed statistic ρ [95% CI]"], rows, **_by(g["names"])))
+
+
+def _by(names: list[str]) -> dict[str, Any]:
+    """A per-subset table's rows: narrowed by the subset selector; collapsed to the first `TOP_ROWS` in the
+    groups' own order (by name; `_groups.groups`) — subsets have no ranking of their own."""
+    return {"subsets": names, "top": range(min(TOP_ROWS, len(names)))}
+
+
+def subset_parts(s: AuditSummary) -> Html:
+    """The top parts' mean total effect per subset (`_groups.subsets`), one row per subset ('' without subsets)."""
+    g = s["subsets"]
+    if g is None:
+        return Html("")
+    parts = g["top_parts"]
+    rows = [(name, *(num(v) for v in parts["mean_total_effect"][name])) for name in g["names"]]
+    return Html("<h3>Mean total effect of the top parts per subset (reward units)</h3>"
+                + table(["subset", *parts["parts"]], rows, **_by(g["names"])))
+
+
+def _depth_by_subset(s: AuditSummary) -> Html:
+    """Median depth [IQR] per subset and lens (`_groups.subsets`), one row per subset ('' without subsets)."""
+    g = s["subsets"]
+    if g is None:
+        return Html("")
+    rows = [(name, g["crystallization"][name]["linear"]["defined"], _depth(g["crystallization"][name]["linear"]),
+             _depth(g["crystallization"][name]["normed"])) for name in g["names"]]
+    return Html("<h3>By subset</h3>" + table(["subset", "pairs with a depth (linear)", "linear, median [IQR]",
+                                              "normed, median [IQR]"], rows, **_by(g["names"])))
 
 
 def crystallization(a: Audit, s: AuditSummary) -> Html:
@@ -70,7 +95,8 @@ def crystallization(a: Audit, s: AuditSummary) -> Html:
                  f"Pairs per crystallization depth l/L{by}, linear (left) and normed (right) lens; dashed: median; "
                  "shaded: interquartile range.", "crystallization depth histogram")
     # Named here too: this section is always on the page, and a pair left out has no depth either.
-    return Html(text + _notes(s) + table(["lens", "pairs with a depth", "median", "interquartile range"], rows) + fig)
+    return Html(text + _notes(s) + table(["lens", "pairs with a depth", "median", "interquartile range"], rows)
+                + _depth_by_subset(s) + fig)
 
 
 def estimands(a: Audit, s: AuditSummary) -> Html:
@@ -126,7 +152,9 @@ def tokens(a: Audit, _s: AuditSummary) -> Html:  # RENDER's signature (called po
     more = (f"<p>The audit attributes the tokens of the {len(shown)} pairs with the largest |margin| of "
             f"{len(a.pair_ids)}; <code>rewardlens tokens</code> attributes any others.</p>"
             if len(shown) < len(a.pair_ids) else "")
-    return Html(text + more + token_section(a.tokens, [str(a.pair_ids[i]) for i in shown], m[shown]))
+    names = labels(a)
+    return Html(text + more + token_section(a.tokens, [str(a.pair_ids[i]) for i in shown], m[shown],
+                                            subsets=None if names is None else [names[i] for i in shown]))
 
 
 def distortion(_a: Audit, s: AuditSummary) -> Html:  # RENDER's signature (called positionally)

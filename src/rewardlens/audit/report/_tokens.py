@@ -57,11 +57,12 @@ def legend(vmax: float) -> Html:
 
 
 def token_section(tokens: TokenAttribution, pair_ids: Sequence[str], margins: np.ndarray,
-                  cap: int = TOKEN_PAIRS) -> Html:
+                  cap: int = TOKEN_PAIRS, subsets: Sequence[str] | None = None) -> Html:
     """Chosen and rejected side by side for the pairs with the largest |margin| (all when at most `cap`).
 
     `tokens` holds both sides of every pair (rows interleaved); `pair_ids` and `margins` [n] name and
-    order the pairs. Each side's header states the exact split: reward = Σ tokens + at read + constant."""
+    order the pairs; `subsets` [n], when given, marks each pair's block (`data-subset`) for the page's
+    subset selector. Each side's header states the exact split: reward = Σ tokens + at read + constant."""
     n = len(pair_ids)
     if not tokens.is_pairs or len(tokens.rows) != 2 * n:
         raise RewardLensError(f"the token attribution holds {len(tokens.rows)} rows but the audit names {n} pairs; "
@@ -80,7 +81,8 @@ def token_section(tokens: TokenAttribution, pair_ids: Sequence[str], margins: np
             head = (f"<h4>{e(s)}: reward {e(num(tokens.reward[r]))} = Σ tokens {e(num(values[r].sum()))} + at read "
                     f"{e(num(tokens.at_read[r]))} + constant {e(num(tokens.constant[r]))}</h4>")
             cols.append(f"<div>{head}{_side(list(tokens.tokens[r]), values[r], int(tokens.read_index[r]), vmax)}</div>")
-        blocks.append(f'<div class="tokpair" data-pair="{e(pair_ids[i])}"><h3>pair {e(pair_ids[i])} · margin '
+        tag = "" if subsets is None else f' data-subset="{e(subsets[i])}"'
+        blocks.append(f'<div class="tokpair" data-pair="{e(pair_ids[i])}"{tag}><h3>pair {e(pair_ids[i])} · margin '
                       f'{e(num(margins[i]))}</h3><div class="sides">{"".join(cols)}</div></div>')
     more = (f"<p>Showing the {len(shown)} pairs with the largest |margin| of {n}; their tokens are in "
             "<code>tokens.parquet</code>.</p>" if len(shown) < n else "")
