@@ -24,9 +24,11 @@ if TYPE_CHECKING:
     from .causal import Faithfulness as Faithfulness
     from .causal import Patching as Patching
     from .causal import PatchSpec as PatchSpec
+    from .causal import PathPatching as PathPatching
     from .causal import attribution_patch as attribution_patch
     from .causal import faithfulness as faithfulness
     from .causal import patch as patch
+    from .causal import path_patch as path_patch
     from .compare import Comparison as Comparison
     from .compare import compare as compare
     from .data import Pair as Pair
@@ -65,20 +67,29 @@ if TYPE_CHECKING:
     from .monitor import Monitor as Monitor
     from .monitor import Trajectory as Trajectory
     from .monitor import monitored_reward as monitored_reward
+    from .sae import FeaturePatch as FeaturePatch
+    from .sae import FeatureReport as FeatureReport
+    from .sae import FeatureSteer as FeatureSteer
     from .sae import SAEConfig as SAEConfig
     from .sae import TopKSAE as TopKSAE
     from .sae import attribute_features as attribute_features
+    from .sae import feature_patch as feature_patch
+    from .sae import feature_report as feature_report
+    from .sae import feature_steer as feature_steer
     from .sae import load_sae as load_sae
     from .sae import train_sae as train_sae
 
 __all__ = [
     "ArchitectureMap", "Attribution", "Audit", "Bench", "Cascades", "Comparison", "Concepts", "Conflicts",
-    "Distortion", "Edit", "Faithfulness", "Lens", "Monitor", "Pair", "PatchSpec", "Patching", "Probes", "Reads",
+    "Distortion", "Edit", "Faithfulness", "FeaturePatch", "FeatureReport", "FeatureSteer",
+    "Lens", "Monitor", "Pair", "PatchSpec", "PathPatching", "Patching", "Probes", "Reads",
     "RewardLensError",
     "RewardModel", "SAEConfig", "Scorecard", "Store", "TokenAttribution", "TopKSAE", "Trajectory", "attribute",
     "attribute_features", "attribution_patch", "audit", "bench", "calibrate", "cascade", "compare", "concepts",
-    "conflict", "distortion", "edit", "faithfulness", "lens", "load", "load_dpo", "load_judge", "load_pairs",
-    "load_prm", "load_sae", "monitored_reward", "patch", "probe", "register_architecture", "tokens", "train_sae",
+    "conflict", "distortion", "edit", "faithfulness", "feature_patch", "feature_report", "feature_steer",
+    "lens", "load", "load_dpo", "load_judge", "load_pairs",
+    "load_prm", "load_sae", "monitored_reward", "patch", "path_patch", "probe", "register_architecture", "tokens",
+    "train_sae",
     "wrap", "wrap_dpo", "wrap_judge", "wrap_prm",
 ]
 
@@ -87,7 +98,8 @@ _FACE: dict[str, str] = {
     **dict.fromkeys(("Audit", "Store", "audit"), "audit"),
     **dict.fromkeys(("Bench", "bench"), "bench"),
     **dict.fromkeys(("Scorecard", "calibrate"), "calibrate"),
-    **dict.fromkeys(("Faithfulness", "PatchSpec", "Patching", "attribution_patch", "faithfulness", "patch"), "causal"),
+    **dict.fromkeys(("Faithfulness", "PatchSpec", "PathPatching", "Patching", "attribution_patch", "faithfulness",
+                     "patch", "path_patch"), "causal"),
     **dict.fromkeys(("Comparison", "compare"), "compare"),
     **dict.fromkeys(("Pair", "load_pairs"), "data"),
     **dict.fromkeys(("RewardLensError",), "errors"),
@@ -97,7 +109,9 @@ _FACE: dict[str, str] = {
     **dict.fromkeys(("ArchitectureMap", "Reads", "RewardModel", "load", "load_dpo", "load_judge", "load_prm",
                      "register_architecture", "wrap", "wrap_dpo", "wrap_judge", "wrap_prm"), "model"),
     **dict.fromkeys(("Monitor", "Trajectory", "monitored_reward"), "monitor"),
-    **dict.fromkeys(("SAEConfig", "TopKSAE", "attribute_features", "load_sae", "train_sae"), "sae"),
+    **dict.fromkeys(("FeatureReport", "feature_report"), "sae"),
+    **dict.fromkeys(("FeaturePatch", "FeatureSteer", "SAEConfig", "TopKSAE", "attribute_features", "feature_patch",
+                     "feature_steer", "load_sae", "train_sae"), "sae"),
 }
 
 

@@ -13,6 +13,11 @@ class ArchitectureError(RewardLensError):
     """The model's structure does not match any map, or a map does not fit the loaded model."""
 
 
+class SAEMismatchError(ArchitectureError):
+    """An SAE does not belong to the model or hook point it is applied to: another width, a layer the
+    model lacks, another hook kind, or another base model (the message names both and the override)."""
+
+
 class HeadError(RewardLensError):
     """The reward head is not one rewardlens can read exactly (not linear, wrong shape, no readout)."""
 
@@ -35,6 +40,11 @@ class TokenizationError(RewardLensError):
 
 class DataError(RewardLensError):
     """A preference-pair file or record is malformed; the message names file, row and field."""
+
+
+class CircuitError(RewardLensError, ValueError):
+    """A path or circuit that cannot exist: no senders or receivers, a receiver that reads the stream
+    before its sender writes to it, an empty circuit. Also a `ValueError` (a bad argument)."""
 
 
 class ClosureError(RewardLensError):

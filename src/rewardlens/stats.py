@@ -142,6 +142,24 @@ def rank_agreement(exact: np.ndarray, approx: np.ndarray, k: int = 10) -> dict[s
     }
 
 
+def fit_slope(alphas: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Least-squares slopes of `y` [n_alphas, ...] against `alphas` (intercept free)."""
+    da = alphas - alphas.mean()
+    return np.tensordot(da, y - y.mean(0), axes=(0, 0)) / (da @ da)
+
+
+def linearity(alphas: np.ndarray, curve: np.ndarray) -> tuple[float, float]:
+    """(R² of the linear fit of the mean curve, slope on α ≥ 0 / slope on α ≤ 0)."""
+    fitted = curve.mean() + fit_slope(alphas, curve) * (alphas - alphas.mean())
+    total = ((curve - curve.mean()) ** 2).sum()
+    r2 = float(1 - ((curve - fitted) ** 2).sum() / total) if total > 0 else float("nan")
+    pos, neg = alphas >= 0, alphas <= 0
+    if pos.sum() < 2 or neg.sum() < 2:
+        return r2, float("nan")
+    low = fit_slope(alphas[neg], curve[neg])
+    return r2, float(fit_slope(alphas[pos], curve[pos]) / low) if low != 0 else float("nan")
+
+
 def auroc(score: np.ndarray, label: np.ndarray) -> float:
     """P(score of a positive > score of a negative), ties counted half; NaN without both classes."""
     score, label = np.asarray(score, dtype=np.float64), np.asarray(label, dtype=bool)

@@ -10,6 +10,7 @@ from ._common import (
     add_model_options,
     add_pairs_options,
     check_folder,
+    check_out_file,
     check_out_folder,
     load_model,
     positive,
@@ -56,11 +57,67 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     a.add_argument("--layer", type=int, default=None, help="default: read from the SAE folder's name")
     a.add_argument("--top", type=positive(int), default=10, help="how many features to list")
     a.add_argument("--contexts", type=int, default=3, help="top-activating token windows per feature (0: none)")
+    a.add_argument("--sae-any-model", action="store_true",
+                   help="accept an SAE whose recorded base model is not this model (a renamed copy, a fine-tune)")
+    _add_report(sub)
+
+
+def _add_report(sub: Any) -> None:
+    r = sub.add_parser("report", help="write one self-contained HTML page browsing the top features' cards")
+    _common(r)
+    r.add_argument("--sae", required=True, help="SAE folder (cfg.json + sae.safetensors) or a parent of several")
+    r.add_argument("--layer", type=int, default=None, help="default: read from the SAE folder's name")
+    r.add_argument("--out", required=True, help="the HTML file to write")
+    r.add_argument("--top", type=positive(int), default=20, help="how many features get a card")
+    r.add_argument("--contexts", type=positive(int), default=5, help="top-activating token windows per feature")
+    r.add_argument("--sae-any-model", action="store_true",
+                   help="accept an SAE whose recorded base model is not this model's name (a renamed copy, fine-tune)")
+
+
+def _report(args: argparse.Namespace) -> dict[str, Any]:
+    from ..sae import attribute_features, feature_report, load_sae_for, write_feature_page
+
+    pairs = read_pairs(args)
+    model = load_model(args)
+    sae, layer = load_sae_for(model, args.sae, args.layer, trust_base_model=args.sae_any_model)
+    att = attribute_features(model, sae, pairs, layer=layer, batch_size=args.batch_size)
+    report = feature_report(model, sae, att, pairs, top=args.top, n_contexts=args.contexts,
+                            batch_size=args.batch_size)
+    page = write_feature_page(report, args.out, title=f"SAE features at layer {layer}: {sae.folder}")
+    return {"command": "report", "page": str(page), "sae": str(sae.folder), "layer": layer, "pairs": len(pairs),
+            "features": [c.summary() for c in report.cards], "fidelity": _fit(att.fidelity)}
+
+
+def _show_report(result: dict[str, Any]) -> None:
+    rows = [(f["feature"], f["margin"], f["difference"], f["top_context"]) for f in result["features"]]
+    print(f"SAE {result['sae']} at the residual after layer {result['layer']}, {result['pairs']} pairs")
+    print(table(["feature", "mean margin", "chosen − rejected activation", "strongest context"], rows))
+    if result["fidelity"]:
+        print(result["fidelity"]["summary"])
+    print(f"\nwrote {len(rows)} feature cards to {result['page']}")
+
+
+def _fit(fit: Any) -> dict[str, Any] | None:
+    """A `Fidelity` as JSON: its numbers and its one-line summary (None when not measured)."""
+    if fit is None:
+        return None
+    return {"point": fit.point, "positions": fit.positions, "explained_variance": fit.explained_variance,
+            "reward_recovered": fit.reward_recovered, "l0": fit.l0, "activations": fit.n_activations,
+            "poor": fit.poor, "summary": fit.summary()}
 
 
 def _train(args: argparse.Namespace) -> dict[str, Any]:
     from ..model import TraceKey
-    from ..sae import ActivationSource, SAEConfig, TrainConfig, cache_activations, evaluate, hookpoint, train_sae
+    from ..sae import (
+        ActivationSource,
+        SAEConfig,
+        TrainConfig,
+        cache_activations,
+        evaluate,
+        fidelity,
+        hookpoint,
+        train_sae,
+    )
 
     pairs = read_pairs(args)
     model = load_model(args)
@@ -76,6 +133,8 @@ def _train(args: argparse.Namespace) -> dict[str, Any]:
     result = train_sae(data, cfg, progress=not args.quiet)
     folder = result.sae.save(f"{args.out}/{hookpoint(model, point)}")
     stats = evaluate(result.sae, data, max_norm=result.max_norm)
+    fit = fidelity(model, result.sae, pairs, point, positions=args.positions, skip_first=args.skip_first,
+                   batch_size=args.batch_size)
     return {
         "command": "train", "folder": str(folder), "point": point.name, "positions": args.positions,
         "d_in": result.sae.d_in, "latents": result.sae.n_latents, "k": result.sae.k,
@@ -83,6 +142,7 @@ def _train(args: argparse.Namespace) -> dict[str, Any]:
         "activations_per_second": result.activations_per_second,
         "fvu": stats.fvu, "explained_variance": stats.explained_variance, "l0": stats.l0,
         "dead_fraction": stats.dead_fraction, "max_norm": result.max_norm, "dropped": stats.n_dropped,
+        "fidelity": _fit(fit),
     }
 
 
@@ -94,7 +154,7 @@ def _attribute(args: argparse.Namespace) -> dict[str, Any]:
 
     pairs = read_pairs(args)
     model = load_model(args)
-    sae, layer = load_sae_for(model, args.sae, args.layer)
+    sae, layer = load_sae_for(model, args.sae, args.layer, trust_base_model=args.sae_any_model)
     att = attribute_features(model, sae, pairs, layer=layer, batch_size=args.batch_size)
     freq: dict[int, float] = {}
     contexts: dict[int, list[dict[str, Any]]] = {}
@@ -116,7 +176,7 @@ def _attribute(args: argparse.Namespace) -> dict[str, Any]:
         "corpus": None if report is None else {
             "explained_variance": report.explained_variance, "l0": report.l0, "dead_fraction": report.dead_fraction,
             "activations": report.n_activations},
-        "mean_margin": mean_margin,
+        "mean_margin": mean_margin, "fidelity": _fit(att.fidelity),
         "top_features": [
             {"feature": f, "mean_margin": s, "alignment": float(att.alignment[col[f]]),
              "pairs_positive": float(np.mean(att.margin[:, col[f]] > 0)), "frequency": freq.get(f),
@@ -127,10 +187,15 @@ def _attribute(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _run(args: argparse.Namespace) -> dict[str, Any]:
+    if args.sae_command == "report":
+        return _report(args)
     return _train(args) if args.sae_command == "train" else _attribute(args)
 
 
 def _show(result: dict[str, Any]) -> None:
+    if result["command"] == "report":
+        _show_report(result)
+        return
     if result["command"] == "train":
         print(f"trained a TopK SAE on {result['point']} ({result['positions']} positions): "
               f"{result['latents']} latents, k={result['k']}, {result['activations']} activations, "
@@ -142,6 +207,7 @@ def _show(result: dict[str, Any]) -> None:
         if result["dropped"]:
             print(f"\n{result['dropped']} activations with a norm over {result['max_norm']:.1f} were left out "
                   "(massive activations; --max-norm-ratio 0 keeps them)")
+        print(f"\n{result['fidelity']['summary']}")
         print(f"\nsaved to {result['folder']}")
         return
     print(f"SAE {result['sae']} at the residual after layer {result['layer']}, {result['pairs']} pairs")
@@ -158,11 +224,15 @@ def _show(result: dict[str, Any]) -> None:
               f"dead fraction {c['dead_fraction']:.3f}")
     print(f"at the read position: FVU {result['fvu_at_read_position']:.3f}, Σ‖ε‖² / Σ‖x‖² "
           f"{result['relative_error_at_read_position']:.3f}")
+    if result["fidelity"]:
+        print(result["fidelity"]["summary"])
     print(f"largest |reward − Σ parts|: {result['max_abs_residual_error']:.2e} "
           f"(largest |reward| {result['max_abs_reward']:.3f})")
 
 
 def _check(args: argparse.Namespace) -> None:
+    if args.sae_command == "report":
+        check_out_file(args.out, "--out page")
     if args.sae_command == "train":
         check_out_folder(args.out, "--out folder")
         if args.cache:
@@ -171,5 +241,5 @@ def _check(args: argparse.Namespace) -> None:
         check_folder(args.sae, "SAE folder")
 
 
-COMMANDS = [Command("sae", "TopK sparse autoencoders: `sae train`, `sae attribute`", _add_arguments, _run, _show,
-                    check=_check)]
+COMMANDS = [Command("sae", "TopK sparse autoencoders: `sae train`, `sae attribute`, `sae report`", _add_arguments,
+                    _run, _show, check=_check)]

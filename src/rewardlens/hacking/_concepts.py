@@ -38,9 +38,9 @@ from ..data import progress_bar
 from ..errors import DataError, warn
 from ..model import ReadCache, RewardModel
 from ..model.internal import Tokenized, flatten_inputs, one_read_only
-from ..stats import auroc, bootstrap_ci
+from ..stats import auroc, bootstrap_ci, fit_slope, linearity
 from ..types import Positions, Text
-from ._dose import dose_read, dose_response, fit_slope, linearity, needs_no_forward
+from ._dose import dose_read, dose_response, needs_no_forward
 from ._fit import builtin_sets
 
 if TYPE_CHECKING:

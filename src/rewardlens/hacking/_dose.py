@@ -104,21 +104,3 @@ def dose_read(model: RewardModel, final: Tensor, coefficients: Tensor, shift: Te
         values = model.head_values(model.final_hidden(x), None)
         _record(out, base, index, (values * coefficients[index].repeat_interleave(a, 0)).sum(-1), a, zero)
     return base, out
-
-
-def fit_slope(alphas: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Least-squares slopes of `y` [n_alphas, ...] against `alphas` (intercept free)."""
-    da = alphas - alphas.mean()
-    return np.tensordot(da, y - y.mean(0), axes=(0, 0)) / (da @ da)
-
-
-def linearity(alphas: np.ndarray, curve: np.ndarray) -> tuple[float, float]:
-    """(R² of the linear fit of the mean curve, slope on α ≥ 0 / slope on α ≤ 0)."""
-    fitted = curve.mean() + fit_slope(alphas, curve) * (alphas - alphas.mean())
-    total = ((curve - curve.mean()) ** 2).sum()
-    r2 = float(1 - ((curve - fitted) ** 2).sum() / total) if total > 0 else float("nan")
-    pos, neg = alphas >= 0, alphas <= 0
-    if pos.sum() < 2 or neg.sum() < 2:
-        return r2, float("nan")
-    low = fit_slope(alphas[neg], curve[neg])
-    return r2, float(fit_slope(alphas[pos], curve[pos]) / low) if low != 0 else float("nan")

@@ -1,4 +1,5 @@
-"""TopK sparse autoencoders on the residual stream: the autoencoder, activations, training, feature attribution.
+"""TopK sparse autoencoders on the residual stream: the autoencoder, activations, training, feature attribution,
+feature interventions and steering.
 """
 
 from ._activations import Activations as Activations
@@ -12,8 +13,23 @@ from ._autoencoder import SAEConfig as SAEConfig
 from ._autoencoder import SAEOutput as SAEOutput
 from ._autoencoder import TopKSAE as TopKSAE
 from ._autoencoder import load_sae as load_sae
+from ._cards import Context as Context
+from ._cards import FeatureCard as FeatureCard
+from ._cards import FeatureCards as FeatureCards
+from ._cards import text_axes as text_axes
+from ._fidelity import MIN_EXPLAINED_VARIANCE as MIN_EXPLAINED_VARIANCE
+from ._fidelity import MIN_REWARD_RECOVERED as MIN_REWARD_RECOVERED
+from ._fidelity import Fidelity as Fidelity
+from ._fidelity import fidelity as fidelity
+from ._page import feature_page as feature_page
+from ._page import write_feature_page as write_feature_page
+from ._patch import FeaturePatch as FeaturePatch
+from ._patch import feature_patch as feature_patch
+from ._provenance import Provenance as Provenance
 from ._report import FeatureReport as FeatureReport
 from ._report import feature_report as feature_report
+from ._steer import FeatureSteer as FeatureSteer
+from ._steer import feature_steer as feature_steer
 from ._train import Source as Source
 from ._train import TrainConfig as TrainConfig
 from ._train import TrainResult as TrainResult
@@ -23,8 +39,17 @@ from ._train import train_sae as train_sae
 __all__ = [
     "ActivationSource",
     "Activations",
+    "Context",
+    "FeatureCard",
+    "FeatureCards",
     "FeatureAttribution",
+    "FeaturePatch",
     "FeatureReport",
+    "Fidelity",
+    "MIN_EXPLAINED_VARIANCE",
+    "MIN_REWARD_RECOVERED",
+    "Provenance",
+    "FeatureSteer",
     "SAEConfig",
     "SAEOutput",
     "Source",
@@ -34,9 +59,15 @@ __all__ = [
     "attribute_features",
     "cache_activations",
     "evaluate",
+    "feature_page",
+    "feature_patch",
     "feature_report",
+    "fidelity",
+    "feature_steer",
     "hookpoint",
     "load_sae",
     "load_sae_for",
+    "text_axes",
     "train_sae",
+    "write_feature_page",
 ]

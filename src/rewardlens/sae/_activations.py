@@ -21,11 +21,12 @@ import torch
 from torch import Tensor
 
 from ..data import Inputs, progress_bar
-from ..errors import ArchitectureError, DataError, warn
+from ..errors import ArchitectureError, DataError, SAEMismatchError
 from ..model import RewardModel, TraceKey, TraceKind
 from ..model.internal import Batch, Point, points, projection_inputs, rewriting
 from ..types import SaePositions
 from ._autoencoder import CONFIG, TopKSAE, sae_folders
+from ._provenance import check_sae, model_fingerprint, model_identity, model_name
 
 POSITIONS = ("read", "all")
 CACHE_FORMAT = "rewardlens-activations-v1"
@@ -95,10 +96,16 @@ def point_of_folder(model: RewardModel, name: str) -> TraceKey | None:
     return _hook_key(name)
 
 
-def _point(model: RewardModel, key: TraceKey, batch: Batch) -> Point:
+def point_at(model: RewardModel, key: TraceKey, batch: Batch) -> Point:
+    """Where hook point `key` lies in the model for `batch` (its module, input or output, read position)."""
     heads = [key.layer] if key.kind == "attn_z" and key.layer is not None else []
     neurons = [key.layer] if key.kind == "mlp_act" and key.layer is not None else []
     return points(model, batch, heads=heads, neurons=neurons, gate=False)[key]
+
+
+def token_mask(batch: Batch, skip_first: int) -> Tensor:
+    """The positions positions='all' reads [b, T] (bool): every non-pad token but each sequence's first `skip_first`."""
+    return batch.attention_mask.bool() & (batch.position_ids >= skip_first)
 
 
 @contextlib.contextmanager
@@ -148,19 +155,22 @@ class ActivationSource:
         """Identifies what this source yields: model (name, shape and a checksum of its head, which
         tells fine-tunes saved under one path apart), point, positions and every token id."""
         h = hashlib.sha256()
-        config: Any = self.model.model.config  # a transformers PretrainedConfig
-        head = float(self.model.head.weight.double().sum())
-        h.update(json.dumps([getattr(config, "_name_or_path", ""), config.model_type, self.model.n_layers, head,
-                             self.point.name, self.positions, self.skip_first]).encode())
+        h.update(json.dumps([*model_identity(self.model), self.point.name, self.positions,
+                             self.skip_first]).encode())
         for s in self.seqs:
             h.update(json.dumps(s.ids).encode())
         return h.hexdigest()[:16]
+
+    def origin(self) -> dict[str, Any]:
+        """What an SAE trained on this source records (`Provenance`): point, positions, model name and fingerprint."""
+        return {"point": self.point.name, "positions": self.positions, "model_name": model_name(self.model),
+                "model_fingerprint": model_fingerprint(self.model)}
 
     def __iter__(self) -> Iterator[Activations]:
         model = self.model
         with progress_bar(len(self.seqs), f"sae: activations at {self.point}", self.progress, unit="seq") as bar:
             for rows, batch in model.batches(self.seqs, self.batch_size, is_pairs=self.is_pairs):
-                pt = _point(model, self.point, batch)
+                pt = point_at(model, self.point, batch)
                 rows_t = torch.as_tensor(rows, dtype=torch.long)
                 bar.update(len(rows))
                 if self.positions == "read":
@@ -168,7 +178,7 @@ class ActivationSource:
                     pos = batch.position_ids.gather(1, batch.read_index[:, None])[:, 0].cpu()
                     yield Activations(x, rows_t, pos)
                     continue
-                mask = batch.attention_mask.bool() & (batch.position_ids >= self.skip_first)
+                mask = token_mask(batch, self.skip_first)
                 got: list[Tensor] = []
                 with _capture_tokens(pt, mask, got):
                     model.run(batch, {})
@@ -199,6 +209,12 @@ class ShardedActivations:
         if missing:
             raise DataError(f"activation cache {self.folder} lacks shards {missing[:3]}; "
                             "delete the folder to rebuild it")
+
+    def origin(self) -> dict[str, Any]:
+        """`ActivationSource.origin` of the source cached (the model's name and fingerprint: caches written since
+        they were recorded)."""
+        return {"point": self.point.name, "positions": self.positions, "model_name": self.meta.get("model_name"),
+                "model_fingerprint": self.meta.get("model_fingerprint")}
 
     def __iter__(self) -> Iterator[Activations]:
         from safetensors.torch import load_file
@@ -251,7 +267,8 @@ def cache_activations(source: ActivationSource, folder: str | Path, *, rows_per_
     flush()
     meta = {"format": CACHE_FORMAT, "point": source.point.name, "positions": source.positions, "d_in": source.d_in,
             "n_rows": sum(s["rows"] for s in shards), "dtype": str(dtype).removeprefix("torch."),
-            "fingerprint": fingerprint, "shards": shards}
+            "fingerprint": fingerprint, "shards": shards, "model_name": model_name(source.model),
+            "model_fingerprint": model_fingerprint(source.model)}
     (folder / "index.json").write_text(json.dumps(meta, indent=1))
     return ShardedActivations(folder)
 
@@ -280,40 +297,45 @@ def shuffled(chunks: Iterable[Activations], batch_size: int, buffer_rows: int, g
         yield from x[torch.randperm(len(x), generator=gen).to(x.device)].split(batch_size)
 
 
-def load_sae_for(model: RewardModel, path: str | Path, layer: int | None = None) -> tuple[TopKSAE, int]:
-    """Load the SAE of `model`'s residual after `layer` from a folder or a parent of hook-point folders.
+def load_sae_for(model: RewardModel, path: str | Path, layer: int | None = None, *,
+                 trust_base_model: bool = False) -> tuple[TopKSAE, int]:
+    """Load the SAE of `model`'s residual after `layer` from a folder or a parent of hook-point folders,
+    checked against the model (`check_sae`: width, hook point, dtype, base model).
 
     With `layer`, the folder is `path` itself or `path/<hook point>` (sparsify's `layers.3` or
-    `resid_3`); without, the layer is read from the folder's name. The width must match the model's.
+    `resid_3`); without, the layer is the one the folder claims (SAELens' `hook_name`, rewardlens'
+    `hook_point`, else the folder's name). `trust_base_model`: accept an SAE whose recorded base model
+    is not this model's name (a renamed local copy, or a fine-tune of the SAE's model).
     """
     path = Path(path)
     if layer is not None:
         key = check_point(model, TraceKey.resid(layer))
         names = [hookpoint(model, key), key.name]
-        if (path / CONFIG).is_file():
-            sae = TopKSAE.load(path)
-            named = point_of_folder(model, path.name)
-            if named is not None and named.kind == "resid" and named != key:
-                warn(f"the SAE folder {path} is named for {named} but is applied at {key} as asked")
-        else:
-            found = next((n for n in names if (path / n / CONFIG).is_file()), None)
-            if found is None:
-                raise DataError(f"{path} has no SAE folder for layer {layer} ({' or '.join(names)}); "
-                                f"it holds {sae_folders(path)}")
-            sae = TopKSAE.load(path / found)
+        found = None if (path / CONFIG).is_file() else next((n for n in names if (path / n / CONFIG).is_file()), None)
+        if found is None and not (path / CONFIG).is_file():
+            raise DataError(f"{path} has no SAE folder for layer {layer} ({' or '.join(names)}); "
+                            f"it holds {sae_folders(path)}")
+        sae = TopKSAE.load(path if found is None else path / found)
     else:
         sae = TopKSAE.load(path)
-        assert sae.folder is not None  # TopKSAE.load records the folder
-        point = point_of_folder(model, sae.folder.name)
-        if point is None or point.kind != "resid" or point.layer is None:
-            raise DataError(
-                f"cannot tell which layer the SAE folder {sae.folder} belongs to from its name {sae.folder.name!r}; "
-                f"name the layer (layer= or --layer), or name the folder {hookpoint(model, 'resid_0')!r}-style"
-            )
-        layer = point.layer
-    if sae.d_in != model.d_model:
-        raise ArchitectureError(
-            f"the SAE in {sae.folder} reads vectors of width {sae.d_in} but this model's residual stream has width "
-            f"{model.d_model}; it was trained on another model — load the SAE made for this backbone"
-        )
+        key = _claimed_resid(model, sae)
+        layer = key.layer
+        assert layer is not None  # a resid key always has its layer
+    check_sae(model, sae.provenance, key, model.d_model, trust_base_model=trust_base_model)
     return sae, layer
+
+
+def _claimed_resid(model: RewardModel, sae: TopKSAE) -> TraceKey:
+    """The residual hook point a loaded SAE claims: its provenance's point, else its folder's sparsify name."""
+    assert sae.folder is not None  # TopKSAE.load records the folder
+    p = sae.provenance
+    point = TraceKey.parse(p.point) if p.point else point_of_folder(model, sae.folder.name)
+    if point is not None and point.kind == "resid" and point.layer is not None:
+        return TraceKey.resid(point.layer)
+    if point is not None:
+        raise SAEMismatchError(f"the SAE in {sae.folder} was trained on {point} (hook {p.hook!r}); load_sae_for "
+                               "applies SAEs to the residual stream (resid_{l}) only — load the residual SAE")
+    raise DataError(
+        f"cannot tell which layer the SAE folder {sae.folder} belongs to from its name {sae.folder.name!r}; "
+        f"name the layer (layer= or --layer), or name the folder {hookpoint(model, 'resid_0')!r}-style"
+    )

@@ -15,7 +15,7 @@ feature writes, per unit of its own norm.
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Literal
 
 import numpy as np
@@ -30,6 +30,7 @@ from ..model.internal import check_bookkeeping
 from ..stats import ranked
 from ..types import PaddingSide
 from ._autoencoder import TopKSAE
+from ._fidelity import Fidelity, FitPositions, fidelity
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -60,7 +61,9 @@ class FeatureAttribution:
     inputs; `latent_alignment` [n_latents] the same for every latent. Rows alternate chosen,
     rejected for pairs. On these activations, `fvu` is the SAE's fraction of variance unexplained
     (about their mean) and `relative_error` is `Σ‖ε‖² / Σ‖x‖²`: read-position activations can be
-    so alike (one end-of-turn token) that their variance, and so FVU, says little.
+    so alike (one end-of-turn token) that their variance, and so FVU, says little. `fidelity`: the
+    SAE's explained variance and reward recovered at `resid_{layer}` on these inputs (`Fidelity`;
+    None when not measured).
     """
 
     layer: int
@@ -79,6 +82,11 @@ class FeatureAttribution:
     relative_error: float
     rows: list[str]
     is_pairs: bool
+    fidelity: Fidelity | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.fidelity, dict):  # read back from a results store, which keeps plain records
+            object.__setattr__(self, "fidelity", Fidelity(**{f.name: self.fidelity[f.name] for f in fields(Fidelity)}))
 
     @property
     def residual_error(self) -> np.ndarray:
@@ -162,14 +170,29 @@ def check_width(model: RewardModel, sae: TopKSAE, layer: int) -> None:
         )
 
 
-@torch.no_grad()
 def attribute_features(model: RewardModel, sae: TopKSAE, inputs: Inputs, *, layer: int, batch_size: int = 8,
-                       padding_side: PaddingSide = "right") -> FeatureAttribution:
+                       padding_side: PaddingSide = "right", fit: FitPositions | None = "auto") -> FeatureAttribution:
     """Exact split of each input's reward over `sae`'s features at the residual after `layer`.
 
     `sae` must be trained on `resid_{layer}` at the read position or at all positions (it is
-    applied at the read position, the only one the head reads directly). One forward per batch.
+    applied at the read position, the only one the head reads directly). One forward per batch,
+    and three more for the fidelity check (`fidelity` at positions `fit`; None skips it), which
+    warns when the SAE fits poorly.
     """
+    att = attribute_with_readout(model, sae, inputs, layer=layer, batch_size=batch_size,
+                                 padding_side=padding_side)[0]
+    if fit is None:
+        return att
+    return replace(att, fidelity=fidelity(model, sae, inputs, TraceKey.resid(layer), positions=fit,
+                                          batch_size=batch_size))
+
+
+@torch.no_grad()
+def attribute_with_readout(model: RewardModel, sae: TopKSAE, inputs: Inputs, *, layer: int, batch_size: int = 8,
+                           padding_side: PaddingSide = "right") -> tuple[FeatureAttribution, np.ndarray]:
+    """`attribute_features`, and the effective read-out `u_l` [n, d] of every input at the layer
+    (`u_l · d_i`: the reward one unit of latent `i` writes directly there, what a feature
+    intervention's direct effect reads; kept out of the result, which the audit stores)."""
     check_width(model, sae, layer)
     if not model.verified:
         verify(model)
@@ -181,6 +204,7 @@ def attribute_features(model: RewardModel, sae: TopKSAE, inputs: Inputs, *, laye
     idx_all = np.zeros((n, k), dtype=np.int64)
     acts_all, vals_all = np.zeros((n, k), np.float32), np.zeros((n, k), np.float32)
     bias, err, const, reward = (np.zeros(n, np.float32) for _ in range(4))
+    readout = np.zeros((n, model.d_model), np.float32)
     names = part_names(model, "sublayer", ())
     rest_mask: np.ndarray | None = None
     rest = np.zeros((n, 0), np.float32)
@@ -196,6 +220,7 @@ def attribute_features(model: RewardModel, sae: TopKSAE, inputs: Inputs, *, laye
             rest_mask = np.asarray(depth) > layer + 1
             rest = np.zeros((n, int(rest_mask.sum())), np.float32)
         u = resid_readout(model, tr, layer, coef)  # [b, d]
+        readout[rows] = u.cpu().numpy()
         x = tr[TraceKey.resid(layer)]
         acts, idx = enc.encode(x)
         acts = acts.float()
@@ -216,9 +241,10 @@ def attribute_features(model: RewardModel, sae: TopKSAE, inputs: Inputs, *, laye
     direction = (u_sum / u_sum.norm().clamp_min(1e-30)).float()
     latent_alignment = ((W @ direction) / W.norm(dim=1).clamp_min(1e-30)).cpu().numpy()
     total_var = s2 - float(s1.pow(2).sum()) / n
-    return FeatureAttribution(
+    att = FeatureAttribution(
         layer=layer, features=features, values=dense_vals, activations=dense_acts, decoder_bias=bias, error=err,
         rest=rest, rest_names=[nm for nm, keep in zip(names, rest_mask) if keep], constant=const, reward=reward,
         alignment=latent_alignment[features], latent_alignment=latent_alignment, fvu=sq_err / max(total_var, 1e-30),
         relative_error=sq_err / max(s2, 1e-30), rows=row_labels(n, is_pairs), is_pairs=is_pairs,
     )
+    return att, readout

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..errors import DataError
+from ._provenance import Provenance, read_provenance
 
 SPARSIFY_WEIGHTS, SAELENS_WEIGHTS, CONFIG = "sae.safetensors", "sae_weights.safetensors", "cfg.json"
 
@@ -91,7 +92,8 @@ class TopKSAE(nn.Module):
     """TopK sparse autoencoder on `d_in`-wide activations (see the module docstring).
 
     Built untrained with `TopKSAE(d_in, cfg, seed=...)`, or read with `TopKSAE.load(folder)`.
-    `folder` records where a loaded SAE came from (its name is the hook point, by convention).
+    `folder` records where a loaded SAE came from (its name is the hook point, by convention);
+    `provenance` what it claims (hook point, width, latents, dtype, base model: `Provenance`).
     """
 
     def __init__(self, d_in: int, cfg: SAEConfig | None = None, *, seed: int | None = None,
@@ -105,6 +107,8 @@ class TopKSAE(nn.Module):
         self.W_dec = nn.Parameter(torch.empty(n, self.d_in, device=device, dtype=dtype))
         self.b_dec = nn.Parameter(torch.zeros(self.d_in, device=device, dtype=dtype))
         self.folder: Path | None = None
+        self.provenance = Provenance(format="memory", d_in=self.d_in, n_latents=n, k=self.cfg.k,
+                                     dtype=str(dtype).removeprefix("torch."))
         if torch.device(device or "cpu").type == "meta":  # `load` assigns the weights; drawing them is waste
             return
         gen = torch.Generator().manual_seed(seed) if seed is not None else None
@@ -188,14 +192,15 @@ class TopKSAE(nn.Module):
 
     # ---- disk ---------------------------------------------------------------------------------
     def save(self, folder: str | Path) -> Path:
-        """Write sparsify's layout: `cfg.json` (config + `d_in`) and `sae.safetensors`."""
+        """Write sparsify's layout: `cfg.json` (config + `d_in`, and the provenance rewardlens knows:
+        `hook_point`, `model_name`, `model_fingerprint`, `positions`) and `sae.safetensors`."""
         from safetensors.torch import save_file
 
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
         save_file(state, str(folder / SPARSIFY_WEIGHTS))
-        (folder / CONFIG).write_text(json.dumps({**asdict(self.cfg), "d_in": self.d_in}))
+        (folder / CONFIG).write_text(json.dumps({**asdict(self.cfg), "d_in": self.d_in, **self.provenance.record()}))
         return folder
 
     def save_saelens(self, folder: str | Path, *, hook_name: str = "") -> Path:
@@ -210,7 +215,9 @@ class TopKSAE(nn.Module):
         cfg = {"architecture": "topk", "d_in": self.d_in, "d_sae": self.n_latents, "k": self.k,
                "activation_fn_str": "topk", "activation_fn_kwargs": {"k": self.k}, "apply_b_dec_to_input": True,
                "normalize_activations": "none", "dtype": str(self.b_dec.dtype).removeprefix("torch."),
-               "hook_name": hook_name}
+               "hook_name": hook_name or self.provenance.hook or ""}
+        if self.provenance.base_model:
+            cfg["model_name"] = self.provenance.base_model
         (folder / CONFIG).write_text(json.dumps(cfg))
         return folder
 
@@ -263,6 +270,9 @@ class TopKSAE(nn.Module):
                              "b_dec": tensors["b_dec"]}, assign=True)
         sae = sae.to(device=device, dtype=dtype)
         sae.folder = folder
+        stored = str(tensors["W_dec"].dtype).removeprefix("torch.")
+        fmt = "sparsify" if file.name == SPARSIFY_WEIGHTS else "saelens"
+        sae.provenance = read_provenance(folder, cfg_dict, fmt, d_in, n, cfg.k, stored)
         return sae
 
 

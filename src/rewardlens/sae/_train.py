@@ -21,6 +21,7 @@ from ..data import progress_bar
 from ..errors import warn
 from ._activations import Activations, shuffled
 from ._autoencoder import SAEConfig, TopKSAE
+from ._provenance import trained_provenance
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -177,6 +178,9 @@ def train_sae(source: Source, cfg: TrainConfig | None = None, *, init: TopKSAE |
         sae = TopKSAE(source.d_in, cfg.sae, seed=cfg.seed, device=device)
     if sae.d_in != source.d_in:
         raise ValueError(f"the SAE reads width {sae.d_in} but the activations have width {source.d_in}")
+    origin = getattr(source, "origin", None)  # activation sources say which model and point they read
+    if origin is not None:
+        sae.provenance = trained_provenance(sae.provenance, origin())
     sae.train()
     lr = cfg.lr or 2e-4 / (sae.n_latents / 2**14) ** 0.5
     opt = torch.optim.Adam(sae.parameters(), lr=lr)

@@ -1,0 +1,180 @@
+"""SAE feature interventions and steering, against independent yardsticks (one hooked Hugging Face
+forward per input and edit; a hand-computed slope)."""
+
+import json
+import math
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+import rewardlens as rl
+from rewardlens.errors import ArchitectureError, DataError
+from rewardlens.sae import SAEConfig, TopKSAE, attribute_features, feature_patch, feature_steer
+from tests.helpers import tiny
+
+SMALL = SAEConfig(expansion_factor=4, k=8)
+ARCHS = ["llama", "gpt2", "bert"]  # a Llama-like decoder, a GPT-2-like decoder, a post-norm encoder
+
+
+@pytest.fixture(scope="module")
+def models(tiny_root):
+    return {arch: rl.load(str(tiny_root[arch])) for arch in ARCHS}
+
+
+def _sae(model):
+    return TopKSAE(model.d_model, SMALL, seed=1)
+
+
+def _naive(model, sae, pairs, layer, feature):
+    """The reward of each sequence with `f_feature d_feature` removed from layer `layer`'s output at the
+    read token (last token of a decoder, first of an encoder): one unpadded hooked HF forward each,
+    the feature's activation encoded here from the hooked hidden state."""
+    module = model.layers[layer]
+    out = []
+    for kwargs in tiny.unpadded(model, pairs):
+        t = 0 if model.encoder else kwargs["input_ids"].shape[1] - 1
+
+        def edit(_m, _a, o, t=t):
+            h = (o[0] if isinstance(o, tuple) else o).clone()
+            x = h[0, t]
+            f = torch.relu((x - sae.b_dec) @ sae.encoder.weight.T + sae.encoder.bias)
+            top = f.topk(sae.k)
+            fi = top.values[top.indices == feature].sum()  # 0 when the feature is not in the top k
+            h[0, t] = x - fi * sae.W_dec[feature]
+            return (h, *o[1:]) if isinstance(o, tuple) else h
+
+        handle = module.register_forward_hook(edit)
+        try:
+            with torch.no_grad():
+                res = model.model(**kwargs)
+        finally:
+            handle.remove()
+        score = getattr(res, "score", None)
+        out.append(float(score[0]) if score is not None else float(res.logits[0, 0]))
+    return np.array(out)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_nothing_changed_reproduces_the_reward_and_one_ablation_equals_a_naive_hooked_loop(models, pairs, arch):
+    model = models[arch]
+    sae = _sae(model)
+    layer = 0
+    own = tiny.own_scores(model, pairs)
+    scale = np.abs(own).max()
+    att = attribute_features(model, sae, pairs, layer=layer)
+    silent = [i for i in range(sae.n_latents) if i not in set(att.features)][:3]  # never fire: f = f' = 0
+    res = feature_patch(model, sae, pairs, layer=layer, features=[*att.features[:4].tolist(), *silent])
+    np.testing.assert_allclose(res.clean, own, rtol=0, atol=1e-5 * scale)
+    # The edit adds exactly 0 there: the stacked run differs from the clean one by float rounding only.
+    np.testing.assert_allclose(res.patched[:, 4:], np.repeat(res.clean[:, None], 3, 1), rtol=0, atol=1e-6 * scale)
+    assert np.abs(res.total[:, 4:]).max() <= 1e-6 * scale
+    with torch.no_grad():
+        for j, feature in enumerate(att.features[:4]):
+            np.testing.assert_allclose(res.patched[:, j], _naive(model, sae, pairs, layer, int(feature)),
+                                       rtol=0, atol=2e-6 * scale)
+    # Ablation's direct effect is the feature's own direct margin contribution.
+    np.testing.assert_allclose(res.direct[:, :4], att.margin[:, :4], rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(res.indirect, res.total - res.direct)
+    assert np.abs(res.total[:, :4]).max() > 5e-4 * scale  # well above the tolerance above
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("mode,value", [("ablate", None), ("clamp", 1.5), ("noising", None)])
+def test_the_batched_path_equals_one_edit_per_forward(models, pairs, arch, mode, value):
+    model = models[arch]
+    sae = _sae(model)
+    kw = dict(layer=1, mode=mode, value=value)
+    batched = feature_patch(model, sae, pairs, batch_size=64, **kw)
+    single = feature_patch(model, sae, pairs, features=batched.features, batch_size=1, **kw)
+    np.testing.assert_allclose(batched.patched, single.patched, rtol=0, atol=1e-5 * np.abs(single.clean).max())
+    assert len(batched.features) > 3 and np.abs(batched.total).max() > 0
+
+
+def test_clamp_and_noising_direct_effects_are_the_attribution_difference(models, pairs):
+    model = models["llama"]
+    sae = _sae(model)
+    att = attribute_features(model, sae, pairs, layer=1)
+    features = att.features[:5]
+    write = att.values[:, :5] / np.where(att.activations[:, :5] > 0, att.activations[:, :5], np.nan)  # u·d_i
+    clamp = feature_patch(model, sae, pairs, layer=1, features=features, mode="clamp", value=2.0)
+    f = att.activations[:, :5]
+    fired = np.isfinite(write[0::2]) & np.isfinite(write[1::2])
+    by_hand = -((2.0 - f[0::2]) * write[0::2] - (2.0 - f[1::2]) * write[1::2])
+    np.testing.assert_allclose(clamp.direct[fired], by_hand[fired], rtol=1e-4, atol=1e-5)
+    noise = feature_patch(model, sae, pairs, layer=1, features=features, mode="noising")
+    chosen_fired = np.isfinite(write[0::2])
+    np.testing.assert_allclose(noise.direct[chosen_fired],
+                               ((f[0::2] - f[1::2]) * write[0::2])[chosen_fired], rtol=1e-4, atol=1e-5)
+    np.testing.assert_array_equal(noise.patched[1::2], np.repeat(noise.clean[1::2, None], 5, 1))  # rejected not run
+    mean, lo, hi = clamp.faithfulness()
+    rho = clamp.rho
+    assert mean == pytest.approx(np.nanmean(rho)) and lo <= mean <= hi
+    assert [fid for fid, _ in clamp.top(2)] == [int(features[i]) for i in np.argsort(-np.abs(clamp.total).mean(0))[:2]]
+    frame = clamp.to_frame()
+    assert len(frame) == 5 * len(pairs) and set(frame.columns) >= {"total", "direct", "indirect", "attribution"}
+
+
+def test_bad_input_gets_one_line_naming_the_value_and_the_fix(models, pairs):
+    model = models["llama"]
+    sae = _sae(model)
+    with pytest.raises(DataError, match=rf"feature {sae.n_latents} is out of range .* 0\.\.{sae.n_latents - 1}"):
+        feature_patch(model, sae, pairs, layer=0, features=[0, sae.n_latents])
+    with pytest.raises(DataError, match=r"finite value= .* got nan"):
+        feature_patch(model, sae, pairs, layer=0, features=[0], mode="clamp", value=math.nan)
+    with pytest.raises(DataError, match=r"mode must be 'ablate', 'clamp' or 'noising', got 'zero'"):
+        feature_patch(model, sae, pairs, layer=0, features=[0], mode="zero")
+    with pytest.raises(DataError, match=r"pass a list of rewardlens.Pair"):
+        feature_patch(model, sae, ["a text"], layer=0, features=[0])
+    wide = TopKSAE(model.d_model + 8, SMALL, seed=0)
+    for call in (lambda: feature_patch(model, wide, pairs, layer=0, features=[0]),
+                 lambda: feature_steer(model, wide, pairs, layer=0, feature=0)):
+        with pytest.raises(ArchitectureError, match=rf"width {model.d_model + 8} .* width {model.d_model}"):
+            call()
+    with pytest.raises(DataError, match=r"feature -1 is out of range"):
+        feature_steer(model, sae, pairs, layer=0, feature=-1)
+    with pytest.raises(DataError, match=r"doses must be finite"):
+        feature_steer(model, sae, pairs, layer=0, feature=0, doses=[0.0, math.inf])
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_steering_at_dose_zero_is_the_clean_reward_and_batches_like_one_dose_a_forward(models, pairs, arch):
+    model = models[arch]
+    sae = _sae(model)
+    res = feature_steer(model, sae, pairs, layer=1, feature=3, doses=(-1.0, 1.0, 2.0), positions="all")
+    one = feature_steer(model, sae, pairs, layer=1, feature=3, doses=(-1.0, 1.0, 2.0), positions="all", batch_size=1)
+    own = tiny.own_scores(model, pairs)
+    np.testing.assert_allclose(res.base, own, rtol=0, atol=1e-5 * np.abs(own).max())
+    assert list(res.alphas) == [-1.0, 0.0, 1.0, 2.0] and np.all(res.dose[1] == 0)
+    np.testing.assert_allclose(res.dose, one.dose, rtol=0, atol=1e-5 * np.abs(own).max())
+    assert np.abs(res.dose).max() > 0
+
+
+def test_steering_slope_on_a_linear_read_out_equals_the_hand_computation(tmp_path, tiny_root, pairs):
+    """A Llama whose final RMSNorm has an epsilon (1e6) far above the residual's mean square: the norm is a
+    constant scale, so at the last layer's read token the reward is linear in α with slope
+    (w ⊙ γ) · d / sqrt(mean(x²) + eps), computed here from the HF modules."""
+    folder = tmp_path / "llama_eps"
+    shutil.copytree(tiny_root["llama"], folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "rms_norm_eps": 1e6}))
+    model = rl.load(str(folder))
+    hf = model.model
+    sae = _sae(model)
+    feature, layer = 5, model.n_layers - 1
+    res = feature_steer(model, sae, pairs, layer=layer, feature=feature, doses=(-2.0, -1.0, 1.0, 2.0))
+    d = sae.W_dec.detach()[feature]
+    hand = []
+    for kwargs in tiny.unpadded(model, pairs):
+        got = []
+        handle = hf.model.norm.register_forward_pre_hook(lambda _m, a, got=got: got.append(a[0][0, -1]))
+        with torch.no_grad():
+            hf(**kwargs)
+        handle.remove()
+        w = hf.score.weight[0] * hf.model.norm.weight
+        hand.append(float(w.detach() @ d / torch.sqrt(got[0].pow(2).mean() + 1e6)))
+    np.testing.assert_allclose(res.slopes, hand, rtol=1e-3)
+    assert res.slope == pytest.approx(np.mean(hand), rel=1e-3)
+    lo, hi = res.slope_ci
+    assert lo <= res.slope <= hi and abs(res.slope) > 0
