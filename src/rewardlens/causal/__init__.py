@@ -13,6 +13,8 @@ from ._faithfulness import faithfulness as faithfulness
 from ._patching import MODES as MODES
 from ._patching import Patching as Patching
 from ._patching import patch as patch
+from ._path import PathPatching as PathPatching
+from ._path import path_patch as path_patch
 from ._plan import encode_pairs as encode_pairs
 from ._reads_patch import patch_mode as patch_mode
 from ._spec import PatchSpec as PatchSpec
@@ -24,6 +26,7 @@ __all__ = [
     "Faithfulness",
     "MODES",
     "PatchSpec",
+    "PathPatching",
     "Patching",
     "agreement",
     "aligned",
@@ -31,6 +34,7 @@ __all__ = [
     "attribution_patch",
     "faithfulness",
     "patch",
+    "path_patch",
     "patch_mode",
     "trace_pairs",
     "Traced",

@@ -69,7 +69,9 @@ def _at_read(value: Tensor, read: Tensor, cols: Tensor | None, n: int) -> tuple[
     return value[torch.arange(n, device=read.device), match.float().argmax(1)], match.any(1)
 
 
-def _post(model: RewardModel, kind: SublayerKind, layer: int, raw: Tensor) -> Tensor:
+def post_normed(model: RewardModel, kind: SublayerKind, layer: int, raw: Tensor) -> Tensor:
+    """What a sublayer adds to the residual from its raw output `raw` [..., d]: its post-norm's output
+    (Gemma-2, OLMo-2), else `raw` itself."""
     path = model.arch.attn_post_norm if kind == "attn" else model.arch.mlp_post_norm
     return raw if path is None else model.norm(path, layer)(raw)
 
@@ -85,7 +87,7 @@ def _part(model: RewardModel, tr: Trace, site: Site, rep: Tensor) -> tuple[Tenso
         sl = head_slice(model, site)
         weight, _ = out_projection(model, "attn", site.layer)
         new_raw = raw + (rep[:, sl] - tr[site.key][:, sl]) @ weight[:, sl].T
-    return _post(model, site.kind, site.layer, raw), _post(model, site.kind, site.layer, new_raw)
+    return post_normed(model, site.kind, site.layer, raw), post_normed(model, site.kind, site.layer, new_raw)
 
 
 def _propagate(model: RewardModel, tr: Trace, site: Site, old: Tensor, new: Tensor) -> Tensor:
@@ -100,7 +102,7 @@ def _propagate(model: RewardModel, tr: Trace, site: Site, old: Tensor, new: Tens
         parts: dict[str, Tensor] = {}
         for kind in SUBLAYERS:
             patched = site.kind == kind and site.layer == layer
-            parts[kind] = new if patched else _post(model, kind, layer, tr[TraceKey.sublayer(kind, layer)])
+            parts[kind] = new if patched else post_normed(model, kind, layer, tr[TraceKey.sublayer(kind, layer)])
         mid = model.norm(attn_rnorm, layer)(x + parts["attn"])
         x = model.norm(mlp_rnorm, layer)(mid + parts["mlp"])
     return x

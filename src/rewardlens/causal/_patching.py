@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 from torch import Tensor
 
-from ..data import Inputs, Pair, chosen, counting, rejected
+from ..data import Inputs, Pair, chosen, counting, pair_ids, rejected
 from ..model import RewardModel
 from ..model.internal import sequence_label
 from ..stats import top_parts
@@ -28,7 +28,7 @@ from ._cached import cached_read_sweep
 from ._direct import direct_rewards
 from ._divergence import score_patched, scorer
 from ._engine import Site, batched_sweep, copies_supported, read_sweep, sites
-from ._plan import Clean, PatchPlan, pair_ids, pair_seqs
+from ._plan import Clean, PatchPlan, pair_seqs
 from ._reads_patch import check_reads_options, direct_reads, mode_for, patch_reads
 from ._spec import MODES as MODES
 from ._spec import PatchSpec, spec_of

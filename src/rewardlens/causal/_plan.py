@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..data import Pair, pair_of
+from ..data import Pair, flatten_pairs, pair_of
 from ..errors import DataError, RewardLensWarning, TokenizationError
 from ..model import RewardModel, Trace, TraceKey, trace
 from ..model.internal import Batch, Tokenized, sequence_label
@@ -90,17 +90,6 @@ class CleanRuns:
         """Every point [N, w], rows in the order of the sequences traced."""
         inverse = torch.as_tensor(np.argsort(np.concatenate(self.order)))
         return {k: torch.cat(v)[inverse.to(v[0].device)] for k, v in self.parts.items()}
-
-
-def flatten_pairs(pairs: Pair | Sequence[Pair]) -> list[Pair]:
-    """`pairs` as a list (one `Pair` on its own becomes a list of one)."""
-    return [pairs] if isinstance(pairs, Pair) else list(pairs)
-
-
-def pair_ids(pairs: Pair | Sequence[Pair]) -> list[str]:
-    """Each pair's id, or its number when it has none (what `Patching.pair_ids` lists)."""
-    ids = [getattr(p, "id", None) for p in flatten_pairs(pairs)]
-    return [str(i) if pid is None else str(pid) for i, pid in enumerate(ids)]
 
 
 def encode_pairs(model: RewardModel, pairs: Pair | Sequence[Pair]) -> list[Tokenized]:

@@ -88,7 +88,7 @@ def _rows(value: Any, rows: Tensor, size: int) -> Any:
     return value
 
 
-def _readout(model: RewardModel, rec: Recording, hidden: Tensor, rows: Tensor) -> Tensor:
+def stepped_readout(model: RewardModel, rec: Recording, hidden: Tensor, rows: Tensor) -> Tensor:
     """Rewards [r] of stepped rows from the last layer's output [r, T, d] (gate: the run's own)."""
     if rec.batch.reads is not None:
         return _read_set(model, rec.batch.reads, hidden, rows)
@@ -167,7 +167,7 @@ def stepped_sweep(
     def work(rows: list[int]) -> None:
         nonlocal size
         size = min(size, len(rows))
-        for group in _unambiguous(seqs, rows):
+        for group in unambiguous(seqs, rows):
             step(group, size)
 
     def step(index: list[int], size: int) -> None:
@@ -191,7 +191,7 @@ def stepped_sweep(
                          for s, rs in by_site.items()]
                 with patched(model, edits):
                     hidden = rec.run(model, start, rows)
-                rewards[seq, [s for _, s in job]] = _readout(model, rec, hidden, rows)
+                rewards[seq, [s for _, s in job]] = stepped_readout(model, rec, hidden, rows)
 
     try:
         each_batch(sorted(range(len(seqs)), key=lambda i: len(seqs[i].ids)), batch_size, work, ids=index,
@@ -201,7 +201,7 @@ def stepped_sweep(
     return rewards
 
 
-def _unambiguous(seqs: list[Tokenized], rows: list[int]) -> Iterator[list[int]]:
+def unambiguous(seqs: list[Tokenized], rows: list[int]) -> Iterator[list[int]]:
     """`rows` (length-sorted) in groups whose count never equals their padded length, so a
     per-position argument ([T]) cannot be mistaken for a per-row one ([B])."""
     while rows:

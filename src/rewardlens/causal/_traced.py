@@ -13,12 +13,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..data import Pair
+from ..data import Pair, flatten_pairs
 from ..exact import Attribution, Decomposition, decompose
 from ..model import RewardModel
 from ..model.internal import Tokenized
 from ..types import PatchLevel
-from ._plan import Clean, CleanRuns, encode_pairs, flatten_pairs
+from ._plan import Clean, CleanRuns, encode_pairs
 
 
 @dataclass(frozen=True)

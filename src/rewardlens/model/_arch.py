@@ -89,6 +89,14 @@ class ArchitectureMap:
     attn_values: str | None = None
     """Value projection relative to a layer (output [n, T, H·d_head]), for attention that does not go
     through transformers' `AttentionInterface` (DeBERTa-v2): token attribution reads values there."""
+    attn_q: str | None = None
+    """Query projection relative to a layer (output [n, T, H·d_head], head h at columns h·d_head..), for
+    path patching's per-head query receivers; None where queries, keys and values share one fused
+    projection (GPT-2's `c_attn`, GPT-NeoX's `query_key_value`, Phi-3's `qkv_proj`)."""
+    attn_k: str | None = None
+    """Key projection relative to a layer (as `attn_q`; [n, T, H_kv·d_head])."""
+    attn_v: str | None = None
+    """Value projection relative to a layer (as `attn_q`; [n, T, H_kv·d_head])."""
     position_ids: PositionIds = "mask"
     """'mask' (rewardlens passes 0-based positions) or 'model' (the model numbers positions from its pad
     id, RoBERTa/XLM-R: positions then start at pad_token_id + 1 and the usable length shrinks to match)."""
@@ -128,6 +136,7 @@ def _decoder(name: str, prefix: str = "model", **kw: Any) -> ArchitectureMap:
         attn_out=kw.pop("attn_out", "self_attn.o_proj"),
         mlp_out=kw.pop("mlp_out", "mlp.down_proj"),
         final_norm=f"{prefix}.norm",
+        **{f"attn_{x}": kw.pop(f"attn_{x}", f"self_attn.{x}_proj") for x in "qkv"},
         **kw,
     )
 
@@ -151,6 +160,7 @@ _ENCODER: dict[str, Any] = dict(
 # and the embeddings number positions from the pad id (padding_idx + 1 + i), not from 0.
 _ROBERTA: dict[str, Any] = {**_ENCODER, "head": "classifier.out_proj", "pooler": "classifier.dense",
                             "layers": "roberta.encoder.layer", "position_ids": "model"}
+_BERT_QKV: dict[str, Any] = {f"attn_{x}": f"attention.self.{n}" for x, n in zip("qkv", ("query", "key", "value"))}
 
 LLAMA = _decoder("llama")
 ARMORM = replace(LLAMA, name="armorm", head="regression_layer", head_kind="gated", gate="gating")
@@ -160,7 +170,7 @@ _REGISTRY: dict[str, ArchitectureMap] = {
     "mistral": _decoder("mistral"),
     "qwen2": _decoder("qwen2"),
     "qwen3": _decoder("qwen3"),
-    "phi3": _decoder("phi3"),
+    "phi3": _decoder("phi3", attn_q=None, attn_k=None, attn_v=None),  # one fused qkv_proj
     "gemma": _decoder("gemma", norm="rms_offset"),
     "gemma2": _decoder("gemma2", norm="rms_offset", **_POST),
     # Gemma-3 (text) is Gemma-2's residual layout; its q/k norms sit inside attention, before o_proj.
@@ -178,13 +188,15 @@ _REGISTRY: dict[str, ArchitectureMap] = {
         mlp_out="mlp.dense_4h_to_h", final_norm="gpt_neox.final_layer_norm", norm="layer",
         layout="parallel",
     ),
-    "bert": ArchitectureMap(name="bert", layers="bert.encoder.layer", pooler="bert.pooler.dense", **_ENCODER),
+    "bert": ArchitectureMap(name="bert", layers="bert.encoder.layer", pooler="bert.pooler.dense", **_ENCODER,
+                            **_BERT_QKV),
     "deberta-v2": ArchitectureMap(
         name="deberta-v2", layers="deberta.encoder.layer", pooler="pooler.dense", pooler_act="gelu",
-        attn_values="attention.self.value_proj", **_ENCODER
+        attn_values="attention.self.value_proj", attn_q="attention.self.query_proj",
+        attn_k="attention.self.key_proj", attn_v="attention.self.value_proj", **_ENCODER
     ),
-    "roberta": ArchitectureMap(name="roberta", **_ROBERTA),
-    "xlm-roberta": ArchitectureMap(name="xlm-roberta", **_ROBERTA),
+    "roberta": ArchitectureMap(name="roberta", **_ROBERTA, **_BERT_QKV),
+    "xlm-roberta": ArchitectureMap(name="xlm-roberta", **_ROBERTA, **_BERT_QKV),
     # Mixture-of-experts decoders: the MLP sublayer is the whole sparse block (router, experts, shared expert).
     "mixtral": _decoder("mixtral", mlp_out="mlp"),
     "qwen2_moe": _decoder("qwen2_moe", mlp_out="mlp"),
@@ -333,5 +345,13 @@ def discover(model: nn.Module) -> ArchitectureMap:
     return ArchitectureMap(
         name=f"discovered:{getattr(config, 'model_type', type(model).__name__)}",
         layers=found["layers"], attn_out=found["attn_out"], mlp_out=found["mlp_out"],
-        final_norm=found["final_norm"], head=found["head"], norm=kind,
+        final_norm=found["final_norm"], head=found["head"], norm=kind, **_qkv_paths(layer),  # type: ignore[arg-type]
     )
+
+
+def _qkv_paths(layer: nn.Module) -> dict[str, str]:
+    """Separate `*q_proj`/`*k_proj`/`*v_proj` linears in a layer (one each), as `attn_q`/`attn_k`/`attn_v`;
+    none when any is missing or ambiguous (a fused projection: per-head q/k/v receivers then refuse)."""
+    found = {x: [n for n, m in layer.named_modules() if n.endswith(f"{x}_proj") and isinstance(m, nn.Linear)]
+             for x in "qkv"}
+    return {f"attn_{x}": names[0] for x, names in found.items()} if all(len(n) == 1 for n in found.values()) else {}
