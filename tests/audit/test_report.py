@@ -25,9 +25,9 @@ from rewardlens.audit.report._page import SECTIONS
 from rewardlens.errors import RewardLensError
 from rewardlens.stats import wilson
 from rewardlens.zoo import AUDIT_PAIRS, demo_model_dir
+from tests.helpers.browser import chromium
 
 REPO = Path(__file__).resolve().parents[2]
-CHROMIUM = Path("/usr/bin/chromium")
 FIGURES = {"lens", "scatter", "heatmap", "probes", "concepts", "features", "crystallization", "estimands", "cascades"}
 EVIL = '<script>alert("pwned")</script> & "quotes"'
 SCRIPT = "<script>alert(1)</script>"
@@ -376,17 +376,8 @@ def test_depth_histogram_and_estimand_bars_plot_the_results(audit, numbers):
 
 # ---- the page in a real browser --------------------------------------------------------------------
 
-def _chromium(args: list[str], page: Path, profile: Path) -> subprocess.CompletedProcess:
-    if not CHROMIUM.exists():
-        pytest.fail(f"headless Chromium is needed to render the report and {CHROMIUM} is missing; install it with "
-                    "`bash scripts/setup.sh test` (Debian's chromium package)")
-    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-             "--disable-background-networking", "--disable-component-update", "--disable-sync",
-             f"--user-data-dir={profile}", "--hide-scrollbars", "--virtual-time-budget=10000"]
-    done = subprocess.run([str(CHROMIUM), *flags, *args, page.as_uri()], check=False, capture_output=True, text=True,
-                          timeout=180)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return done
+def _chromium(args: list[str], page: Path | str, profile: Path) -> subprocess.CompletedProcess:
+    return chromium(args, page, profile, what="the report")
 
 
 def test_chromium_renders_every_section_and_figure(report, tmp_path):

@@ -16,7 +16,8 @@ import rewardlens as rl
 from rewardlens.audit import Audit
 from rewardlens.audit.report import figures, write_report
 from rewardlens.zoo import AUDIT_PAIRS, demo_model_dir
-from tests.audit.test_report import REPO, _chromium
+from tests.audit.test_report import REPO
+from tests.helpers.browser import chromium
 
 NAMES = [f"set-{k:02d}" for k in range(21)]
 PER_SUBSET = 2
@@ -96,11 +97,11 @@ def _dom(page: Path, tmp: Path, name: str, width: int = 1280, hash_: str = "") -
     shutil.copy(page, target)
     args = [f"--window-size={width},900", "--dump-dom"]
     if not hash_:
-        return Dom(_chromium(args, target, tmp / f"profile-{name}").stdout)
+        return Dom(chromium(args, target, tmp / f"profile-{name}").stdout)
     # Chromium takes a file path, not a URL with a fragment: a one-line page forwards to it.
     jump = tmp / f"{name}-jump.html"
     jump.write_text(f'<script>location.replace("{target.name}#{hash_}")</script>', encoding="utf-8")
-    return Dom(_chromium(args, jump, tmp / f"profile-{name}").stdout)
+    return Dom(chromium(args, jump, tmp / f"profile-{name}").stdout)
 
 
 def _screenshot(page: Path, tmp: Path, height: int) -> None:
@@ -109,7 +110,7 @@ def _screenshot(page: Path, tmp: Path, height: int) -> None:
     artifacts.mkdir(parents=True, exist_ok=True)
     shot = artifacts / "report-21-subsets.png"
     shot.unlink(missing_ok=True)
-    _chromium([f"--window-size=1280,{min(height, 16000)}", f"--screenshot={shot}"], page, tmp / "profile-shot")
+    chromium([f"--window-size=1280,{min(height, 16000)}", f"--screenshot={shot}"], page, tmp / "profile-shot")
     shutil.copy(page, artifacts / "report-21-subsets.html")
     assert shot.stat().st_size > 10_000
 

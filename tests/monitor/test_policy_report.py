@@ -2,27 +2,15 @@
 
 import html
 import re
-import subprocess
 from pathlib import Path
-
-import pytest
 
 from rewardlens.cli import main
 from rewardlens.monitor import PolicyRun
-
-CHROMIUM = Path("/usr/bin/chromium")
+from tests.helpers.browser import dom
 
 
 def _dom(page: Path, profile: Path) -> str:
-    if not CHROMIUM.exists():
-        pytest.fail(f"headless Chromium is needed to render the page and {CHROMIUM} is missing; install it with "
-                    "`bash scripts/setup.sh test` (Debian's chromium package)")
-    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
-             "--disable-component-update", "--disable-sync", f"--user-data-dir={profile}", "--dump-dom"]
-    done = subprocess.run([str(CHROMIUM), *flags, page.as_uri()], check=False, capture_output=True, text=True,
-                          timeout=180)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return done.stdout
+    return dom(page, profile)
 
 
 def test_monitor_report_in_chromium(grpo_runs, tmp_path, capsys):

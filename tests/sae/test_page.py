@@ -3,7 +3,6 @@ corpus as text, and sorts and searches (driven through the URL hash; the page wr
 attribute of <body>, read back from the DOM dump). And `rewardlens sae report` writes it."""
 
 import math
-import subprocess
 from html.parser import HTMLParser
 from pathlib import Path
 from urllib.parse import quote
@@ -15,23 +14,15 @@ from rewardlens.cli import main
 from rewardlens.data import Pair, save_pairs
 from rewardlens.sae import SAEConfig, TopKSAE, attribute_features, feature_report, write_feature_page
 from rewardlens.zoo import DEMO_PAIRS
+from tests.helpers.browser import dom
 
-CHROMIUM = Path("/usr/bin/chromium")
 EVIL = '<script>document.body.setAttribute("data-pwned","1")</script><img src=x onerror="alert(1)">'
 AXIS = "<b>bold</b> & axis"
 
 
 def _chromium(page: str, profile: Path) -> str:
     """The DOM of `page` (a file URI, with a hash) after its scripts ran, from headless Chromium."""
-    if not CHROMIUM.exists():
-        pytest.fail(f"headless Chromium is needed to render the feature page and {CHROMIUM} is missing; install it "
-                    "with `bash scripts/setup.sh test` (Debian's chromium package)")
-    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-             "--disable-background-networking", "--disable-component-update", "--disable-sync",
-             f"--user-data-dir={profile}", "--virtual-time-budget=5000", "--dump-dom"]
-    done = subprocess.run([str(CHROMIUM), *flags, page], check=False, capture_output=True, text=True, timeout=180)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return done.stdout
+    return dom(page, profile, what="the feature page", budget_ms=5000)
 
 
 class _Dom(HTMLParser):
