@@ -21,8 +21,7 @@ from torch import Tensor
 
 from ..data import part
 from ..model import RewardModel, TraceKey
-from ..model.internal import Batch, eval_mode, get_module
-from ._stepped import Recording
+from ..model.internal import Batch, Recording, eval_mode, get_module
 
 Tensors = dict[TraceKey, Tensor]
 ProbeContext = Callable[[], AbstractContextManager[tuple[Tensors, Tensors, Tensors]]]

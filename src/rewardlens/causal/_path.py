@@ -24,7 +24,17 @@ from torch import Tensor
 from ..data import Inputs, Pair, chosen, counting, pair_ids, rejected
 from ..errors import CircuitError
 from ..model import RewardModel, SublayerKind, TraceKey
-from ..model.internal import Tokenized, capture, collate, each_batch, out_projection
+from ..model.internal import (
+    Recording,
+    Tokenized,
+    capture,
+    collate,
+    each_batch,
+    out_projection,
+    stepped_readout,
+    stepping_works,
+    unambiguous,
+)
 from ..stats import top_parts
 from ..types import Ablation, Mode, Positions, Spans
 from ._direct import post_normed
@@ -32,7 +42,6 @@ from ._engine import Site, head_slice
 from ._plan import Clean, PatchPlan, capture_columns, pair_seqs
 from ._receivers import Receiver, Wiring, clean_points, read_depth, receiving, wiring, write_depth
 from ._spec import PatchSpec, spec_of
-from ._stepped import Recording, stepped_readout, stepping_works, unambiguous
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -28,6 +28,10 @@ from ._placement import execution_device as execution_device
 from ._placement import onloaded as onloaded
 from ._reads import ReadSet as ReadSet
 from ._reads import one_read_only as one_read_only
+from ._stepping import Recording as Recording
+from ._stepping import stepped_readout as stepped_readout
+from ._stepping import stepping_works as stepping_works
+from ._stepping import unambiguous as unambiguous
 from ._tokens import Batch as Batch
 from ._tokens import Tokenized as Tokenized
 from ._tokens import TokenMemo as TokenMemo
@@ -51,6 +55,7 @@ __all__ = [
     "PAD_SLACK",
     "Point",
     "ReadSet",
+    "Recording",
     "TokenMemo",
     "Tokenized",
     "bookkeeping_error",
@@ -74,6 +79,9 @@ __all__ = [
     "hidden_arg",
     "is_moe_layer",
     "one_read_only",
+    "stepped_readout",
+    "stepping_works",
+    "unambiguous",
     "onloaded",
     "out_projection",
     "points",

@@ -17,7 +17,8 @@ preference):
 Modes: 'ablate' (`f' = 0`, both sides), 'clamp' (`f' = value`, both sides) and 'noising' (the
 chosen run takes the rejected side's activation of the feature at *its* read token, the one token
 each side's reward is read at; the rejected run is left alone). Every single-feature edit of an
-input runs as one row of a stacked batch: `batch_size` rows per forward, not one forward per feature.
+input runs as one row of a batch of copies, `batch_size` rows at a time, each copy stepped from the
+layer after the SAE's from the recorded clean residual (`_splice`), not one full forward per feature.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from ..model import RewardModel
 from ..stats import bootstrap_ci, rowwise_spearman, top_parts
 from ._attribution import FeatureAttribution, attribute_with_readout, check_width
 from ._autoencoder import TopKSAE
-from ._splice import check_single_read, each_edit_batch, edited_rewards
+from ._splice import check_single_read, clean_rewards, each_edit_batch, edited_rewards
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -185,7 +186,7 @@ def _rewards(model: RewardModel, pairs: Sequence[Pair], layer: int, delta: np.nd
     seqs, _ = model.encode(pairs)
     clean = np.zeros(len(seqs))
     for rows, batch in model.batches(seqs, batch_size):
-        clean[rows] = edited_rewards(model, batch, layer, None).double().cpu().numpy()
+        clean[rows] = clean_rewards(model, batch).double().cpu().numpy()
     patched = np.repeat(clean[:, None], len(W), 1)
     step = torch.as_tensor(delta, dtype=torch.float32, device=model.device)
     for rows, big, part in each_edit_batch(model, seqs, np.flatnonzero(edited), len(W), batch_size):

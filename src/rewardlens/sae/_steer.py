@@ -2,7 +2,8 @@
 
 The feature-level twin of the concept dose-response (docs/concepts.md), with the same conventions:
 `α · d_i` is added to the residual after `layer` at the read position `t*` ('read', the default)
-or at every real token ('all'); every α of an input runs as one row of a stacked forward; `dose`
+or at every real token ('all'); every α of an input runs as one row of a batch of copies, stepped
+from the layer after the edit (`_splice`); `dose`
 is reward(α) − reward(0) and `base` is reward(0), the number `model.score` gives. The unit of α is
 one unit of the feature's own activation (`α · d_i` is what the SAE decodes from `f_i = α`); with
 unit-norm decoder rows that is one unit of residual-stream length. `slope` is Δreward per unit of
