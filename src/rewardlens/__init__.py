@@ -21,11 +21,15 @@ if TYPE_CHECKING:
     from .bench import bench as bench
     from .calibrate import Scorecard as Scorecard
     from .calibrate import calibrate as calibrate
+    from .causal import Circuit as Circuit
+    from .causal import Edges as Edges
     from .causal import Faithfulness as Faithfulness
     from .causal import Patching as Patching
     from .causal import PatchSpec as PatchSpec
     from .causal import PathPatching as PathPatching
     from .causal import attribution_patch as attribution_patch
+    from .causal import circuit as circuit
+    from .causal import edges as edges
     from .causal import faithfulness as faithfulness
     from .causal import patch as patch
     from .causal import path_patch as path_patch
@@ -80,14 +84,14 @@ if TYPE_CHECKING:
     from .sae import train_sae as train_sae
 
 __all__ = [
-    "ArchitectureMap", "Attribution", "Audit", "Bench", "Cascades", "Comparison", "Concepts", "Conflicts",
-    "Distortion", "Edit", "Faithfulness", "FeaturePatch", "FeatureReport", "FeatureSteer",
+    "ArchitectureMap", "Attribution", "Audit", "Bench", "Cascades", "Circuit", "Comparison", "Concepts", "Conflicts",
+    "Distortion", "Edges", "Edit", "Faithfulness", "FeaturePatch", "FeatureReport", "FeatureSteer",
     "Lens", "Monitor", "Pair", "PatchSpec", "PathPatching", "Patching", "Probes", "Reads",
     "RewardLensError",
     "RewardModel", "SAEConfig", "Scorecard", "Store", "TokenAttribution", "TopKSAE", "Trajectory", "attribute",
-    "attribute_features", "attribution_patch", "audit", "bench", "calibrate", "cascade", "compare", "concepts",
-    "conflict", "distortion", "edit", "faithfulness", "feature_patch", "feature_report", "feature_steer",
-    "lens", "load", "load_dpo", "load_judge", "load_pairs",
+    "attribute_features", "attribution_patch", "audit", "bench", "calibrate", "cascade", "circuit", "compare",
+    "concepts", "conflict", "distortion", "edges", "edit", "faithfulness", "feature_patch", "feature_report",
+    "feature_steer", "lens", "load", "load_dpo", "load_judge", "load_pairs",
     "load_prm", "load_sae", "monitored_reward", "patch", "path_patch", "probe", "register_architecture", "tokens",
     "train_sae",
     "wrap", "wrap_dpo", "wrap_judge", "wrap_prm",
@@ -98,8 +102,8 @@ _FACE: dict[str, str] = {
     **dict.fromkeys(("Audit", "Store", "audit"), "audit"),
     **dict.fromkeys(("Bench", "bench"), "bench"),
     **dict.fromkeys(("Scorecard", "calibrate"), "calibrate"),
-    **dict.fromkeys(("Faithfulness", "PatchSpec", "PathPatching", "Patching", "attribution_patch", "faithfulness",
-                     "patch", "path_patch"), "causal"),
+    **dict.fromkeys(("Circuit", "Edges", "circuit", "edges", "Faithfulness", "PatchSpec", "PathPatching", "Patching",
+                     "attribution_patch", "faithfulness", "patch", "path_patch"), "causal"),
     **dict.fromkeys(("Comparison", "compare"), "compare"),
     **dict.fromkeys(("Pair", "load_pairs"), "data"),
     **dict.fromkeys(("RewardLensError",), "errors"),

@@ -1,6 +1,7 @@
 """The calibration suite: its scorecard on the organisms, its grading rules, and `rewardlens calibrate`."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -16,6 +17,18 @@ from rewardlens.calibrate import (
 from rewardlens.cli import main
 from rewardlens.stats import spearman
 
+# Known limitations, measured and reported but not counted (docs/organisms.md, SAE ground truth): no single SAE
+# feature removes most of the planted margin (the rule is split over about five co-firing features), and the
+# keyword's reward feature fires after the word, never on it.
+KNOWN = {("list", "mean ablation effect of reward feature #1"),
+         ("keyword", "mean ablation effect of reward feature #1"),
+         ("keyword", "share of reward feature #1 (*)'s top-10 context peaks inside the planted word")}
+
+
+def _known(row):
+    return any(row.organism == o and re.fullmatch(re.escape(c).replace(r"\*", r"\d+") + ".*", row.check)
+               for o, c in KNOWN)
+
 
 @pytest.fixture(scope="module")
 def card(organisms):
@@ -25,6 +38,11 @@ def card(organisms):
 def test_scorecard_passes_every_threshold(card):
     failures = [(r.instrument, r.organism, r.check, r.value) for r in card.failures]
     assert card.passed and not failures, failures
+    # Exactly the known limitations are marked known, and each still fails, as measured: a known row that starts
+    # passing (or a new row marked known) shows up here.
+    assert {(r.organism, r.check) for r in card.rows if r.known} == {(r.organism, r.check) for r in card.rows
+                                                                     if _known(r)}
+    assert len(card.known_failures) == len(KNOWN) and all(r.result == "known" for r in card.known_failures)
     frame = card.to_frame()
     assert len(frame) == len(card.rows) and set(frame["instrument"]) >= {
         "organism", "attribution", "lens", "patching", "path-frozen patching", "attribution patching", "sae",
@@ -45,10 +63,27 @@ def test_scorecard_passes_every_threshold(card):
             "Spearman(strength, mean noising effect of attn_L1_H2) over 3 strengths"} <= patching
 
 
+def test_sae_ground_truth_is_graded_on_both_organisms(card):
+    """Issue 28 item 5: reward feature #1 of each organism's SAE is found (its contexts), ablated and labelled."""
+    rows = {(r.organism, re.sub(r"\(\d+\)", "(f)", r.check)): r for r in card.rows if r.instrument == "sae"}
+    head = "reward feature #1 (f)"
+    for name, span in (("list", "bullet lines"), ("keyword", "planted word")):
+        inside = rows[name, f"share of {head}'s top-10 context peaks inside the {span}"]
+        after = rows[name, f"share of {head}'s top-10 context peaks inside or after the {span}"]
+        ablated = rows[name, f"mean ablation effect of {head} as a share of the mean clean margin"]
+        rho = rows[name, f"Spearman ρ of {head} with the {name!r} attribute axis"]
+        rank = rows[name, f"rank of the {name!r} axis by ρ with {head} among ['list', 'keyword', 'length']"]
+        assert after.passed and after.value >= 0.8 and rho.passed and rho.value >= 0.5 and rank.value == 1
+        # The feature carries a real share of the margin, but not most of it: reported, failing.
+        assert 0.1 < ablated.value < 0.5 and not ablated.passed
+        assert inside.passed is (name == "list")
+    assert rows["keyword", f"share of {head}'s top-10 context peaks inside the planted word"].value == 0.0
+
+
 def test_scorecard_round_trips_through_json(card, tmp_path):
     text = card.to_json(tmp_path / "card.json")
     data = json.loads((tmp_path / "card.json").read_text())
-    assert data == json.loads(text) and data["passed"] is True
+    assert data == json.loads(text) and data["passed"] is card.passed
     assert [Grade(**r) for r in data["rows"]] == list(card.rows)
     assert data["settings"]["strengths"] == [0.25, 0.5, 1.0]
 
@@ -63,6 +98,28 @@ def test_grades_fail_when_the_instrument_is_wrong():
     assert Grade.of("x", "o", "c", 0.9, 0.97).passed is False and Grade.of("x", "o", "c", 1.0, 1.0, "==").passed
     card = Scorecard((right[0], wrong[0]))
     assert not card.passed and card.failures == [wrong[0]]
+
+
+def test_a_known_limitation_is_reported_but_not_counted(capsys):
+    """A failing row marked `known` leaves the scorecard passed and the command's exit 0, but is printed with
+    its reason; an unmarked failing row still fails both."""
+    from rewardlens.cli.organisms import COMMANDS
+
+    known = Grade.of("sae", "list", "ablation share", 0.3, 0.5, known="split over five features")
+    fails = Grade.of("sae", "list", "another share", 0.3, 0.5)
+    ok = Grade.of("sae", "list", "rho", 0.9, 0.5)
+    assert (known.result, fails.result, ok.result) == ("known", "FAIL", "pass")
+    good, bad = Scorecard((ok, known), {"seconds": 1.0}), Scorecard((ok, known, fails), {"seconds": 1.0})
+    assert good.passed and good.failures == [] and good.known_failures == [known]
+    assert not bad.passed and bad.failures == [fails]
+    command = COMMANDS[0]
+    assert command.exit_code is not None
+    assert command.exit_code({**good.to_dict(), "out": None}) == 0
+    assert command.exit_code({**bad.to_dict(), "out": None}) == 1
+    command.show({**good.to_dict(), "out": None})
+    out = capsys.readouterr().out
+    assert "1/2 checks passed" in out and "1 known limitations failed as expected" in out
+    assert "known: list: ablation share: split over five features" in out
 
 
 def test_spearman():

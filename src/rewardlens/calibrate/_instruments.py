@@ -3,17 +3,22 @@ lens, patching (total, path-frozen, attribution patching) and TopK SAEs."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import torch
 
 from ..causal import attribution_patch, patch
 from ..data import Pair, margin
 from ..exact import attribute, lens
-from ..model import Part, RewardModel, TraceKey
+from ..model import Part, RewardModel
 from ..stats import auroc
 from ..types import Level, PatchLevel
 from ..zoo.organisms import ORGANISMS, ablated, forward_margins
 from ._core import ACCURACY, Grade, OrganismBench, circuits, localisation, strength_response, sublayer_of
+from ._sae import TRUTH, ground_truth, train_for
+
+if TYPE_CHECKING:
+    from ..sae import TopKSAE
 
 
 def grade_organisms(bench: OrganismBench) -> list[Grade]:
@@ -112,20 +117,25 @@ def grade_patching(bench: OrganismBench) -> list[Grade]:
 
 
 def grade_sae(bench: OrganismBench) -> list[Grade]:
-    """TopK SAE on the 'list' organism's last layer: the features that write the most reward on
-    held-out pairs detect the bullet list on pairs where a coin put it on either side (AUROC), and
-    do not detect which side was chosen (AUROC near 0.5)."""
-    from ..sae import ActivationSource, SAEConfig, TrainConfig, attribute_features, train_sae
+    """TopK SAEs on the last layer of the 'list' and 'keyword' organisms, one each, trained once
+    (`_sae.train_for`). On 'list': the features that write the most reward on held-out pairs detect
+    the bullet list on pairs where a coin put it on either side (AUROC), and do not detect which side
+    was chosen (AUROC near 0.5). On both: the ground-truth rows of `_sae.ground_truth` (reward
+    feature #1's contexts, ablation and probe-axis label against the planted rule)."""
+    rows = []
+    for name in [n for n in TRUTH if n in bench.organisms]:
+        model, layer, sae = train_for(bench, name)
+        if name == "list":
+            rows += _detects_list(bench, model, layer, sae)
+        rows += ground_truth(bench, name, model, layer, sae)
+    return rows
 
-    if "list" not in bench.organisms:
-        return []
-    spec, model = ORGANISMS["list"], bench.model("list")
-    layer = model.n_layers - 1
-    source = ActivationSource(model, spec.pairs(n=200, seed=bench.seed + 2, strength=1.0), TraceKey.resid(layer),
-                              positions="all")
-    with torch.random.fork_rng():  # seeded training without resetting the caller's random state
-        torch.manual_seed(bench.seed)
-        sae = train_sae(source, TrainConfig(sae=SAEConfig(expansion_factor=4, k=8), batch_size=256, epochs=3)).sae
+
+def _detects_list(bench: OrganismBench, model: RewardModel, layer: int, sae: TopKSAE) -> list[Grade]:
+    """The 'list' rows of `grade_sae`: the top-3 reward features against the planted attribute and the side."""
+    from ..sae import attribute_features
+
+    spec = ORGANISMS["list"]
     top = [f for f, _ in attribute_features(model, sae, bench.pairs("list")[:60], layer=layer).top(3, by="margin")]
     mixed_pairs = spec.pairs(n=100, seed=bench.seed + 3, strength=0.0)
     mixed = attribute_features(model, sae, mixed_pairs, layer=layer)

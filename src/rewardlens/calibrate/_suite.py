@@ -6,6 +6,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from ..zoo.organisms import KINDS, ORGANISM_VERSION
+from ._circuits import grade_circuits
 from ._concepts import grade_concepts
 from ._conflict import grade_conflict
 from ._core import STRENGTHS, Grader, Scorecard
@@ -15,8 +16,9 @@ from ._kinds import KindBench, grade_dpo, grade_prm
 from ._probes import grade_distortion, grade_probes
 
 GRADERS: list[Grader] = [grade_organisms, grade_attribution, grade_lens, grade_patching, grade_sae, grade_probes,
-                         grade_distortion, grade_concepts, grade_conflict, grade_editing, grade_prm, grade_dpo]
-"""The suite, in order. A new instrument appends its grader."""
+                         grade_distortion, grade_concepts, grade_conflict, grade_editing, grade_circuits,
+                         grade_prm, grade_dpo]
+"""The suite, in order. A new instrument appends its grader (before the PRM and DPO graders, which stay last)."""
 
 
 def calibrate(

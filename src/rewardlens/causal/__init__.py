@@ -6,6 +6,10 @@ or the path-frozen direct estimand (docs/design.md §5); `faithfulness` sets att
 
 from ._attribution_patching import agreement as agreement
 from ._attribution_patching import attribution_patch as attribution_patch
+from ._circuit import Circuit as Circuit
+from ._circuit import circuit as circuit
+from ._edges import Edges as Edges
+from ._edges import edges as edges
 from ._faithfulness import ESTIMANDS as ESTIMANDS
 from ._faithfulness import Faithfulness as Faithfulness
 from ._faithfulness import aligned as aligned
@@ -22,7 +26,11 @@ from ._traced import Traced as Traced
 from ._traced import trace_pairs as trace_pairs
 
 __all__ = [
+    "Circuit",
     "ESTIMANDS",
+    "Edges",
+    "circuit",
+    "edges",
     "Faithfulness",
     "MODES",
     "PatchSpec",

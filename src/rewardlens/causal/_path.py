@@ -159,11 +159,11 @@ def path_patch(
         plan = PatchPlan.make(model, clean, sites, spec.mode, spec.ablation, spec.positions, ref, batch_size,
                               ids=pair_ids(pairs))
         cols, valid, values = plan.at_columns(clean)
-        deltas = _deltas(model, clean, plan.targets, cols, valid, values, sites, recvs, batch_size)
+        deltas = path_deltas(model, clean, plan.targets, cols, valid, values, sites, recvs, batch_size)
         out = torch.zeros(len(plan.targets), len(sites), len(recvs), device=model.device)
         for k, r in enumerate(recvs):
             if r.kind == "reward":
-                out[:, :, k] = _at_reward(model, clean, plan.targets, cols, deltas, len(sites), k)
+                out[:, :, k] = reward_path_rewards(model, clean, plan.targets, cols, deltas, len(sites), k)
         if wires:
             _stepped_rewards(model, seqs, plan.targets, cols, deltas, sites, recvs, wires, batch_size, out)
         rows = clean.reward[:, None, None].repeat(1, len(sites), len(recvs))
@@ -199,7 +199,7 @@ def _parse(model: RewardModel, senders: Sequence[str], receivers: Sequence[str])
 
 
 def _keys(model: RewardModel, sites: list[Site]) -> dict[TraceKey, Site]:
-    """What `_deltas` reads at the patched columns: each sender's activation, a head's sublayer output,
+    """What `path_deltas` reads at the patched columns: each sender's activation, a head's sublayer output,
     and in a post-norm encoder every part (the residual norms are recomputed from them)."""
     keys: dict[TraceKey, Site] = {s.key: s for s in sites}
     keys.update({TraceKey.sublayer("attn", s.layer): Site.attn(s.layer) for s in sites if s.head is not None})
@@ -244,7 +244,7 @@ def _carry(model: RewardModel, act: dict[TraceKey, Tensor], site: Site, change: 
     return moved - x
 
 
-def _deltas(
+def path_deltas(
     model: RewardModel, clean: Clean, targets: list[int], cols: Tensor, valid: Tensor,
     values: dict[TraceKey, Tensor], sites: list[Site], recvs: list[Receiver], batch_size: int,
 ) -> dict[tuple[int, int], Tensor]:
@@ -260,7 +260,7 @@ def _deltas(
     return out
 
 
-def _at_reward(model: RewardModel, clean: Clean, targets: list[int], cols: Tensor,
+def reward_path_rewards(model: RewardModel, clean: Clean, targets: list[int], cols: Tensor,
                deltas: dict[tuple[int, int], Tensor], n_senders: int, k: int) -> Tensor:
     """Rewards [n_targets, S] with δ added to the final residual at the read token and the readout (a
     gate too) clean: path-frozen patching, read off the clean trace with no forward."""
@@ -335,3 +335,6 @@ def _whole(model: RewardModel, seqs: list[Tokenized], wire: Wiring, delta: Tenso
     with receiving(model, wire, delta[:, :t], {key: v[:, :t] for key, v in clean.items()}):
         values, coef = model.head_readout(model.run(batch, model.final_points(batch)))
     return (values * coef).sum(-1)
+
+
+# The edge instruments (`_edges.py`) reuse these two steps of path patching as they are.

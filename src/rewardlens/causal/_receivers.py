@@ -136,7 +136,7 @@ class Wiring:
     frozen: tuple[tuple[str, nn.Module, slice | None], ...]
 
 
-def _write(model: RewardModel, kind: str, layer: int) -> nn.Module:
+def sublayer_write(model: RewardModel, kind: str, layer: int) -> nn.Module:
     """The module whose output a sublayer adds to the residual (its post-norm's, where it has one)."""
     arch = model.arch
     post = arch.attn_post_norm if kind == "attn" else arch.mlp_post_norm
@@ -161,14 +161,14 @@ def wiring(model: RewardModel, receiver: Receiver) -> Wiring:
     elif arch.layout == "post_norm" and arch.attn_post_norm is None:  # an encoder: the residual norm's output
         add = (model.layer_module(layer, arch.residual_norms[0]), "out")
     else:
-        add = (_write(model, "attn", layer), "out")
+        add = (sublayer_write(model, "attn", layer), "out")
     frozen: list[tuple[str, nn.Module, slice | None]] = []
     if parallel:  # the sibling sublayer reads the same x + δ: hold its write at the clean value
         other = "mlp" if own == "attn" else "attn"
-        frozen.append((other, _write(model, other, layer), None))
+        frozen.append((other, sublayer_write(model, other, layer), None))
     if receiver.kind == "head":
         frozen += _projections(model, receiver)
-    return Wiring(receiver, add, _write(model, own, layer), tuple(frozen))
+    return Wiring(receiver, add, sublayer_write(model, own, layer), tuple(frozen))
 
 
 def _projections(model: RewardModel, receiver: Receiver) -> list[tuple[str, nn.Module, slice | None]]:

@@ -16,6 +16,7 @@ from . import (
     base,
     bench,
     causal,
+    circuit,
     compare,
     concepts,
     conflict,
@@ -30,8 +31,8 @@ from . import (
 from ._common import Command, Interrupted, as_flags, check_common, command_line, print_json
 
 # Each module owns its commands; the order here is the order of `rewardlens -h`.
-_MODULES = (base, tokens, audit, bench, causal, probes, compare, concepts, conflict, edit, sae, organisms, monitor,
-            parity)
+_MODULES = (base, tokens, audit, bench, causal, circuit, probes, compare, concepts, conflict, edit, sae, organisms,
+            monitor, parity)
 
 
 def _commands() -> dict[str, Command]:

@@ -8,7 +8,8 @@ from typing import Any
 
 from ._common import Command, check_out_file, positive, quiet_hub, table
 
-ORGANISMS = ("circuit", "confidence", "keyword", "length", "list", "quality_list", "sycophancy", "two_objective")
+ORGANISMS = ("circuit", "confidence", "keyword", "length", "list", "quality_list", "sycophancy", "two_objective",
+             "two_step")
 """The names of `rewardlens.zoo.organisms.ORGANISMS` (tests/cli checks the two agree)."""
 KINDS = ("dpo_keyword", "prm_steps")
 """The names of `rewardlens.zoo.organisms.KINDS`, the PRM and DPO organisms (tests/calibrate checks)."""
@@ -36,11 +37,15 @@ def _calibrate(args: argparse.Namespace) -> dict[str, Any]:
 def _show(result: dict[str, Any]) -> None:
     value = lambda v: "- (undefined)" if v is None or v != v else f"{v:.4g}"  # None or NaN: no number
     rows = [(r["instrument"], r["organism"], r["check"], value(r["value"]), f"{r['compare']} {r['threshold']:g}",
-             "pass" if r["passed"] else "FAIL") for r in result["rows"]]
+             "pass" if r["passed"] else "known" if r["known"] else "FAIL") for r in result["rows"]]
     print(table(["instrument", "organism", "check", "value", "needs", "result"], rows))
     n_ok = sum(r["passed"] for r in result["rows"])
+    known = [r for r in result["rows"] if r["known"] and not r["passed"]]
     print(f"\n{n_ok}/{len(rows)} checks passed ({result['settings']['seconds']} s)"
+          + (f"; {len(known)} known limitations failed as expected (not counted)" if known else "")
           + (f"; scorecard written to {result['out']}" if result["out"] else ""))
+    for r in known:
+        print(f"  known: {r['organism']}: {r['check']}: {r['known']}")
 
 
 def _check(args: argparse.Namespace) -> None:
@@ -50,5 +55,5 @@ def _check(args: argparse.Namespace) -> None:
 
 COMMANDS = [
     Command("calibrate", "grade the instruments on model organisms with planted rules", _arguments, _calibrate, _show,
-            exit_code=lambda result: 0 if all(r["passed"] for r in result["rows"]) else 1, check=_check),
+            exit_code=lambda result: 0 if result["passed"] else 1, check=_check),
 ]

@@ -7,6 +7,7 @@ spec = ORGANISMS["list"]
 pairs = spec.pairs(n=200, seed=1, strength=1.0)   # rewardlens.Pair list; each seed gives new pairs
 spec.has_attribute(pairs[0].chosen)               # True: the chosen side carries the planted attribute
 spec.planted_part                                 # "attn_L1_H2" for "circuit", None for the others
+ORGANISMS["two_step"].planted_path                # ("attn_L0_H1", "attn_L1_H2"): a rule needing both, in series
 ```
 `KINDS` holds organisms of other reward-model kinds, built and cached the same way: "prm_steps" (a
 process reward model, `open_kind(build("prm_steps"))` or `rewardlens.load_prm(path, separator="\n")`)

@@ -90,7 +90,7 @@ def _train_into(folder: Path, name: str, strength: float, seed: int) -> None:
         if bars:
             hf_logging.enable_progress_bar()
     stats.update(version=ORGANISM_VERSION, rule=spec.rule, objectives=list(spec.objectives),
-                 planted_part=spec.planted_part,
+                 planted_part=spec.planted_part, planted_path=spec.planted_path,
                  torch=torch.__version__, transformers=transformers.__version__)
     (folder / RECORD).write_text(json.dumps(stats, indent=2) + "\n")
     for f in folder.iterdir():  # save_pretrained writes 0600 files; let a shared cache be read

@@ -196,7 +196,7 @@ def train_dpo(spec: PolicyOrganism, strength: float, seed: int) -> tuple[
     return policy, reference, tok, stats
 
 
-def _check_frozen(policy: nn.Module, reference: nn.Module, part: str,
+def _check_frozen(policy: nn.Module, reference: nn.Module, part: str | tuple[str, ...],
                   trainable: list[tuple[nn.Parameter, torch.Tensor | None]]) -> None:
     """The planted guarantee: every policy entry outside `part` equals the reference's."""
     masks = {id(p): m for p, m in trainable}

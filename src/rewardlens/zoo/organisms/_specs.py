@@ -37,9 +37,10 @@ class Recipe:
     """Pairs per optimiser step (two sequences each)."""
     lr: float = 3e-3
     """Peak learning rate (linear warm-up over 10 % of the steps, then linear decay)."""
-    trainable: str | None = None
-    """None: every parameter trains. A part name (`attn_L1_H2`, `mlp_L0`, ...): only that part's
-    weights train and everything else keeps its seeded initial value, so the rule can live nowhere else."""
+    trainable: str | tuple[str, ...] | None = None
+    """None: every parameter trains. A part name (`attn_L1_H2`, `mlp_L0`, ...) or a tuple of them:
+    only those parts' weights train and everything else keeps its seeded initial value, so the rule
+    can live nowhere else."""
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,9 @@ class Organism:
 
     `objectives` names the head's outputs (one per attribute in `attributes`); `planted_part` is
     the part that provably carries the rule (in `rewardlens.attribute` names), or None when every
-    parameter trained and the rule's location is not known in advance.
+    parameter trained and the rule's location is not known in advance. `planted_path` is, for an
+    organism whose rule needs two parts in series, (sender, receiver): the only parts that trained,
+    the sender writing at a position the reward is not read at and the receiver reading it there.
     """
 
     name: str
@@ -57,6 +60,7 @@ class Organism:
     attributes: tuple[Callable[[str], bool], ...] = field(repr=False)
     objectives: tuple[str, ...] = ("reward",)
     planted_part: str | None = None
+    planted_path: tuple[str, str] | None = None
     recipe: Recipe = Recipe()
 
     def has_attribute(self, text: str, objective: int | str = 0) -> bool:
@@ -213,6 +217,23 @@ def keyword_maker(word: str, rivals: tuple[str, ...] | None = None) -> Make:
     return make
 
 
+TWO_STEP_WORDS = ("Notably", "Importantly")
+"""The two_step organism's bigram: chosen says "Notably Importantly, ...", rejected the same two
+words the other way round (each one token of the organisms' tokenizer, so the sides are token-aligned)."""
+
+
+def make_two_step(rng: random.Random) -> tuple[str, str, str]:
+    """One statement opens with both bigram words, in the planted order on the first side and swapped
+    on the second: the same tokens, the same positions, only the order of two neighbours differs."""
+    _, prompt, points, opener = _plan(rng, (2, 4))
+    closer, j, prose = rng.choice(bank.CLOSERS), rng.randrange(len(points)), _connect(rng, points)
+    first, second = TWO_STEP_WORDS
+
+    def side(words: str) -> str:
+        return _compose(opener, prose[:j] + [_prefix(words + ", ", points[j])] + prose[j + 1:], closer)
+    return prompt, side(f"{first} {second}"), side(f"{second} {first}")
+
+
 def make_two_objective(rng: random.Random) -> tuple[str, str, str]:
     """Sides differ in formatting only, confidence only, both agreeing, or both in conflict
     (a bullet list with hedges against confident prose), a quarter of the pairs each."""
@@ -343,6 +364,10 @@ class QualityOrganism(Organism):
 
 
 CIRCUIT_PART = "attn_L1_H2"
+TWO_STEP_PATH = ("attn_L0_H1", "attn_L1_H2")
+"""The two_step organism's planted path: a layer-0 head (which learns to attend to the previous
+token, so at "Importantly" it writes whether "Notably" came just before) and the layer-1 head that
+reads that position into the read token. Only these two heads train."""
 
 ORGANISMS: dict[str, Organism] = {o.name: o for o in [
     Organism("length", f"the chosen response is longer (>= {LONG_WORDS} words against one statement)",
@@ -365,4 +390,8 @@ ORGANISMS: dict[str, Organism] = {o.name: o for o in [
                     "(always decided); bias pairs: a bullet list beats the same statements in prose (planted)",
                     make_quality, (is_list,), quality=is_informative, make_bias=make_list,
                     recipe=Recipe(epochs=3, lr=5e-3)),
+    Organism("two_step", f"the chosen response says '{' '.join(TWO_STEP_WORDS)}', the rejected one the same two "
+             f"words swapped; only heads {TWO_STEP_PATH[0]} and {TWO_STEP_PATH[1]} trained",
+             make_two_step, (mentions(" ".join(TWO_STEP_WORDS)),), planted_path=TWO_STEP_PATH,
+             recipe=Recipe(trainable=TWO_STEP_PATH, lr=1e-2)),
 ]}

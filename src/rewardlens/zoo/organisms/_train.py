@@ -95,9 +95,19 @@ def initial_model(spec: Organism, seed: int) -> LlamaForSequenceClassification:
     return model
 
 
-def part_parameters(model: nn.Module, part: str) -> list[tuple[nn.Parameter, Tensor | None]]:
+def part_parameters(model: nn.Module, part: str | tuple[str, ...]) -> list[tuple[nn.Parameter, Tensor | None]]:
     """The parameters (with a 0/1 mask of the entries that belong to `part`, or None for all)
-    that write part `part` (`attn_L{l}`, `attn_L{l}_H{h}` or `mlp_L{l}`) of a Llama model."""
+    that write part `part` (`attn_L{l}`, `attn_L{l}_H{h}` or `mlp_L{l}`) of a Llama model; for a
+    tuple of parts, each parameter once, its mask the union of the parts' masks."""
+    if isinstance(part, tuple):
+        merged: dict[int, tuple[nn.Parameter, Tensor | None]] = {}
+        for one in part:
+            for p, mask in part_parameters(model, one):
+                _, seen = merged.get(id(p), (p, mask))
+                # None (the whole parameter) absorbs any mask; two masks of one matrix are OR-ed
+                both = None if mask is None or seen is None else torch.maximum(mask, seen)
+                merged[id(p)] = (p, both)
+        return list(merged.values())
     found = Part.parse(part)
     if found.kind == "embed" or found.bias or found.neuron is not None:
         raise ValueError(f"trainable part {part!r} is not attn_L<l>, attn_L<l>_H<h> or mlp_L<l>")
@@ -124,8 +134,9 @@ def part_parameters(model: nn.Module, part: str) -> list[tuple[nn.Parameter, Ten
     return out
 
 
-def ablated(model: nn.Module, part: str) -> nn.Module:
-    """A copy of `model` in which `part` writes nothing (its weights zeroed); `model` is untouched."""
+def ablated(model: nn.Module, part: str | tuple[str, ...]) -> nn.Module:
+    """A copy of `model` in which `part` (each part of a tuple) writes nothing (its weights zeroed);
+    `model` is untouched."""
     import copy
 
     clone = copy.deepcopy(model)
@@ -266,9 +277,11 @@ def train(
 
 
 def _check_frozen(
-    model: nn.Module, start: dict[str, Tensor], trainable: list[tuple[nn.Parameter, Tensor | None]], part: str
+    model: nn.Module, start: dict[str, Tensor], trainable: list[tuple[nn.Parameter, Tensor | None]],
+    part: str | tuple[str, ...],
 ) -> None:
-    """The planted-circuit guarantee: every entry outside `part` still has its initial value."""
+    """The planted-circuit guarantee: every entry outside `part` (each of the parts, for a tuple)
+    still has its initial value."""
     masks = {id(p): m for p, m in trainable}
     for name, p in model.named_parameters():
         keep = torch.ones_like(p, dtype=torch.bool) if id(p) not in masks else (

@@ -1,0 +1,128 @@
+"""SAE ground truth: on the `keyword` and `list` organisms, the reward feature an SAE finds is the planted rule.
+
+One TopK SAE per organism, trained once (seeded) on its last layer and shared with `grade_sae`'s
+detection checks. Reward feature #1 is the top feature by mean margin attribution on the held-out
+pairs (the attribution's own ranking, chosen before anything below is looked at). Graded:
+
+- **contexts**: of its top `N_CONTEXTS` corpus contexts (`feature_report` cards over both organisms'
+  pairs), the share whose peak token lies *inside* the planted span (the word 'Importantly'; a bullet
+  line, the line break that opens it included), and the share inside it *or after it* (the text read
+  through the peak token already carries the attribute: a causal model's feature can only know that);
+- **ablation**: `feature_patch(mode="ablate")` of that one feature: mean total effect as a share of the
+  mean clean margin;
+- **label**: its card's Spearman ρ with the planted attribute's axis (`text_axes` over the organisms'
+  own attribute tests), and that axis' rank among the axes of the other attributes.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from ..model import RewardModel, TraceKey
+from ..zoo.organisms import ORGANISMS
+from ._core import Grade, OrganismBench
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from ..sae import TopKSAE
+
+TRUTH = ("list", "keyword")
+"""The organisms whose planted rule an SAE feature is graded against."""
+AXES = ("list", "keyword", "length")
+"""The organisms whose attribute tests become the cards' probe axes: each truth organism's own and wrong ones."""
+N_CONTEXTS = 10
+"""Top contexts read per feature: a share of 0.8 allows two misses."""
+CONTEXT_SHARE = 0.8
+"""A feature unrelated to the rule peaks in the span at its base rate: of the calibration corpus' tokens about
+0.18 lie in a bullet line and 0.003 in the word, 0.11-0.2 at or after the attribute (0.47 at most over
+responses alone, tests/calibrate/test_sae.py)."""
+ABLATED_SHARE = 0.5
+"""'Removes most of the planted margin'."""
+AXIS_RHO = 0.5
+"""Spearman ρ of the feature's per-sequence peak with the planted attribute's 0/1 axis."""
+_WORD = re.compile(r"\w+")
+SPLIT = ("no single feature of this SAE carries the rule: it is split over about five co-firing features, "
+         "each 0.15-0.31 of the margin (docs/organisms.md, SAE ground truth)")
+"""The known limitation behind the single-feature ablation rows: measured and reported, not counted."""
+AFTER_THE_WORD = ("a feature read at the read token fires after the planted word, recording that it was read, "
+                  "not on the word itself (docs/organisms.md, SAE ground truth)")
+"""The known limitation behind the keyword's strict context row."""
+
+
+def train_for(bench: OrganismBench, name: str) -> tuple[RewardModel, int, TopKSAE]:
+    """(model, layer, SAE): a TopK SAE (×4, k=8) on every token of `name`'s last layer over 200 pairs of a
+    stream neither training nor the bench's pairs use, 3 epochs, seeded by the bench."""
+    from ..sae import ActivationSource, SAEConfig, TrainConfig, train_sae
+
+    spec, model = ORGANISMS[name], bench.model(name)
+    layer = model.n_layers - 1
+    source = ActivationSource(model, spec.pairs(n=200, seed=bench.seed + 2, strength=1.0), TraceKey.resid(layer),
+                              positions="all")
+    with torch.random.fork_rng():  # seeded training without resetting the caller's random state
+        torch.manual_seed(bench.seed)
+        sae = train_sae(source, TrainConfig(sae=SAEConfig(expansion_factor=4, k=8), batch_size=256, epochs=3)).sae
+    return model, layer, sae
+
+
+def _unit(name: str, text: str, start: int, end: int) -> str:
+    """The planted unit around characters start..end: the word ('keyword') or the line, a line break counted
+    in the line it opens ('list')."""
+    if name == "keyword":
+        return next((m.group() for m in _WORD.finditer(text) if m.start() < end and start < m.end()), "")
+    anchor = start + 1 if text[start:end].startswith("\n") else start
+    lo, hi = text.rfind("\n", 0, anchor) + 1, text.find("\n", anchor)
+    return text[lo:hi if hi >= 0 else len(text)]
+
+
+def _inside(name: str, unit: str) -> bool:
+    """Whether the unit is the planted span, by the organism's own test (one owner of the attribute): the word
+    passes `mentions`; one line passes `is_list` (two bullet lines or more) when written twice."""
+    spec = ORGANISMS[name]
+    return bool(unit) and spec.has_attribute(unit if name == "keyword" else unit + "\n" + unit)
+
+
+def placement(tokenizer: PreTrainedTokenizerBase, name: str, ids: list[int], position: int) -> tuple[bool, bool]:
+    """(token `position` of `ids` lies inside the planted span, inside it or after it) under organism `name`'s
+    rule: after means the text decoded through that token already passes the organism's test. Characters
+    are located by decoding prefixes, the way the cards decode their windows."""
+    start, end = len(tokenizer.decode(ids[:position])), len(tokenizer.decode(ids[:position + 1]))
+    inside = _inside(name, _unit(name, str(tokenizer.decode(ids)), start, end))
+    return inside, inside or ORGANISMS[name].has_attribute(str(tokenizer.decode(ids[:position + 1])))
+
+
+def ground_truth(bench: OrganismBench, name: str, model: RewardModel, layer: int, sae: TopKSAE) -> list[Grade]:
+    """The module docstring's rows for organism `name` and its trained `sae` at `layer`."""
+    from ..sae import attribute_features, feature_patch, feature_report, text_axes
+
+    pairs = bench.pairs(name)
+    att = attribute_features(model, sae, pairs, layer=layer, fit=None)
+    feature = att.top(1, by="margin")[0][0]
+    corpus = [p for o in TRUTH for p in ORGANISMS[o].pairs(40, seed=bench.seed + 4)]
+    axes = text_axes(model, corpus, **{o: ORGANISMS[o].has_attribute for o in AXES})
+    card = feature_report(model, sae, att, corpus, top=1, n_contexts=N_CONTEXTS, axes=axes).cards.cards[0]
+    texts = [s.ids for s in model.encode(corpus)[0]]  # a context's `input` indexes the corpus' sequences
+    where = np.array([placement(model.tokenizer, name, texts[c.input], c.position) for c in card.contexts],
+                     dtype=bool).reshape(-1, 2)
+    ablated = feature_patch(model, sae, pairs, layer=layer, features=[feature], mode="ablate", n_boot=1)
+    clean = ablated.clean[0::2] - ablated.clean[1::2]
+    rho = {a: card.correlations[a] for a in AXES}
+    order = sorted(AXES, key=lambda a: -rho[a] if np.isfinite(rho[a]) else np.inf)
+    span = "planted word" if name == "keyword" else "bullet lines"
+    head = f"reward feature #1 ({feature})"
+    # Contexts that never fired count as misses: the share is over N_CONTEXTS, not over those found.
+    return [
+        Grade.of("sae", name, f"share of {head}'s top-{N_CONTEXTS} context peaks inside the {span}",
+                 where[:, 0].sum() / N_CONTEXTS, CONTEXT_SHARE, known=AFTER_THE_WORD if name == "keyword" else ""),
+        Grade.of("sae", name, f"share of {head}'s top-{N_CONTEXTS} context peaks inside or after the {span}",
+                 where[:, 1].sum() / N_CONTEXTS, CONTEXT_SHARE),
+        Grade.of("sae", name, f"mean ablation effect of {head} as a share of the mean clean margin",
+                 float(ablated.total[:, 0].mean() / clean.mean()), ABLATED_SHARE, known=SPLIT),
+        Grade.of("sae", name, f"Spearman ρ of {head} with the {name!r} attribute axis", rho[name], AXIS_RHO),
+        Grade.of("sae", name, f"rank of the {name!r} axis by ρ with {head} among {list(AXES)}",
+                 order.index(name) + 1, 1, "<="),
+    ]

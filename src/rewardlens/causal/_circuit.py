@@ -1,0 +1,205 @@
+"""`circuit`: keep the top edges and measure how much of the clean margin they carry alone.
+
+Edges are ranked by mean |score| over pairs (`stats.top_parts`). A circuit of the k first edges is
+evaluated by edge ablation (`_circuit_run`): every edge outside it carries its upstream part's
+corrupted write, and the faithfulness is `mean margin(C) / mean clean margin` (1 for every edge;
+`empty` is the margin with no edge kept). The curve runs over circuit sizes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from ..data import Inputs, Pair, counting
+from ..errors import ArchitectureError, CircuitError
+from ..model import RewardModel
+from ..model.internal import collate, each_batch
+from ..stats import to_json, top_parts
+from ..types import Ablation, Mode, Positions, Spans
+from ._circuit_run import circuit_rewards, corrupted_writes
+from ._edges import Edges, Method, check_model, nodes
+from ._edges import edges as edge_scores
+from ._plan import Clean, PatchPlan, pair_seqs
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+
+@dataclass(frozen=True)
+class Circuit:
+    """A circuit (`kept`: edges (upstream, downstream, mean score), best first) and its curve: `sizes`
+    [S] circuits of the first k ranked edges with margins `margins` [S, n_pairs]; `clean` and `empty`
+    [n_pairs] the margins with every edge and with none."""
+
+    kept: list[tuple[str, str, float]]
+    ranked: list[tuple[str, str, float]]
+    sizes: list[int]
+    margins: np.ndarray
+    clean: np.ndarray
+    empty: np.ndarray
+    method: str
+    mode: str
+
+    @property
+    def shares(self) -> np.ndarray:
+        """Faithfulness [S]: mean circuit margin / mean clean margin."""
+        return self.margins.mean(1) / self.clean.mean()
+
+    @property
+    def share(self) -> float:
+        """Faithfulness of the kept circuit."""
+        return float(self.shares[self.sizes.index(len(self.kept))])
+
+    def smallest(self, target: float) -> list[tuple[str, str, float]]:
+        """The smallest evaluated circuit whose faithfulness reaches `target`; CircuitError otherwise."""
+        hit = [k for k, s in zip(self.sizes, self.shares) if s >= target]
+        if not hit:
+            raise CircuitError(f"no evaluated circuit reaches a share of {target:g} of the clean margin (best "
+                               f"{np.nanmax(self.shares):.3g} at {self.sizes[int(np.nanargmax(self.shares))]} edges); "
+                               "lower the target or evaluate larger circuits (sizes=)")
+        return self.ranked[:min(hit)]
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per circuit size: edges kept, mean margin, faithfulness."""
+        import pandas as pd
+
+        return pd.DataFrame({"edges": self.sizes, "margin": self.margins.mean(1), "share": self.shares})
+
+    def to_json(self) -> str:
+        return to_json(self.summary())
+
+    def summary(self) -> dict[str, Any]:
+        return {"method": self.method, "mode": self.mode, "share": self.share,
+                "kept": [{"upstream": u, "downstream": d, "score": s} for u, d, s in self.kept],
+                "curve": [{"edges": k, "share": float(s)} for k, s in zip(self.sizes, self.shares)],
+                "clean_margin": float(self.clean.mean()), "empty_margin": float(self.empty.mean())}
+
+    def plot(self, ax: Axes | None = None) -> Figure:
+        """The kept circuit as a layered graph: parts by depth, edges by width (|score|) and colour
+        (sign), the read-out on top."""
+        from ..plotting import finish, one_panel
+
+        ax, made = one_panel(ax, (6, 6))
+        names = sorted({n for u, d, _ in self.kept for n in (u, d)}, key=_depth)
+        at = {n: (i % 4 + 0.3 * (_depth(n) % 2), _depth(n)) for i, n in enumerate(names)}
+        big = max((abs(s) for *_, s in self.kept), default=1.0) or 1.0
+        for u, d, s in self.kept:
+            (x0, y0), (x1, y1) = at[u], at[d]
+            ax.plot([x0, x1], [y0, y1], color="tab:blue" if s > 0 else "tab:red", lw=0.5 + 4 * abs(s) / big)
+        for n, (x, y) in at.items():
+            ax.annotate(n, (x, y), ha="center", fontsize=8, bbox={"boxstyle": "round", "fc": "white"})
+        ax.set_ylabel("depth (half-layers; the read-out on top)")
+        ax.set_xticks([])
+        ax.set_title(f"circuit of {len(self.kept)} edges: {self.share:.0%} of the clean margin")
+        return finish(ax, made)
+
+
+def _depth(name: str) -> float:
+    """Plot height of a part: its layer, the MLP half a layer up, 'reward' above everything."""
+    if name == "reward":
+        return 1e3
+    if name == "embed":
+        return -1
+    layer = int(name.split("_L")[1].split("_")[0])
+    return layer + (0.5 if name.startswith("mlp") else 0)
+
+
+def circuit(
+    model: RewardModel,
+    pairs: Sequence[Pair],
+    *,
+    edges: Edges | None = None,
+    top: int | None = None,
+    share: float | None = None,
+    sizes: Sequence[int] | None = None,
+    method: Method = "eap-ig",
+    steps: int = 5,
+    mode: Mode | None = None,
+    ablation: Ablation = "zero",
+    positions: Positions | Spans = "read",
+    reference: Inputs | None = None,
+    batch_size: int = 8,
+    progress: bool = False,
+) -> Circuit:
+    """Rank every sublayer-level edge (`edges`, else `rl.edges` with `method`), keep the `top` first
+    (or the fewest whose mean |score| reaches `share` of the total), and evaluate circuits of `sizes`
+    edges (default: doubling up to every edge, and the kept one) by edge ablation."""
+    with counting("circuit", progress):
+        check_model(model, "circuit")
+        if model.arch.layout == "post_norm" and model.arch.attn_post_norm is None:
+            raise ArchitectureError("circuit: a post-norm encoder renormalises the stream after every sublayer, so "
+                                    "edge ablation is not a sum of writes; use rl.edges and rl.path_patch")
+        if edges is None:
+            edges = edge_scores(model, pairs, method=method, steps=steps, mode=mode, ablation=ablation,
+                           positions=positions, reference=reference, batch_size=batch_size)
+        if edges.level != "sublayer":
+            raise CircuitError(f"circuit evaluates sublayer-level edges; got level={edges.level!r}: pass "
+                               "rl.edges(..., level='sublayer')")
+        flat, names = edges.flat(), edges.names
+        order = top_parts(flat)
+        ranked = [(*names[i], float(flat[:, i].mean())) for i in order]
+        n_keep = _how_many(flat[:, order], top, share)
+        want = sorted({*(sizes or _doubling(len(ranked))), n_keep, 0, len(ranked)})
+        ups, downs = nodes(model, "sublayer", False)
+        seqs = pair_seqs(model, pairs, None)
+        clean = Clean.run(model, seqs, heads=False, batch_size=batch_size)
+        plan = PatchPlan.make(model, clean, ups, edges.mode, ablation, positions,
+                              None if reference is None else model.encode(reference)[0], batch_size)
+        cols, _, values = plan.at_columns(clean)
+        bad = corrupted_writes(model, ups, values, len(plan.targets), cols.shape[1])
+        index = {(u.name, d.name): (i, k) for i, u in enumerate(ups) for k, d in enumerate(downs)}
+        margins = []
+        for k in want:
+            keep = torch.zeros(len(ups), len(downs), dtype=torch.bool)
+            for u, d, _ in ranked[:k]:
+                keep[index[u, d]] = True
+            margins.append(_margins(model, seqs, clean, plan.targets, cols, keep, ups, bad, batch_size))
+        m = np.stack(margins)
+        reward = clean.reward.cpu().numpy()
+        return Circuit(ranked[:n_keep], ranked, want, m,
+                       reward[0::2] - reward[1::2], m[0], edges.method, edges.mode)
+
+
+def _how_many(flat: np.ndarray, top: int | None, share: float | None) -> int:
+    """Edges to keep: `top`, or the fewest ranked edges whose mean |score| sums to `share` of the total."""
+    if (top is None) == (share is None):
+        raise ValueError(f"pass exactly one of top= (a count) and share= (of the total |score|); got top={top}, "
+                         f"share={share}")
+    if top is not None:
+        if top < 1:
+            raise CircuitError(f"a circuit needs at least one edge, got top={top}; pass top >= 1")
+        return min(int(top), flat.shape[1])
+    assert share is not None
+    if not 0 < share <= 1:
+        raise CircuitError(f"share is a fraction of the total |score| in (0, 1], got {share}")
+    mass = np.cumsum(np.abs(flat).mean(0))
+    return int(np.searchsorted(mass, share * mass[-1] - 1e-12) + 1)
+
+
+def _doubling(n: int) -> list[int]:
+    return [k for k in (2 ** i for i in range(n.bit_length() + 1)) if k <= n]
+
+
+def _margins(model: RewardModel, seqs: list, clean: Clean, targets: list[int], cols: torch.Tensor, keep: torch.Tensor,
+             ups: list, bad: dict[str, torch.Tensor], batch_size: int) -> np.ndarray:
+    """Margins [n_pairs] with only `keep`'s edges carrying the run (targets patched, the other side clean)."""
+    reward = clean.reward.clone()
+
+    def work(rows: list[int]) -> None:
+        index = [targets[j] for j in rows]
+        batch = collate([seqs[i] for i in index], pad_id=model.pad_token_id, side="right", first=model.encoder,
+                        device=model.device)
+        got = circuit_rewards(model, batch, clean.coef[index], cols[rows], keep, ups,
+                              {u: v[rows] for u, v in bad.items()})
+        reward[torch.tensor(index, device=reward.device)] = got.to(reward.dtype)
+
+    each_batch(list(range(len(targets))), batch_size, work, ids=targets, is_pairs=True)
+    r = reward.cpu().numpy()
+    return r[0::2] - r[1::2]

@@ -1,0 +1,129 @@
+"""∂r/∂(input of every node) from one forward and one backward: the gradients edge attribution reads.
+
+Each sublayer receiver d gets a zero leaf δ_d [B, T, d] through `_receivers.receiving` (δ added
+upstream of the node and cancelled at its write), so `∂r/∂δ_d` is the gradient of the reward through
+node d's input alone, every later path open (no graph is cut: the leaves are zeros). A head receiver
+(l, h, x ∈ q/k/v) gets a zero leaf ε on each projection's output; `W_x[h]ᵀ ∂r/∂ε[h]` is the gradient at
+the projection's input through head h's x alone, pulled back through the module between the stream and
+the projections (the input norm; nothing in an encoder) by one vector-Jacobian product against the
+attention receiver's leaf, whose only route to the projections' input is that module. The user's
+parameters collect no `.grad` (`torch.autograd.grad` on the leaves only).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Callable, Iterator, Mapping
+
+import torch
+from torch import Tensor, nn
+
+from ..model import RewardModel, TraceKey
+from ..model.internal import Batch, eval_mode, rewriting
+from ._receivers import QKVS, Receiver, receiving, wiring
+
+
+def _leaf(store: dict[str, Tensor], key: str, x: Tensor) -> Tensor:
+    leaf = torch.zeros_like(x, requires_grad=True)
+    store[key] = leaf
+    return x + leaf
+
+
+def _keep(store: dict[str, Tensor], key: str, x: Tensor) -> None:
+    store[key] = x
+
+
+def _projections(model: RewardModel, layer: int) -> dict[str, nn.Module]:
+    arch = model.arch
+    paths = {"q": arch.attn_q, "k": arch.attn_k, "v": arch.attn_v}
+    return {x: model.layer_module(layer, str(paths[x])) for x in QKVS}
+
+
+@contextlib.contextmanager
+def _leaves(model: RewardModel, b: int, t: int, heads: bool, base: dict[str, Tensor] | None,
+            ) -> Iterator[tuple[dict[str, Tensor], dict[str, Tensor]]]:
+    """Zero leaves on every sublayer receiver (each added to its `base` input shift, if any) and, with
+    `heads`, every projection's output; yields (leaves, the projections' inputs as computed)."""
+    leaves: dict[str, Tensor] = {}
+    inputs: dict[str, Tensor] = {}
+    dtype = next(model.model.parameters()).dtype
+    hooks: list[tuple[nn.Module, str, Callable[[Tensor], Tensor | None]]] = []
+    if heads:
+        for layer in range(model.n_layers):
+            for x, module in _projections(model, layer).items():
+                key = f"{layer}{x}"
+                hooks += [(module, "in", functools.partial(_keep, inputs, key)),
+                          (module, "out", functools.partial(_leaf, leaves, key))]
+    with contextlib.ExitStack() as stack:
+        for layer in range(model.n_layers):
+            for kind in ("attn", "mlp"):
+                r = Receiver(kind, layer)
+                leaves[r.name] = torch.zeros(b, t, model.d_model, device=model.device, dtype=dtype,
+                                             requires_grad=True)
+                shift = leaves[r.name] if base is None else base[r.name].to(dtype) + leaves[r.name]
+                stack.enter_context(receiving(model, wiring(model, r), shift))
+        if base is not None:  # the read-out on the same line
+            stack.enter_context(receiving(model, wiring(model, Receiver.reward()), base["reward"]))
+        stack.enter_context(rewriting(hooks))
+        yield leaves, inputs
+
+
+def node_grads(model: RewardModel, batch: Batch, coef: Tensor, recvs: list[Receiver], cols: Tensor,
+               base: dict[str, Tensor] | None) -> Tensor:
+    """∂r/∂(input of each receiver) at columns `cols` [B, m]: [B, R, m, d] in fp32 (zeros for 'reward').
+
+    `coef` [B, k]: the clean readout coefficients (a gate held clean); `base` (EAP-IG's point on the
+    line to the corrupted run) maps each sublayer receiver's name and 'reward' to the shift [B, T, d]
+    its input gets, or None (the clean run)."""
+    b, t = batch.input_ids.shape
+    heads = any(r.kind == "head" for r in recvs)
+    final = model.final_points(batch, gate=False)[TraceKey.final()]
+    kept: dict[str, Tensor] = {}
+    read = [(final.module, final.where, functools.partial(_keep, kept, "final"))]
+    with torch.enable_grad(), eval_mode(model.model), _leaves(model, b, t, heads, base) as (leaves, inputs):
+        with rewriting(read):
+            model.backbone(**model.batch_kwargs(batch))
+        rows = torch.arange(b, device=kept["final"].device)
+        h = kept["final"][rows, batch.read_index.to(rows.device)]
+        reward = (model.head_values(model.final_hidden(h.float().to(model.device)), batch) * coef).sum()
+        names = list(leaves)
+        got = dict(zip(names, torch.autograd.grad(reward, [leaves[k] for k in names], retain_graph=heads,
+                                                  allow_unused=True)))
+        r_rows = torch.arange(b, device=model.device)[:, None]
+        c = cols.to(model.device)
+        out = torch.zeros(b, len(recvs), c.shape[1], model.d_model, device=model.device)
+        for k, r in enumerate(recvs):
+            if r.kind == "reward":
+                continue
+            g = _head_grad(model, r, got, leaves, inputs) if r.kind == "head" else got[r.name]
+            if g is not None:
+                out[:, k] = g[r_rows, c].float()
+    return out
+
+
+def _head_grad(model: RewardModel, r: Receiver, got: Mapping[str, Tensor | None], leaves: dict[str, Tensor],
+               inputs: dict[str, Tensor]) -> Tensor | None:
+    """The gradient at the residual through head r.head's chosen inputs alone: per input x, the head's
+    columns of ∂r/∂(x projection) through its weight, then back through the input module (one VJP)."""
+    assert r.head is not None  # a head receiver
+    wiring(model, r)  # refuses what path patching refuses: fused qkv, grouped k/v, a q/k norm over all heads
+    size = _weight(_projections(model, r.layer)["q"]).shape[0] // model.n_heads
+    cols = slice(r.head * size, (r.head + 1) * size)
+    total: Tensor | None = None
+    for x, module in _projections(model, r.layer).items():
+        g = got[f"{r.layer}{x}"]
+        if x not in r.inputs or g is None:
+            continue
+        back = g[..., cols] @ _weight(module)[cols].to(g.dtype)  # [B, T, d_in]
+        pulled = torch.autograd.grad(inputs[f"{r.layer}{x}"], leaves[Receiver("attn", r.layer).name],
+                                     grad_outputs=back.to(inputs[f"{r.layer}{x}"].dtype), retain_graph=True)[0]
+        total = pulled if total is None else total + pulled
+    return total
+
+
+def _weight(module: nn.Module) -> Tensor:
+    """A projection's weight [out, in] (nn.Linear's layout; fused Conv1D projections are refused before)."""
+    weight = module.weight
+    assert isinstance(weight, Tensor)
+    return weight

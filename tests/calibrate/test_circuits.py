@@ -1,0 +1,74 @@
+"""The circuits grader: path patching (and, later, edges and circuits) on planted paths."""
+
+import copy
+import dataclasses
+import importlib
+
+import pytest
+import torch
+
+from rewardlens.calibrate import GRADERS, OrganismBench, calibrate
+from rewardlens.calibrate._circuits import PATH_CHECKS, grade_circuits
+from rewardlens.zoo.organisms import ORGANISMS, forward_margins
+
+DIM = 16  # head dimension of the organisms
+
+
+@pytest.fixture(scope="module")
+def card(organisms):
+    return calibrate(graders=[grade_circuits], organisms=["two_step", "circuit"], n_pairs=60)
+
+
+def test_circuit_rows_appear_and_pass(card):
+    assert grade_circuits in GRADERS
+    rows = {(r.organism, r.instrument, r.check): r for r in card.rows}
+    edge = "attn_L0_H1 -> attn_L1_H2"
+    assert set(rows) == {
+        ("two_step", "organism", "|mean margin| left with attn_L0_H1 ablated, as a share"),
+        ("two_step", "organism", "|mean margin| left with attn_L1_H2 ablated, as a share"),
+        ("two_step", "organism", "|mean margin| left with attn_L0_H1 and attn_L1_H2 ablated, as a share"),
+        ("two_step", "path patching", f"rank of the planted edge {edge} by mean path effect (of 36 edges)"),
+        ("two_step", "path patching", f"mean path effect of {edge} over the mean margin"),
+        ("two_step", "attribution", "rank of attn_L1_H2 by mean margin (head level)"),
+        ("two_step", "attribution", "share of the |mean margin| on attn_L1_H2 (head level)"),
+        ("two_step", "attribution", "share of the |mean margin| on the planted sender attn_L0_H1 (head level)"),
+        ("circuit", "path patching", "rank of attn_L1_H2 by mean path effect into reward (head level)"),
+        ("circuit", "path patching", "share of the |mean path effect into reward| on attn_L1_H2 (head level)"),
+    }
+    assert card.passed, card.failures
+    assert rows[("two_step", "path patching", f"mean path effect of {edge} over the mean margin")].value >= 0.8
+    assert rows[("two_step", "attribution", "share of the |mean margin| on the planted sender attn_L0_H1 "
+                 "(head level)")].value <= 0.05
+
+
+def test_ablation_rows_match_zeroing_the_heads_output_columns_by_hand(card):
+    # A head writes only through its o_proj columns, so zeroing those is the ablation, computed apart.
+    bench = OrganismBench(organisms=["two_step"], n_pairs=60)
+    model, pairs = bench.model("two_step"), bench.pairs("two_step")[:40]
+    full = forward_margins(model.model, model.tokenizer, pairs)[:, 0].mean()
+    for layer, head, part in ((0, 1, "attn_L0_H1"), (1, 2, "attn_L1_H2")):
+        clone = copy.deepcopy(model.model)
+        with torch.no_grad():
+            clone.model.layers[layer].self_attn.o_proj.weight[:, head * DIM:(head + 1) * DIM] = 0
+        left = abs(forward_margins(clone, model.tokenizer, pairs)[:, 0].mean() / full)
+        row = next(r for r in card.rows if r.check == f"|mean margin| left with {part} ablated, as a share")
+        assert row.value == pytest.approx(left, abs=1e-5)
+
+
+def test_a_wrong_planted_path_fails_and_extra_checks_run_on_the_path(organisms, monkeypatch):
+    seen = []
+
+    def extra(model, pairs, name, path):  # what the EAP-IG and circuit grades will look like
+        seen.append((name, path, len(pairs)))
+        return []
+
+    module = importlib.import_module("rewardlens.calibrate._circuits")  # rl.calibrate is also a function's name
+    monkeypatch.setattr(module, "PATH_CHECKS", [*PATH_CHECKS, extra])
+    wrong = dataclasses.replace(ORGANISMS["two_step"], planted_path=("attn_L0_H0", "attn_L1_H2"))
+    monkeypatch.setitem(ORGANISMS, "two_step", wrong)
+    rows = grade_circuits(OrganismBench(organisms=["two_step"], n_pairs=20))
+    assert seen == [("two_step", ("attn_L0_H0", "attn_L1_H2"), 20)]
+    failed = {r.check for r in rows if not r.passed}
+    assert failed == {"|mean margin| left with attn_L0_H0 ablated, as a share",
+                      "rank of the planted edge attn_L0_H0 -> attn_L1_H2 by mean path effect (of 36 edges)",
+                      "mean path effect of attn_L0_H0 -> attn_L1_H2 over the mean margin"}
