@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import rewardlens as rl
+from rewardlens.hacking import STAGES
 from rewardlens.audit import Plan, Store, audit, collect, run_pairs
 from rewardlens.audit._plan import chunks
 from rewardlens.data import save_pairs
@@ -79,7 +80,9 @@ def test_whole_model_instruments_are_stored_once_and_read_back(organisms):
 
     store = Store(":memory:")
     res = audit(model, AUDIT_PAIRS[:4], store=store, plan=Plan(chunk_size=4, concepts=False))
-    direct = rl.probe(model, reference=AUDIT_PAIRS[:4], batch_size=16)
+    # the audit's default is the staged item budget: the yardstick is `probe` with the same stages
+    direct = rl.probe(model, reference=AUDIT_PAIRS[:4], batch_size=16, stages=STAGES)
+    assert res.probes.stage == direct.stage and res.probes.item_ids == direct.item_ids
     assert res.probes.axes == direct.axes
     np.testing.assert_array_equal(res.probes.mean, direct.mean)
     np.testing.assert_array_equal(res.probes.flagged, direct.flagged)

@@ -378,8 +378,8 @@ def test_a_kind_flag_on_a_sequence_classifier_names_the_flag(tmp_path, model_dir
      "--probe-items 5 picks the items of the probes and concepts, and --no-probes --no-concepts skips both; "
      "drop --probe-items"),
     (["audit", "{model}", "--pairs", "{pairs}", "--probe-items", "1"],
-     "--probe-items 1 is under 2, the inputs a concept needs a side; pass 2 to 72, or drop --probe-items to use "
-     "all 72"),
+     "--probe-items 1 is under 2, the inputs a concept needs a side; pass 2 to 72, 'all', or drop --probe-items "
+     "for the staged budget"),
 ])
 def test_an_option_that_does_not_apply_is_refused_by_name(capsys, no_loading, tmp_path, monkeypatch, model_dir,
                                                           pairs_path, argv, message):
@@ -395,5 +395,5 @@ def test_probe_items_over_the_built_in_items_are_clamped_with_a_word(capsys, mod
 
     args = build_parser().parse_args(["audit", str(model_dir), "--probe-items", "100000"])
     cli_audit._check(args)
-    assert args.probe_items is None  # all of them: the same run as without the flag
+    assert args.probe_items == 72  # all of them: the same run as --probe-items all
     assert capsys.readouterr().err == "rewardlens: --probe-items 100000 > the 72 built-in items: using all 72\n"

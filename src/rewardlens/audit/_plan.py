@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from ..causal import Faithfulness, Patching, PatchSpec, aligned, encode_pairs, patch_mode
 from ..data import Pair
 from ..exact import STEP_FIELDS, Attribution, Lens, Steps, TokenAttribution
-from ..hacking import ITEMS, Concepts, Conflicts, Item, Probes, spread_items
+from ..hacking import ITEMS, STAGES, Concepts, Conflicts, Item, Probes, spread_items
 from ..model import RewardModel
 from ..model.internal import Tokenized
 from ..sae import FeatureAttribution
@@ -39,8 +40,10 @@ class Plan:
     concepts: bool = True
     """Run the concept directions and dose-response on the probe axes' contrast sets."""
     probe_items: int | None = None
-    """Use only this many built-in items (spread over the domains) for probes and concepts: a quick
-    smoke run; None uses all 72."""
+    """The built-in items of probes and concepts. None: as many as the intervals need, in the stages
+    `STAGES` (18, 36, 72 items, spread over the domains): the probes stop at the first stage where every
+    axis is decided and the concepts use that stage's items (docs/probes.md); a number: that many
+    (spread over the domains), a fixed budget, `len(ITEMS)` (72) for the full set (the default before stages)."""
     sae_layer: int | None = None
     """Residual layer of the SAE, when one is given."""
     fraction: float = 0.5
@@ -60,9 +63,10 @@ class Plan:
             raise ValueError(f"chunk_size and batch_size must be >= 1, got {self.chunk_size} and {self.batch_size}")
         if not 0 < self.fraction <= 1:
             raise ValueError(f"fraction must be in (0, 1], got {self.fraction}")
-        if self.probe_items is not None and not 2 <= self.probe_items <= len(ITEMS):
-            raise ValueError(f"probe_items must be between 2 (concepts need two inputs a side) and {len(ITEMS)} (the "
-                             f"built-in items), or None for all of them, got {self.probe_items}")
+        n = self.probe_items
+        if n is not None and (not isinstance(n, int) or isinstance(n, bool) or not 2 <= n <= len(ITEMS)):
+            raise ValueError(f"probe_items must be an int between 2 (concepts need two inputs a side) and {len(ITEMS)} "
+                             f"(all the built-in items), or None for the staged budget, got {n!r}")
 
     def for_reads(self) -> Plan:
         """This plan for a reward read at a set of positions: without the steps that read one token per
@@ -70,8 +74,19 @@ class Plan:
         return replace(self, probes=False, concepts=False, divergence=False, tokens=False, paper=False)
 
     def items(self) -> list[Item] | None:
-        """The built-in items the probes and concepts use (None: all of them)."""
+        """The built-in items the probes use (None: all of them, in stages under the default budget)."""
         return None if self.probe_items is None else spread_items(self.probe_items)
+
+    def stages(self) -> tuple[int, ...] | None:
+        """The probes' stages (`probe(stages=)`): `STAGES` under the default budget, else None (one item set)."""
+        return STAGES if self.probe_items is None else None
+
+    def concept_items(self, probes: Mapping[str, Any] | None) -> list[Item] | None:
+        """The built-in items the concepts use: the probes' under a fixed budget; under the staged one, those of
+        the stage the probes stopped at (`probes`: their stored record), or all when no probes ran."""
+        if self.probe_items is not None or probes is None:
+            return self.items()
+        return spread_items(int(probes["stages"][int(probes["stage"]) - 1]))
 
     def suffix(self) -> str:
         return "" if self.probe_items is None else f"/items-{self.probe_items}"

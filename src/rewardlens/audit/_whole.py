@@ -19,7 +19,7 @@ from ..causal import Patching, patch
 from ..data import Pair, margin, progress_bar
 from ..errors import HeadError, RewardLensWarning
 from ..exact import TokenAttribution, tokens
-from ..hacking import Concepts, Conflicts, Probes, concepts, conflict, probe
+from ..hacking import Concepts, Conflicts, Item, Probes, concepts, conflict, probe
 from ..model import Parity, ParityCheck, ReadCache, RewardModel, parity
 from ..sae import FeatureAttribution, TopKSAE, attribute_features
 from ._keys import RunKey, checksum, fingerprint
@@ -62,6 +62,11 @@ def run_whole(model: RewardModel, pairs: Sequence[Pair], store: Store, plan: Pla
     pairs = [p for p, unit in zip(every, units) if unit not in skipped]
     items = plan.items()
 
+    def concept_items() -> list[Item] | None:
+        """The items of the probes' chosen stage (stored first: the jobs run in order), so both use one item set."""
+        stored = store.records(whole_key(model, every, "probes" + plan.suffix())) if plan.probes else []
+        return plan.concept_items(stored[0][1] if stored else None)
+
     def features() -> FeatureAttribution:
         assert sae is not None and plan.sae_layer is not None  # run with an SAE only; _sae_name checked the layer
         return attribute_features(model, sae, pairs, layer=plan.sae_layer, batch_size=plan.batch_size)
@@ -84,8 +89,8 @@ def run_whole(model: RewardModel, pairs: Sequence[Pair], store: Store, plan: Pla
         (CONFLICT, lambda: conflict(model, pairs, batch_size=2 * plan.batch_size),
          model.head.n_objectives > 1 and len(pairs) >= 3 and not model.reads.multi),  # conflicts read one token
         ("probes" + plan.suffix(), lambda: probe(model, items, reference=pairs, batch_size=2 * plan.batch_size,
-                                                 progress=progress, cache=cache), plan.probes),
-        ("concepts" + plan.suffix(), lambda: concepts(model, items=items, batch_size=2 * plan.batch_size,
+                                                 progress=progress, cache=cache, stages=plan.stages()), plan.probes),
+        ("concepts" + plan.suffix(), lambda: concepts(model, items=concept_items(), batch_size=2 * plan.batch_size,
                                                       progress=progress, cache=cache), plan.concepts),
         (sae_name(sae, plan), features, sae is not None),
     )

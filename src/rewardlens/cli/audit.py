@@ -235,6 +235,13 @@ PROBE_ITEMS = 72
 """How many built-in probe items there are (`len(rewardlens.hacking.ITEMS)`; tests/cli checks the two agree)."""
 
 
+def _probe_items(text: str) -> int:
+    """`--probe-items`: a positive count, or 'all' (every built-in item: `PROBE_ITEMS`)."""
+    if text.strip().lower() == "all":
+        return PROBE_ITEMS
+    return positive(int)(text)
+
+
 def _check_probe_items(args: argparse.Namespace) -> None:
     """Refuse `--probe-items` where nothing reads items, or under the two a concept needs; clamp (with a
     word) a count over the built-in items, which would otherwise fail only once the model had loaded."""
@@ -245,11 +252,11 @@ def _check_probe_items(args: argparse.Namespace) -> None:
                             "--no-probes --no-concepts skips both; drop --probe-items")
     if args.probe_items < 2:
         raise ArgumentError(f"--probe-items {args.probe_items} is under 2, the inputs a concept needs a side; pass 2 "
-                            f"to {PROBE_ITEMS}, or drop --probe-items to use all {PROBE_ITEMS}")
+                            f"to {PROBE_ITEMS}, 'all', or drop --probe-items for the staged budget")
     if args.probe_items > PROBE_ITEMS:
         print(f"rewardlens: --probe-items {args.probe_items} > the {PROBE_ITEMS} built-in items: using all "
               f"{PROBE_ITEMS}", file=sys.stderr)
-        args.probe_items = None  # all of them: the run (and its store keys) of no --probe-items
+        args.probe_items = PROBE_ITEMS  # all of them: the run (and its store keys) of --probe-items all
 
 
 def _check(args: argparse.Namespace) -> None:
@@ -280,8 +287,9 @@ def _options(p: argparse.ArgumentParser) -> None:
                         "sublayers (one more patched forward of the chosen sides per sublayer)")
     p.add_argument("--no-divergence", action="store_true",
                    help="skip the divergence scores of patched states (one more head-level patching sweep)")
-    p.add_argument("--probe-items", type=positive(int), default=None,
-                   help="a quick run: probes and concepts on only N of the 72 built-in items")
+    p.add_argument("--probe-items", type=_probe_items, default=None,
+                   help="probes and concepts on N of the 72 built-in items (a fixed budget), or 'all'; default: "
+                        "stages of 18, 36, 72 items, stopping once every axis is decided (docs/probes.md)")
     p.add_argument("--sae", default=None, help="an SAE folder: add SAE feature attribution")
     p.add_argument("--sae-layer", type=int, default=None, help="residual layer the SAE reads")
     p.add_argument("--fraction", type=fraction, default=0.5, help="crystallization threshold (share of final margin)")

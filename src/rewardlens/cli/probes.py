@@ -6,7 +6,17 @@ import argparse
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from ._common import Command, add_model_options, add_strict_option, finite, load_model, pairs_file, positive, table
+from ._common import (
+    ArgumentError,
+    Command,
+    add_model_options,
+    add_strict_option,
+    finite,
+    load_model,
+    pairs_file,
+    positive,
+    table,
+)
 
 if TYPE_CHECKING:
     from ..data import Pair
@@ -19,19 +29,23 @@ AXES = ("length", "confidence", "hedging", "formatting", "sycophancy", "repetiti
 
 def probe_summary(model: RewardModel, pairs: Sequence[Pair] | None = None, *, axes: Sequence[str] | None = None,
                   reference: Sequence[Pair] | float | None = None, min_effect: float = 0.25, seed: int = 0,
-                  batch_size: int = 8, progress: bool = False) -> dict[str, Any]:
-    """The JSON-ready result of `rewardlens probe` (also reusable by the audit)."""
+                  batch_size: int = 8, progress: bool = False, items: int | None = None) -> dict[str, Any]:
+    """The JSON-ready result of `rewardlens probe` (also reusable by the audit). `items`, for the built-in
+    items (`pairs` None): None for the staged budget (`STAGES`), else that many (spread over the domains)."""
     import numpy as np
 
-    from ..hacking import cascade, distortion, probe
+    from ..hacking import STAGES, cascade, distortion, probe, spread_items
 
-    res = probe(model, pairs, axes=axes, reference=reference, min_effect=min_effect, seed=seed,
-                batch_size=batch_size, progress=progress)
+    chosen: Sequence[Any] | None = pairs if pairs is not None or items is None else spread_items(items)
+    stages = STAGES if pairs is None and items is None else None
+    res = probe(model, chosen, axes=axes, reference=reference, min_effect=min_effect, seed=seed,
+                batch_size=batch_size, progress=progress, stages=stages)
     dist = distortion(res, seed=seed) if res.quality else None
     casc = cascade(res, seed=seed)
     frame = res.to_frame()
     out: dict[str, Any] = {
-        "items": len(res.item_ids), "scale": finite(float(res.scale)), "scale_source": res.scale_source,
+        "items": len(res.item_ids), "budget": res.budget(), "stage": res.stage, "stages": list(res.stages),
+        "stopped_because": res.stopped_because, "scale": finite(float(res.scale)), "scale_source": res.scale_source,
         "min_effect": min_effect,
         "axes": [{k: (finite(v) if isinstance(v, float) else v) for k, v in row.items()}
                  for row in frame.astype(object).to_dict("records")],
@@ -55,6 +69,9 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pairs", default=None, help="probe the responses of these pairs (default: the built-in items)")
     p.add_argument("--limit", type=positive(int), default=None, help="use only the first N pairs")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--probe-items", type=_count, default=None,
+                   help="N of the 72 built-in items (a fixed budget), or 'all'; default: stages of 18, 36, 72 items, "
+                        "stopping once every axis is decided (docs/probes.md)")
     p.add_argument("--axis", action="append", choices=list(AXES), default=None, help="probe this axis (repeatable)")
     p.add_argument("--reference", default=None,
                    help="preference pairs whose mean |margin| is the reward scale for flagging")
@@ -63,12 +80,30 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     add_strict_option(p)
 
 
+BUILT_IN = 72
+"""How many built-in items there are (`len(rewardlens.hacking.ITEMS)`, which this module does not import)."""
+
+
+def _count(text: str) -> int:
+    """`--probe-items`: 'all' (`BUILT_IN`) or a count from 2 to `BUILT_IN`."""
+    value = BUILT_IN if text.strip().lower() == "all" else positive(int)(text)
+    if not 2 <= value <= BUILT_IN:
+        raise argparse.ArgumentTypeError(f"must be 'all' or 2 to {BUILT_IN} built-in items, got {text}")
+    return value
+
+
+def _check(args: argparse.Namespace) -> None:
+    if args.probe_items is not None and args.pairs:
+        raise ArgumentError(f"--probe-items {args.probe_items} picks built-in items, and --pairs probes your pairs' "
+                            "responses instead; drop one of them")
+
+
 def _probe(args: argparse.Namespace) -> dict[str, Any]:
     pairs = pairs_file(args, args.pairs, limit=args.limit) if args.pairs else None
     reference = pairs_file(args, args.reference) if args.reference else None
     model = load_model(args)
     return probe_summary(model, pairs, axes=args.axis, reference=reference, min_effect=args.min_effect,
-                         seed=args.seed, batch_size=args.batch_size, progress=not args.quiet)
+                         seed=args.seed, batch_size=args.batch_size, progress=not args.quiet, items=args.probe_items)
 
 
 def _num(v: float | None, spec: str) -> str:
@@ -91,7 +126,7 @@ def _show(result: dict[str, Any]) -> None:
         print(f"\nlength: {per['mean']:+.4f} reward per 100 tokens, CI [{_num(per['ci'][0], '+.4f')}, "
               f"{_num(per['ci'][1], '+.4f')}]")
     print(f"reward scale {_num(result['scale'], '.4g')} ({result['scale_source']}); flagged when q < 0.05 and "
-          f"|mean| >= {result['min_effect']:g} x scale; {result['items']} unique items")
+          f"|mean| >= {result['min_effect']:g} x scale; {result['budget']}")
     if result.get("distortion"):
         best: dict[str, dict[str, Any]] = {}
         for r in result["distortion"]:
@@ -107,4 +142,4 @@ def _show(result: dict[str, Any]) -> None:
 
 
 COMMANDS = [Command("probe", "reward-hacking probes: does the reward move with attributes that should not matter?",
-                    _arguments, _probe, _show)]
+                    _arguments, _probe, _show, check=_check)]

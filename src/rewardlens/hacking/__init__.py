@@ -32,6 +32,7 @@ from ._items import base_items as base_items
 from ._items import items as items
 from ._probes import Probes as Probes
 from ._probes import probe as probe
+from ._stages import STAGES as STAGES
 
 __all__ = [
     "spread_items",
@@ -63,6 +64,7 @@ __all__ = [
     "final_hidden_states",
     "items",
     "probe",
+    "STAGES",
     "read_concept_file",
     "save_edit",
 ]

@@ -83,13 +83,16 @@ def builtin_sets(model: RewardModel, items: Sequence[Any] | None,
     return sets, gone
 
 
-def spread_items(n: int) -> list[Item]:
+def spread_items(n: int, pool: Sequence[Item] | None = None) -> list[Item]:
     """`n` built-in items spread evenly over the domains they are listed in (every `len(ITEMS) // n`-th,
     from the first): the one subset a quick run probes (the audit's `probe_items`, the monitor's), so the
     two probe the same items (the audit's rule before there was one: its stores keep their items).
     It differs from `items(n=)` (the domains' first items, in turn) for n below the number of domains:
     two items are here the first and the fourth domain's first, there the first two domains'; unifying
-    on `items(n=)` changed what a quick audit probes and left a 256-token model no item that fits."""
-    if not 2 <= n <= len(ITEMS):
-        raise ValueError(f"probe_items must be between 2 and {len(ITEMS)} built-in items, got {n}")
-    return list(ITEMS[:: len(ITEMS) // n][:n])
+    on `items(n=)` changed what a quick audit probes and left a 256-token model no item that fits.
+    `pool`: spread over these items instead (the probes' stages over a user's items); default `ITEMS`."""
+    pool = ITEMS if pool is None else tuple(pool)
+    if not 2 <= n <= len(pool):
+        raise ValueError(f"probe_items must be between 2 and {len(pool)} {'built-in ' * (pool is ITEMS)}items, "
+                         f"got {n}")
+    return list(pool[:: len(pool) // n][:n])

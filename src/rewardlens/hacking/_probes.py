@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -32,6 +32,7 @@ from ..types import Conversation, Prompt
 from ._axes import AXES, join, sentences, variant
 from ._fit import report, unfit
 from ._items import Item, base_items, builtin
+from ._stages import INTERIM_SHARE, UNDECIDED, budget, decide, stage_items
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -81,6 +82,21 @@ class Probes:
     per_100_tokens_ci: tuple[float, float]
     skipped: tuple[str, ...] = field(default=())
     """Built-in items left out because a sequence of theirs does not fit the model's `max_length`."""
+    stage: int = 1
+    """The stage (1-based) whose items these statistics are of: the last one of `stages` unless the run stopped
+    early (`probe(stages=)`, docs/probes.md)."""
+    stages: tuple[int, ...] = field(default=())
+    """The item count of each stage the run could use (empty: one fixed item set, no stopping rule)."""
+    stopped_because: str = "fixed"
+    """"fixed" (one item set), "decided" (every axis decided before the last stage) or "last stage"."""
+    decided: tuple[str, ...] = field(default=())
+    """Per axis, the rule's last interim decision: "flagged", "negligible" or "undecided", at the stopping stage
+    when it stopped early, else at the stage before the last (its undecided axes made the run go on); empty for
+    a fixed item set. The last stage's flags are `flagged`'s rule alone."""
+
+    def budget(self) -> str:
+        """One line on the items used: how many, and why the run stopped there."""
+        return budget(len(self.item_ids), self.stage, self.stages, self.stopped_because, self.axes, self.decided)
 
     def effect(self, axis: str) -> float:
         """The mean effect of `axis` in reward units."""
@@ -94,7 +110,8 @@ class Probes:
     def to_frame(self) -> pd.DataFrame:
         """One row per axis: n, mean, CI, p, q, d_z, flagged, mean tokens added, effect / scale.
 
-        `frame.attrs["skipped"]` lists the built-in items that did not fit the model."""
+        `frame.attrs["skipped"]` lists the built-in items that did not fit the model; a staged run
+        (`probe(stages=)`) adds the column `decided` and `attrs` "stage", "stages", "stopped_because", "budget"."""
         import pandas as pd
 
         added = np.where(np.isfinite(self.delta), self.tokens_added, 0.0).sum(0)
@@ -105,6 +122,10 @@ class Probes:
             "tokens_added": np.where(self.n > 0, added / np.maximum(self.n, 1), np.nan),
         })
         frame.attrs["skipped"] = list(self.skipped)
+        if self.stages:
+            frame["decided"] = list(self.decided)
+            frame.attrs.update(stage=self.stage, stages=list(self.stages), stopped_because=self.stopped_because,
+                               budget=self.budget())
         return frame
 
     def items_frame(self) -> pd.DataFrame:
@@ -160,6 +181,7 @@ def probe(
     batch_size: int = 16,
     progress: bool = False,
     cache: ReadCache | None = None,
+    stages: Sequence[int] | None = None,
 ) -> Probes:
     """Run the probe axes on base items and test each effect; returns `Probes`.
 
@@ -178,6 +200,13 @@ def probe(
     `progress`: a tqdm bar on stderr over the scored sequences. `cache`: a `ReadCache` of this model
     shared with `concepts` (the audit's): a sequence it holds is not scored again, and those scored are
     read at every depth for the concepts (the same rewards, read by the same loop).
+
+    `stages`: item counts, e.g. `STAGES` (18, 36, 72), for a group-sequential budget (docs/probes.md):
+    stage k probes `spread_items(stages[k], items)`, each stage holding the one before and scoring only its
+    new sequences; the run stops at the first stage where every axis is decided (flagged at the strict
+    interim level with its CI beyond the flag floor, or negligible: its CI inside ±min_effect × scale),
+    else at the last. The result holds the statistics of the stopping stage's items, exactly those of
+    `probe` on them; `Probes.stage`, `stopped_because` and `decided` say where and why. None: one fixed set.
     """
     if model.reads.multi:  # before the items are tokenized: they carry no step separators
         raise one_read_only("the probes")
@@ -188,6 +217,31 @@ def probe(
     if not 0 < level < 1 or min_effect < 0:
         raise ValueError(f"level must be in (0, 1) and min_effect >= 0, got level={level}, min_effect={min_effect}")
     everything = base_items(items)
+    pools = [everything] if stages is None else stage_items(stages, everything)
+    given = None if reference is None else _scale(model, reference, np.zeros(0), batch_size)  # once, not per stage
+    scored: dict[str, tuple[float, float]] = {}  # reward and length by conversation key, across stages
+    before: tuple[str, ...] = ()  # the decisions of the look before: those that made the run go on
+    for k, pool in enumerate(pools, 1):
+        last = k == len(pools)
+        res = _stage(model, pool, names, quality, seed, scored, batch_size, progress, cache, given, last,
+                     (min_effect, level, n_boot))
+        if stages is None:
+            assert res is not None  # the one stage is the last: it raises rather than return None
+            return res
+        decided = (UNDECIDED,) * len(names) if res is None else decide(
+            res.mean, res.ci_low, res.ci_high, res.q, min_effect * res.scale, INTERIM_SHARE * level)
+        if res is not None and (last or UNDECIDED not in decided):
+            return replace(res, stage=k, stages=tuple(len(p) for p in pools), decided=before if last else decided,
+                           stopped_because="last stage" if last else "decided")
+        before = decided
+    raise AssertionError("unreachable: the last stage returns")
+
+
+def _stage(model: RewardModel, everything: list[Item], names: list[str], quality: bool, seed: int,
+           scored: dict[str, tuple[float, float]], batch_size: int, progress: bool, cache: ReadCache | None,
+           given: tuple[float, str] | None, last: bool, rule: tuple[float, float, int]) -> Probes | None:
+    """`probe` on the items `everything`, scoring only the conversations `scored` does not hold (and adding
+    them); None when no item fits at a stage before the last (the last one raises, as `probe` does)."""
     kept = list(range(len(everything)))  # indices into `everything`
     while True:  # dropping an item changes others' degradations (off topic), so plan again until all fit
         base = [everything[k] for k in kept]
@@ -200,10 +254,16 @@ def probe(
             break
     left = set(kept)
     gone = tuple(item.id for k, item in enumerate(everything) if k not in left)
+    if not kept and not last:
+        return None
     report("probe", gone, len(everything), model.max_length, "scored")
 
     keys = list(convs)
-    reward, length = _rewards(model, [convs[k] for k in keys], batch_size, progress, cache)
+    new = [k for k in keys if k not in scored]
+    got, got_length = _rewards(model, [convs[k] for k in new], batch_size, progress, cache)
+    scored.update(zip(new, zip(got.tolist(), got_length.tolist())))
+    reward = np.array([scored[k][0] for k in keys])
+    length = np.array([scored[k][1] for k in keys])
     at = {k: i for i, k in enumerate(keys)}
     delta = np.full((len(base), len(names)), np.nan)
     added = np.full_like(delta, np.nan)
@@ -216,7 +276,8 @@ def probe(
     qnames = tuple(q for q in QUALITY if q in qplan and any(k is not None for k in qplan[q]))
     qdelta = np.array([[np.nan if (k := qplan[q][i]) is None else base_reward[i] - reward[at[k]]
                         for q in qnames] for i in range(len(base))]).reshape(len(base), len(qnames))
-    scale, source = _scale(model, reference, base_reward, batch_size)
+    scale, source = given if given is not None else _scale(model, None, base_reward, batch_size)
+    min_effect, level, n_boot = rule
     return _summarise(names, base, delta, added, base_reward, qnames, qdelta, scale, source, min_effect, level,
                       n_boot, seed, gone)
 
@@ -304,6 +365,8 @@ def _rewards(model: RewardModel, convs: list[Conversation], batch_size: int, pro
              cache: ReadCache | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Reward [n] and token count [n] of each conversation: `model.score`'s loop (the same batches,
     fp32 head and readout), or the read loop through `cache`; one bar step per scored sequence."""
+    if not convs:  # a later stage whose sequences an earlier one scored
+        return np.zeros(0), np.zeros(0)
     seqs, _ = model.encode(convs)
     reward = np.zeros(len(seqs), dtype=np.float32)
     with progress_bar(len(seqs), "probe: scoring", progress, unit="seq") as bar:
