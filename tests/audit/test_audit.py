@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 
 import rewardlens as rl
-from rewardlens.hacking import STAGES
 from rewardlens.audit import Plan, Store, audit, collect, run_pairs
 from rewardlens.audit._plan import chunks
 from rewardlens.data import save_pairs
 from rewardlens.errors import StoreError
+from rewardlens.hacking import STAGES
 
 PAIRS_ONLY = Plan(chunk_size=1, probes=False, concepts=False)
 REPO = Path(__file__).resolve().parents[2]

@@ -18,8 +18,9 @@ from rewardlens.cli import main
 from rewardlens.stats import spearman
 
 # Known limitations, measured and reported but not counted (docs/organisms.md, SAE ground truth): no single SAE
-# feature removes most of the planted margin (the rule is split over about five co-firing features), and the
-# keyword's reward feature fires after the word, never on it.
+# feature removes most of the planted margin (the rule is split over about five co-firing features; the planted
+# group's joint ablation row, graded, removes most of it), and the keyword's reward feature fires after the word,
+# never on it.
 KNOWN = {("list", "mean ablation effect of reward feature #1"),
          ("keyword", "mean ablation effect of reward feature #1"),
          ("keyword", "share of reward feature #1 (*)'s top-10 context peaks inside the planted word")}
@@ -77,6 +78,14 @@ def test_sae_ground_truth_is_graded_on_both_organisms(card):
         # The feature carries a real share of the margin, but not most of it: reported, failing.
         assert 0.1 < ablated.value < 0.5 and not ablated.passed
         assert inside.passed is (name == "list")
+        # The planted group (the top-8 by margin that the card ties to the own axis), ablated jointly, removes
+        # most of it: graded, not a known limitation; the rule is split over several features.
+        rule = f"top-8 features by margin with ρ ≥ 0.5 on the {name!r} axis"
+        group = rows[name, f"mean joint ablation effect of the planted group ({rule}) as a share of the mean clean "
+                           "margin"]
+        size = rows[name, f"size of the planted group ({rule})"]
+        assert group.passed and not group.known and group.value >= 0.5 and group.value > ablated.value + 0.3
+        assert size.passed and 2 <= size.value <= 8
     assert rows["keyword", f"share of {head}'s top-10 context peaks inside the planted word"].value == 0.0
 
 

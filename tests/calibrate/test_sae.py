@@ -2,11 +2,12 @@
 own construction and the tokenizer's character offsets (not the grader's prefix decoding)."""
 
 import re
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
-from rewardlens.calibrate._sae import CONTEXT_SHARE, placement
+from rewardlens.calibrate._sae import AXIS_RHO, CONTEXT_SHARE, placement, planted_group
 from rewardlens.zoo.organisms import ORGANISMS
 
 WORD = re.compile(r"\bimportantly\b", re.IGNORECASE)
@@ -63,3 +64,14 @@ def test_a_feature_peaking_anywhere_fails_the_context_share(tokenizer, texts, na
         rows += [placement(tokenizer, name, ids, pos) for pos in range(len(ids))]
     rate = np.array(rows).mean(0)
     assert rate[0] <= inside_rate < CONTEXT_SHARE and rate[1] < CONTEXT_SHARE
+
+
+def test_the_planted_group_is_the_cards_features_tied_to_the_own_axis():
+    """The rule fixed before measuring: of the cards (top by margin, in that order), those with ρ ≥ AXIS_RHO on the
+    organism's own axis; a wrong axis, a ρ just under the threshold and an undefined ρ do not count."""
+    rhos = [(5, AXIS_RHO, 0.0), (9, 0.9, 0.9), (2, AXIS_RHO - 1e-9, 0.9), (7, np.nan, 0.9), (4, -0.8, 0.9),
+            (1, 0.6, np.nan)]
+    cards = [SimpleNamespace(feature=f, correlations={"list": own, "keyword": other}) for f, own, other in rhos]
+    assert planted_group(cards, "list") == [5, 9, 1]
+    assert planted_group(cards, "keyword") == [9, 2, 7, 4]
+    assert planted_group(cards[3:4], "list") == []

@@ -27,25 +27,20 @@ def _sae(model):
     return TopKSAE(model.d_model, SMALL, seed=1)
 
 
-def _naive(model, sae, pairs, layer, feature):
-    """The reward of each sequence with `f_feature d_feature` removed from layer `layer`'s output at the
-    read token (last token of a decoder, first of an encoder): one unpadded hooked HF forward each,
-    the feature's activation encoded here from the hooked hidden state."""
+def _hooked(model, pairs, layer, edit):
+    """The reward of each sequence with `edit(x)` [d] replacing layer `layer`'s output `x` at the read token
+    (last token of a decoder, first of an encoder): one unpadded hooked HF forward each."""
     module = model.layers[layer]
     out = []
     for kwargs in tiny.unpadded(model, pairs):
         t = 0 if model.encoder else kwargs["input_ids"].shape[1] - 1
 
-        def edit(_m, _a, o, t=t):
+        def hook(_m, _a, o, t=t):
             h = (o[0] if isinstance(o, tuple) else o).clone()
-            x = h[0, t]
-            f = torch.relu((x - sae.b_dec) @ sae.encoder.weight.T + sae.encoder.bias)
-            top = f.topk(sae.k)
-            fi = top.values[top.indices == feature].sum()  # 0 when the feature is not in the top k
-            h[0, t] = x - fi * sae.W_dec[feature]
+            h[0, t] = edit(h[0, t])
             return (h, *o[1:]) if isinstance(o, tuple) else h
 
-        handle = module.register_forward_hook(edit)
+        handle = module.register_forward_hook(hook)
         try:
             with torch.no_grad():
                 res = model.model(**kwargs)
@@ -54,6 +49,21 @@ def _naive(model, sae, pairs, layer, feature):
         score = getattr(res, "score", None)
         out.append(float(score[0]) if score is not None else float(res.logits[0, 0]))
     return np.array(out)
+
+
+def _naive(model, sae, pairs, layer, features):
+    """`_hooked` with `Σ_{i ∈ features} f_i d_i` removed, every activation encoded here from the hooked hidden
+    state (a latent outside the top k has f_i = 0)."""
+    features = [features] if np.ndim(features) == 0 else list(features)
+
+    def edit(x):
+        f = torch.relu((x - sae.b_dec) @ sae.encoder.weight.T + sae.encoder.bias)
+        top = f.topk(sae.k)
+        for i in features:
+            x = x - top.values[top.indices == int(i)].sum() * sae.W_dec[int(i)]
+        return x
+
+    return _hooked(model, pairs, layer, edit)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -114,6 +124,89 @@ def test_clamp_and_noising_direct_effects_are_the_attribution_difference(models,
     assert [fid for fid, _ in clamp.top(2)] == [int(features[i]) for i in np.argsort(-np.abs(clamp.total).mean(0))[:2]]
     frame = clamp.to_frame()
     assert len(frame) == 5 * len(pairs) and set(frame.columns) >= {"total", "direct", "indirect", "attribution"}
+
+
+@pytest.mark.parametrize("mode,value", [("ablate", None), ("clamp", 1.5), ("noising", None)])
+def test_a_group_of_one_is_the_single_feature_path(models, pairs, mode, value):
+    model = models["gpt2"]
+    sae = _sae(model)
+    single = feature_patch(model, sae, pairs, layer=0, mode=mode, value=value, features=None)
+    ids = single.features.tolist()
+    grouped = feature_patch(model, sae, pairs, layer=0, mode=mode, value=value, groups=[[i] for i in ids])
+    for name in ("patched", "total", "direct", "attribution"):
+        np.testing.assert_array_equal(getattr(grouped, name), getattr(single, name), err_msg=name)
+    assert grouped.groups == tuple((i,) for i in ids) and grouped.names == [str(i) for i in ids]
+    assert grouped.grouped and not single.grouped and single.groups == grouped.groups
+    assert [fid for fid, _ in single.top(2)] == [int(f) for f, _ in grouped.top(2)]  # ids, then names
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_a_group_edits_its_members_jointly_as_a_naive_hooked_loop_does(models, pairs, arch):
+    model = models[arch]
+    sae = _sae(model)
+    layer = 0
+    att = attribute_features(model, sae, pairs, layer=layer)
+    top = [f for f, _ in att.top(5, by="margin")]
+    groups = [top[:3], top[3:], top[:1]]
+    res = feature_patch(model, sae, pairs, layer=layer, groups=groups)
+    scale = np.abs(res.clean).max()
+    for j, group in enumerate(groups):
+        np.testing.assert_allclose(res.patched[:, j], _naive(model, sae, pairs, layer, group), rtol=0,
+                                   atol=2e-6 * scale)
+    assert res.names == ["+".join(map(str, top[:3])), "+".join(map(str, top[3:])), str(top[0])]
+    assert res.groups == (tuple(top[:3]), tuple(top[3:]), (top[0],))
+    assert res.features.tolist() == [top[0], top[3], top[0]]  # each group's first member
+    # Direct effect and attribution are the members' sums (the read-out is linear); for ablation both are the
+    # members' margin attribution.
+    col = {int(f): i for i, f in enumerate(att.features)}
+    by_hand = np.stack([att.margin[:, [col[i] for i in g]].sum(1) for g in groups], 1)
+    np.testing.assert_allclose(res.direct, by_hand, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(res.attribution, by_hand, rtol=1e-5, atol=1e-7)
+    # The joint edit is not the sum of the single edits once later layers respond.
+    single = feature_patch(model, sae, pairs, layer=layer, features=top)
+    assert np.abs(res.total[:, 0] - single.total[:, :3].sum(1)).max() > 1e-5 * scale  # 5× the tolerance above
+    for mode, value in (("clamp", 2.0), ("noising", None)):
+        one = feature_patch(model, sae, pairs, layer=layer, features=top, mode=mode, value=value)
+        joint = feature_patch(model, sae, pairs, layer=layer, groups=groups[:2], mode=mode, value=value)
+        np.testing.assert_allclose(joint.direct, np.stack([one.direct[:, :3].sum(1), one.direct[:, 3:].sum(1)], 1),
+                                   rtol=1e-6, atol=1e-9)
+    frame = res.to_frame()
+    assert list(frame["feature"][:3]) == res.names
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_ablating_every_active_feature_leaves_the_error_term_alone(models, pairs, arch):
+    """With every latent that fires at any read token ablated, `x' = x − (x̂ − b_dec) = b_dec + ε`: the SAE's
+    reconstruction is removed and its error term kept (computed here from the SAE's own forward)."""
+    model = models[arch]
+    sae = _sae(model)
+    layer = 1
+    att = attribute_features(model, sae, pairs, layer=layer)
+    res = feature_patch(model, sae, pairs, layer=layer, groups=[att.features.tolist()])
+    with torch.no_grad():
+        want = _hooked(model, pairs, layer, lambda x: x - (sae(x[None]).x_hat[0] - sae.b_dec))
+    scale = np.abs(res.clean).max()
+    np.testing.assert_allclose(res.patched[:, 0], want, rtol=0, atol=2e-6 * scale)
+    assert np.abs(res.patched[:, 0] - res.clean).max() > 1e-3 * scale  # the reconstruction mattered
+    np.testing.assert_allclose(res.direct[:, 0], att.margin.sum(1), rtol=1e-5, atol=1e-6)
+
+
+def test_bad_groups_get_one_line_each(models, pairs):
+    model = models["llama"]
+    sae = _sae(model)
+    n = sae.n_latents
+    for groups, message in (
+        ([[0, 1], []], r"group 1 is empty: .* name at least one"),
+        ([[0, 3, 3]], r"group 0 \[0, 3, 3\] name a latent twice; pass each latent id once"),
+        ([[0], [2, n]], rf"feature {n} is out of range .* 0\.\.{n - 1}"),
+        ([0, 1], r"group 0 must be a list of latent ids, got 0; pass e\.g\. groups=\[\[3, 17\], \[5\]\]"),
+        ([], r"groups= is a list of groups of latent ids, got \[\]"),
+        ([[0.5]], r"group 0 are latent ids \(integers\), got \[0\.5\]"),
+    ):
+        with pytest.raises(DataError, match=message):
+            feature_patch(model, sae, pairs, layer=0, groups=groups)
+    with pytest.raises(DataError, match=r"pass features= .* or groups= .*, not both"):
+        feature_patch(model, sae, pairs, layer=0, features=[0], groups=[[0]])
 
 
 def test_bad_input_gets_one_line_naming_the_value_and_the_fix(models, pairs):

@@ -11,12 +11,19 @@ pairs (the attribution's own ranking, chosen before anything below is looked at)
 - **ablation**: `feature_patch(mode="ablate")` of that one feature: mean total effect as a share of the
   mean clean margin;
 - **label**: its card's Spearman ρ with the planted attribute's axis (`text_axes` over the organisms'
-  own attribute tests), and that axis' rank among the axes of the other attributes.
+  own attribute tests), and that axis' rank among the axes of the other attributes;
+- **group ablation**: the *planted group*, fixed by a rule before it is measured: of the top
+  `GROUP_MAX` features by mean margin attribution (the same ranking), those whose card's ρ with the
+  organism's own axis is ≥ `AXIS_RHO` (the label row's threshold). They are ablated jointly
+  (`feature_patch(groups=...)`, one edit removing every member at the read token); graded: mean total
+  effect over the mean clean margin ≥ `ABLATED_SHARE`; reported: the group's size (a row that
+  always passes, ≤ `GROUP_MAX` by construction).
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -29,7 +36,7 @@ from ._core import Grade, OrganismBench
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-    from ..sae import TopKSAE
+    from ..sae import FeatureCard, TopKSAE
 
 TRUTH = ("list", "keyword")
 """The organisms whose planted rule an SAE feature is graded against."""
@@ -45,9 +52,12 @@ ABLATED_SHARE = 0.5
 """'Removes most of the planted margin'."""
 AXIS_RHO = 0.5
 """Spearman ρ of the feature's per-sequence peak with the planted attribute's 0/1 axis."""
+GROUP_MAX = 8
+"""The planted group is drawn from this many top features by margin attribution."""
 _WORD = re.compile(r"\w+")
 SPLIT = ("no single feature of this SAE carries the rule: it is split over about five co-firing features, "
-         "each 0.15-0.31 of the margin (docs/organisms.md, SAE ground truth)")
+         "each 0.15-0.31 of the margin; ablated jointly, the planted group removes most of it (the group "
+         "ablation row; docs/organisms.md, SAE ground truth)")
 """The known limitation behind the single-feature ablation rows: measured and reported, not counted."""
 AFTER_THE_WORD = ("a feature read at the read token fires after the planted word, recording that it was read, "
                   "not on the word itself (docs/organisms.md, SAE ground truth)")
@@ -95,6 +105,12 @@ def placement(tokenizer: PreTrainedTokenizerBase, name: str, ids: list[int], pos
     return inside, inside or ORGANISMS[name].has_attribute(str(tokenizer.decode(ids[:position + 1])))
 
 
+def planted_group(cards: Sequence[FeatureCard], name: str) -> list[int]:
+    """The planted group: the cards' features (top by margin attribution, in that order) whose ρ with organism
+    `name`'s own attribute axis is ≥ `AXIS_RHO` (NaN, undefined, never counts)."""
+    return [c.feature for c in cards if np.isfinite(c.correlations[name]) and c.correlations[name] >= AXIS_RHO]
+
+
 def ground_truth(bench: OrganismBench, name: str, model: RewardModel, layer: int, sae: TopKSAE) -> list[Grade]:
     """The module docstring's rows for organism `name` and its trained `sae` at `layer`."""
     from ..sae import attribute_features, feature_patch, feature_report, text_axes
@@ -104,16 +120,22 @@ def ground_truth(bench: OrganismBench, name: str, model: RewardModel, layer: int
     feature = att.top(1, by="margin")[0][0]
     corpus = [p for o in TRUTH for p in ORGANISMS[o].pairs(40, seed=bench.seed + 4)]
     axes = text_axes(model, corpus, **{o: ORGANISMS[o].has_attribute for o in AXES})
-    card = feature_report(model, sae, att, corpus, top=1, n_contexts=N_CONTEXTS, axes=axes).cards.cards[0]
+    cards = feature_report(model, sae, att, corpus, top=GROUP_MAX, n_contexts=N_CONTEXTS, axes=axes).cards.cards
+    card, group = cards[0], planted_group(cards, name)
+    assert card.feature == feature  # one ranking: the attribution's
     texts = [s.ids for s in model.encode(corpus)[0]]  # a context's `input` indexes the corpus' sequences
     where = np.array([placement(model.tokenizer, name, texts[c.input], c.position) for c in card.contexts],
                      dtype=bool).reshape(-1, 2)
-    ablated = feature_patch(model, sae, pairs, layer=layer, features=[feature], mode="ablate", n_boot=1)
+    # One call: column 0 is feature #1 alone, column 1 (if any feature qualified) the planted group, jointly.
+    ablated = feature_patch(model, sae, pairs, layer=layer, groups=[[feature], *([group] if group else [])],
+                            mode="ablate", n_boot=1)
     clean = ablated.clean[0::2] - ablated.clean[1::2]
+    share = ablated.total.mean(0) / clean.mean()
     rho = {a: card.correlations[a] for a in AXES}
     order = sorted(AXES, key=lambda a: -rho[a] if np.isfinite(rho[a]) else np.inf)
     span = "planted word" if name == "keyword" else "bullet lines"
     head = f"reward feature #1 ({feature})"
+    rule = f"top-{GROUP_MAX} features by margin with ρ ≥ {AXIS_RHO} on the {name!r} axis"
     # Contexts that never fired count as misses: the share is over N_CONTEXTS, not over those found.
     return [
         Grade.of("sae", name, f"share of {head}'s top-{N_CONTEXTS} context peaks inside the {span}",
@@ -121,8 +143,12 @@ def ground_truth(bench: OrganismBench, name: str, model: RewardModel, layer: int
         Grade.of("sae", name, f"share of {head}'s top-{N_CONTEXTS} context peaks inside or after the {span}",
                  where[:, 1].sum() / N_CONTEXTS, CONTEXT_SHARE),
         Grade.of("sae", name, f"mean ablation effect of {head} as a share of the mean clean margin",
-                 float(ablated.total[:, 0].mean() / clean.mean()), ABLATED_SHARE, known=SPLIT),
+                 float(share[0]), ABLATED_SHARE, known=SPLIT),
         Grade.of("sae", name, f"Spearman ρ of {head} with the {name!r} attribute axis", rho[name], AXIS_RHO),
         Grade.of("sae", name, f"rank of the {name!r} axis by ρ with {head} among {list(AXES)}",
                  order.index(name) + 1, 1, "<="),
+        Grade.of("sae", name, f"mean joint ablation effect of the planted group ({rule}) as a share of the mean "
+                 "clean margin", float(share[1]) if group else np.nan, ABLATED_SHARE),
+        # Informational: ≤ GROUP_MAX by construction; an empty group fails the row above (NaN).
+        Grade.of("sae", name, f"size of the planted group ({rule})", len(group), GROUP_MAX, "<="),
     ]

@@ -14,11 +14,18 @@ preference):
   feature's direct attribution difference, `(f_i − f'_i)(u_l · d_i)` per side;
 - indirect = total − direct: what the layers after `l` add in response.
 
+A *group* `g` of features is edited jointly, in one copy: its edit at the read token is
+`Σ_{i ∈ g} (f_i − f'_i) d_i`. Its direct effect is the sum of its members' direct effects and its
+attribution the sum of theirs (both exact: the read-out is linear in `x`); its total effect is
+measured, so total − direct is what the later layers add in response to the joint edit. A rule
+split over co-firing features is only removed by removing them together.
+
 Modes: 'ablate' (`f' = 0`, both sides), 'clamp' (`f' = value`, both sides) and 'noising' (the
 chosen run takes the rejected side's activation of the feature at *its* read token, the one token
-each side's reward is read at; the rejected run is left alone). Every single-feature edit of an
-input runs as one row of a batch of copies, `batch_size` rows at a time, each copy stepped from the
-layer after the SAE's from the recorded clean residual (`_splice`), not one full forward per feature.
+each side's reward is read at; the rejected run is left alone). Every edit (one feature or one
+group) of an input runs as one row of a batch of copies, `batch_size` rows at a time, each copy
+stepped from the layer after the SAE's from the recorded clean residual (`_splice`), not one full
+forward per edit.
 """
 
 from __future__ import annotations
@@ -49,15 +56,25 @@ DEFAULT_FEATURES = 16
 """Features patched when none are named: the top ones by mean |margin contribution|."""
 
 
+def group_name(members: Sequence[int]) -> str:
+    """A group's column name: its latent ids joined by '+' in the order given ('173+88+12'; '173' alone)."""
+    return "+".join(str(int(i)) for i in members)
+
+
 @dataclass(frozen=True)
 class FeaturePatch:
-    """Effects of editing each SAE feature at `layer`, per pair [n_pairs, F] over `features` (latent ids).
+    """Effects of each edit at `layer`, per pair [n_pairs, F]: one column per feature (`features=`) or per
+    group of features edited jointly (`groups=`).
 
-    `attribution`: the feature's direct contribution to the clean margin (`FeatureAttribution.margin`);
-    `total`, `direct`: clean margin − patched margin, with later layers recomputing and through the
-    frozen read-out; `indirect` = total − direct. `clean` [2·n_pairs] the model's own rewards
-    (interleaved chosen, rejected); `patched` [2·n_pairs, F] the rewards with one feature edited
-    (the side a mode leaves alone keeps its clean reward). `mode`, `value` say what `f'` was.
+    `features` [F]: each column's latent id for a call by features; for a call by groups, the first
+    member of each group (`groups` and `names` say what a column is). `groups`: each column's member
+    ids (one-member groups for a call by features); `grouped`: whether the call was by groups.
+    `attribution`: the column's direct contribution to the clean margin (`FeatureAttribution.margin`,
+    summed over a group's members); `total`, `direct`: clean margin − patched margin, with later
+    layers recomputing and through the frozen read-out; `indirect` = total − direct. `clean`
+    [2·n_pairs] the model's own rewards (interleaved chosen, rejected); `patched` [2·n_pairs, F] the
+    rewards with one column edited (the side a mode leaves alone keeps its clean reward). `mode`,
+    `value` say what `f'` was.
     """
 
     layer: int
@@ -70,8 +87,19 @@ class FeaturePatch:
     direct: np.ndarray
     clean: np.ndarray
     patched: np.ndarray
+    groups: tuple[tuple[int, ...], ...] = ()
+    grouped: bool = False
     n_boot: int = 2000
     seed: int = 0
+
+    @property
+    def names(self) -> list[str]:
+        """Each column's name [F]: its latent id, or a group's ids joined by '+' (`group_name`)."""
+        return [group_name(g) for g in self.groups] if self.groups else [str(int(i)) for i in self.features]
+
+    def _label(self, j: int) -> int | str:
+        """Column `j`'s label: its latent id for a call by features, its name for a call by groups."""
+        return self.names[j] if self.grouped else int(self.features[j])
 
     @property
     def indirect(self) -> np.ndarray:
@@ -92,17 +120,19 @@ class FeaturePatch:
         lo, hi = bootstrap_ci(rho, n_boot=self.n_boot, seed=self.seed)
         return float(rho.mean()), lo, hi
 
-    def top(self, k: int = 10) -> list[tuple[int, float]]:
-        """`k` (latent id, mean total effect) with the largest mean |total effect| over pairs
-        (`stats.top_parts`, the ranking of every table of top parts)."""
-        return [(int(self.features[i]), float(self.total[:, i].mean())) for i in top_parts(self.total, k)]
+    def top(self, k: int = 10) -> list[tuple[int | str, float]]:
+        """`k` (latent id, or group name for a call by groups; mean total effect) with the largest mean
+        |total effect| over pairs (`stats.top_parts`, the ranking of every table of top parts)."""
+        return [(self._label(int(i)), float(self.total[:, i].mean())) for i in top_parts(self.total, k)]
 
     def to_frame(self) -> pd.DataFrame:
-        """Long table: one row per (pair, feature) with attribution, total, direct and indirect effect."""
+        """Long table: one row per (pair, column) with attribution, total, direct and indirect effect; `feature`
+        is the latent id (a call by features) or the group's name (a call by groups)."""
         import pandas as pd
 
         n, f = self.total.shape
-        return pd.DataFrame({"pair": np.repeat(self.pair_ids, f), "feature": np.tile(self.features, n),
+        labels = np.array(self.names if self.grouped else self.features)
+        return pd.DataFrame({"pair": np.repeat(self.pair_ids, f), "feature": np.tile(labels, n),
                              "attribution": self.attribution.ravel(), "total": self.total.ravel(),
                              "direct": self.direct.ravel(), "indirect": self.indirect.ravel()})
 
@@ -116,7 +146,7 @@ class FeaturePatch:
         y = np.arange(len(top))
         ax.barh(y + 0.2, self.total[:, top].mean(0), height=0.4, color="tab:blue", label="total")
         ax.barh(y - 0.2, self.direct[:, top].mean(0), height=0.4, color="tab:gray", label="direct")
-        ax.set_yticks(y, [f"feature {self.features[i]}" for i in top], fontsize=7)
+        ax.set_yticks(y, [f"{'group' if self.grouped else 'feature'} {self._label(i)}" for i in top], fontsize=7)
         ax.axvline(0, color="black", lw=0.8)
         mean, lo, hi = self.faithfulness()
         ax.set_title(f"{self.mode} at layer {self.layer}: ρ(attribution, total) {mean:.2f} [{lo:.2f}, {hi:.2f}]",
@@ -126,18 +156,34 @@ class FeaturePatch:
         return finish(ax, made)
 
 
-def _check_features(sae: TopKSAE, features: Sequence[int]) -> np.ndarray:
+def _check_features(sae: TopKSAE, features: Sequence[int], what: str = "features") -> np.ndarray:
+    """`features` as int64 latent ids [F], each in range and named once (`what` names the argument)."""
     ids = np.asarray(list(features))
     if ids.size and not np.issubdtype(ids.dtype, np.integer):
-        raise DataError(f"features are latent ids (integers), got {list(features)[:5]!r}; pass e.g. features=[3, 17]")
+        raise DataError(f"{what} are latent ids (integers), got {list(features)[:5]!r}; pass e.g. features=[3, 17]")
     ids = ids.astype(np.int64)
     bad = ids[(ids < 0) | (ids >= sae.n_latents)]
     if bad.size:
         raise DataError(f"feature {int(bad[0])} is out of range for an SAE with {sae.n_latents} latents; "
                         f"pass latent ids in 0..{sae.n_latents - 1}")
     if len(np.unique(ids)) != len(ids):
-        raise DataError(f"features {ids.tolist()} name a latent twice; pass each latent id once")
+        raise DataError(f"{what} {ids.tolist()} name a latent twice; pass each latent id once")
     return ids
+
+
+def _check_groups(sae: TopKSAE, groups: Sequence[Sequence[int]]) -> tuple[tuple[int, ...], ...]:
+    """Each group's member ids: at least one group, none empty, members in range and named once per group
+    (one latent may sit in several groups: each group is its own edit)."""
+    if isinstance(groups, (str, bytes)) or not len(groups):
+        raise DataError(f"groups= is a list of groups of latent ids, got {groups!r}; pass e.g. groups=[[3, 17], [5]]")
+    out = []
+    for j, group in enumerate(groups):
+        if isinstance(group, (str, bytes)) or not isinstance(group, Sequence | np.ndarray):
+            raise DataError(f"group {j} must be a list of latent ids, got {group!r}; pass e.g. groups=[[3, 17], [5]]")
+        if not len(group):
+            raise DataError(f"group {j} is empty: a group edits its latents jointly, so name at least one")
+        out.append(tuple(int(i) for i in _check_features(sae, group, what=f"group {j}")))
+    return tuple(out)
 
 
 def _check(model: RewardModel, sae: TopKSAE, pairs: Sequence[Pair], layer: int, mode: str,
@@ -180,49 +226,67 @@ def _targets(acts: np.ndarray, mode: FeatureMode, value: float | None) -> tuple[
 
 
 def _rewards(model: RewardModel, pairs: Sequence[Pair], layer: int, delta: np.ndarray, edited: np.ndarray,
-             W: torch.Tensor, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
-    """(clean rewards [n], rewards with one feature edited [n, F]): `delta[r, j] · W[j]` [d] added at `t*`
-    of row r for edit j. Rows not `edited` keep their clean reward (they are not run)."""
+             W: torch.Tensor, member: np.ndarray, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """(clean rewards [n], rewards with one column edited [n, G]): the edit `Σ_u member[g, u] delta[r, u] W[u]`
+    [d] added at `t*` of row r for column g (`member` [G, U] 0/1 over the latents `W` [U, d]). Rows not
+    `edited` keep their clean reward (they are not run)."""
     seqs, _ = model.encode(pairs)
     clean = np.zeros(len(seqs))
     for rows, batch in model.batches(seqs, batch_size):
         clean[rows] = clean_rewards(model, batch).double().cpu().numpy()
-    patched = np.repeat(clean[:, None], len(W), 1)
+    patched = np.repeat(clean[:, None], len(member), 1)
     step = torch.as_tensor(delta, dtype=torch.float32, device=model.device)
-    for rows, big, part in each_edit_batch(model, seqs, np.flatnonzero(edited), len(W), batch_size):
-        add = step[torch.as_tensor(rows, device=model.device), part][..., None] * W[part][None]  # [b, f, d]
+    mask = torch.as_tensor(member, dtype=torch.float32, device=model.device)
+    for rows, big, part in each_edit_batch(model, seqs, np.flatnonzero(edited), len(member), batch_size):
+        # [b, g, U] @ [U, d]: a one-member group adds exact zeros, so it is the single-feature edit bit for bit.
+        add = (step[torch.as_tensor(rows, device=model.device)][:, None] * mask[part][None]) @ W  # [b, g, d]
         got = edited_rewards(model, big, layer, add.flatten(0, 1)).double().cpu().numpy()
         patched[rows[:, None], np.arange(part.start, part.stop)[None]] = got.reshape(len(rows), -1)
     return clean, patched
 
 
-def feature_patch(model: RewardModel, sae: TopKSAE, pairs: Sequence[Pair], *, layer: int,
-                  features: Sequence[int] | None = None, mode: FeatureMode = "ablate", value: float | None = None,
-                  batch_size: int = 16, n_boot: int = 2000, seed: int = 0) -> FeaturePatch:
-    """Edit each SAE feature at the residual after `layer`, one at a time, and measure the margin's
-    total, direct and indirect change (module docstring); error term kept.
+def _columns(sae: TopKSAE, att: FeatureAttribution, features: Sequence[int] | None,
+             groups: Sequence[Sequence[int]] | None) -> tuple[tuple[int, ...], ...]:
+    """Each column's member ids: the groups given, or one-member groups of `features` (default: the top
+    `DEFAULT_FEATURES` by mean |margin contribution|)."""
+    if groups is not None:
+        if features is not None:
+            raise DataError("pass features= (one edit per feature) or groups= (one joint edit per group), not both")
+        return _check_groups(sae, groups)
+    if features is None:
+        features = [latent for latent, _ in att.top(DEFAULT_FEATURES, by="margin")]
+    return tuple((int(i),) for i in _check_features(sae, features))
 
-    `features`: latent ids (default: the `DEFAULT_FEATURES` with the largest mean |margin
-    contribution|). `mode`: 'ablate', 'clamp' (with a finite `value`) or 'noising'. `batch_size`:
-    rows per forward (inputs × feature edits); 1 runs every edit on its own. One attribution pass
-    (for `f`, `u_l` and the attribution), then the edited forwards.
+
+def feature_patch(model: RewardModel, sae: TopKSAE, pairs: Sequence[Pair], *, layer: int,
+                  features: Sequence[int] | None = None, groups: Sequence[Sequence[int]] | None = None,
+                  mode: FeatureMode = "ablate", value: float | None = None, batch_size: int = 16,
+                  n_boot: int = 2000, seed: int = 0) -> FeaturePatch:
+    """Edit each SAE feature (or each group of features, jointly) at the residual after `layer` and measure
+    the margin's total, direct and indirect change (module docstring); error term kept.
+
+    `features`: latent ids, one edit each (default: the `DEFAULT_FEATURES` with the largest mean
+    |margin contribution|). `groups`: instead, lists of latent ids, each list one joint edit (its
+    column named e.g. '173+88+12'). `mode`: 'ablate', 'clamp' (with a finite `value`, every member
+    set to it) or 'noising'. `batch_size`: rows per forward (inputs × edits); 1 runs every edit on
+    its own. One attribution pass (for `f`, `u_l` and the attribution), then the edited forwards.
     """
     _check(model, sae, pairs, layer, mode, value)
     att, readout = attribute_with_readout(model, sae, pairs, layer=layer, batch_size=batch_size)
-    if features is None:
-        features = [latent for latent, _ in att.top(DEFAULT_FEATURES, by="margin")]
-    ids = _check_features(sae, features)
+    cols = _columns(sae, att, features, groups)
+    ids = np.array(sorted({i for g in cols for i in g}), dtype=np.int64)  # every member once [U]
+    member = np.array([np.isin(ids, g) for g in cols], dtype=np.float64).reshape(len(cols), len(ids))  # [G, U]
     acts, vals = _dense(att, ids)
     new, edited = _targets(acts, mode, value)
-    W = sae.W_dec.detach().to(model.device, torch.float32)[torch.as_tensor(ids, device=model.device)]  # [F, d]
-    writes = readout.astype(np.float64) @ W.double().cpu().numpy().T  # u_l · d_i [n, F]
+    W = sae.W_dec.detach().to(model.device, torch.float32)[torch.as_tensor(ids, device=model.device)]  # [U, d]
+    writes = readout.astype(np.float64) @ W.double().cpu().numpy().T  # u_l · d_i [n, U]
     delta = np.where(edited[:, None], new - acts, 0.0)
-    direct_rows = delta * writes  # change of each side's direct contribution
-    clean, patched = _rewards(model, pairs, layer, delta, edited, W, batch_size)
+    direct_rows = (delta * writes) @ member.T  # change of each side's direct contribution, summed per group
+    clean, patched = _rewards(model, pairs, layer, delta, edited, W, member, batch_size)
     margin = lambda r: r[0::2] - r[1::2]  # noqa: E731 - chosen − rejected, the pairs' own convention
     return FeaturePatch(
-        layer=layer, features=ids, mode=mode, value=None if value is None else float(value),
-        pair_ids=pair_ids(pairs), attribution=margin(vals),
+        layer=layer, features=np.array([g[0] for g in cols], dtype=np.int64), mode=mode,
+        value=None if value is None else float(value), pair_ids=pair_ids(pairs), attribution=margin(vals) @ member.T,
         total=margin(clean)[:, None] - margin(patched), direct=-margin(direct_rows), clean=clean, patched=patched,
-        n_boot=n_boot, seed=seed,
+        groups=cols, grouped=groups is not None, n_boot=n_boot, seed=seed,
     )
