@@ -1,4 +1,4 @@
-"""The circuits grader: path patching (and, later, edges and circuits) on planted paths."""
+"""The circuits grader: path patching, edge attribution and circuits on planted paths."""
 
 import copy
 import dataclasses
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from rewardlens.calibrate import GRADERS, OrganismBench, calibrate
-from rewardlens.calibrate._circuits import PATH_CHECKS, grade_circuits
+from rewardlens.calibrate._circuits import grade_circuits, two_part_edges
 from rewardlens.zoo.organisms import ORGANISMS, forward_margins
 
 DIM = 16  # head dimension of the organisms
@@ -34,8 +34,22 @@ def test_circuit_rows_appear_and_pass(card):
         ("two_step", "attribution", "share of the |mean margin| on the planted sender attn_L0_H1 (head level)"),
         ("circuit", "path patching", "rank of attn_L1_H2 by mean path effect into reward (head level)"),
         ("circuit", "path patching", "share of the |mean path effect into reward| on attn_L1_H2 (head level)"),
+        ("two_step", "edges (EAP)", f"rank of the planted edge {edge} by mean EAP score (of 36 edges; "
+                                    "informational: EAP misses saturated paths)"),
+        ("two_step", "edges (EAP-IG)", f"rank of the planted edge {edge} by mean EAP-IG score (of 36 edges)"),
+        ("two_step", "circuit", "share of the mean margin kept by the two-part circuit (6 edges among embed, "
+                                "attn_L0_H1, attn_L1_H2, reward)"),
+        ("circuit", "circuit", "parts besides embed and reward in the smallest circuit reaching 0.8 of the mean "
+                               "margin"),
+        ("circuit", "circuit", "attn_L1_H2 is a part of that circuit"),
     }
     assert card.passed, card.failures
+    assert not any(r.known for r in card.rows)
+    eap = rows[("two_step", "edges (EAP)", f"rank of the planted edge {edge} by mean EAP score (of 36 edges; "
+                "informational: EAP misses saturated paths)")]
+    assert eap.value == 1 and eap.threshold == 36  # measured at seed 0; seed 1 gives 36 (docs/circuits.md)
+    assert rows[("two_step", "circuit", "share of the mean margin kept by the two-part circuit (6 edges among "
+                 "embed, attn_L0_H1, attn_L1_H2, reward)")].value >= 0.8
     assert rows[("two_step", "path patching", f"mean path effect of {edge} over the mean margin")].value >= 0.8
     assert rows[("two_step", "attribution", "share of the |mean margin| on the planted sender attn_L0_H1 "
                  "(head level)")].value <= 0.05
@@ -55,20 +69,21 @@ def test_ablation_rows_match_zeroing_the_heads_output_columns_by_hand(card):
         assert row.value == pytest.approx(left, abs=1e-5)
 
 
-def test_a_wrong_planted_path_fails_and_extra_checks_run_on_the_path(organisms, monkeypatch):
-    seen = []
+def test_the_two_part_circuit_is_every_edge_among_the_planted_parts():
+    assert two_part_edges(("a", "b")) == [("embed", "a"), ("embed", "b"), ("embed", "reward"), ("a", "b"),
+                                          ("a", "reward"), ("b", "reward")]
 
-    def extra(model, pairs, name, path):  # what the EAP-IG and circuit grades will look like
-        seen.append((name, path, len(pairs)))
-        return []
 
+def test_a_wrong_planted_path_fails(organisms, monkeypatch):
     module = importlib.import_module("rewardlens.calibrate._circuits")  # rl.calibrate is also a function's name
-    monkeypatch.setattr(module, "PATH_CHECKS", [*PATH_CHECKS, extra])
+    assert not hasattr(module, "PATH_CHECKS")  # checks are direct calls, nothing is registered at import
     wrong = dataclasses.replace(ORGANISMS["two_step"], planted_path=("attn_L0_H0", "attn_L1_H2"))
     monkeypatch.setitem(ORGANISMS, "two_step", wrong)
     rows = grade_circuits(OrganismBench(organisms=["two_step"], n_pairs=20))
-    assert seen == [("two_step", ("attn_L0_H0", "attn_L1_H2"), 20)]
     failed = {r.check for r in rows if not r.passed}
     assert failed == {"|mean margin| left with attn_L0_H0 ablated, as a share",
                       "rank of the planted edge attn_L0_H0 -> attn_L1_H2 by mean path effect (of 36 edges)",
-                      "mean path effect of attn_L0_H0 -> attn_L1_H2 over the mean margin"}
+                      "mean path effect of attn_L0_H0 -> attn_L1_H2 over the mean margin",
+                      "rank of the planted edge attn_L0_H0 -> attn_L1_H2 by mean EAP-IG score (of 36 edges)",
+                      "share of the mean margin kept by the two-part circuit (6 edges among embed, attn_L0_H0, "
+                      "attn_L1_H2, reward)"}

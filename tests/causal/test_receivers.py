@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import rewardlens as rl
-from rewardlens.causal._receivers import Receiver, clean_points, receiving, wiring
+from rewardlens.causal._receivers import Receiver, clean_points, receiving, receiving_all, wiring
 from rewardlens.errors import ArchitectureError
 from rewardlens.model.internal import Point, capture, collate, discover, eval_mode
 from tests.helpers.tiny import ARCHS
@@ -101,3 +101,57 @@ def test_discovery_finds_separate_qkv_projections(tiny_root):
     found = discover(model.model)
     assert (found.attn_q, found.attn_k, found.attn_v) == ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")
     assert discover(rl.load(str(tiny_root["gpt2"])).model).attn_q is None  # gpt2's c_attn is fused
+
+
+@pytest.mark.parametrize("arch,names", [
+    ("llama", ["attn_L1_H0_q", "attn_L1_H2_q", "attn_L1_H3_q"]),   # grouped k/v: each head's query only
+    ("qwen3", ["attn_L1_H1_q", "attn_L1_H2_q"]),                    # d_head 24 != d/H, per-head q/k norms
+    ("gemma2", ["attn_L1_H0_q", "attn_L1_H3_q"]),
+    ("bert", ["attn_L1_H0", "attn_L1_H1_q", "attn_L1_H2_k", "attn_L1_H3_v"]),  # the projections read the layer input
+])
+def test_several_heads_of_one_layer_read_their_own_inputs_in_one_forward(tiny_root, pairs, arch, names):
+    """Each head's columns of each projection equal that head's own single-receiver run (`receiving`,
+    which freezes the rest at clean values); every other column stays clean."""
+    model = rl.load(str(tiny_root[arch]))
+    seqs = model.encode(pairs[:2])[0]
+    batch = collate(seqs, pad_id=model.pad_token_id, side="right", first=model.encoder, device=model.device)
+    b, t = batch.input_ids.shape
+    every = torch.arange(t).expand(b, t)
+    gen = torch.Generator().manual_seed(2)
+    deltas = {Receiver.parse(n): torch.randn(b, t, model.d_model, generator=gen) for n in names}
+    wire = wiring(model, next(iter(deltas)))
+    points = {key: Point(module, "out", every) for key, module, _ in wire.frozen}
+    clean, base = _run(model, batch, torch.no_grad(), points)
+    merged, reward = _run(model, batch, receiving_all(model, deltas), points, after=True)
+    assert (reward - base).abs().max() > 1e-6
+    expect = {key: value.clone() for key, value in clean.items()}
+    for r, delta in deltas.items():
+        own = wiring(model, r)
+        alone, _ = _run(model, batch, receiving(model, own, delta, clean), points, after=True)
+        for key, _, keep in own.frozen:
+            if keep is not None:
+                expect[key][..., keep] = alone[key][..., keep]
+    for key in expect:
+        torch.testing.assert_close(merged[key], expect[key], atol=1e-5, rtol=1e-4)
+        assert key in {x for r in deltas for x in r.inputs} or torch.equal(merged[key], clean[key])
+
+
+def test_receiving_all_refuses_what_it_cannot_merge(tiny_root):
+    model = rl.load(str(tiny_root["llama"]))
+    zero = torch.zeros(1, 1, model.d_model)
+    with pytest.raises(ValueError, match="both read layer 1's attention input"):
+        with receiving_all(model, {Receiver.parse("attn_L1"): zero, Receiver.parse("attn_L1_H0_q"): zero}):
+            pass
+    with pytest.raises(ArchitectureError, match="grouped-query"):
+        with receiving_all(model, {Receiver.parse("attn_L1_H0_k"): zero}):
+            pass
+    bert = rl.load(str(tiny_root["bert"]))
+    with pytest.raises(ValueError, match="head 1's q input is named by another receiver"):
+        with receiving_all(bert, {Receiver.parse("attn_L1_H1"): zero, Receiver.parse("attn_L1_H1_q"): zero}):
+            pass
+    with pytest.raises(ArchitectureError, match="fused qkv"):
+        with receiving_all(rl.load(str(tiny_root["gpt2"])), {Receiver.parse("attn_L1_H0_q"): zero}):
+            pass
+    with pytest.raises(ArchitectureError, match="parallel layout"):
+        with receiving_all(rl.load(str(tiny_root["gpt_neox"])), {Receiver.parse("mlp_L1"): zero}):
+            pass

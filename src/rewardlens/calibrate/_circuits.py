@@ -1,15 +1,16 @@
-"""Grader of the circuit instruments on planted paths: path patching (and, appended to
-`PATH_CHECKS`, edge attribution and circuits) on the `two_step` organism, whose rule needs two heads
-in series, and on the `circuit` organism, whose rule lives in one head."""
+"""Grader of the circuit instruments on planted paths: path patching, edge attribution (EAP, EAP-IG)
+and circuits on the `two_step` organism, whose rule needs two heads in series, and on the `circuit`
+organism, whose rule lives in one head."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import dataclasses
 
 import numpy as np
 
-from ..causal import path_patch
+from ..causal import Edges, circuit, edges, path_patch
 from ..data import Pair
+from ..errors import CircuitError
 from ..exact import attribute
 from ..model import Part, RewardModel
 from ..zoo.organisms import ORGANISMS, ablated, forward_margins
@@ -22,20 +23,18 @@ SENDER_SHARE = 0.05
 CIRCUIT_PAIRS = 40
 """Held-out pairs each path patching grade runs on (the first of the bench's pairs)."""
 
-PathCheck = Callable[[RewardModel, list[Pair], str, tuple[str, str]], list[Grade]]
-"""A further check on a planted path: (model, held-out pairs, organism name, (sender, receiver)) → rows."""
-PATH_CHECKS: list[PathCheck] = []
-"""EXTRA CHECKS on every planted path, run after path patching's and attribution's. Edge attribution
-(`rl.edges`, EAP / EAP-IG: the planted edge ranked first) and circuits (`rl.circuit`: the two-part
-circuit recovering ≥ 80 % of the mean margin; the `circuit` organism's head its one node) append
-their graders here when they land."""
+CIRCUIT_SHARE = 0.8
+"""The two-part circuit must keep, and the `circuit` organism's recovered circuit reach, this share of the
+mean clean margin (edge ablation)."""
 
 
 def grade_circuits(bench: OrganismBench) -> list[Grade]:
-    """Path patching finds the planted path: on organisms with a `planted_path`, the planted
-    (sender → receiver) edge is the top edge and carries ≥ 80 % of the mean margin, ablating either
-    part removes the margin, and attribution credits the receiver alone; on organisms with one
-    `planted_part`, that part is the top sender into the reward."""
+    """The circuit instruments find the planted path: on organisms with a `planted_path`, the planted
+    (sender → receiver) edge is the top edge by path patching (carrying ≥ 80 % of the mean margin) and
+    by EAP-IG (EAP's rank reported), the two-part circuit keeps ≥ 80 % of the mean margin, ablating either part
+    removes the margin, and attribution credits the receiver alone; on organisms with one
+    `planted_part`, that part is the top sender into the reward and the one part of the smallest
+    circuit reaching 80 %."""
     rows: list[Grade] = []
     for name in (n for n in bench.organisms if ORGANISMS[n].planted_path is not None):
         path = ORGANISMS[name].planted_path
@@ -44,8 +43,10 @@ def grade_circuits(bench: OrganismBench) -> list[Grade]:
         rows += _ablation(model, pairs, name, path)
         rows += _planted_edge(model, pairs, name, path)
         rows += _direct_view(model, pairs, name, path)
-        for check in PATH_CHECKS:
-            rows += check(model, pairs, name, path)
+        scored = edges(model, pairs, method="eap-ig", level="head", positions="all")
+        rows += _edge_rank(edges(model, pairs, method="eap", level="head", positions="all"), name, path)
+        rows += _edge_rank(scored, name, path)
+        rows += _two_part(model, pairs, scored, name, path)
     for name in circuits(bench):
         part = ORGANISMS[name].planted_part
         assert part is not None  # circuits() keeps the organisms with a planted part
@@ -54,6 +55,7 @@ def grade_circuits(bench: OrganismBench) -> list[Grade]:
         pp = path_patch(model, pairs, senders=senders, receivers=["reward"])
         rows += localisation("path patching", name, senders, pp.effect.mean(0)[:, 0], part, "head",
                              by="mean path effect into reward")
+        rows += _one_node(model, pairs, name, part)
     return rows
 
 
@@ -107,3 +109,75 @@ def _direct_view(model: RewardModel, pairs: list[Pair], name: str, path: tuple[s
     rows.append(Grade.of("attribution", name, f"share of the |mean margin| on the planted sender {path[0]} "
                          "(head level)", float(share), SENDER_SHARE, "<="))
     return rows
+
+
+def _edge_rank(scored: Edges, name: str, path: tuple[str, str]) -> list[Grade]:
+    """Edge attribution (whole-head receivers: a head's query, key and value inputs together, since
+    they carry the edge between them; every position noised): the planted edge has the largest mean
+    score among path patching's candidates."""
+    senders, receivers = _crossing(scored, path)
+    mean = scored.score.mean(0)
+    sub = mean[np.ix_([scored.upstream.index(u) for u in senders], [scored.downstream.index(d) for d in receivers])]
+    order = np.argsort(-sub, axis=None, kind="stable")
+    ranked = [(senders[i // len(receivers)], receivers[i % len(receivers)]) for i in order]
+    rank = ranked.index(path) + 1
+    if scored.method == "eap-ig":
+        return [Grade.of("edges (EAP-IG)", name, f"rank of the planted edge {path[0]} -> {path[1]} by mean EAP-IG "
+                         f"score (of {sub.size} edges)", rank, 1, "<=")]
+    # EAP is the gradient at the clean run, blind where attention saturates: measured rank 1 at seed 0 but
+    # 36 of 36 at seed 1 (a previous-token head, 0.99997 of its attention on one token; score -0.03 of the
+    # margin where path patching gives 1.09, EAP-IG 0.71). Seed-dependent, so reported, not graded.
+    return [Grade.of("edges (EAP)", name, f"rank of the planted edge {path[0]} -> {path[1]} by mean EAP score "
+                     f"(of {sub.size} edges; informational: EAP misses saturated paths)", rank, sub.size, "<=")]
+
+
+def _crossing(scored: Edges, path: tuple[str, str]) -> tuple[list[str], list[str]]:
+    """Path patching's candidates: senders of the layers before the planted receiver's (head level, the
+    embeddings first) into that layer's heads, its MLP and the reward."""
+    layer = Part.parse(path[1]).layer
+    senders = [u for u in scored.upstream if u == "embed" or Part.parse(u).layer < layer]
+    receivers = [d for d in scored.downstream if d == "reward" or Part.parse(_node_part(d)).layer == layer]
+    return senders, receivers
+
+
+def _node_part(node: str) -> str:
+    """The part whose input a downstream node is: 'attn_L1_H2_q' → 'attn_L1_H2' (edges' node names)."""
+    return node[:-2] if node[-2:] in ("_q", "_k", "_v") else node
+
+
+def two_part_edges(path: tuple[str, str]) -> list[tuple[str, str]]:
+    """The two-part circuit of a planted path (sender s, receiver r): every edge among the embeddings,
+    s, r and the read-out, in stream order: embed→s, embed→r, embed→reward, s→r, s→reward, r→reward."""
+    s, r = path
+    return [("embed", s), ("embed", r), ("embed", "reward"), (s, r), (s, "reward"), (r, "reward")]
+
+
+def _fixed(scored: Edges, keep: list[tuple[str, str]]) -> Edges:
+    """`scored` with the scores of `keep` set to 1 and every other edge's to 0, so that circuit() ranks
+    exactly those edges first (ties keep their order)."""
+    score = np.where(np.isnan(scored.score), np.nan, 0.0)
+    for u, d in keep:
+        score[:, scored.upstream.index(u), scored.downstream.index(d)] = 1.0
+    return dataclasses.replace(scored, score=score)
+
+
+def _two_part(model: RewardModel, pairs: list[Pair], scored: Edges, name: str, path: tuple[str, str]) -> list[Grade]:
+    """Edge ablation, every position noised: the two-part circuit alone keeps ≥ 80 % of the mean margin."""
+    keep = two_part_edges(path)
+    c = circuit(model, pairs, edges=_fixed(scored, keep), top=len(keep), sizes=[len(keep)], positions="all")
+    return [Grade.of("circuit", name, f"share of the mean margin kept by the two-part circuit ({len(keep)} edges "
+                     f"among embed, {path[0]}, {path[1]}, reward)", c.share, CIRCUIT_SHARE)]
+
+
+def _one_node(model: RewardModel, pairs: list[Pair], name: str, part: str) -> list[Grade]:
+    """EAP-IG then edge ablation at the read token: the smallest circuit reaching 80 % of the mean
+    margin has the planted head as its only part besides the embeddings and the read-out."""
+    try:
+        found = circuit(model, pairs, level="head", top=1).smallest(CIRCUIT_SHARE)
+    except CircuitError:  # no evaluated circuit reaches the share: both rows fail, with NaN
+        found = None
+    inner = set() if found is None else {_node_part(n) for u, d, _ in found for n in (u, d)} - {"embed", "reward"}
+    count = float("nan") if found is None else len(inner)
+    return [Grade.of("circuit", name, f"parts besides embed and reward in the smallest circuit reaching "
+                     f"{CIRCUIT_SHARE:g} of the mean margin", count, 1, "=="),
+            Grade.of("circuit", name, f"{part} is a part of that circuit", float(part in inner), 1, "==")]

@@ -3,7 +3,8 @@
 Edges are ranked by mean |score| over pairs (`stats.top_parts`). A circuit of the k first edges is
 evaluated by edge ablation (`_circuit_run`): every edge outside it carries its upstream part's
 corrupted write, and the faithfulness is `mean margin(C) / mean clean margin` (1 for every edge;
-`empty` is the margin with no edge kept). The curve runs over circuit sizes.
+`empty` is the margin with no edge kept). The curve runs over circuit sizes. Sublayer or head level
+(heads as parts, each head's input, or its q/k/v inputs apart, as nodes), as the edges were scored.
 """
 
 from __future__ import annotations
@@ -21,10 +22,12 @@ from ..model import RewardModel
 from ..model.internal import collate, each_batch
 from ..stats import to_json, top_parts
 from ..types import Ablation, Mode, Positions, Spans
-from ._circuit_run import circuit_rewards, corrupted_writes
-from ._edges import Edges, Method, check_model, nodes
+from ._circuit_run import check_heads, circuit_rewards, corrupted_writes
+from ._edges import Edges, Level, Method, check_model, nodes
 from ._edges import edges as edge_scores
+from ._engine import Site
 from ._plan import Clean, PatchPlan, pair_seqs
+from ._receivers import Receiver
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -46,6 +49,7 @@ class Circuit:
     empty: np.ndarray
     method: str
     mode: str
+    level: str = "sublayer"
 
     @property
     def shares(self) -> np.ndarray:
@@ -76,7 +80,7 @@ class Circuit:
         return to_json(self.summary())
 
     def summary(self) -> dict[str, Any]:
-        return {"method": self.method, "mode": self.mode, "share": self.share,
+        return {"method": self.method, "mode": self.mode, "level": self.level, "share": self.share,
                 "kept": [{"upstream": u, "downstream": d, "score": s} for u, d, s in self.kept],
                 "curve": [{"edges": k, "share": float(s)} for k, s in zip(self.sizes, self.shares)],
                 "clean_margin": float(self.clean.mean()), "empty_margin": float(self.empty.mean())}
@@ -121,6 +125,8 @@ def circuit(
     sizes: Sequence[int] | None = None,
     method: Method = "eap-ig",
     steps: int = 5,
+    level: Level = "sublayer",
+    qkv: bool = False,
     mode: Mode | None = None,
     ablation: Ablation = "zero",
     positions: Positions | Spans = "read",
@@ -128,28 +134,28 @@ def circuit(
     batch_size: int = 8,
     progress: bool = False,
 ) -> Circuit:
-    """Rank every sublayer-level edge (`edges`, else `rl.edges` with `method`), keep the `top` first
+    """Rank every edge (`edges`, else `rl.edges` with `method`, `level` and `qkv`), keep the `top` first
     (or the fewest whose mean |score| reaches `share` of the total), and evaluate circuits of `sizes`
-    edges (default: doubling up to every edge, and the kept one) by edge ablation."""
+    edges (default: doubling up to every edge, and the kept one) by edge ablation, all of its nodes
+    (heads and their q/k/v inputs at `level='head'`) in one forward per batch and size."""
     with counting("circuit", progress):
         check_model(model, "circuit")
         if model.arch.layout == "post_norm" and model.arch.attn_post_norm is None:
             raise ArchitectureError("circuit: a post-norm encoder renormalises the stream after every sublayer, so "
                                     "edge ablation is not a sum of writes; use rl.edges and rl.path_patch")
+        if (edges.level if edges is not None else level) == "head":
+            check_heads(model)
         if edges is None:
-            edges = edge_scores(model, pairs, method=method, steps=steps, mode=mode, ablation=ablation,
-                           positions=positions, reference=reference, batch_size=batch_size)
-        if edges.level != "sublayer":
-            raise CircuitError(f"circuit evaluates sublayer-level edges; got level={edges.level!r}: pass "
-                               "rl.edges(..., level='sublayer')")
+            edges = edge_scores(model, pairs, method=method, steps=steps, level=level, qkv=qkv, mode=mode,
+                                ablation=ablation, positions=positions, reference=reference, batch_size=batch_size)
         flat, names = edges.flat(), edges.names
         order = top_parts(flat)
         ranked = [(*names[i], float(flat[:, i].mean())) for i in order]
         n_keep = _how_many(flat[:, order], top, share)
         want = sorted({*(sizes or _doubling(len(ranked))), n_keep, 0, len(ranked)})
-        ups, downs = nodes(model, "sublayer", False)
+        ups, downs = _nodes(model, edges)
         seqs = pair_seqs(model, pairs, None)
-        clean = Clean.run(model, seqs, heads=False, batch_size=batch_size)
+        clean = Clean.run(model, seqs, heads=edges.level == "head", batch_size=batch_size)
         plan = PatchPlan.make(model, clean, ups, edges.mode, ablation, positions,
                               None if reference is None else model.encode(reference)[0], batch_size)
         cols, _, values = plan.at_columns(clean)
@@ -160,11 +166,20 @@ def circuit(
             keep = torch.zeros(len(ups), len(downs), dtype=torch.bool)
             for u, d, _ in ranked[:k]:
                 keep[index[u, d]] = True
-            margins.append(_margins(model, seqs, clean, plan.targets, cols, keep, ups, bad, batch_size))
+            margins.append(_margins(model, seqs, clean, plan.targets, cols, keep, ups, downs, bad, batch_size))
         m = np.stack(margins)
         reward = clean.reward.cpu().numpy()
         return Circuit(ranked[:n_keep], ranked, want, m,
-                       reward[0::2] - reward[1::2], m[0], edges.method, edges.mode)
+                       reward[0::2] - reward[1::2], m[0], edges.method, edges.mode, edges.level)
+
+
+def _nodes(model: RewardModel, edges: Edges) -> tuple[list[Site], list[Receiver]]:
+    """The upstream sites and downstream receivers of `edges`, in its order (scored on this model)."""
+    ups = nodes(model, edges.level, False)[0]
+    if [u.name for u in ups] != edges.upstream:
+        raise CircuitError(f"edges were scored on parts {edges.upstream[:3]}..., not this model's "
+                           f"{[u.name for u in ups][:3]}...; score them with rl.edges on this model")
+    return ups, [Receiver.parse(d) for d in edges.downstream]
 
 
 def _how_many(flat: np.ndarray, top: int | None, share: float | None) -> int:
@@ -188,7 +203,7 @@ def _doubling(n: int) -> list[int]:
 
 
 def _margins(model: RewardModel, seqs: list, clean: Clean, targets: list[int], cols: torch.Tensor, keep: torch.Tensor,
-             ups: list, bad: dict[str, torch.Tensor], batch_size: int) -> np.ndarray:
+             ups: list, downs: list[Receiver], bad: dict[str, torch.Tensor], batch_size: int) -> np.ndarray:
     """Margins [n_pairs] with only `keep`'s edges carrying the run (targets patched, the other side clean)."""
     reward = clean.reward.clone()
 
@@ -196,7 +211,7 @@ def _margins(model: RewardModel, seqs: list, clean: Clean, targets: list[int], c
         index = [targets[j] for j in rows]
         batch = collate([seqs[i] for i in index], pad_id=model.pad_token_id, side="right", first=model.encoder,
                         device=model.device)
-        got = circuit_rewards(model, batch, clean.coef[index], cols[rows], keep, ups,
+        got = circuit_rewards(model, batch, clean.coef[index], cols[rows], keep, ups, downs,
                               {u: v[rows] for u, v in bad.items()})
         reward[torch.tensor(index, device=reward.device)] = got.to(reward.dtype)
 

@@ -18,13 +18,19 @@ itself, still see `x`. No layer is re-implemented; three kinds of hook on the mo
 
 For a pre-norm layer `x + f(N(x))`: `(x + δ) + f(N(x + δ)) − δ = x + f(N(x + δ))`, exactly the
 sublayer with another input and the stream unchanged (up to float rounding of `+δ − δ`).
+
+`receiving_all` gives several receivers their own inputs in ONE forward (circuits): sublayer receivers
+and the read-out by their add/cancel hooks (they add up), and the head receivers of a layer by one
+merged hook per q/k/v projection: nothing is added to the stream, and head h's columns of projection
+x's output are recomputed by the model's own input module and projection from `x + δ_h` (the
+projection's other columns keep what the layer computed from the current stream).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Literal, get_args
 
@@ -33,11 +39,13 @@ from torch import Tensor, nn
 
 from ..errors import ArchitectureError
 from ..model import Part, RewardModel
-from ..model.internal import Point, get_module, rewriting
+from ..model.internal import Point, first_output, get_module, rewriting
 
 ReceiverKind = Literal["attn", "mlp", "head", "reward"]
 QKV = Literal["q", "k", "v"]
 QKVS: tuple[QKV, ...] = get_args(QKV)
+Hook = tuple[nn.Module, str, Callable[[Tensor], "Tensor | None"]]
+"""A `rewriting` hook: (module, 'in' or 'out', the rewrite)."""
 
 
 @dataclass(frozen=True)
@@ -260,3 +268,102 @@ def receiving(model: RewardModel, receiver: Receiver | Wiring, delta: Tensor,
               for key, module, keep in wire.frozen]
     with rewriting(hooks):
         yield
+
+
+@contextlib.contextmanager
+def receiving_all(model: RewardModel, deltas: Mapping[Receiver, Tensor]) -> Iterator[None]:
+    """During the forwards inside, every receiver r reads `x + deltas[r]` ([B, T, d] each, read when the
+    node runs, so a buffer may be filled in place by an earlier hook), all in one forward; the stream
+    stays `x`. Sublayer receivers and 'reward' hook as in `receiving`; the head receivers of one layer
+    share one hook per q/k/v projection (see the module docstring). Refused: a layout that needs frozen
+    clean values (parallel: ArchitectureError), and a layer's attention receiver beside its heads', or
+    one head input named twice (ValueError)."""
+    hooks: list[Hook] = []
+    heads: dict[int, list[tuple[Receiver, Tensor]]] = {}
+    for r, delta in deltas.items():
+        if r.kind == "head":
+            heads.setdefault(r.layer, []).append((r, delta))
+            continue
+        wire = wiring(model, r)
+        if wire.frozen:
+            raise ArchitectureError(f"receiver {r.name!r}: map {model.arch.name!r} has a parallel layout, whose "
+                                    "sibling sublayer must be held at clean values; give receivers one at a time "
+                                    "(receiving)")
+        hooks.append((wire.add[0], wire.add[1], functools.partial(_shift, delta=delta, sign=1.0)))
+        if wire.cancel is not None:
+            hooks.append((wire.cancel, "out", functools.partial(_shift, delta=delta, sign=-1.0)))
+    for layer, group in heads.items():
+        if Receiver("attn", layer) in deltas:
+            raise ValueError(f"receivers 'attn_L{layer}' and {[r.name for r, _ in group]} both read layer {layer}'s "
+                             "attention input; give either the sublayer or its heads")
+        hooks += _head_group(model, layer, group)
+    with rewriting(hooks):
+        yield
+
+
+def _head_group(model: RewardModel, layer: int, group: list[tuple[Receiver, Tensor]]) -> list[Hook]:
+    """The merged hooks of one layer's head receivers: the layer's input and its children's outputs
+    recorded (to find the module that feeds the projections), then per projection its input recorded
+    and its output's receiver columns recomputed."""
+    slots: dict[str, list[tuple[slice, Tensor]]] = {x: [] for x in QKVS}
+    modules: dict[str, nn.Module] = {}
+    for r, delta in group:
+        for key, module, keep in wiring(model, r).frozen:  # refuses fused qkv, grouped k/v, q/k norms
+            modules[key] = module
+            if keep is not None:
+                if any(k.start == keep.start for k, _ in slots[key]):
+                    raise ValueError(f"receiver {r.name!r}: head {r.head}'s {key} input is named by another "
+                                     "receiver too; give each head input once")
+                slots[key].append((keep, delta))
+    state: dict[str, Tensor] = {}
+    seen: list[tuple[nn.Module, Tensor]] = []
+    owner = model.layers[layer]
+    hooks: list[Hook] = [(owner, "in", functools.partial(_layer_input, state, seen))]
+    hooks += [(child, "out", functools.partial(_seen, seen, child)) for child in owner.children()]
+    for x, kept in slots.items():
+        if kept:
+            hooks += [(modules[x], "in", functools.partial(_keep_input, state, x)),
+                      (modules[x], "out", functools.partial(_recompute, owner, modules[x], state, seen, x, kept))]
+    return hooks
+
+
+def _layer_input(state: dict[str, Tensor], seen: list[tuple[nn.Module, Tensor]], x: Tensor) -> None:
+    state["x"] = x
+    seen.clear()  # children's outputs of this forward only
+
+
+def _seen(seen: list[tuple[nn.Module, Tensor]], child: nn.Module, out: Tensor) -> None:
+    seen.append((child, out))
+
+
+def _keep_input(state: dict[str, Tensor], x: str, inp: Tensor) -> None:
+    state[x] = inp
+
+
+def _feeder(owner: nn.Module, state: dict[str, Tensor], seen: list[tuple[nn.Module, Tensor]],
+            inp: Tensor) -> nn.Module | None:
+    """The layer's child whose output the projection reads (the input norm), or None when it reads the
+    layer's input itself (an encoder). Found by identity: the layer hands that tensor on unchanged."""
+    if inp is state["x"]:
+        return None
+    for child, out in seen:  # the children that ran so far in this forward
+        if out is inp:
+            return child
+    raise ArchitectureError(f"the q/k/v projections of {type(owner).__name__} read a tensor that is neither the "
+                            "layer's input nor a direct child's output, so one head's input cannot be recomputed; "
+                            "use the sublayer receiver")
+
+
+def _recompute(owner: nn.Module, module: nn.Module, state: dict[str, Tensor], seen: list[tuple[nn.Module, Tensor]],
+               x: str, kept: list[tuple[slice, Tensor]], out: Tensor) -> Tensor:
+    """Projection output [B, T, w] with each kept head's columns from `module(feed(x + δ_h))` (the model's
+    own modules, called past their hooks), all heads stacked into one call."""
+    inp, b = state[x], out.shape[0]
+    feed = _feeder(owner, state, seen, inp)
+    shifted = torch.cat([_shift(state["x"], delta, 1.0) for _, delta in kept])  # [n·B, T, d]
+    normed = shifted if feed is None else first_output(feed.forward(shifted))
+    proj = module.forward(normed.to(inp.dtype))
+    new = out.clone()
+    for i, (keep, _) in enumerate(kept):
+        new[..., keep] = proj[i * b:(i + 1) * b, ..., keep].to(out.dtype)
+    return new
