@@ -3,7 +3,7 @@
 The layers (docs/design.md §2), top to bottom:
 
     faces      rewardlens/__init__.py, cli/, __main__
-    workflows  audit/, compare, monitor, calibrate/, bench/
+    workflows  audit/, compare, monitor, calibrate/, bench/, loop/ (which may use the monitor's face)
     instruments exact/ (lowest), then causal/, hacking/, sae/ (which do not import each other);
                zoo/ beside them (demo, tokenizer, organisms, real models: no instrument imports it)
     model      model/
@@ -24,7 +24,7 @@ import rewardlens
 
 ROOT = Path(rewardlens.__file__).parent
 BASE = {"data", "plotting", "stats", "errors", "types", "_version"}
-WORKFLOWS = {"audit", "compare", "monitor", "calibrate", "bench"}
+WORKFLOWS = {"audit", "compare", "monitor", "calibrate", "bench", "loop"}
 INSTRUMENTS = {"exact", "causal", "hacking", "sae"}
 # What each group may import besides itself. A workflow imports another workflow's face only where listed.
 ALLOWED: dict[str, set[str]] = {
@@ -40,6 +40,7 @@ ALLOWED: dict[str, set[str]] = {
     "monitor": {*INSTRUMENTS, "model", "base"},
     "calibrate": {*INSTRUMENTS, "zoo", "model", "base"},
     "bench": {*INSTRUMENTS, "model", "base"},
+    "loop": {"monitor", *INSTRUMENTS, "zoo", "model", "base"},
     "face": {*WORKFLOWS, *INSTRUMENTS, "zoo", "model", "base"},
 }
 # Item text is prose, not code: the one module allowed past the length limit.

@@ -56,6 +56,7 @@ if TYPE_CHECKING:
     from .hacking import distortion as distortion
     from .hacking import edit as edit
     from .hacking import probe as probe
+    from .loop import verify_edit as verify_edit
     from .model import ArchitectureMap as ArchitectureMap
     from .model import Reads as Reads
     from .model import RewardModel as RewardModel
@@ -93,7 +94,7 @@ __all__ = [
     "concepts", "conflict", "distortion", "edges", "edit", "faithfulness", "feature_patch", "feature_report",
     "feature_steer", "lens", "load", "load_dpo", "load_judge", "load_pairs",
     "load_prm", "load_sae", "monitored_reward", "patch", "path_patch", "probe", "register_architecture", "tokens",
-    "train_sae",
+    "train_sae", "verify_edit",
     "wrap", "wrap_dpo", "wrap_judge", "wrap_prm",
 ]
 
@@ -112,6 +113,7 @@ _FACE: dict[str, str] = {
                      "conflict", "distortion", "edit", "probe"), "hacking"),
     **dict.fromkeys(("ArchitectureMap", "Reads", "RewardModel", "load", "load_dpo", "load_judge", "load_prm",
                      "register_architecture", "wrap", "wrap_dpo", "wrap_judge", "wrap_prm"), "model"),
+    **dict.fromkeys(("verify_edit",), "loop"),
     **dict.fromkeys(("Monitor", "Trajectory", "monitored_reward"), "monitor"),
     **dict.fromkeys(("FeatureReport", "feature_report"), "sae"),
     **dict.fromkeys(("FeaturePatch", "FeatureSteer", "SAEConfig", "TopKSAE", "attribute_features", "feature_patch",

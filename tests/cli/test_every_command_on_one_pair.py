@@ -59,6 +59,8 @@ def _argv(name: str, model: str, other: str, f: dict[str, str], out: Path) -> li
         "sae": ["sae", "train", model, *one, "--layer", "1", "--out", str(out / "sae"), "--latents", "16", "--k", "2"],
         "calibrate": ["calibrate", "--organism", "length", "--n-pairs", "10"],
         "monitor-report": ["monitor-report", _policy_log(out), "--out", str(out / "policy.html")],
+        # the suite's reduced closed loop (tests/loop/conftest.py): cached on disk, trained once per cache
+        "verify-edit": ["verify-edit", "--organism", "list", "--seeds", "2", "--steps", "5"],
     }[name]
 
 

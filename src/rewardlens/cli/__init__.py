@@ -21,6 +21,7 @@ from . import (
     concepts,
     conflict,
     edit,
+    loop,
     monitor,
     organisms,
     parity,
@@ -32,7 +33,7 @@ from ._common import Command, Interrupted, as_flags, check_common, command_line,
 
 # Each module owns its commands; the order here is the order of `rewardlens -h`.
 _MODULES = (base, tokens, audit, bench, causal, circuit, probes, compare, concepts, conflict, edit, sae, organisms,
-            monitor, parity)
+            monitor, loop, parity)
 
 
 def _commands() -> dict[str, Command]:

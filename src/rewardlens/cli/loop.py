@@ -1,0 +1,69 @@
+"""`verify-edit`: edit an organism's planted bias out, retrain a tiny policy against both reward
+models with GRPO, and print the behaviour gap and the early-warning table (`rewardlens.loop`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from ._common import Command, positive, quiet_hub, table
+
+LOOP_ORGANISMS = ("keyword", "length", "list", "quality_list", "sycophancy")
+"""The organisms whose planted direction the loop knows (`rewardlens.loop` checks the two agree)."""
+
+
+def _arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--organism", action="append", choices=LOOP_ORGANISMS, default=None,
+                   help="run on this organism (repeatable; default: keyword and list)")
+    p.add_argument("--seeds", type=positive(int), default=3, help="GRPO seeds per reward model (0..N-1)")
+    p.add_argument("--steps", type=positive(int), default=14, help="GRPO steps per run")
+    p.add_argument("--concept", default=None,
+                   help="fit the edit on this probe axis' contrast sets (default: the organism's own texts)")
+    p.add_argument("--method", choices=("project", "leace"), default="leace",
+                   help="the edit (rewardlens.hacking.edit): leace (organism pairs as background) or project")
+    p.add_argument("--out", metavar="FILE", default=None, help="also write the self-contained HTML page here")
+    p.add_argument("--save", metavar="FILE", default=None, help="also write the full result as JSON here")
+
+
+def _verify(args: argparse.Namespace) -> dict[str, Any]:
+    from ..loop import Recipe, loop_report, verify_edit
+
+    quiet_hub()
+    res = verify_edit(tuple(args.organism or ("keyword", "list")), seeds=tuple(range(args.seeds)),
+                      recipe=Recipe(grpo_steps=args.steps), concept=args.concept,
+                      method=args.method)
+    if args.out:
+        loop_report(res, args.out)
+    text = res.to_json()
+    if args.save:
+        with open(args.save, "w", encoding="utf-8") as f:
+            f.write(text)
+    full = json.loads(text)
+    return {"summary": full["summary"], "warnings": full["warnings"], "notes": full["notes"], "page": args.out}
+
+
+def _number(v: Any) -> str:
+    return "-" if v is None else f"{v:.2f}" if isinstance(v, float) else str(v)
+
+
+def _show(result: dict[str, Any]) -> None:
+    rows = [[r["organism"], r["concept"], _number(r["rate_original"]), _number(r["rate_edited"]),
+             f"{_number(r['gap'])} [{_number(r['gap_lo'])}, {_number(r['gap_hi'])}]",
+             f"{_number(r['quality_original'])} -> {_number(r['quality_edited'])}", "yes" if r["edit_works"] else "no"]
+            for r in result["summary"]]
+    print(table(["organism", "edit", "rate (orig)", "rate (edited)", "gap [95% CI]", "quality acc", "edit works"],
+                rows))
+    rows = [[r["organism"], r["signal"], f"{_number(r['lead'])} [{_number(r['lead_lo'])}, {_number(r['lead_hi'])}]",
+             r["n_lead"], f"{_number(r['false_per_100'])} [{_number(r['false_lo'])}, {_number(r['false_hi'])}]"]
+            for r in result["warnings"]]
+    print(table(["organism", "signal", "lead (steps) [95% CI]", "seeds", "false alarms / 100 steps"], rows))
+    for n in result["notes"]:
+        print("note:", n)
+    if result["page"]:
+        print("page:", result["page"])
+
+
+COMMANDS = [Command("verify-edit", "edit an organism's planted bias out, retrain a tiny policy against the original "
+                    "and the edited reward model, and measure the behaviour gap and the monitor's early warning",
+                    _arguments, _verify, _show)]
