@@ -13,7 +13,6 @@ import hashlib
 import json
 import random
 import shutil
-import tempfile
 from pathlib import Path
 
 CONFIG = {"sft_steps": 120, "sft_lr": 3e-3, "grpo_steps": 14, "grpo_lr": 1e-3, "batch": 16, "generations": 8,
@@ -105,21 +104,6 @@ def trained(organism: str) -> Path:
     """The folder of a GRPO run against `organism` (monitor.jsonl, samples.json, log_history.json),
     trained once per config and cached next to the organisms."""
     from rewardlens.zoo import cache_dir
-    from rewardlens.zoo.organisms import locked
+    from rewardlens.zoo.organisms import built_once
 
-    final = cache_dir() / "policies" / _key(organism)
-    if (final / "READY").is_file():
-        return final
-    final.parent.mkdir(parents=True, exist_ok=True)
-    with locked(final.parent / f"{final.name}.lock"):
-        if (final / "READY").is_file():
-            return final
-        work = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
-        try:
-            _train(organism, work)
-            (work / "READY").write_text("ok\n")
-            shutil.rmtree(final, ignore_errors=True)
-            work.rename(final)
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
-    return final
+    return built_once(cache_dir() / "policies" / _key(organism), lambda work: _train(organism, work))

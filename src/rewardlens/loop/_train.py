@@ -17,7 +17,6 @@ import hashlib
 import json
 import random
 import shutil
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -25,7 +24,7 @@ from typing import Any
 
 from ..errors import DataError
 from ..zoo import cache_dir
-from ..zoo.organisms import ORGANISMS, locked
+from ..zoo.organisms import ORGANISMS, built_once
 
 LOOP_VERSION = "v1"
 """Bump whenever the recipe or the record changes, so stale cached runs are not reused."""
@@ -61,26 +60,6 @@ class Recipe:
 def loop_dir() -> Path:
     """Where the loop's start policies, edits and runs are cached (beside the organisms)."""
     return cache_dir() / "policies" / "loop"
-
-
-def cached(folder: Path, make: Callable[[Path], None]) -> Path:
-    """`folder`, built once by `make(work)` into a temporary folder renamed into place under a lock
-    (the organisms' convention), so concurrent processes never see half a folder."""
-    if (folder / "READY").is_file():
-        return folder
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    with locked(folder.parent / f"{folder.name}.lock"):
-        if (folder / "READY").is_file():
-            return folder
-        work = Path(tempfile.mkdtemp(prefix=f".{folder.name}.tmp-", dir=folder.parent))
-        try:
-            make(work)
-            (work / "READY").write_text("ok\n")
-            shutil.rmtree(folder, ignore_errors=True)
-            work.rename(folder)
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
-    return folder
 
 
 def check_tokenizer(rm_tokenizer: Any, policy_tokenizer: Any, what: str) -> None:
@@ -138,7 +117,7 @@ def start_policy(organism: str, rm_path: Path, recipe: Recipe) -> Path:
         policy.save_pretrained(work)
         tok.save_pretrained(work)
 
-    return cached(loop_dir() / f"start-{organism}-{recipe.start_key(organism)}", make)
+    return built_once(loop_dir() / f"start-{organism}-{recipe.start_key(organism)}", make)
 
 
 def sequence_logprobs(model: Any, prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequence[int]],
@@ -214,7 +193,7 @@ def trained_run(organism: str, rm_path: Path, rm_key: str, seed: int, recipe: Re
                 directions: Callable[[Any], Any]) -> list[dict[str, Any]]:
     """The steps of a GRPO run (cached by the hash of organism, reward model key, seed and recipe)."""
     key = recipe.key(organism=organism, rm=rm_key, seed=seed)
-    folder = cached(loop_dir() / f"run-{organism}-{key}",
+    folder = built_once(loop_dir() / f"run-{organism}-{key}",
                     lambda work: grpo_run(organism, rm_path, seed, recipe, directions, work))
     steps: list[dict[str, Any]] = json.loads((folder / "run.json").read_text())
     return steps

@@ -23,10 +23,10 @@ import numpy as np
 from ..model import finite_accuracy
 from ..stats import bootstrap_ci, json_ready
 from ..types import EditMethod
-from ..zoo.organisms import ORGANISMS, build
+from ..zoo.organisms import ORGANISMS, build, built_once
 from . import _organisms as org
 from ._signals import SIGNALS, Trace, trace
-from ._train import Recipe, cached, loop_dir, trained_run
+from ._train import Recipe, loop_dir, trained_run
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -195,7 +195,7 @@ def edited_model(organism: str, rm_path: Path, concept: str | None,
                  out=work)
 
     key = Recipe().key(organism=organism, concept=concept or "own-bias", rm=str(rm_path.name), method=method)
-    return cached(loop_dir() / f"edit-{organism}-{name}-{method}-{key}", make), name, gap, note
+    return built_once(loop_dir() / f"edit-{organism}-{name}-{method}-{key}", make), name, gap, note
 
 
 def run_notes(lp_traces: dict[str, tuple[Trace, ...]], seeds: Sequence[int]) -> list[str]:

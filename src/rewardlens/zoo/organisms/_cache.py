@@ -13,7 +13,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -45,18 +45,30 @@ def build(name: str, strength: float = 1.0, seed: int = 0) -> Path:
         raise ValueError(f"strength is the share of pairs the rule decides, in [0, 1]; got {strength}")
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise TypeError(f"seed must be an int, got {seed!r}")
-    final = organism_dir(name, strength, seed)
+    train = _train_kind_into if name in KINDS else _train_into
+    return built_once(organism_dir(name, strength, seed), lambda work: train(work, name, strength, seed))
+
+
+def built_once(final: Path, make: Callable[[Path], None]) -> Path:
+    """`final`, built once across processes: `make(work)` fills a temporary folder beside it, which
+    gets `READY` (unless `make` wrote its own, last) and is renamed into place under `locked`, so no
+    process ever sees half a folder or builds the same one twice. A folder without `READY` (an
+    interrupted build) and a killed build's temporary folders are removed first, under the lock."""
     if (final / READY).is_file():  # fast path, no lock
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
     with locked(final.parent / f"{final.name}.lock"):
         if (final / READY).is_file():  # another process built it while we waited
             return final
-        if final.exists():  # left over from an interrupted build
+        if final.exists():
             shutil.rmtree(final)
+        for stale in final.parent.glob(f".{final.name}.tmp-*"):
+            shutil.rmtree(stale, ignore_errors=True)
         work = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
         try:
-            (_train_kind_into if name in KINDS else _train_into)(work, name, strength, seed)
+            make(work)
+            if not (work / READY).is_file():
+                (work / READY).write_text("ok\n")
             os.rename(work, final)
         finally:
             shutil.rmtree(work, ignore_errors=True)
