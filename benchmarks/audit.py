@@ -13,17 +13,26 @@ alone, no hooks): what any reward model pays to score the pairs. Then, in the sa
   benchmarks/decompose.py; CUDA: max_memory_allocated) of the audit and of a plain padded
   batched forward, above the weights.
 
+The forward and the audit are timed in `--rounds` interleaved rounds (default 5), each ratio taken
+within its round and reported as median [min, max]: the machines are shared, and a one-shot ratio
+swings by ±20 %. Each round also times `unshared`, the audit with attribution patching recording
+its targets in a forward of its own (as before issue 29, item 4) instead of reusing the trace's
+recording (`trace_pairs(record=)`), so the saving is measured side by side.
+
 It also checks that the audit's stored numbers equal the instruments' own to float precision.
 
-    python benchmarks/audit.py                      # CPU, one thread, 4 pairs of <= 400 tokens: ~3 min
-    python benchmarks/audit.py --pairs 8 --threads 2
+    python benchmarks/audit.py                      # CPU, one thread, 4 pairs of <= 400 tokens, 5 rounds
+    python benchmarks/audit.py --pairs 8 --threads 2 --skip-breakdown
     python benchmarks/audit.py --device cuda --dtype bfloat16 --pairs 32
 """
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+import importlib
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from unittest import mock
 
 import numpy as np
 import torch
@@ -57,6 +66,30 @@ def padded_forward(model: rl.RewardModel, pairs: list[rl.Pair], batch_size: int)
     return run
 
 
+RUNNER = importlib.import_module("rewardlens.audit._runner")
+
+
+@contextmanager
+def unshared() -> Iterator[None]:
+    """The audit's chunk traces without recording (`record=` dropped): attribution patching's backward
+    then records its targets with a forward of its own, the path before the trace's recording was reused."""
+    real = RUNNER.trace_pairs
+
+    def trace(*args: object, record: object = None, **kwargs: object) -> object:
+        return real(*args, **kwargs)
+    with mock.patch.object(RUNNER, "trace_pairs", trace):
+        yield
+
+
+def rounds(arms: dict[str, Callable[[], None]], n: int, device: torch.device) -> dict[str, list[float]]:
+    """Seconds of each arm in `n` rounds, the arms run one after another within a round."""
+    times: dict[str, list[float]] = {name: [] for name in arms}
+    for _ in range(n):
+        for name, fn in arms.items():
+            times[name].append(seconds(fn, device))
+    return times
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--pairs", type=int, default=4, help="held-out pairs to audit")
@@ -66,6 +99,7 @@ def main() -> None:
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--skip-breakdown", action="store_true", help="time only the forward and the audit")
+    ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds of forward, audit and unshared")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     reset = cpu_memory_mode() if args.device == "cpu" else None
@@ -80,18 +114,33 @@ def main() -> None:
     plan = Plan(chunk_size=max(len(pairs), 1), batch_size=bs, probes=False, concepts=False)
     forward = plain_forward(model, pairs)
     forward()  # warm-up: first-call allocations are not the forward's cost
-    base = seconds(forward, device)
-    print(f"plain unpadded forward of {2 * len(pairs)} sequences: {base:.2f} s")
 
     stored: dict[str, object] = {}
 
-    def audit_once() -> None:
+    def audit_once(key: str = "audit") -> None:
         store = Store(":memory:")
         run_pairs(model, pairs, store, plan)
-        stored["audit"] = collect(model, pairs, store, plan)
+        stored[key] = collect(model, pairs, store, plan)
         store.close()
-    t_audit = seconds(audit_once, device)
-    print(f"\naudit per-pair instruments: {t_audit:.2f} s = {t_audit / base:.2f}x a plain forward (target <= 5x)")
+
+    def audit_unshared() -> None:
+        with unshared():
+            audit_once("unshared")
+    audit_once()  # warm-up (lazy imports, the model's one-time checks)
+    times = rounds({"forward": forward, "audit": audit_once, "unshared": audit_unshared}, args.rounds, device)
+    base = float(np.median(times["forward"]))
+    print(f"plain unpadded forward of {2 * len(pairs)} sequences: {base:.2f} s (median of {args.rounds} rounds)")
+    print("\naudit per-pair instruments, as a multiple of the plain forward of the same round, median [min, max]:")
+    for name, label in (("audit", "audit (trace's recording reused)"), ("unshared", "unshared (recorded again)")):
+        r = np.array(times[name]) / np.array(times["forward"])
+        print(f"  {label:34s} {np.median(times[name]):7.2f} s  {np.median(r):5.2f}x [{r.min():.2f}, {r.max():.2f}]")
+    saved = 1 - np.array(times["audit"]) / np.array(times["unshared"])
+    print(f"  saved by the shared recording: {100 * np.median(saved):.1f} % [{100 * saved.min():.1f}, "
+          f"{100 * saved.max():.1f}] (target: audit <= 3.5x)")
+    shared_run, unshared_run = stored["audit"], stored["unshared"]
+    assert isinstance(shared_run, rl.Audit) and isinstance(unshared_run, rl.Audit)
+    gap = np.abs(shared_run.faithfulness.attribution_patching - unshared_run.faithfulness.attribution_patching).max()
+    print(f"  same estimates: attribution patching max |shared - unshared| {float(gap):.2e}")
     if not args.skip_breakdown:
         calls: dict[str, Callable[[], object]] = {
             "score": lambda: model.score(pairs, batch_size=bs),
@@ -122,8 +171,10 @@ def main() -> None:
     weights = sum(p.numel() * p.element_size() for p in model.model.parameters())
     padded = peak_bytes(padded_forward(model, pairs, bs), device, reset)
     peak = peak_bytes(audit_once, device, reset)
+    peak_unshared = peak_bytes(audit_unshared, device, reset)
     print(f"\npeak memory above the weights ({weights / 2**20:.0f} MiB): plain batched forward "
-          f"{padded / 2**20:.0f} MiB, audit {peak / 2**20:.0f} MiB = {peak / max(padded, 1):.1f}x (aim <= 2x)")
+          f"{padded / 2**20:.0f} MiB, audit {peak / 2**20:.0f} MiB = {peak / max(padded, 1):.1f}x (aim <= 2x); "
+          f"unshared {peak_unshared / 2**20:.0f} MiB = {peak_unshared / max(padded, 1):.1f}x")
 
 
 if __name__ == "__main__":

@@ -142,8 +142,10 @@ def _chunk_entries(model: RewardModel, pairs: Sequence[Pair], span: Sequence[int
     """The store entries of the pairs `span` (indices into `pairs`, each stored as its unit `units[i]`)."""
     part = [pairs[i] for i in span]
     # One traced forward per batch: the lens and both attribution levels are views of its head-level
-    # decomposition, and every patching estimand starts from its clean runs.
-    traced = trace_pairs(model, part, level="head", batch_size=plan.batch_size, seqs=decided.seqs_of(span))
+    # decomposition, and every patching estimand starts from its clean runs; the same forward records
+    # attribution patching's targets, so its backward runs no forward of its own.
+    traced = trace_pairs(model, part, level="head", batch_size=plan.batch_size, seqs=decided.seqs_of(span),
+                         record=decided.spec.mode)
     dec = traced.decomposition
     results: dict[str, Lens | Attribution | Faithfulness] = {
         "lens": Lens.from_decomposition(dec),

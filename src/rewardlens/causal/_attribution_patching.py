@@ -20,11 +20,11 @@ from torch import Tensor
 
 from ..data import Inputs, Pair, counting
 from ..model import RewardModel, TraceKey
-from ..model.internal import Batch, Point, Tokenized, collate, each_batch, eval_mode, rewriting
+from ..model.internal import Batch, Point, Recording, Tokenized, collate, each_batch, eval_mode, rewriting
 from ..stats import rank_agreement
 from ..types import Ablation, Mode, PatchLevel, Positions, Spans
 from ._engine import Site, head_slice, site_point, sites
-from ._layerwise import layerwise_grads
+from ._layerwise import ProbeContext, Recorded, layerwise_grads
 from ._patching import Patching, assemble
 from ._plan import Clean, PatchPlan, pair_seqs
 from ._reads_patch import ReadChunks, check_reads_options, mode_for
@@ -53,6 +53,13 @@ def _probes(points: dict[TraceKey, Point], final: Point) -> Iterator[tuple[Tenso
     hooks = [(p.module, p.where, functools.partial(touch, name)) for name, p in points.items()]
     with rewriting([*hooks, (final.module, final.where, keep)]):
         yield deltas, acts, out
+
+
+def _probes_of(model: RewardModel, keys: dict[TraceKey, Site], batch: Batch) -> ProbeContext:
+    """`_probes` at every site of `keys` on `batch` (read position and final point by its rows)."""
+    final = model.final_points(batch, gate=False)[TraceKey.final()]
+    points = {k: site_point(model, site, batch.read_index) for k, site in keys.items()}
+    return lambda: _probes(points, final)
 
 
 def _whole_grads(model: RewardModel, batch: Batch, points: dict[TraceKey, Point], final: Point,
@@ -112,28 +119,43 @@ def attribution_patch(
         keys = {s.key: s for s in sweep}
         estimate = torch.zeros(len(plan.targets), len(sweep), device=model.device)
 
-        def work(batch_rows: list[int]) -> None:
-            rows = torch.tensor(batch_rows)
-            index = [plan.targets[int(r)] for r in rows]
+        # The targets' layer inputs when the trace recorded them (`trace_pairs(record=)`): taken, so the
+        # caller's `Clean` stops holding them, and dropped when this call returns.
+        recorded = clean.recorded.take() if clean.recorded is not None else Recorded()
+
+        def grads_of(index: list[int], rec: Recording | None) -> tuple[Tensors, Tensors]:
+            """(activations, gradients) of targets `index`: one layer at a time where stepping reproduces
+            the model (memory: one layer's activations), from the trace's own recording where it made one
+            (and, where that fails its proof, as if it had made none); else one backward of the whole."""
+            if rec is not None:
+                got = layerwise_grads(model, rec.batch, clean.coef[index], _probes_of(model, keys, rec.batch), rec=rec)
+                if got is not None:
+                    return got
             batch = collate([seqs[i] for i in index], pad_id=model.pad_token_id, side="right", first=model.encoder,
                             device=model.device)
+            got = layerwise_grads(model, batch, clean.coef[index], _probes_of(model, keys, batch))
+            if got is not None:
+                return got
             final = model.final_points(batch, gate=False)[TraceKey.final()]
             points = {k: site_point(model, site, batch.read_index) for k, site in keys.items()}
-            # One layer at a time where stepping reproduces the model (memory: one layer's activations);
-            # else one backward through the whole forward.
-            got = layerwise_grads(model, batch, clean.coef[index], lambda: _probes(points, final))
-            acts, grads = got if got is not None else _whole_grads(model, batch, points, final, clean.coef[index])
-            c = cols[rows].to(model.device)
-            r = torch.arange(len(rows), device=model.device)[:, None]
-            mask = valid[rows].to(model.device, torch.float32)[..., None]
-            for j, site in enumerate(sweep):
-                sl = head_slice(model, site)
-                a, g = acts[site.key], grads[site.key]
-                act = a[r.to(a.device), c.to(a.device)][..., sl].float().to(model.device)
-                grad = g[r.to(g.device), c.to(g.device)][..., sl].float().to(model.device)
-                src = values[site.key]
-                src = src[sl] if src.ndim == 1 else src[rows.to(src.device)][..., sl]
-                estimate[rows, j] = ((src.float() - act) * grad * mask).sum((1, 2))
+            return _whole_grads(model, batch, points, final, clean.coef[index])
+
+        def work(batch_rows: list[int]) -> None:
+            index = [plan.targets[r] for r in batch_rows]
+            for js, rec in recorded.groups(index):
+                acts, grads = grads_of([index[j] for j in js], rec)
+                rows = torch.tensor([batch_rows[j] for j in js])
+                c = cols[rows].to(model.device)
+                r = torch.arange(len(rows), device=model.device)[:, None]
+                mask = valid[rows].to(model.device, torch.float32)[..., None]
+                for j, site in enumerate(sweep):
+                    sl = head_slice(model, site)
+                    a, g = acts[site.key], grads[site.key]
+                    act = a[r.to(a.device), c.to(a.device)][..., sl].float().to(model.device)
+                    grad = g[r.to(g.device), c.to(g.device)][..., sl].float().to(model.device)
+                    src = values[site.key]
+                    src = src[sl] if src.ndim == 1 else src[rows.to(src.device)][..., sl]
+                    estimate[rows, j] = ((src.float() - act) * grad * mask).sum((1, 2))
 
         # Length-sorted batches pad little; on out-of-memory the batch halves (`each_batch`).
         lengths = [len(seqs[i].ids) for i in plan.targets]

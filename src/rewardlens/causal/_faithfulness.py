@@ -267,11 +267,13 @@ def faithfulness(
         positions: Positions = seed_positions or ("all" if aligned(model, pairs, clean.seqs) else "read")
         spec = PatchSpec(mode=mode, level=level)
         seeds = PatchSpec(mode=_seeds_in(model, mode), positions=positions)
+        # Attribution patching first: it takes (and frees) the trace's recordings of the targets, so they
+        # are not held through the sweep, where the peak memory is.
+        stage("attribution patching")
+        atp = attribution_patch(model, pairs, spec=spec, batch_size=batch_size, clean=clean)
         stage("read-position sweep")
         total, seed_patch = _total_and_seed(model, pairs, spec, seeds, batch_size, clean)
         direct = patch(model, pairs, spec=replace(spec, estimand="direct"), batch_size=batch_size, clean=clean)
-        stage("attribution patching")
-        atp = attribution_patch(model, pairs, spec=spec, batch_size=batch_size, clean=clean)
         index = [att.names.index(n) for n in total.names]
         paper_att = paper_effect = None
         if paper and not model.reads.multi:  # prefix noising is not defined for a set of reads

@@ -9,11 +9,15 @@ to the points inside it: `g_l = (∂ out_l / ∂ in_l)ᵀ g_{l+1}`, with `g_L = 
 position. The chain rule makes this the same gradient as the whole backward; memory is one layer's
 activations. Each layer's recomputed output must equal the recorded input of the next (the proof
 that stepping reproduces this model's forward); otherwise the caller backpropagates whole.
+
+Where the caller's clean trace already recorded the targets (`trace_pairs(record=mode)`: the traced
+forward itself, through `LayerTaps`), `Recorded` hands those recordings over and no recording
+forward runs here (docs/design.md §5, "Attribution patching").
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 
 import torch
@@ -32,16 +36,60 @@ def _close(mine: Tensor, want: Tensor, mask: Tensor, tol: float) -> bool:
     return bool(gap.max() <= tol) if gap.numel() else True
 
 
+class Recorded:
+    """The layer inputs of some sequences' clean runs, recorded by the forward that traced them and kept
+    until attribution patching's backward takes them (`take`): sequence index → (recording, its row).
+
+    Each recording holds [L, r, T, d] for its r rows, so only the sequences asked for are kept."""
+
+    def __init__(self) -> None:
+        self.recordings: list[Recording] = []
+        self.where: dict[int, tuple[int, int]] = {}
+
+    def add(self, seqs: Sequence[int], rec: Recording | None) -> None:
+        """Sequences `seqs`, rows 0..r-1 of `rec` (None: not recorded, e.g. their batch ran in pieces)."""
+        if rec is None or not seqs:
+            return
+        for row, i in enumerate(seqs):
+            self.where[int(i)] = (len(self.recordings), row)
+        self.recordings.append(rec)
+
+    def take(self) -> Recorded:
+        """Everything held, moved to a new holder: this one (the caller's `Clean`) lets go of it."""
+        out = Recorded()
+        out.recordings, out.where = self.recordings, self.where
+        self.recordings, self.where = [], {}
+        return out
+
+    def groups(self, seqs: Sequence[int]) -> list[tuple[list[int], Recording | None]]:
+        """Positions in `seqs` grouped by the recording that holds them (rows of it in that order), and
+        the positions no recording holds under None."""
+        by: dict[int, list[int]] = {}
+        rest = []
+        for j, i in enumerate(seqs):
+            if i in self.where:
+                by.setdefault(self.where[i][0], []).append(j)
+            else:
+                rest.append(j)
+        out: list[tuple[list[int], Recording | None]] = []
+        for k, js in by.items():
+            rows = torch.tensor([self.where[seqs[j]][1] for j in js])
+            out.append((js, self.recordings[k].select(rows)))
+        return out + ([(rest, None)] if rest else [])
+
+
 def layerwise_grads(
-    model: RewardModel, batch: Batch, coef: Tensor, probes: ProbeContext, tol: float = 1e-4
+    model: RewardModel, batch: Batch, coef: Tensor, probes: ProbeContext, tol: float = 1e-4,
+    rec: Recording | None = None,
 ) -> tuple[Tensors, Tensors] | None:
     """(activations, gradients of the reward) at every point that `probes()` touches, by trace key,
     each [B, T, w]; None when stepping does not reproduce the model's forward on `batch`.
 
     `probes()` is a context manager yielding `(deltas, acts, _)` (attribution patching's zero-leaf
     hooks); it is entered once per layer, so only the points inside that layer fire. `coef` [B, k]:
-    the readout coefficients, held at their clean values (a gate reads an earlier position)."""
-    rec = Recording(model, batch)
+    the readout coefficients, held at their clean values (a gate reads an earlier position). `rec`: a
+    recording of exactly `batch` already made (`rec.batch`), else one no-grad forward records it here."""
+    rec = Recording(model, batch) if rec is None else rec
     mask = batch.attention_mask.bool().to(rec.last.device)
     rows = torch.arange(batch.input_ids.shape[0], device=model.device)
     acts: Tensors = {}

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -21,6 +21,7 @@ from ..model import RewardModel, Trace, TraceKey, trace
 from ..model.internal import Batch, Tokenized, sequence_label
 from ..types import Ablation, Mode, Positions, Spans
 from ._engine import Site, site_point
+from ._layerwise import Recorded
 
 
 @dataclass
@@ -32,6 +33,9 @@ class Clean:
     read: list[int]
     coef: Tensor
     reward: Tensor
+    recorded: Recorded | None = field(default=None, compare=False, repr=False)
+    """The targets' layer inputs, recorded by the same traced forward (`trace_pairs(record=)`), until
+    attribution patching's backward takes them; None: not recorded."""
 
     @classmethod
     def run(
@@ -243,6 +247,15 @@ def _ablation_values(
     return {k: (v * weight).sum((0, 1)) / weight.sum() for k, v in acts.items()}
 
 
+def sides(mode: Mode, n_seqs: int) -> tuple[list[int], list[int] | None]:
+    """(targets, sources) of a patch in `mode` over `n_seqs` sequences (pairs interleaved chosen, rejected):
+    noising patches the chosen sides from the rejected, denoising the reverse, ablation every side (no source)."""
+    if mode == "ablation":
+        return list(range(n_seqs)), None
+    chosen, rejected = list(range(0, n_seqs, 2)), list(range(1, n_seqs, 2))
+    return (chosen, rejected) if mode == "noising" else (rejected, chosen)
+
+
 @dataclass(frozen=True)
 class PatchPlan:
     """Which runs a sweep patches and with what: target sequence indices, their patched columns
@@ -261,13 +274,7 @@ class PatchPlan:
         ids: Sequence[str] | None = None,
     ) -> PatchPlan:
         """`ids`: the pairs' ids, for the warning positions='prefix' gives (default: pair numbers)."""
-        n_seqs = len(clean.seqs)
-        sources: list[int] | None = None
-        if mode == "ablation":
-            targets = list(range(n_seqs))
-        else:
-            chosen, rejected = list(range(0, n_seqs, 2)), list(range(1, n_seqs, 2))
-            targets, sources = (chosen, rejected) if mode == "noising" else (rejected, chosen)
+        targets, sources = sides(mode, len(clean.seqs))
         cols = cols_s = valid = None
         if positions != "read":
             cols, cols_s, valid = resolve_positions(clean.seqs, clean.read, targets, sources, positions)

@@ -8,17 +8,20 @@ instead of each instrument tracing the pairs again (`faithfulness`, the audit).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 
+import numpy as np
 import torch
+from torch import Tensor
 
 from ..data import Pair, flatten_pairs
 from ..exact import Attribution, Decomposition, decompose
-from ..model import RewardModel
-from ..model.internal import Tokenized
-from ..types import PatchLevel
-from ._plan import Clean, CleanRuns, encode_pairs
+from ..model import RewardModel, Trace
+from ..model.internal import Batch, LayerTaps, Tokenized
+from ..types import Mode, PatchLevel
+from ._layerwise import Recorded
+from ._plan import Clean, CleanRuns, encode_pairs, sides
 
 
 @dataclass(frozen=True)
@@ -48,11 +51,15 @@ class Traced:
 
 
 def trace_pairs(model: RewardModel, pairs: Sequence[Pair], *, level: PatchLevel = "head",
-                batch_size: int = 8, seqs: Sequence[Tokenized] | None = None) -> Traced:
+                batch_size: int = 8, seqs: Sequence[Tokenized] | None = None, record: Mode | None = None) -> Traced:
     """Trace every pair's two sides once (length-sorted batches of `batch_size`) and keep both views.
 
     `seqs`: the pairs' token ids (`encode_pairs(model, pairs)`) when the caller has them, so a run
-    that tokenized its pairs once to decide how to patch them does not tokenize them again."""
+    that tokenized its pairs once to decide how to patch them does not tokenize them again.
+    `record`: the mode attribution patching will patch in: the same traced forward also records its
+    targets' layer inputs and arguments ([L, r, T, d] per batch of r targets), held in `clean.recorded`
+    until `attribution_patch(clean=...)` backpropagates from them instead of running them again. A
+    reward read at a set of positions records nothing (its estimate backpropagates whole)."""
     pairs = flatten_pairs(pairs)
     if seqs is not None and len(seqs) != 2 * len(pairs):
         raise ValueError(f"seqs= holds {len(seqs)} sequences for {len(pairs)} pairs; pass encode_pairs(model, pairs)")
@@ -62,5 +69,34 @@ def trace_pairs(model: RewardModel, pairs: Sequence[Pair], *, level: PatchLevel 
         reward = torch.as_tensor(dec.reward, device=model.device)
         return Traced(pairs, level, dec, Clean(seqs, {}, [0] * len(seqs), model.head.coefficients(len(seqs)), reward))
     runs = CleanRuns(len(seqs))
-    dec = decompose(model, pairs, level=level, batch_size=batch_size, on_trace=runs, encoded=(seqs, True))
-    return Traced(pairs, level, dec, Clean.of(model, seqs, runs))
+    if record is None:
+        dec = decompose(model, pairs, level=level, batch_size=batch_size, on_trace=runs, encoded=(seqs, True))
+        return Traced(pairs, level, dec, Clean.of(model, seqs, runs))
+    recorded = Recorded()
+    targets = sides(record, len(seqs))[0]
+    with LayerTaps(model, keep=_rows_of({tuple(seqs[i].ids) for i in targets})) as taps:
+        dec = decompose(model, pairs, level=level, batch_size=batch_size, encoded=(seqs, True),
+                        on_trace=_recording(runs, taps, recorded, set(targets)))
+    return Traced(pairs, level, dec, replace(Clean.of(model, seqs, runs), recorded=recorded))
+
+
+def _rows_of(wanted: set[tuple[int, ...]]) -> Callable[[Tensor, Tensor], Tensor]:
+    """The rows of a forward to record, known before it runs by their tokens (`decompose` says which
+    sequences a batch held only after its forward); a non-target with a target's tokens is kept too."""
+    def keep(ids: Tensor, mask: Tensor) -> Tensor:
+        real = mask.bool()
+        return torch.tensor([r for r in range(ids.shape[0]) if tuple(ids[r][real[r]].tolist()) in wanted],
+                            dtype=torch.long)
+    return keep
+
+
+def _recording(runs: CleanRuns, taps: LayerTaps, recorded: Recorded, targets: set[int]
+               ) -> Callable[[np.ndarray, Batch, Trace], None]:
+    """`decompose`'s per-batch callback: keep the trace (`runs`) and, of the forward `taps` just saw, the
+    recording of the batch's rows in `targets`."""
+    def on_trace(rows: np.ndarray, batch: Batch, tr: Trace) -> None:
+        runs(rows, batch, tr)
+        mine = [j for j, i in enumerate(np.asarray(rows).tolist()) if i in targets]
+        rec = taps.take(batch, torch.tensor(mine, dtype=torch.long))
+        recorded.add([int(rows[j]) for j in mine], rec)
+    return on_trace

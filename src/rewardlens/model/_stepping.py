@@ -13,7 +13,8 @@ all step from here.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import dataclasses
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -32,33 +33,42 @@ if TYPE_CHECKING:
 
 class Recording:
     """A clean forward's per-layer inputs [B, T, d], the other arguments of every layer call, and the last
-    layer's output (`top`, before any final norm)."""
+    layer's output (`top`, before any final norm) and the backbone's (`last`).
+
+    `Recording(model, batch)` runs that forward itself; `LayerTaps.take` builds one from a forward
+    someone else ran (the audit's traced forward), so the same sequences are not run twice."""
+
+    batch: Batch
+    inputs: list[Tensor]
+    calls: list[tuple[tuple[Any, ...], dict[str, Any]]]
+    top: Tensor
+    last: Tensor
 
     def __init__(self, model: RewardModel, batch: Batch) -> None:
-        self.batch = batch
-        self.inputs: list[Tensor] = []
-        self.calls: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
-        self.top = torch.empty(0)
-        handles: list[RemovableHandle] = []
+        with LayerTaps(model) as taps, torch.no_grad(), eval_mode(model.model):
+            model.backbone(**model.batch_kwargs(batch))
+        self._set(batch, taps.inputs, taps.calls, taps.top, taps.last)
 
-        def keep(_module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:  # torch's pre-hook call
-            hidden = hidden_arg(args, kwargs)
-            self.inputs.append(hidden.detach())
-            self.calls.append((args[1:] if args else (), {k: v for k, v in kwargs.items() if k != "hidden_states"}))
+    def _set(self, batch: Batch, inputs: list[Tensor], calls: list[tuple[tuple[Any, ...], dict[str, Any]]],
+             top: Tensor | None, last: Tensor | None) -> None:
+        assert last is not None  # the backbone's forward hook fired: the forward ran
+        self.batch, self.inputs, self.calls, self.last = batch, inputs, calls, last
+        self.top = torch.empty(0) if top is None else top
 
-        def top(_module: nn.Module, _args: tuple[Any, ...], out: Any) -> None:  # torch's forward-hook call
-            self.top = (out[0] if isinstance(out, (tuple, list)) else out).detach()
-
-        try:
-            handles = [layer.register_forward_pre_hook(keep, with_kwargs=True) for layer in model.layers]
-            handles.append(model.layers[model.n_layers - 1].register_forward_hook(top))
-            kwargs = model.batch_kwargs(batch)
-            with torch.no_grad(), eval_mode(model.model):
-                out = model.backbone(**kwargs)
-        finally:
-            for handle in handles:
-                handle.remove()
-        self.last: Tensor = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+    def select(self, rows: Tensor) -> Recording:
+        """Rows `rows` [r] of this recording as one of its own, the arguments sliced by the rule stepping
+        slices them by (`_rows`; `stepping_works` and `layerwise_grads`' proof catch an argument it
+        slices wrongly); itself when `rows` is all of them in order."""
+        size = self.inputs[0].shape[0]
+        if torch.equal(rows.cpu(), torch.arange(size)):
+            return self
+        rec = Recording.__new__(Recording)
+        memo: dict[int, tuple[Tensor, Tensor]] = {}
+        rec._set(_batch_rows(self.batch, rows), [x[rows.to(x.device)] for x in self.inputs],
+                 [(_rows(a, rows, size, memo), _rows(k, rows, size, memo)) for a, k in self.calls],
+                 self.top[rows.to(self.top.device)] if self.top.numel() else self.top,
+                 self.last[rows.to(self.last.device)])
+        return rec
 
     def resid(self, layer: int) -> Tensor:
         """The residual after layer `layer` [B, T, d]: the next layer's recorded input, or the last layer's own
@@ -78,18 +88,140 @@ class Recording:
         return hidden
 
 
-def _rows(value: Any, rows: Tensor, size: int) -> Any:
+def _rows(value: Any, rows: Tensor, size: int, memo: dict[int, tuple[Tensor, Tensor]] | None = None) -> Any:
     """`value` with every tensor whose first dimension is the batch (`size`) indexed by `rows`; `value` is
-    any layer argument (tensors, possibly nested in tuples, lists and dicts) and keeps its structure."""
+    any layer argument (tensors, possibly nested in tuples, lists and dicts) and keeps its structure.
+    `memo`: tensors already sliced (by id), so one passed to every layer (a mask, a rotary table) is
+    sliced, and held, once."""
     if isinstance(value, Tensor):
-        return value[rows.to(value.device)] if value.ndim and value.shape[0] == size else value
+        seen = None if memo is None else memo.get(id(value))
+        if seen is not None and seen[0] is value:
+            return seen[1]
+        out = value[rows.to(value.device)] if value.ndim and value.shape[0] == size else value
+        if memo is not None:
+            memo[id(value)] = (value, out)
+        return out
     if isinstance(value, tuple):
-        return tuple(_rows(v, rows, size) for v in value)
+        return tuple(_rows(v, rows, size, memo) for v in value)
     if isinstance(value, list):
-        return [_rows(v, rows, size) for v in value]
+        return [_rows(v, rows, size, memo) for v in value]
     if isinstance(value, dict):
-        return {k: _rows(v, rows, size) for k, v in value.items()}
+        return {k: _rows(v, rows, size, memo) for k, v in value.items()}
     return value
+
+
+RowChoice = Callable[[Tensor, Tensor], "Tensor | None"]
+"""Which rows of a forward to keep, from its `input_ids` and `attention_mask` [B, T] (None: all)."""
+
+
+class LayerTaps:
+    """Hooks that keep, from the latest forward of the backbone while attached (`with LayerTaps(model) as
+    taps:`), every layer's input and call arguments, the last layer's output and the backbone's. They only
+    read: the forward they ride on (a trace, a plain forward) computes what it computes.
+
+    `keep` picks the rows to hold as the forward starts, so only those rows' [L, r, T, d] are ever held
+    (sliced by stepping's rule, `_rows`; an argument shared by every layer is sliced once)."""
+
+    def __init__(self, model: RewardModel, keep: RowChoice | None = None) -> None:
+        self.model, self.keep = model, keep
+        self.handles: list[RemovableHandle] = []
+        self.clear()
+
+    def clear(self) -> None:
+        """Let go of what the latest forward left."""
+        self.inputs: list[Tensor] = []
+        self.calls: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
+        self.top: Tensor | None = None
+        self.last: Tensor | None = None
+        self.ids: Tensor | None = None
+        self.rows: Tensor | None = None
+        self.size = 0
+        self.sliced: dict[int, tuple[Tensor, Tensor]] = {}
+
+    def __enter__(self) -> LayerTaps:
+        layers = self.model.layers
+        try:
+            self.handles = [self.model.backbone.register_forward_pre_hook(self._start, with_kwargs=True)]
+            self.handles += [layer.register_forward_pre_hook(self._keep, with_kwargs=True) for layer in layers]
+            self.handles.append(layers[len(layers) - 1].register_forward_hook(self._top))
+            self.handles.append(self.model.backbone.register_forward_hook(self._end, with_kwargs=True))
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
+
+    def _start(self, _module: nn.Module, _args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        self.clear()  # a new forward: what an earlier one left is not this one's
+        ids, mask = kwargs.get("input_ids"), kwargs.get("attention_mask")
+        if ids is not None:
+            self.size = ids.shape[0]
+            self.rows = None if self.keep is None or mask is None else self.keep(ids, mask)
+
+    def _pick(self, value: Any) -> Any:
+        """`value` at the kept rows (all, as the forward passed it, when `keep` chose none)."""
+        return value if self.rows is None else _rows(value, self.rows, self.size, self.sliced)
+
+    def _keep(self, _module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        self.inputs.append(self._pick(hidden_arg(args, kwargs).detach()))
+        rest = {k: v for k, v in kwargs.items() if k != "hidden_states"}
+        self.calls.append((self._pick(args[1:] if args else ()), self._pick(rest)))
+
+    def _top(self, _module: nn.Module, _args: tuple[Any, ...], out: Any) -> None:
+        self.top = self._pick((out[0] if isinstance(out, (tuple, list)) else out).detach())
+
+    def _end(self, _module: nn.Module, _args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
+        self.last = self._pick((out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]).detach())
+        self.ids, self.sliced = kwargs.get("input_ids"), {}
+
+    def take(self, batch: Batch, rows: Tensor | None = None) -> Recording | None:
+        """The latest forward's `Recording` of `batch`'s rows `rows` [r] (None: all), or None when that
+        forward was not one whole forward of `batch` (the out-of-memory back-off ran it in pieces), when
+        `keep` did not keep all of `rows`, or when no row is asked for. Either way the taps let go of it."""
+        ids, kept = self.ids, self.rows
+        whole = (self.last is not None and ids is not None and len(self.inputs) == self.model.n_layers
+                 and ids.shape == batch.input_ids.shape and torch.equal(ids, batch.input_ids.to(ids.device)))
+        at = _positions(kept, rows, batch.input_ids.shape[0])
+        got = None
+        if whole and at is not None and len(at):
+            rec = Recording.__new__(Recording)
+            rec._set(batch if kept is None else _batch_rows(batch, kept), self.inputs, self.calls, self.top, self.last)
+            got = rec.select(at)
+        self.clear()
+        return got
+
+
+def _positions(kept: Tensor | None, rows: Tensor | None, size: int) -> Tensor | None:
+    """Where batch rows `rows` (None: all `size`) sit among the kept rows `kept` (None: all); None when
+    some row was not kept."""
+    want = torch.arange(size) if rows is None else rows.cpu()
+    if kept is None:
+        return want
+    where = {int(r): j for j, r in enumerate(kept.cpu().tolist())}
+    if any(int(r) not in where for r in want.tolist()):
+        return None
+    return torch.tensor([where[int(r)] for r in want.tolist()], dtype=torch.long)
+
+
+def _batch_rows(batch: Batch, rows: Tensor) -> Batch:
+    """Rows `rows` of a one-read `batch` at its full width (not `select`, which drops all-padding
+    columns): the recorded layer arguments are that wide."""
+    if batch.reads is not None:
+        raise ValueError("a recording's rows are taken of one-read batches only; a reward read at a set of "
+                         "positions is backpropagated whole (causal/_attribution_patching.py: _reads_estimate)")
+
+    def pick(t: Tensor) -> Tensor:
+        return t[rows.to(t.device)]
+
+    return dataclasses.replace(
+        batch, input_ids=pick(batch.input_ids), attention_mask=pick(batch.attention_mask),
+        position_ids=pick(batch.position_ids),
+        token_type_ids=None if batch.token_type_ids is None else pick(batch.token_type_ids),
+        read_at=pick(batch.read_at), labels=None if batch.labels is None else [batch.labels[i] for i in rows.tolist()])
 
 
 def stepped_readout(model: RewardModel, rec: Recording, hidden: Tensor, rows: Tensor) -> Tensor:

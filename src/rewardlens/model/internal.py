@@ -28,6 +28,7 @@ from ._placement import execution_device as execution_device
 from ._placement import onloaded as onloaded
 from ._reads import ReadSet as ReadSet
 from ._reads import one_read_only as one_read_only
+from ._stepping import LayerTaps as LayerTaps
 from ._stepping import Recording as Recording
 from ._stepping import stepped_readout as stepped_readout
 from ._stepping import stepping_works as stepping_works
@@ -51,6 +52,7 @@ from ._verify import check_structure as check_structure
 __all__ = [
     "Backoff",
     "Batch",
+    "LayerTaps",
     "OOM_ERRORS",
     "PAD_SLACK",
     "Point",
