@@ -1,7 +1,11 @@
 """Edge attribution against true edge patching (`path_patch` per edge) and its exact identities."""
 
+import dataclasses
+
 import numpy as np
 import pytest
+import torch
+import transformers
 from scipy.stats import spearmanr
 
 import rewardlens as rl
@@ -61,3 +65,82 @@ def test_bad_input_is_named(llama, tiny_root, pairs):
         rl.edges(llama, pairs, method="eap-ig", steps=0)
     with pytest.raises(ArchitectureError, match="parallel layout"):
         rl.edges(rl.load(str(tiny_root["gpt_neox"])), pairs)
+    with pytest.raises(ArchitectureError, match="fused"):  # GPT-2's c_attn: no head has inputs of its own
+        rl.edges(rl.load(str(tiny_root["gpt2"])), pairs, level="head")
+
+
+def test_head_scores_equal_the_d_space_computation(llama, tiny_root, pairs):
+    """Heads are scored in head space, Δz_h · (W_O[:, h]ᵀ g). The yardstick is the d-space product
+    −Δ_h · g with Δ_h = Δz_h W_O[:, h]ᵀ, from its own hooked Hugging Face forwards: z read off each o_proj
+    input at the read token, g from a zero leaf on each MLP's input norm, and the 'reward' column as
+    the model's own final norm and score head on the final residual + Δ_h."""
+    scored = rl.edges(llama, pairs, level="head")
+    hf = transformers.AutoModelForSequenceClassification.from_pretrained(tiny_root["llama"]).eval()
+    layers, n_heads = hf.model.layers, hf.config.num_attention_heads
+    seqs = llama.encode(pairs)[0]
+
+    def run(ids, leaves):
+        z, final, hooks = {}, {}, []
+        for i, layer in enumerate(layers):
+            hooks.append(layer.self_attn.o_proj.register_forward_pre_hook(
+                lambda m, a, i=i: z.__setitem__(i, a[0][0, -1].detach())))
+            if leaves is not None:
+                hooks.append(layer.post_attention_layernorm.register_forward_pre_hook(
+                    lambda m, a, i=i: (a[0] + leaves[i],)))
+        hooks.append(hf.model.norm.register_forward_pre_hook(lambda m, a: final.__setitem__(0, a[0][0, -1].detach())))
+        with torch.enable_grad():
+            r = hf(torch.tensor([ids])).logits[0, 0]
+        for h in hooks:
+            h.remove()
+        return r, z, final[0]
+
+    checked = 0
+    for p in range(len(pairs)):
+        t = len(seqs[2 * p].ids)
+        leaves = [torch.zeros(1, t, hf.config.hidden_size, requires_grad=True) for _ in layers]
+        r, z, final = run(seqs[2 * p].ids, leaves)
+        grads = [g[0, -1] for g in torch.autograd.grad(r, leaves)]
+        _, z_rej, _ = run(seqs[2 * p + 1].ids, None)
+        for layer in range(len(layers)):
+            w = layers[layer].self_attn.o_proj.weight.detach()
+            size = w.shape[1] // n_heads
+            for h in range(n_heads):
+                sl = slice(h * size, (h + 1) * size)
+                delta = (z_rej[layer][sl] - z[layer][sl]) @ w[:, sl].T  # Δ_h in d-space [d]
+                u = scored.upstream.index(f"attn_L{layer}_H{h}")
+                for later in range(layer, len(layers)):
+                    got = scored.score[p, u, scored.downstream.index(f"mlp_L{later}")]
+                    np.testing.assert_allclose(got, -float(delta @ grads[later]), rtol=1e-4, atol=1e-7)
+                    checked += 1
+                with torch.no_grad():
+                    moved = hf.score(hf.model.norm(final + delta))[0]
+                    base = hf.score(hf.model.norm(final))[0]
+                np.testing.assert_allclose(scored.score[p, u, -1], -float(moved - base), rtol=1e-4, atol=1e-6)
+    assert checked > 0 and np.abs(scored.score[:, :, -1][np.isfinite(scored.score[:, :, -1])]).max() > 1e-4
+
+
+def test_agreement_is_rank_agreement_of_the_estimated_edges():
+    """A hand computation on a 3 x 3 grid: the 'reward' column (exact) and the missing edge are left out."""
+    nan = np.nan
+    score = np.array([[[1.0, 0.5, 9.0], [nan, 2.0, 9.0], [0.1, 0.2, 9.0]],
+                      [[3.0, 0.7, 9.0], [nan, 1.0, 9.0], [0.3, 0.1, 9.0]]])
+    truth = np.array([[[2.0, 1.0, 1.0], [nan, 0.5, 1.0], [0.3, 0.2, 1.0]],
+                      [[2.0, 1.4, 1.0], [nan, 0.5, 1.0], [0.1, 0.0, 1.0]]])
+    scored = rl.Edges(["embed", "attn_L0", "mlp_L0"], ["attn_L1", "mlp_L1", "reward"], score, np.ones(2), "eap",
+                      1, "sublayer", "noising", ["a", "b"])
+    got = scored.agreement(truth, k=2)
+    # estimated edges in row-major order: embed→attn_L1, embed→mlp_L1, attn_L0→mlp_L1, mlp_L0→attn_L1, mlp_L0→mlp_L1
+    est = np.array([[1.0, 0.5, 2.0, 0.1, 0.2], [3.0, 0.7, 1.0, 0.3, 0.1]])
+    want = np.array([[2.0, 1.0, 0.5, 0.3, 0.2], [2.0, 1.4, 0.5, 0.1, 0.0]])
+    assert got["n_edges"] == 5
+    assert got["spearman_mean"] == pytest.approx(spearmanr(est.mean(0), want.mean(0))[0])
+    assert got["spearman_per_pair"] == pytest.approx(np.mean([spearmanr(est[i], want[i])[0] for i in range(2)]))
+    # top 2 by |mean|: est {embed→attn_L1 (2.0), attn_L0→mlp_L1 (1.5)}, truth {embed→attn_L1, embed→mlp_L1 (1.2)}
+    assert got["topk_overlap"] == 0.5
+    assert got["max_abs_error"] == pytest.approx(1.5)  # attn_L0→mlp_L1 on pair a: |2.0 − 0.5|
+    pp = rl.PathPatching(["embed", "attn_L0", "mlp_L0"], ["attn_L1", "mlp_L1"], np.zeros(2), np.zeros(2),
+                         -truth[:, :, :2], np.zeros((2, 3, 2)), "noising", "read", ["a", "b"])
+    assert scored.agreement(pp, k=2) == got
+    with pytest.raises(ValueError, match="covers 1 pairs"):
+        scored.agreement(dataclasses.replace(pp, chosen=np.zeros(1), rejected=np.zeros(1),
+                                             patched_chosen=-truth[:1, :, :2], patched_rejected=np.zeros((1, 3, 2))))

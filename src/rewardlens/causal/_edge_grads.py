@@ -15,12 +15,14 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
 from ..model import RewardModel, TraceKey
-from ..model.internal import Batch, eval_mode, rewriting
+from ..model.internal import Batch, capture, eval_mode, rewriting
+from ._engine import Site, site_point
 from ._receivers import QKVS, Receiver, receiving, wiring
 
 
@@ -69,29 +71,42 @@ def _leaves(model: RewardModel, b: int, t: int, heads: bool, base: dict[str, Ten
         yield leaves, inputs
 
 
+@dataclass(frozen=True)
+class NodeGrads:
+    """One gradient pass: `grad` [B, R, m, d] fp32; on a clean pass (no `base`) also the activations
+    asked for at the columns (`act`, key → [B, m, w] fp32, as `capture_columns` gives them) and the
+    final residual at the read token (`final` [B, d] fp32): the leaves are zeros, so these are the
+    clean run's own values and no separate capture forward is needed."""
+
+    grad: Tensor
+    act: dict[TraceKey, Tensor]
+    final: Tensor
+
+
 def node_grads(model: RewardModel, batch: Batch, coef: Tensor, recvs: list[Receiver], cols: Tensor,
-               base: dict[str, Tensor] | None) -> Tensor:
+               base: dict[str, Tensor] | None, keys: Mapping[TraceKey, Site] | None = None) -> NodeGrads:
     """∂r/∂(input of each receiver) at columns `cols` [B, m]: [B, R, m, d] in fp32 (zeros for 'reward').
 
     `coef` [B, k]: the clean readout coefficients (a gate held clean); `base` (EAP-IG's point on the
     line to the corrupted run) maps each sublayer receiver's name and 'reward' to the shift [B, T, d]
-    its input gets, or None (the clean run)."""
+    its input gets, or None (the clean run); `keys`: sites whose activations to record at `cols`."""
     b, t = batch.input_ids.shape
     heads = any(r.kind == "head" for r in recvs)
     final = model.final_points(batch, gate=False)[TraceKey.final()]
     kept: dict[str, Tensor] = {}
     read = [(final.module, final.where, functools.partial(_keep, kept, "final"))]
+    c = cols.to(model.device)
+    points = {k: site_point(model, site, c) for k, site in (keys or {}).items()}
     with torch.enable_grad(), eval_mode(model.model), _leaves(model, b, t, heads, base) as (leaves, inputs):
-        with rewriting(read):
+        with rewriting(read), capture(points, model.device) as act:
             model.backbone(**model.batch_kwargs(batch))
         rows = torch.arange(b, device=kept["final"].device)
-        h = kept["final"][rows, batch.read_index.to(rows.device)]
-        reward = (model.head_values(model.final_hidden(h.float().to(model.device)), batch) * coef).sum()
+        h = kept["final"][rows, batch.read_index.to(rows.device)].float().to(model.device)
+        reward = (model.head_values(model.final_hidden(h)) * coef).sum()
         names = list(leaves)
         got = dict(zip(names, torch.autograd.grad(reward, [leaves[k] for k in names], retain_graph=heads,
                                                   allow_unused=True)))
         r_rows = torch.arange(b, device=model.device)[:, None]
-        c = cols.to(model.device)
         out = torch.zeros(b, len(recvs), c.shape[1], model.d_model, device=model.device)
         for k, r in enumerate(recvs):
             if r.kind == "reward":
@@ -99,7 +114,7 @@ def node_grads(model: RewardModel, batch: Batch, coef: Tensor, recvs: list[Recei
             g = _head_grad(model, r, got, leaves, inputs) if r.kind == "head" else got[r.name]
             if g is not None:
                 out[:, k] = g[r_rows, c].float()
-    return out
+    return NodeGrads(out, act, h.detach())
 
 
 def _head_grad(model: RewardModel, r: Receiver, got: Mapping[str, Tensor | None], leaves: dict[str, Tensor],

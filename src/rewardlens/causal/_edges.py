@@ -6,11 +6,15 @@ receiver d is, to first order, `−Σ_t Δ_u,t · ∂r/∂(input_d)_t` on the pa
 effect (clean margin − patched margin). EAP-IG (Hanna et al. 2024) averages the gradient over `steps`
 points `α = k/steps`, k = 0..steps−1, on the line from the clean to the corrupted embeddings at the
 patched columns (steps=1 is EAP). The edges into 'reward' are not estimated: they are path patching's
-direct effect, exactly (`_path.reward_path_rewards`, no forward).
+direct effect, exactly (`_path.reward_path_rewards`, no forward). A head upstream is scored in head
+space, `Δz_h · (W_O[:, h]ᵀ g)` (`head_space`), so no head's Δ is held in d-space. Per batch of targets
+the clean gradient pass also records the targets' activations and final residual, so only the sources
+are traced beforehand (docs/circuits.md, Cost).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
@@ -21,15 +25,15 @@ from torch import Tensor
 
 from ..data import Inputs, Pair, counting, pair_ids
 from ..errors import ArchitectureError, CircuitError
-from ..model import RewardModel
-from ..model.internal import collate, each_batch
-from ..stats import top_parts
+from ..model import RewardModel, TraceKey
+from ..model.internal import Tokenized, collate, each_batch, out_projection
+from ..stats import rank_agreement, top_parts
 from ..types import Ablation, Mode, Positions, Spans
 from ._edge_grads import node_grads
-from ._engine import Site
-from ._path import path_deltas, reward_path_rewards
+from ._engine import Site, head_slice
+from ._path import PathPatching, delta_keys, path_deltas, reward_path_rewards
 from ._plan import Clean, PatchPlan, pair_seqs
-from ._receivers import QKV, QKVS, Receiver, read_depth, write_depth
+from ._receivers import QKV, QKVS, Receiver, read_depth, wiring, write_depth
 from ._spec import PatchSpec, spec_of
 
 if TYPE_CHECKING:
@@ -79,6 +83,44 @@ class Edges:
         """The `k` edges of largest mean |score| (`stats.top_parts`), with their signed mean score."""
         flat, names = self.flat(), self.names
         return [(*names[i], float(flat[:, i].mean())) for i in top_parts(flat, k)]
+
+    def agreement(self, truth: np.ndarray | PathPatching | Sequence[PathPatching], k: int = 10, *,
+                  estimated: bool = True) -> dict[str, float]:
+        """How well these scores rank the edges like true edge patching, `stats.rank_agreement`'s dict
+        (Spearman per pair and of the means, top-`k` overlap by |mean|, max |error|, plus `n_edges`).
+
+        `truth`: effects [n_pairs, U, D] on this grid (NaN where unknown), or `path_patch` results
+        whose (sender, receiver) cells are placed by name (one run per receiver, as receivers must read
+        after every sender). Edges that do not exist or have no true value are left out; `estimated`
+        also leaves out the exact 'reward' column, so only the first-order estimates are graded."""
+        want = self.on_grid(truth)
+        use = self.valid & np.isfinite(want).all(0)
+        if estimated:
+            use &= self.approximate[None, :]
+        if not use.any():
+            raise CircuitError("agreement needs at least one edge with a true value; pass path_patch results over "
+                               f"these parts ({len(self.upstream)} upstream, {len(self.downstream)} downstream)")
+        out = rank_agreement(want[:, use], self.score[:, use], k)
+        return {**out, "n_edges": float(use.sum())}
+
+    def on_grid(self, truth: np.ndarray | PathPatching | Sequence[PathPatching]) -> np.ndarray:
+        """`truth` as effects [n_pairs, U, D] on this grid (NaN off the cells it covers)."""
+        if isinstance(truth, np.ndarray):
+            if truth.shape != self.score.shape:
+                raise ValueError(f"truth has shape {truth.shape}, the scores {self.score.shape}: pass effects "
+                                 "[n_pairs, U, D] on this grid or path_patch results")
+            return truth
+        runs = [truth] if isinstance(truth, PathPatching) else list(truth)
+        out = np.full(self.score.shape, np.nan)
+        for run in runs:
+            if run.effect.shape[0] != self.score.shape[0]:
+                raise ValueError(f"a path_patch result covers {run.effect.shape[0]} pairs, the scores "
+                                 f"{self.score.shape[0]}: run path_patch on the pairs these edges were scored on")
+            for i, u in enumerate(run.senders):
+                for j, d in enumerate(run.receivers):
+                    if u in self.upstream and d in self.downstream:
+                        out[:, self.upstream.index(u), self.downstream.index(d)] = run.effect[:, i, j]
+        return out
 
     def to_frame(self) -> pd.DataFrame:
         """One row per (pair, existing edge): upstream, downstream, score, and whether it is estimated."""
@@ -165,22 +207,31 @@ def edges(
         spec = spec_of(spec, mode=(mode or "noising") if spec is None else mode, ablation=ablation,
                        positions=positions)
         ups, downs = nodes(model, level, qkv)
+        for d in downs:  # refuse what path patching refuses for a head (fused qkv, ...) before any forward
+            if d.kind == "head":
+                wiring(model, d)
         seqs = pair_seqs(model, pairs, None)
-        clean = Clean.run(model, seqs, heads=level == "head", batch_size=batch_size)
+        clean = _clean_sources(model, seqs, level == "head", spec.mode, batch_size)
         ref = None if reference is None else model.encode(reference)[0]
         plan = PatchPlan.make(model, clean, ups, spec.mode, spec.ablation, spec.positions, ref, batch_size,
                               ids=pair_ids(pairs))
-        cols, valid, values = plan.at_columns(clean)
-        deltas = path_deltas(model, clean, plan.targets, cols, valid, values, ups, downs, batch_size)
-        est = _estimate(model, seqs, clean, plan.targets, cols, deltas, ups, downs, steps, batch_size)
-        est[:, :, -1] = reward_path_rewards(model, clean, plan.targets, cols, deltas, len(ups), len(downs) - 1) \
-            - clean.reward[plan.targets][:, None]
+        est, reward = _estimate(model, clean, plan, ups, downs, steps, batch_size)
         score = _per_pair(est, plan.targets, len(seqs) // 2)
         ok = np.array([[read_depth(model, d) >= write_depth(model, u) for d in downs] for u in ups])
         score[:, ~ok] = np.nan
-        reward = clean.reward.cpu().numpy()
         return Edges([u.name for u in ups], [d.name for d in downs], score, reward[0::2] - reward[1::2], method,
                      steps, level, spec.mode, pair_ids(pairs))
+
+
+def _clean_sources(model: RewardModel, seqs: list[Tokenized], heads: bool, mode: Mode, batch_size: int) -> Clean:
+    """The clean trace, of the sources only where it can be: the targets' clean values (activations at
+    the patched columns, final residual, reward) come from the gradient pass, whose leaves are zeros,
+    so tracing them too would run them twice. A gate's coefficients move with the input, and ablation
+    patches every sequence: those trace everything (`patch`'s rule for `only`)."""
+    only = None
+    if model.arch.head_kind != "gated" and mode != "ablation":
+        only = list(range(1 if mode == "noising" else 0, len(seqs), 2))
+    return Clean.run(model, seqs, heads=heads, batch_size=batch_size, only=only)
 
 
 def _per_pair(est: Tensor, targets: list[int], n_pairs: int) -> np.ndarray:
@@ -192,54 +243,149 @@ def _per_pair(est: Tensor, targets: list[int], n_pairs: int) -> np.ndarray:
     return out
 
 
-def _estimate(model: RewardModel, seqs: list, clean: Clean, targets: list[int], cols: Tensor,
-              deltas: dict[tuple[int, int], Tensor], ups: list[Site], downs: list[Receiver], steps: int,
-              batch_size: int) -> Tensor:
-    """First-order reward changes [n_targets, U, D]: Δ[j, u, m·d] @ g[j, d, m·d]ᵀ per target, the
-    gradient averaged over the steps (never a [T, U, D, d] tensor)."""
+def head_space(model: RewardModel, ups: list[Site]) -> list[int]:
+    """Indices of the heads scored in head space, `Δz_h · (W_O[:, h]ᵀ g)`: exact where a head's write is
+    linear in z (no attention post-norm, no residual norms between parts); elsewhere Δ_h is in d-space."""
+    if model.arch.attn_post_norm is not None or model.arch.layout == "post_norm":
+        return []
+    return [s for s, u in enumerate(ups) if u.head is not None]
+
+
+def _estimate(model: RewardModel, clean: Clean, plan: PatchPlan, ups: list[Site], downs: list[Receiver],
+              steps: int, batch_size: int) -> tuple[Tensor, np.ndarray]:
+    """Reward changes [n_targets, U, D] (first order; the 'reward' column exact) and every sequence's
+    clean reward [N], one batch of targets at a time: per batch one clean gradient pass that also
+    records the targets' activations, then Δ, then EAP-IG's further steps. Memory per batch: Δ
+    [B, U', m, d] of the parts in d-space, Δz [B, L, m, H·d_head] of the heads, the gradient
+    [B, D, m, d]; never [T, U, D, d]."""
+    targets = plan.targets
+    cols, valid, values = plan.at_columns(clean)
+    zs = head_space(model, ups)
+    dsp = [s for s in range(len(ups)) if s not in set(zs)]
+    keys = {**delta_keys(model, [ups[s] for s in dsp]), **{ups[s].key: ups[s] for s in zs}}
     out = torch.zeros(len(targets), len(ups), len(downs), device=model.device)
-    shared = all(deltas[s, k] is deltas[s, 0] for s in range(len(ups)) for k in range(len(downs)))
+    final = clean.captured[TraceKey.final()].clone()
     depth = {read_depth(model, d): k for k, d in reversed(list(enumerate(downs)))}
 
     def work(rows: list[int]) -> None:
         index = [targets[j] for j in rows]
-        batch = collate([seqs[i] for i in index], pad_id=model.pad_token_id, side="right", first=model.encoder,
-                        device=model.device)
-        b, t = batch.input_ids.shape
+        batch = collate([clean.seqs[i] for i in index], pad_id=model.pad_token_id, side="right",
+                        first=model.encoder, device=model.device)
         c = cols[rows].to(model.device)
-        grad = torch.zeros(b, len(downs), c.shape[1], model.d_model, device=model.device)
-        lines = _lines(model, ups, deltas, depth, rows, c, t) if steps > 1 else {}
-        for k in range(steps):
-            base = {name: line * (k / steps) for name, line in lines.items()} if k else None
-            grad += node_grads(model, batch, clean.coef[index], downs, c, base) / steps
-        g = grad.flatten(2)  # [b, D, m·d]
-        if shared:
-            d = torch.stack([deltas[s, 0][rows] for s in range(len(ups))], 1).flatten(2)  # [b, U, m·d]
-            out[rows] = torch.bmm(d.to(g.device), g.transpose(1, 2))
-            return
-        for kk in range(len(downs)):  # a post-norm encoder: δ carried to each receiver's depth
-            d = torch.stack([deltas[s, kk][rows] for s in range(len(ups))], 1).flatten(2)
-            out[rows, :, kk] = torch.bmm(d.to(g.device), g[:, kk, :, None])[..., 0]
+        first = node_grads(model, batch, clean.coef[index], downs, c, None, keys)
+        final[index] = first.final
+        vals = {k: v if v.ndim == 1 else v[rows] for k, v in values.items()}
+        deltas = path_deltas(model, clean, index, c, valid[rows], vals, [ups[s] for s in dsp], downs, batch_size,
+                             act=first.act)
+        dz = head_changes(model, ups, zs, first.act, vals, valid[rows])
+        grad = first.grad / steps
+        if steps > 1:
+            lines = _lines(model, ups, dsp, deltas, dz, depth, c, batch.input_ids.shape[1])
+            for k in range(1, steps):
+                base = {name: line * (k / steps) for name, line in lines.items()}
+                grad += node_grads(model, batch, clean.coef[index], downs, c, base).grad / steps
+        out[rows] = _scores(model, ups, dsp, zs, deltas, dz, grad)
+        view = dataclasses.replace(clean, captured={TraceKey.final(): final})
+        out[rows, :, -1] = _reward_column(model, view, index, c, ups, dsp, deltas, dz, len(downs) - 1)
 
-    lengths = [len(seqs[i].ids) for i in targets]
+    lengths = [len(clean.seqs[i].ids) for i in targets]
     each_batch(sorted(range(len(targets)), key=lengths.__getitem__), batch_size, work, ids=targets, is_pairs=True,
                lengths=lengths)
+    # The targets' clean rewards from the gradient pass's final residual, as the 'reward' column reads it
+    # (so a zero Δ changes nothing, bit for bit), also where the trace covered them.
+    reward = clean.reward.clone()
+    at = torch.tensor(targets, device=model.device)
+    reward[at] = (model.head(model.final_hidden(final[at])) * clean.coef[at]).sum(-1)
+    out[:, :, -1] -= reward[at][:, None]
+    return out, reward.cpu().numpy()
+
+
+def head_changes(model: RewardModel, ups: list[Site], zs: list[int], act: dict[TraceKey, Tensor],
+                 values: dict[TraceKey, Tensor], valid: Tensor) -> dict[int, Tensor]:
+    """Per layer with head-space heads, Δz [B, m, H·d_head]: the corrupted minus the clean output-projection
+    input at the patched columns (zero where not valid), every head's columns at once."""
+    out: dict[int, Tensor] = {}
+    keep = valid.to(model.device)[..., None]
+    for layer in sorted({ups[s].layer for s in zs}):
+        key = TraceKey.attn_z(layer)
+        old, new = act[key], values[key].to(act[key].device)
+        out[layer] = ((new.expand_as(old) if new.ndim == 1 else new) - old) * keep
     return out
 
 
-def _lines(model: RewardModel, ups: list[Site], deltas: dict[tuple[int, int], Tensor], depth: dict[int, int],
-           rows: list[int], c: Tensor, t: int) -> dict[str, Tensor]:
+def _scores(model: RewardModel, ups: list[Site], dsp: list[int], zs: list[int],
+            deltas: dict[tuple[int, int], Tensor], dz: dict[int, Tensor], grad: Tensor) -> Tensor:
+    """First-order reward changes [B, U, D]: Δ[b, u, m·d] @ g[b, D, m·d]ᵀ for the d-space parts, and
+    Σ_{m,i} Δz_h[b, m, i] · (W_O[:, h]ᵀ g)[b, D, m, i] for the head-space heads (one W_O product per layer)."""
+    b, n_down = grad.shape[0], grad.shape[1]
+    out = torch.zeros(b, len(ups), n_down, device=grad.device)
+    g = grad.flatten(2)  # [b, D, m·d]
+    if dsp and all(deltas[s, k] is deltas[s, 0] for s in range(len(dsp)) for k in range(n_down)):
+        d = torch.stack([deltas[s, 0] for s in range(len(dsp))], 1).flatten(2)  # [b, U', m·d]
+        out[:, dsp] = torch.bmm(d.to(g.device), g.transpose(1, 2))
+    elif dsp:  # a post-norm encoder: δ carried to each receiver's depth
+        for kk in range(n_down):
+            d = torch.stack([deltas[s, kk] for s in range(len(dsp))], 1).flatten(2)
+            out[:, dsp, kk] = torch.bmm(d.to(g.device), g[:, kk, :, None])[..., 0]
+    for layer, z in dz.items():
+        weight, _ = out_projection(model, "attn", layer)  # [d, H·d_head]
+        gz = (grad @ weight.to(grad.device)).view(*grad.shape[:3], model.n_heads, -1)  # [b, D, m, H, d_head]
+        per_head = torch.einsum("bmhi,bkmhi->bhk", z.view(*z.shape[:2], model.n_heads, -1).to(gz.device), gz)
+        for s in zs:
+            if ups[s].layer == layer:
+                out[:, s] = per_head[:, ups[s].head]
+    return out
+
+
+def _head_write(model: RewardModel, layer: int, z: Tensor) -> Tensor:
+    """What every head of `layer` together writes for a change Δz [..., H·d_head]: Δz @ W_Oᵀ [..., d]."""
+    weight, _ = out_projection(model, "attn", layer)
+    return z @ weight.to(z.device).T
+
+
+def _reward_column(model: RewardModel, clean: Clean, index: list[int], cols: Tensor, ups: list[Site],
+                   dsp: list[int], deltas: dict[tuple[int, int], Tensor], dz: dict[int, Tensor], k: int) -> Tensor:
+    """The exact 'reward' column [B, U]: path-frozen rewards (`reward_path_rewards`) with each part's Δ at
+    the read column alone (a head's as Δz_h W_O[:, h]ᵀ there), so no [B, U, m, d] tensor is built; every
+    (part, target) is one row of a single read-out call."""
+    read = torch.tensor([clean.read[i] for i in index], device=model.device)
+    rows = torch.arange(len(index), device=model.device)
+    at = (cols == read[:, None]).float().argmax(1)
+    one: list[Tensor] = []
+    pos = {s: j for j, s in enumerate(dsp)}
+    for s, u in enumerate(ups):
+        if s in pos:
+            one.append(deltas[pos[s], k][rows, at])
+        else:
+            assert u.head is not None  # every part not in d-space is a head-space head
+            sl, (weight, _) = head_slice(model, u), out_projection(model, "attn", u.layer)
+            one.append(dz[u.layer][rows, at][:, sl] @ weight[:, sl].T.to(dz[u.layer].device))
+    stacked = torch.stack(one).flatten(0, 1)[:, None]  # [U·B, 1, d], part-major
+    got = reward_path_rewards(model, clean, index * len(ups), cols[rows, at][:, None].repeat(len(ups), 1),
+                              {(0, 0): stacked}, 1, 0)
+    return got.view(len(ups), len(index)).T
+
+
+def _lines(model: RewardModel, ups: list[Site], dsp: list[int], deltas: dict[tuple[int, int], Tensor],
+           dz: dict[int, Tensor], depth: dict[int, int], c: Tensor, t: int) -> dict[str, Tensor]:
     """EAP-IG's direction [b, T, d] per sublayer receiver and 'reward': Σ_u Δ_u over every upstream part
-    written before it reads (at α = 1 every node reads the fully corrupted stream, the residual kept)."""
+    written before it reads (at α = 1 every node reads the fully corrupted stream, the residual kept);
+    the head-space heads of a layer enter together, as Δz @ W_Oᵀ."""
     out: dict[str, Tensor] = {}
-    index = torch.arange(len(rows), device=model.device)[:, None]
+    b = c.shape[0]
+    index = torch.arange(b, device=model.device)[:, None]
     every = [Receiver(kind, layer) for layer in range(model.n_layers) for kind in ("attn", "mlp")]
+    heads = {layer: _head_write(model, layer, z) for layer, z in dz.items()}
     for r in [*every, Receiver.reward()]:
         at = read_depth(model, r)
         k = depth[at]
-        line = torch.zeros(len(rows), t, model.d_model, device=model.device)
-        for s, u in enumerate(ups):
-            if write_depth(model, u) <= at:
-                line[index, c] += deltas[s, k][rows].to(line.device)
+        line = torch.zeros(b, t, model.d_model, device=model.device)
+        where = (index.expand_as(c), c)  # accumulate: a short row repeats its last column (masked, Δ = 0)
+        for j, s in enumerate(dsp):
+            if write_depth(model, ups[s]) <= at:
+                line.index_put_(where, deltas[j, k].to(line.device), accumulate=True)
+        for layer, w in heads.items():
+            if write_depth(model, Site.attn(layer)) <= at:
+                line.index_put_(where, w.to(line.device), accumulate=True)
         out[r.name] = line
     return out

@@ -198,7 +198,7 @@ def _parse(model: RewardModel, senders: Sequence[str], receivers: Sequence[str])
     return sites, recvs
 
 
-def _keys(model: RewardModel, sites: list[Site]) -> dict[TraceKey, Site]:
+def delta_keys(model: RewardModel, sites: list[Site]) -> dict[TraceKey, Site]:
     """What `path_deltas` reads at the patched columns: each sender's activation, a head's sublayer output,
     and in a post-norm encoder every part (the residual norms are recomputed from them)."""
     keys: dict[TraceKey, Site] = {s.key: s for s in sites}
@@ -247,9 +247,13 @@ def _carry(model: RewardModel, act: dict[TraceKey, Tensor], site: Site, change: 
 def path_deltas(
     model: RewardModel, clean: Clean, targets: list[int], cols: Tensor, valid: Tensor,
     values: dict[TraceKey, Tensor], sites: list[Site], recvs: list[Receiver], batch_size: int,
+    act: dict[TraceKey, Tensor] | None = None,
 ) -> dict[tuple[int, int], Tensor]:
-    """(sender, receiver) → δ [n_targets, m, d] in fp32 at the patched columns (zero where not valid)."""
-    act = capture_columns(model, clean.seqs, targets, cols, _keys(model, sites), batch_size)
+    """(sender, receiver) → δ [n_targets, m, d] in fp32 at the patched columns (zero where not valid).
+    `act`: the targets' `delta_keys` activations at `cols` where the caller captured them in a forward
+    of its own (edge attribution's gradient pass), else one capture forward here."""
+    if act is None:
+        act = capture_columns(model, clean.seqs, targets, cols, delta_keys(model, sites), batch_size)
     keep = valid.to(model.device)[..., None]
     out: dict[tuple[int, int], Tensor] = {}
     for s, site in enumerate(sites):
