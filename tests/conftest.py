@@ -38,3 +38,12 @@ def organisms():
     sweeps = [(name, s) for name in ("circuit", "quality_list") for s in STRENGTHS if s != 1.0]
     keys = [(name, 1.0) for name in ORGANISMS] + sweeps
     return {key: build(key[0], strength=key[1]) for key in keys}
+
+
+@pytest.fixture(scope="session")
+def small_loop():
+    """The closed loop's reduced config: the list organism, 2 seeds, 5 GRPO steps (every model cached on disk),
+    run once per session for the loop's tests and the plot tests."""
+    from rewardlens.loop import Recipe, verify_edit
+
+    return verify_edit(("list",), seeds=(0, 1), recipe=Recipe(grpo_steps=5))

@@ -102,7 +102,7 @@ def _policy_run() -> PolicyRun:
 
 
 @pytest.fixture(scope="module")
-def results(model, pairs, organisms):
+def results(model, pairs, organisms, small_loop):
     """{class name: (a result of that class, its panels as (rows, cols), plot keywords)}."""
     sae = rl.TopKSAE(model.d_model, rl.SAEConfig(expansion_factor=2, k=4), seed=0)
     features = rl.attribute_features(model, sae, pairs, layer=0)
@@ -111,6 +111,8 @@ def results(model, pairs, organisms):
     subset_pairs = [replace(p, subset=s) for p, s in zip(pairs, ["alpacaeval-easy", "refusals-dangerous"] * len(pairs))]
     benched = bench(model, subset_pairs, against=model, n_boot=20)
     assert benched.comparison is not None
+    report = feature_report(model, sae, features, [p.chosen for p in pairs], top=3, n_contexts=2, window=3)
+    top = [int(f) for f, _ in features.top(3, by="margin")]
     return {
         "Lens": (rl.lens(model, pairs), (1, 1), {}),
         "Attribution": (rl.attribute(model, pairs, level="head"), (1, 1), {"n": 5}),
@@ -124,8 +126,7 @@ def results(model, pairs, organisms):
         "Distortion": (rl.distortion(probes, n_boot=50), (1, 1), {"quality": probes.quality[0]}),
         "Cascades": (rl.cascade(probes, n_boot=50), (1, 1), {}),
         "FeatureAttribution": (features, (1, 1), {"n": 3}),
-        "FeatureReport": (feature_report(model, sae, features, [p.chosen for p in pairs], top=3, n_contexts=2,
-                                         window=3), (1, 1), {}),
+        "FeatureReport": (report, (1, 1), {}),
         "TrainResult": (TrainResult(sae, np.array([0.9, 0.5, 0.3]), np.zeros(3), np.array([0.5, 0.2, 0.1]), 30, 1.0),
                         (1, 1), {}),
         "Comparison": (rl.compare(model, model, pairs, n_boot=50), (2, 2), {}),
@@ -133,6 +134,14 @@ def results(model, pairs, organisms):
         "PolicyRun": (_policy_run(), (1, 2), {}),
         "Bench": (benched, (1, 2), {}),
         "BenchComparison": (benched.comparison, (1, 1), {}),
+        "PathPatching": (rl.path_patch(model, pairs, senders=["embed", "attn_L0", "mlp_L0"],
+                                       receivers=["attn_L1", "reward"]), (1, 1), {"n": 4}),
+        "Circuit": (rl.circuit(model, pairs, top=3), (1, 1), {}),
+        "FeaturePatch": (rl.feature_patch(model, sae, pairs, layer=0, features=top, n_boot=50), (1, 1), {"n": 3}),
+        "FeatureSteer": (rl.feature_steer(model, sae, pairs, layer=0, feature=top[0], doses=(-1, 0, 1), n_boot=50),
+                         (1, 1), {}),
+        "FeatureCards": (report.cards, (1, 1), {}),
+        "ClosedLoop": (small_loop, (1, 1), {}),
     }
 
 

@@ -30,6 +30,7 @@ from ._train import Recipe, loop_dir, trained_run
 
 if TYPE_CHECKING:
     import pandas as pd
+    from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
 TAIL = 2
@@ -145,12 +146,13 @@ class ClosedLoop:
                    "steps": self.to_frame().to_dict("records")}
         return json.dumps(json_ready(payload), indent=2)
 
-    def plot(self, ax: Any = None) -> Figure:
+    def plot(self, ax: Axes | None = None) -> Figure:
         """Behaviour rate over steps, original (solid) against edited (dashed), seed means, one colour
-        per organism; planted-direction alarms of the original runs as markers. Into `ax` when given."""
-        import matplotlib.pyplot as plt
+        per organism; planted-direction alarms of the original runs as markers. Into `ax` when given
+        (the rule in `rewardlens.plotting`)."""
+        from ..plotting import finish, one_panel
 
-        fig, ax = (ax.figure, ax) if ax is not None else plt.subplots(figsize=(6, 3.5))
+        ax, made = one_panel(ax, (6, 3.5))
         for i, lp in enumerate(self.loops):
             for kind, style in zip(KINDS, ("-", "--")):
                 ts = lp.traces[kind]
@@ -162,7 +164,7 @@ class ClosedLoop:
         ax.axhline(0.5, color="#999", lw=0.8)
         ax.set(xlabel="GRPO step", ylabel="behaviour rate", ylim=(-0.02, 1.02))
         ax.legend(fontsize=7)
-        return fig
+        return finish(ax, made)
 
 
 def pair_margins(rm: Any, pairs: Sequence[Any]) -> tuple[float, float]:
