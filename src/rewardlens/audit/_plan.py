@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..causal import Faithfulness, Patching, PatchSpec, aligned, encode_pairs, patch_mode
+from ..causal import Circuit, Faithfulness, Patching, PatchSpec, aligned, encode_pairs, patch_mode
 from ..data import Pair
 from ..exact import STEP_FIELDS, Attribution, Lens, Steps, TokenAttribution
 from ..hacking import ITEMS, STAGES, Concepts, Conflicts, Item, Probes, spread_items
@@ -21,7 +21,7 @@ REVISION = 2
 2: per-pair units are named by the pair's content (`content_key`), not its index, and a pair's steps are
 numbered by side (0 chosen, 1 rejected), not by input row."""
 STORED_RESULTS: tuple[type, ...] = (Lens, Attribution, Faithfulness, Steps, Probes, Concepts, FeatureAttribution,
-                                    Conflicts, Patching, TokenAttribution)
+                                    Conflicts, Patching, TokenAttribution, Circuit)
 """Every result the audit keeps in its store: per pair (by their `STORED` declaration) or whole."""
 VERSION = schema_version(REVISION, STORED_RESULTS, STEP_FIELDS)
 """Version of every audit instrument's stored numbers, derived from the stored results' fields."""
@@ -57,6 +57,8 @@ class Plan:
     paper: bool = False
     """Also compute the seed paper's statistic its own way (prefix noising over attention and MLP
     sublayers, `faithfulness(paper=True)`): one more patched forward of the chosen sides per sublayer."""
+    circuit: bool = False
+    """Find and evaluate the circuit of the top sublayer edges (`rl.circuit`, EAP-IG): costly, so off by default."""
 
     def __post_init__(self) -> None:
         if self.chunk_size < 1 or self.batch_size < 1:
@@ -70,8 +72,8 @@ class Plan:
 
     def for_reads(self) -> Plan:
         """This plan for a reward read at a set of positions: without the steps that read one token per
-        sequence (probes, concepts, divergence, tokens, the paper's prefix statistic)."""
-        return replace(self, probes=False, concepts=False, divergence=False, tokens=False, paper=False)
+        sequence (probes, concepts, divergence, tokens, the paper's prefix statistic, the circuit)."""
+        return replace(self, probes=False, concepts=False, divergence=False, tokens=False, paper=False, circuit=False)
 
     def items(self) -> list[Item] | None:
         """The built-in items the probes use (None: all of them, in stages under the default budget)."""

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
-from ..causal import Faithfulness, Patching, faithfulness, trace_pairs
+from ..causal import Circuit, Faithfulness, Patching, faithfulness, trace_pairs
 from ..data import Pair, UnitMeter, progress_bar, record_columns, record_fields, row_labels
 from ..errors import HeadError, OutOfMemoryError, RewardLensWarning, StoreError
 from ..exact import STEP_FIELDS, Attribution, Lens, Steps
@@ -33,7 +33,7 @@ from ..sae import FeatureAttribution, TopKSAE
 from ._keys import RunKey, checksum
 from ._plan import Decided, PairUnits, Plan, run_keys, skipped_key
 from ._store import Store, Units
-from ._whole import CONFLICT, DIVERGENCE, sae_name, stored_parity, stored_tokens, whole_key
+from ._whole import CIRCUIT, CONFLICT, DIVERGENCE, sae_name, stored_parity, stored_tokens, whole_key
 
 if TYPE_CHECKING:  # annotations only
     from ..exact import TokenAttribution
@@ -97,6 +97,8 @@ class Audit:
     model's own forward; None when not run, and `parity_note` says why (a kind parity refuses, an old store)."""
     parity_note: str = ""
     parity_pairs: int = 0
+    circuit: Circuit | None = None
+    """The circuit of the top sublayer edges by EAP-IG (`audit_circuit`); None unless `Plan(circuit=True)`."""
     pairs: list[Pair] = field(default_factory=list)
     """The pairs audited, in `pair_ids`' order (empty when not kept): what names each pair in a table."""
 
@@ -115,7 +117,6 @@ class Audit:
     def record_columns(self, taken: Sequence[str] = ()) -> dict[str, list[Any]]:
         """The table columns naming each pair (`record_columns`; Parquet-safe: nested values as JSON text)."""
         return record_columns(self.named(), [str(p) for p in self.pair_ids], taken=taken)
-
 
 
 def _split(result: Lens | Attribution | Faithfulness, field_names: Sequence[str], per: int, j: int) -> dict[str, Any]:
@@ -349,7 +350,7 @@ def collect(model: RewardModel, pairs: Sequence[Pair], store: Store, plan: Plan 
                  tokens=tokens_, token_pairs=[position[i] for i in token_pairs],
                  skipped={_pair_id(every, i): reason for i, reason in skipped.items()}, steps=steps,
                  cascades=None if probes is None else cascade(probes), parity=parity_, parity_note=parity_note,
-                 parity_pairs=parity_pairs, pairs=pairs)
+                 parity_pairs=parity_pairs, circuit=whole(Circuit, CIRCUIT), pairs=pairs)
 
 
 def _stacked(store: Store, key: RunKey, want: Sequence[str], by_side: bool
@@ -381,7 +382,8 @@ def plan_for_model(model: RewardModel, plan: Plan, sae: TopKSAE | None) -> Plan:
         raise HeadError("SAE features are read at one token per sequence; this model reads its reward at a set of "
                         "positions: audit it without --sae")
     left = [name for name, on in (("probes", plan.probes), ("concepts", plan.concepts), ("divergence",
-            plan.divergence), ("tokens", plan.tokens), ("the paper's prefix statistic", plan.paper)) if on]
+            plan.divergence), ("tokens", plan.tokens), ("the paper's prefix statistic", plan.paper),
+            ("the circuit", plan.circuit)) if on]
     if left:
         warnings.warn(f"audit: the model reads its reward at a set of positions (Reads(at={model.reads.at!r})); "
                       f"{', '.join(left)} read one token per sequence and are left out (docs/rm-kinds.md)",

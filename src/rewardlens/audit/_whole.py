@@ -1,9 +1,10 @@
 """The audit's whole-model instruments: each computed once per model and pair set, and stored.
 
 Probes on the built-in items, concepts on the probe axes' contrast sets, SAE features, divergence
-scores of the read-position head patching, conflicts between a multi-objective head's terms, and
-exact token attribution of the pairs the report shows (`shown_pairs`: at most `TOKEN_PAIRS`, by
-|margin|) — not of every pair, so its cost does not grow with the pair set.
+scores of the read-position head patching, conflicts between a multi-objective head's terms, exact
+token attribution of the pairs the report shows (`shown_pairs`: at most `TOKEN_PAIRS`, by |margin|)
+— not of every pair, so its cost does not grow with the pair set — and, behind `Plan.circuit`, the
+circuit of the top `CIRCUIT_TOP` sublayer edges.
 """
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from ..causal import Patching, patch
+from ..causal import Circuit, Patching, circuit, patch
 from ..data import Pair, margin, progress_bar
-from ..errors import HeadError, RewardLensWarning
+from ..errors import ArchitectureError, CircuitError, HeadError, RewardLensWarning
 from ..exact import TokenAttribution, tokens
 from ..hacking import Concepts, Conflicts, Item, Probes, concepts, conflict, probe
 from ..model import Parity, ParityCheck, ReadCache, RewardModel, parity
@@ -30,7 +31,10 @@ DIVERGENCE = "divergence/head/noising"
 CONFLICT = "conflict/objectives"
 TOKENS = "tokens"
 PARITY = "parity"
-"""Store names of the whole-model divergence, conflict, token and parity runs."""
+CIRCUIT_TOP = 10
+"""Edges the audit's circuit keeps (`circuit(top=)`); its curve still runs up to every edge."""
+CIRCUIT = f"circuit/sublayer/eap-ig/top-{CIRCUIT_TOP}"
+"""Store names of the whole-model divergence, conflict, token, parity and circuit runs."""
 PARITY_PAIRS = 8
 """Pairs `parity` runs on (the first ones, skipped pairs left out): a few forwards, not a sweep."""
 TOKEN_PAIRS = 12
@@ -54,7 +58,8 @@ def run_whole(model: RewardModel, pairs: Sequence[Pair], store: Store, plan: Pla
     Besides probes, concepts and SAE features: `plan.divergence` (read-position head noising scored
     for out-of-distribution patched states, from 4 pairs on: its natural fit needs 8 sequences) and,
     for a head with several outputs, the conflicts between its terms on the pairs (from 3 pairs on),
-    and `plan.tokens`: exact token attribution of the pairs `token_choice` picks from the stored lens.
+    `plan.tokens`: exact token attribution of the pairs `token_choice` picks from the stored lens, and
+    `plan.circuit`: `audit_circuit` (a model whose edges cannot be ablated alone is left out, with a warning).
     Pairs the store records as skipped (too long for memory) are left out of all of them."""
     every = list(pairs)
     units = PairUnits.of(every).units
@@ -81,9 +86,10 @@ def run_whole(model: RewardModel, pairs: Sequence[Pair], store: Store, plan: Pla
         return _Tokens(chosen, res)
 
     whole: tuple[tuple[str, Callable[[], Probes | Concepts | FeatureAttribution | Patching | Conflicts | _Tokens
-                                      | _Parity], bool], ...] = (
+                                      | _Parity | Circuit | None], bool], ...] = (
         (TOKENS, token_pairs, bool(chosen)),  # the pairs whose lens is stored (none before `run_pairs`)
         (PARITY, lambda: _Parity.run(model, pairs), bool(pairs)),
+        (CIRCUIT, lambda: audit_circuit(model, pairs, plan.batch_size, progress), plan.circuit and bool(pairs)),
         (DIVERGENCE, lambda: patch(model, pairs, level="head", divergence=True, batch_size=plan.batch_size),
          plan.divergence and len(pairs) >= 4),
         (CONFLICT, lambda: conflict(model, pairs, batch_size=2 * plan.batch_size),
@@ -101,8 +107,7 @@ def run_whole(model: RewardModel, pairs: Sequence[Pair], store: Store, plan: Pla
         key = whole_key(model, every, name)
         bar.set_postfix_str(name.split("/")[0])  # the outer bar names the step; the step's own bar moves below
         held = store.status(key, ["all"])
-        if "all" not in held.done:
-            res = fn()
+        if "all" not in held.done and (res := fn()) is not None:  # None: a circuit the model refuses
             # An object array (a conflict's relation labels) is stored as a list: the store keeps no pickles.
             record = res.record() if isinstance(res, (_Tokens, _Parity)) else {
                 f.name: _plain(getattr(res, f.name)) for f in fields(res)}
@@ -113,6 +118,18 @@ def run_whole(model: RewardModel, pairs: Sequence[Pair], store: Store, plan: Pla
     if damaged:
         warnings.warn(f"audit: {len(damaged)} damaged unit(s) in {store.path} were recomputed: "
                       f"{', '.join(f'{name} (unit all)' for name in damaged)}", RewardLensWarning, stacklevel=2)
+
+
+def audit_circuit(model: RewardModel, pairs: Sequence[Pair], batch_size: int, progress: bool = False
+                  ) -> Circuit | None:
+    """`circuit` of the top `CIRCUIT_TOP` sublayer edges by EAP-IG (the defaults: 5 steps, the pairs' own
+    corruption), or None with a warning when the model's edges cannot be ablated one by one (a parallel
+    layout, a post-norm encoder): the rest of the audit still runs."""
+    try:
+        return circuit(model, pairs, top=CIRCUIT_TOP, method="eap-ig", batch_size=batch_size, progress=progress)
+    except (ArchitectureError, CircuitError) as exc:
+        warnings.warn(f"audit: the circuit is left out: {exc}", RewardLensWarning, stacklevel=4)
+        return None
 
 
 def _plain(value: Any) -> Any:

@@ -105,7 +105,7 @@ def _run(args: argparse.Namespace, state: dict[str, Any]) -> dict[str, Any]:
     plan = Plan(chunk_size=args.chunk_size, batch_size=args.batch_size, probes=not args.no_probes,
                 concepts=not args.no_concepts, probe_items=args.probe_items, sae_layer=args.sae_layer,
                 fraction=args.fraction, divergence=not args.no_divergence, paper=args.paper_statistic,
-                tokens=not args.no_tokens)
+                tokens=not args.no_tokens, circuit=args.circuit)
     decided = Decided.of(model, pairs)  # once: the resume count, the run and an interrupt's message share it
     state.update(model=model, pairs=pairs, plan=plan, store=main_path, rank=rank, world=world, decided=decided)
     before = resume_status(main_path, model, pairs, plan, decided).kept if world == 1 else None
@@ -216,7 +216,7 @@ def _show_subsets(groups: dict[str, Any] | None, ci: Any) -> None:
 
 
 def _show_more(result: AuditSummary) -> None:
-    """One line each: divergence of patched states, distortion, cascade clusters, conflicting terms."""
+    """One line each: divergence of patched states, distortion, cascade clusters, conflicting terms, the circuit."""
     div, dist, casc, conf = (result[k] for k in ("divergence", "distortion", "cascades", "conflicts"))
     share = lambda x: "-" if x is None else f"{x:.2f}"  # None: undefined (no finite patched run)
     if div is not None:
@@ -229,6 +229,9 @@ def _show_more(result: AuditSummary) -> None:
     if conf is not None:
         bad = [f"{r['term_a']} / {r['term_b']}" for r in conf["pairs"] if r["relation"] == "conflicting"]
         print(f"conflicting head terms: {', '.join(bad) or 'none'}")
+    if result["circuit"] is not None:
+        c = result["circuit"]
+        print(f"circuit of the top {len(c['kept'])} sublayer edges carries {c['share']:.1%} of the mean clean margin")
 
 
 PROBE_ITEMS = 72
@@ -287,6 +290,9 @@ def _options(p: argparse.ArgumentParser) -> None:
                         "sublayers (one more patched forward of the chosen sides per sublayer)")
     p.add_argument("--no-divergence", action="store_true",
                    help="skip the divergence scores of patched states (one more head-level patching sweep)")
+    p.add_argument("--circuit", action="store_true",
+                   help="also find the circuit of the top 10 sublayer edges (EAP-IG) and its faithfulness curve: "
+                        "5 backwards and a forward per circuit size, per pair (docs/circuits.md)")
     p.add_argument("--probe-items", type=_probe_items, default=None,
                    help="probes and concepts on N of the 72 built-in items (a fixed budget), or 'all'; default: "
                         "stages of 18, 36, 72 items, stopping once every axis is decided (docs/probes.md)")

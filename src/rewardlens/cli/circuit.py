@@ -14,7 +14,8 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--method", choices=["eap", "eap-ig"], default="eap-ig", help="edge scores (default eap-ig)")
     p.add_argument("--steps", type=positive(int), default=5, help="EAP-IG points on the line to the corrupted run")
     p.add_argument("--level", choices=["sublayer", "head"], default="sublayer",
-                   help="edge granularity (circuits are evaluated at sublayer level)")
+                   help="edge granularity: sublayers, or heads (each head and its input a node); the circuit is "
+                        "evaluated at the same level")
     p.add_argument("--top", type=positive(int), default=10, help="edges to keep")
     p.add_argument("--mode", choices=["noising", "denoising", "ablation"], default="noising")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -30,9 +31,8 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {"method": scored.method, "level": scored.level, "mode": scored.mode,
                            "top_edges": [{"upstream": u, "downstream": d, "score": s, "exact": d == "reward"}
                                          for u, d, s in scored.top(args.top)]}
-    if args.level == "sublayer":
-        found = circuit(model, pairs, edges=scored, top=args.top, batch_size=args.batch_size, progress=not args.quiet)
-        out["circuit"] = found.summary()
+    found = circuit(model, pairs, edges=scored, top=args.top, batch_size=args.batch_size, progress=not args.quiet)
+    out["circuit"] = found.summary()  # evaluated at the edges' level (heads as nodes at --level head)
     return out
 
 
@@ -42,12 +42,10 @@ def _show(result: dict[str, Any]) -> None:
     print(table(["upstream", "downstream", "score", "exact"],
                 [[e["upstream"], e["downstream"], f"{e['score']:+.4f}", "yes" if e["exact"] else "est."]
                  for e in result["top_edges"]]))
-    c = result.get("circuit")
-    if c:
-        print(f"\ncircuit of {len(c['kept'])} edges carries {c['share']:.1%} of the mean clean margin "
-              f"{c['clean_margin']:+.4f} (no edge: {c['empty_margin']:+.4f})")
-        print(table(["edges", "share of clean margin"], [[p["edges"], f"{p['share']:.3f}"] for p in c["curve"]]))
-
+    c = result["circuit"]
+    print(f"\n{c['level']}-level circuit of {len(c['kept'])} edges carries {c['share']:.1%} of the mean clean "
+          f"margin {c['clean_margin']:+.4f} (no edge: {c['empty_margin']:+.4f})")
+    print(table(["edges", "share of clean margin"], [[p["edges"], f"{p['share']:.3f}"] for p in c["curve"]]))
 
 COMMANDS = [Command("circuit", "edge attribution (EAP, EAP-IG) and the circuit of the top edges", _add_arguments,
                     _run, _show)]

@@ -27,6 +27,7 @@ from ._canvas import PART_COLORS as PART_COLORS
 from ._canvas import legend_below, need, new_figure
 from ._canvas import nanmedian as nanmedian
 from ._canvas import to_png as to_png
+from ._circuit import fig_circuit as fig_circuit
 from ._more_figures import fig_cascades as fig_cascades
 from ._more_figures import fig_conflicts as fig_conflicts
 from ._more_figures import fig_crystallization as fig_crystallization

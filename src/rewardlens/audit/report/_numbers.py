@@ -126,6 +126,7 @@ def summary(audit: Audit, top: int = TOP_PARTS) -> AuditSummary:
         "steps": steps_summary(audit),
         "parity": _parity(audit), "parity_note": audit.parity_note or None,
         "parity_line": None if audit.parity is None else f"on {audit.parity_pairs} pairs: {audit.parity.line()}",
+        "circuit": None if audit.circuit is None else audit.circuit.summary(),  # the result's own numbers
     }
     return out
 
@@ -245,7 +246,7 @@ def tables(audit: Audit) -> dict[str, pd.DataFrame]:
             out["scores"][name] = column
     out["estimands"] = pd.DataFrame(more.estimands(audit))
     results = {"divergence": audit.divergence, "distortion": audit.distortion, "cascades": audit.cascades,
-               "conflicts": audit.conflicts}
+               "conflicts": audit.conflicts, "circuit": audit.circuit}
     out.update({name: r.to_frame() for name, r in results.items() if r is not None})
     if audit.tokens is not None:  # its rows are the attributed pairs' sides: name the audit's pairs
         frame = audit.tokens.to_frame()

@@ -19,17 +19,19 @@ from .._runner import Audit
 from . import _figures as figures
 from . import _html
 from . import _sections as more
+from ._circuit import circuit_section
 from ._html import TOP_ROWS, Html, e, figure, how, kv, notrun, num, rho, subset_picker, table
 from ._pairs import scores
 from ._schema import AuditSummary
 from ._steps import steps_section
 
 SECTIONS = ("summary", "scores", "subsets", "steps", "lens", "crystallization", "attribution", "patching", "estimands",
-            "divergence", "tokens", "probes", "distortion", "cascades", "concepts", "conflicts", "features")
+            "divergence", "circuit", "tokens", "probes", "distortion", "cascades", "concepts", "conflicts", "features")
 TITLES = {"summary": "Summary", "scores": "Scores", "subsets": "By subset", "steps": "Steps", "lens": "Reward lens",
           "crystallization": "Crystallization depth", "attribution": "Attribution",
           "patching": "Patching and faithfulness", "estimands": "Direct, indirect and total effects",
-          "divergence": "Divergence of patched states", "tokens": "Tokens", "probes": "Reward-hacking probes",
+          "divergence": "Divergence of patched states", "circuit": "Circuit of the top edges", "tokens": "Tokens",
+          "probes": "Reward-hacking probes",
           "distortion": "Distortion index", "cascades": "Cascades", "concepts": "Concepts",
           "conflicts": "Conflicts between terms", "features": "SAE features"}
 NOT_RUN = {
@@ -51,6 +53,11 @@ NOT_RUN = {
                   "sequences), and <code>rewardlens audit</code> computes them unless given "
                   "<code>--no-divergence</code>; alone: <code>rewardlens patch MODEL --pairs FILE --level head "
                   "--divergence</code> or <code>rewardlens.patch(model, pairs, level='head', divergence=True)</code>.",
+    "circuit": "The circuit was not computed: it costs EAP-IG's 5 backwards and one forward per circuit size for "
+               "every pair, so <code>rewardlens audit</code> computes it only when given <code>--circuit</code> "
+               "(<code>Plan(circuit=True)</code>); a model with a parallel layout or a post-norm encoder has no "
+               "edge circuit. Alone: <code>rewardlens circuit MODEL --pairs FILE</code> or "
+               "<code>rewardlens.circuit(model, pairs, top=10)</code>.",
     "distortion": "The distortion index is derived from the probes' quality degradations, and the probes were not "
                   "run (or scored none); alone: <code>rewardlens.distortion(rewardlens.probe(model))</code>.",
     "cascades": "Cascades are derived from the probes' per-item effects, and the probes were not run; alone: "
@@ -97,12 +104,14 @@ def _summary(a: Audit, s: AuditSummary) -> Html:
 
 
 def _more_summary(s: AuditSummary) -> list[tuple[str, str]]:
-    """Headlines of the divergence, distortion, cascade and conflict results ('not run' without them)."""
-    div, dist, casc, conf = s["divergence"], s["distortion"], s["cascades"], s["conflicts"]
+    """Headlines of the divergence, circuit, distortion, cascade and conflict results ('not run' without them)."""
+    div, dist, casc, conf, circ = s["divergence"], s["distortion"], s["cascades"], s["conflicts"], s["circuit"]
     return [
         ("patched runs out of distribution (divergence > 1)",
          "not run" if div is None else f"{num(div['flagged_share'], 2)} of runs, carrying "
                                        f"{num(div['effect_share_flagged'], 2)} of the total |effect|"),
+        ("share of the mean clean margin the circuit carries", "not run" if circ is None else
+         f"{num(circ['share'], 3)} with {len(circ['kept'])} {circ['level']} edges"),
         ("flagged distortion indices", "not run" if dist is None else ", ".join(dist["flagged"]) or "none"),
         ("cascade clusters", "not run" if casc is None else "; ".join(" + ".join(g) for g in casc["clusters"])
          or "none"),
@@ -244,6 +253,7 @@ RENDER: dict[str, Callable[[Audit, AuditSummary], Html]] = {
     "probes": _probes, "concepts": _concepts, "features": _features, "subsets": more.subsets,
     "scores": scores,
     "crystallization": more.crystallization, "estimands": more.estimands, "divergence": more.divergence,
+    "circuit": circuit_section,
     "tokens": more.tokens, "distortion": more.distortion, "cascades": more.cascades, "conflicts": more.conflicts,
     "steps": steps_section,
 }

@@ -127,6 +127,8 @@ class AuditSummary(TypedDict):
     parity: list[ParityRow] | None
     parity_note: str | None
     parity_line: str | None
+    circuit: dict[str, Any] | None
+    """`Circuit.summary()` of the audit's circuit (`Plan(circuit=True)`), None when not run."""
 
 
 class AuditResult(AuditSummary):
