@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib
 import warnings
+from types import ModuleType
 
 
 class RewardLensError(Exception):
@@ -115,3 +117,13 @@ class DegeneratePairsWarning(RewardLensWarning):
 def warn(message: str) -> None:
     """Warn with `RewardLensWarning`, attributed to the caller's caller (the user's line, not ours)."""
     warnings.warn(message, RewardLensWarning, stacklevel=3)
+
+
+def require(module: str, need: str, fix: str) -> ModuleType:
+    """`module`, imported; or a `MissingDependencyError` saying what needs it (`need`, a sentence's start)
+    and how to install it (`fix`), raised before any work starts."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise MissingDependencyError(f"{need}, which needs the {module.split('.')[0]!r} package, not installed; "
+                                     f"fix: {fix}") from None

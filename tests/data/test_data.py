@@ -462,3 +462,14 @@ def test_a_prompt_ending_on_an_assistant_turn_is_refused(tmp_path, fmt, record, 
         f'system or tool), found object {{"role": "assistant", "content": "Hello!"}}. Fix: drop the trailing '
         f"assistant turn {field} (if it is the response, it belongs in 'chosen' and 'rejected').")
 
+
+
+def test_a_format_whose_reader_is_missing_names_the_extra(monkeypatch, tmp_path):
+    from rewardlens.errors import MissingDependencyError
+
+    path = tmp_path / "pairs.parquet"
+    path.write_bytes(b"PAR1")  # never read: the reader is refused first
+    monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)
+    with pytest.raises(MissingDependencyError, match=r"reading this format, which needs the 'pyarrow' package, not "
+                                                     r"installed; fix: pip install 'rewardlens\[data\]'"):
+        load_pairs(path)

@@ -174,3 +174,19 @@ def test_cli_prints_the_gap_of_the_cached_runs(small_loop, capsys):
     lp = small_loop.loops[0]
     assert f"{lp.gap:.2f} [{lp.gap_ci[0]:.2f}, {lp.gap_ci[1]:.2f}]" in printed
     assert "monitor (planted)" in printed and "false alarms / 100 steps" in printed
+
+
+def test_without_trl_the_loop_names_the_extra(monkeypatch, tmp_path):
+    """Before, a user without TRL got an ImportError traceback from inside the run."""
+    import sys
+    from pathlib import Path
+
+    from rewardlens.errors import MissingDependencyError
+    from rewardlens.loop import Recipe
+    from rewardlens.loop._train import grpo_run
+
+    monkeypatch.setitem(sys.modules, "trl", None)
+    with pytest.raises(MissingDependencyError, match=r"TRL's GRPOTrainer, which needs the 'trl' package, not "
+                                                     r"installed; fix: pip install 'rewardlens\[loop\]'"):
+        grpo_run("list", Path("rm"), 0, Recipe(), lambda _rm: None, tmp_path)
+    assert not list(tmp_path.iterdir())  # refused before anything was written

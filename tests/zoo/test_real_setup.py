@@ -40,7 +40,8 @@ def test_the_real_model_command_without_gguf_is_one_line_naming_the_extra(no_ggu
     lines = captured.err.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in captured.err, captured.err
     assert lines[0].startswith("python -m rewardlens.zoo.realmodels: error: the real SmolLM2 reward model is built "
-                               "from a GGUF checkpoint, whose reader (the gguf package) is not installed")
+                               "from a GGUF checkpoint (bash scripts/setup.sh installs the runtime only), which "
+                               "needs the 'gguf' package, not installed")
     assert "pip install 'rewardlens[gguf]', or bash scripts/setup.sh real" in lines[0]
     assert not list(no_gguf.rglob("*.whl")), "nothing may download before the check"
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 from collections.abc import Callable, Iterable, Iterator
@@ -10,7 +9,7 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from ..errors import DataError, MissingDependencyError
+from ..errors import DataError, require
 from ..types import Message, Prompt
 from ._checks import find
 from ._extra import RESERVED, Extra
@@ -214,11 +213,7 @@ _READERS: dict[str, Callable[[Path], Records]] = {
 
 
 def _require(module: str) -> Any:
-    try:
-        return importlib.import_module(module)
-    except ImportError as e:
-        raise MissingDependencyError(f"Reading this format needs {module.split('.')[0]!r}, which is not "
-                                     f"installed. Fix: pip install 'rewardlens[data]'") from e
+    return require(module, "reading this format", "pip install 'rewardlens[data]'")
 
 
 def _decode_cell(cell: str) -> Any:

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import DataError
+from ..errors import DataError, require
 from ..zoo import cache_dir
 from ..zoo.organisms import ORGANISMS, built_once
 
@@ -148,7 +148,9 @@ def grpo_run(organism: str, rm_path: Path, seed: int, recipe: Recipe, directions
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback
-    from trl import GRPOConfig, GRPOTrainer
+    trl = require("trl", "the closed loop trains its policies with TRL's GRPOTrainer",
+                  "pip install 'rewardlens[loop]' (trl>=1.16,<2)")
+    GRPOConfig, GRPOTrainer = trl.GRPOConfig, trl.GRPOTrainer  # noqa: N806 - TRL's class names
 
     from ..model import load
     from ..monitor import monitored_reward

