@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..data import Pair, margin, progress_bar
+from ..data import Pair, margin, metering, progress_bar
 from ..errors import DataError
 from ..exact import attribute, lens
 from ..model import Part, RewardModel
@@ -37,11 +37,11 @@ def _side(model: RewardModel, pairs: list[Pair], label: str, fraction: float, pr
           probe_items: Sequence[Any] | None, seed: int, n_boot: int, batch_size: int,
           step: Callable[[str], object] = lambda _name: None, progress: bool = False) -> ModelSide:
     """Lens and sublayer attribution of every pair (one batched pass each), probes if asked;
-    `step(name)` after each."""
-    ln = lens(model, pairs, batch_size=batch_size)
+    `step(name)` before each."""
     step(f"{label}: lens")
-    att = attribute(model, pairs, level="sublayer", batch_size=batch_size, per_objective=False)
+    ln = lens(model, pairs, batch_size=batch_size)
     step(f"{label}: attribution")
+    att = attribute(model, pairs, level="sublayer", batch_size=batch_size, per_objective=False)
     profile = np.zeros(model.n_layers + 1)
     for name, column in zip(att.names, att.margin.mean(0)):
         profile[Part.parse(name).depth] += column
@@ -49,8 +49,9 @@ def _side(model: RewardModel, pairs: list[Pair], label: str, fraction: float, pr
     if probes:
         from ..hacking import probe
 
-        pr = probe(model, probe_items, seed=seed, n_boot=n_boot, batch_size=batch_size, progress=progress)
         step(f"{label}: probes")
+        with metering(lambda _rows: None):  # the probes' own bar counts their sequences
+            pr = probe(model, probe_items, seed=seed, n_boot=n_boot, batch_size=batch_size, progress=progress)
     return ModelSide(label=label, model=repr(model), reward=att.reward, lens_linear=ln.margin("linear"),
                      lens_normed=ln.margin("normed"), crystallization_linear=ln.crystallization("linear", fraction),
                      crystallization_normed=ln.crystallization("normed", fraction), profile=profile, probes=pr,
@@ -182,7 +183,8 @@ def compare(
     crystallization threshold (share of the final margin). `probes`: also run `rewardlens.probe`
     on both (on `probe_items`, default the built-in items). Every analysis runs batched over all
     pairs; directions are compared only when `shared_basis` accepts the two models. `progress`: a
-    tqdm bar on stderr, one step per model side and analysis.
+    tqdm bar on stderr that moves per sequence each batch loop runs (lens, attribution, directions),
+    naming the analysis it is in; the probes, when asked, show their own bar.
     """
     from ..model import load
 
@@ -195,12 +197,30 @@ def compare(
         raise ValueError(f"need two different labels, fraction in (0, 1] and n_boot >= 1; got labels={labels!r}, "
                          f"fraction={fraction}, n_boot={n_boot}")
     ma, mb = (m if isinstance(m, RewardModel) else load(str(m)) for m in (model_a, model_b))
-    per_side = 3 if probes else 2
-    bar = progress_bar(per_side * (1 if mb is ma else 2) + 2, "compare", progress)
+    sides = 1 if mb is ma else 2
+    # Counted in sequences, as the batch loops run them (`metering`): lens and attribution read each of
+    # the 2n sequences once a side; the residual directions, when the basis is shared, once more.
+    bar = progress_bar(2 * 2 * len(pairs) * sides, "compare", progress, unit="seq")
 
     def step(name: str) -> None:
-        bar.set_postfix_str(name, refresh=False)
-        bar.update(1)
+        bar.set_postfix_str(name)
+
+    run = [0.0]
+
+    def moved(rows: float) -> None:  # a long batch reports its layers' shares: the bar shows whole sequences
+        run[0] += rows
+        if int(run[0]) > bar.n:
+            bar.update(int(run[0]) - bar.n)
+
+    with metering(moved):
+        return _compared(ma, mb, pairs, labels, fraction, probes, probe_items, n_boot, seed, batch_size, progress,
+                         bar, step)
+
+
+def _compared(ma: RewardModel, mb: RewardModel, pairs: list[Pair], labels: tuple[str, str], fraction: float,
+              probes: bool, probe_items: Sequence[Any] | None, n_boot: int, seed: int, batch_size: int,
+              progress: bool, bar: Any, step: Callable[[str], None]) -> Comparison:
+    """`compare`'s work, once its arguments are checked and the models loaded; `bar` moves per sequence."""
 
     a = _side(ma, pairs, labels[0], fraction, probes, probe_items, seed, n_boot, batch_size, step, progress)
     # The same object twice (a sanity baseline) needs no second run.
@@ -222,16 +242,17 @@ def compare(
         assert a.probes is not None and b.probes is not None  # probes=True ran them on both sides
         probe_rho = spearman(a.probes.mean, b.probes.mean)
     basis = shared_basis(ma, mb)
-    step("shared basis")
     readout_cos = residual_cos = float("nan")
     direction_cos = np.array([])
     if basis.shared:
+        step("directions")
+        bar.total += 2 * 2 * len(pairs)
+        bar.refresh()
         diff_a, read_a, rread_a = _directions(ma, pairs, batch_size)
         diff_b, read_b, rread_b = _directions(mb, pairs, batch_size)
         readout_cos = float(np.nanmean(_cosine(read_a, read_b)))
         residual_cos = float(np.nanmean(_cosine(rread_a, rread_b)))
         direction_cos = _cosine(diff_a, diff_b)
-    step("directions")
     bar.close()
     return Comparison(
         a=a, b=b, pair_ids=[p.id if p.id is not None else str(i) for i, p in enumerate(pairs)], fraction=fraction,
