@@ -28,6 +28,7 @@ from ._cached import cached_read_sweep
 from ._direct import direct_rewards
 from ._divergence import score_patched, scorer
 from ._engine import Site, batched_sweep, copies_supported, read_sweep, sites
+from ._margins import PatchedMargins
 from ._plan import Clean, PatchPlan, pair_seqs
 from ._reads_patch import check_reads_options, direct_reads, mode_for, patch_reads
 from ._spec import MODES as MODES
@@ -42,7 +43,7 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class Patching:
+class Patching(PatchedMargins):
     """Patched rewards of every pair under every part's patch, and the effects they imply.
 
     `chosen`, `rejected` [n] are the clean rewards; `patched_chosen`, `patched_rejected` [n, P] the
@@ -65,31 +66,6 @@ class Patching:
     divergence: np.ndarray | None = None
     approximate: bool = False
     min_margin: float = 1e-4
-
-    @property
-    def margin(self) -> np.ndarray:
-        """Clean chosen − rejected margin [n]."""
-        return self.chosen - self.rejected
-
-    @property
-    def effect(self) -> np.ndarray:
-        """Clean margin − patched margin [n, P], in reward units."""
-        return self.margin[:, None] - (self.patched_chosen - self.patched_rejected)
-
-    @property
-    def near_zero(self) -> np.ndarray:
-        """Pairs whose clean margin is under `min_margin` [n] (no side to normalise by)."""
-        return np.abs(self.margin) < self.min_margin
-
-    @property
-    def normalized(self) -> np.ndarray:
-        """`effect / margin` [n, P] (1 = the part alone carries the whole margin).
-
-        NaN on pairs whose clean margin is under `min_margin` (`near_zero`; e.g. chosen identical
-        to rejected, a zero margin by construction): a share of nothing is undefined, not inf."""
-        with np.errstate(divide="ignore", invalid="ignore"):
-            out = self.effect / self.margin[:, None]
-        return np.where(self.near_zero[:, None], np.nan, out)
 
     @property
     def flagged(self) -> np.ndarray:

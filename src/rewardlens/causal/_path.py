@@ -39,6 +39,7 @@ from ..stats import top_parts
 from ..types import Ablation, Mode, Positions, Spans
 from ._direct import post_normed
 from ._engine import Site, head_slice
+from ._margins import PatchedMargins
 from ._plan import Clean, PatchPlan, capture_columns, pair_seqs
 from ._receivers import Receiver, Wiring, clean_points, read_depth, receiving, wiring, write_depth
 from ._spec import PatchSpec, spec_of
@@ -50,7 +51,7 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class PathPatching:
+class PathPatching(PatchedMargins):
     """Rewards of every pair with each sender's patch reaching the reward only through each receiver.
 
     `chosen`, `rejected` [n]: clean rewards; `patched_chosen`, `patched_rejected` [n, S, R]: the
@@ -67,24 +68,6 @@ class PathPatching:
     positions: Positions | Literal["spans"]
     pair_ids: list[str]
     min_margin: float = 1e-4
-
-    @property
-    def margin(self) -> np.ndarray:
-        """Clean chosen − rejected margin [n]."""
-        return self.chosen - self.rejected
-
-    @property
-    def effect(self) -> np.ndarray:
-        """Clean margin − patched margin [n, S, R], in reward units."""
-        return self.margin[:, None, None] - (self.patched_chosen - self.patched_rejected)
-
-    @property
-    def normalized(self) -> np.ndarray:
-        """`effect / margin` [n, S, R]; NaN on pairs whose |margin| is under `min_margin`."""
-        small = np.abs(self.margin) < self.min_margin
-        with np.errstate(divide="ignore", invalid="ignore"):
-            out = self.effect / self.margin[:, None, None]
-        return np.where(small[:, None, None], np.nan, out)
 
     @property
     def edges(self) -> list[tuple[str, str]]:
