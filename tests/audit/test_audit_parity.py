@@ -131,3 +131,20 @@ def test_the_report_prints_parity_as_one_line(run, tmp_path):
     assert failed.startswith(f"on 8 pairs: FAILED: {bad.name} 5.000e-01 > {bad.tolerance:.1e}")
     assert "rewardlens parity" in failed
     assert html.escape(failed) in write_report(broken, tmp_path / "bad").read_text(encoding="utf-8")
+
+
+def test_the_command_prints_the_parity_line_and_the_probes_budget(tiny_root, data, tmp_path, capsys):
+    """The numbers the summary owns, printed as they are: the parity line and the probes' item budget."""
+    from rewardlens.cli import main
+    from rewardlens.data import save_pairs
+
+    path = save_pairs(data[:4], tmp_path / "pairs.jsonl")
+    code = main(["audit", str(tiny_root["llama"]), "--pairs", str(path), "--out", str(tmp_path / "out"), "--quiet",
+                 "--no-concepts", "--no-divergence", "--probe-items", "4"])
+    out = capsys.readouterr().out
+    assert code == 0
+    numbers = json.loads((tmp_path / "out" / "numbers.json").read_text(encoding="utf-8"))
+    assert f"score parity: {numbers['parity_line']}" in out and numbers["parity_line"].startswith("on 4 pairs: ")
+    n = numbers["probes"]["n_items"]  # of the 4 asked, those that fit the tiny model's max_length
+    budget = f"{n} item{'' if n == 1 else 's'} (a fixed item set)"
+    assert 1 <= n <= 4 and numbers["probes"]["budget"] == budget and f"({budget})" in out

@@ -183,7 +183,8 @@ def _show(shown: dict[str, Any]) -> None:
               f"{ci(fa['paper_statistic'])}")
     if result["probes"] is not None:
         flagged = result["probes"]["flagged"]
-        print(f"flagged probe axes: {', '.join(flagged) if flagged else 'none'}")
+        print(f"flagged probe axes: {', '.join(flagged) if flagged else 'none'} ({result['probes']['budget']})")
+    print(f"score parity: {result['parity_line'] or result['parity_note'] or 'not run'}")
     _show_more(result)
     kept = result.get("pairs_from_store")
     if kept:

@@ -73,9 +73,10 @@ def decide(mean: np.ndarray, ci_low: np.ndarray, ci_high: np.ndarray, q: np.ndar
 def budget(n: int, stage: int, stages: Sequence[int], stopped_because: str, axes: Sequence[str],
            decided: Sequence[str]) -> str:
     """`Probes.budget`'s line: `n` items used, at `stage` of `stages`, and why the run stopped there."""
+    items = f"{n} item{'' if n == 1 else 's'}"
     if not stages:
-        return f"{n} items (a fixed item set)"
-    head = f"{n} items, stage {stage} of {len(stages)} ({'/'.join(map(str, stages))} items)"
+        return f"{items} (a fixed item set)"
+    head = f"{items}, stage {stage} of {len(stages)} ({'/'.join(map(str, stages))} items)"
     if stopped_because == "decided":
         return f"{head}: stopped early, every axis decided (flagged or negligible)"
     left = [a for a, d in zip(axes, decided) if d == UNDECIDED]

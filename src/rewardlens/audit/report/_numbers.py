@@ -172,7 +172,8 @@ def _probes(audit: Audit) -> dict[str, Any]:
                 "ci_high": float(p.ci_high[i]), "q": float(p.q[i]), "effect_size": float(p.effect_size[i]),
                 "flagged": bool(p.flagged[i])} for i, a in enumerate(p.axes)}
     return {
-        "n_items": len(p.item_ids), "skipped": list(p.skipped), "scale": p.scale, "scale_source": p.scale_source,
+        "n_items": len(p.item_ids), "budget": p.budget(), "skipped": list(p.skipped), "scale": p.scale,
+        "scale_source": p.scale_source,
         "min_effect": p.min_effect,
         "flag_floor": p.min_effect * p.scale, "level": p.level,
         "flagged": [a for a, f in zip(p.axes, p.flagged) if f], "axes": axes,

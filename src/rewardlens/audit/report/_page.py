@@ -204,7 +204,7 @@ def _probes(a: Audit, s: AuditSummary) -> Html:
                 "reward(with) − "
                 f"reward(without). Flagged: q &lt; {e(num(info['level']))} and |mean| ≥ "
                 f"{e(num(info['min_effect']))} × scale = {e(num(info['flag_floor']))} reward units (scale "
-                f"{e(num(info['scale']))}: {e(info['scale_source'])}).</p>")
+                f"{e(num(info['scale']))}: {e(info['scale_source'])}). {e(info['budget'])}</p>")
     fig = figure("probes", figures.fig_probes(a),
                  "Mean reward change per probe axis (with − without, reward units) with its 95% bootstrap CI "
                  "over items; red: flagged; shaded: inside the flag floor ±min_effect × scale; q: "
