@@ -4,8 +4,10 @@ and the peak memory of the tensors edge attribution holds.
 A tiny random Llama reward model (16 layers by default); interleaved rounds (A B A B ...), median and
 range per method. Memory: on CUDA torch's peak allocation of one EAP call; everywhere the peak bytes of
 the score-side tensors one batch holds at once (Δ of the parts in d-space, Δz of the heads, the node
-gradients), recorded at the functions that return them, with the d-space Δ the heads would have needed
-beside it. Usage: python benchmarks/circuits.py [--rounds 5] [--pairs 2] [--layers 16]
+gradients: the non-head receivers' from `node_grads`, the largest chunk `chunk_scores` is given, i.e.
+one layer's heads), recorded at the functions that return or take them, with the d-space Δ the heads
+would have needed beside it and the [B, D, m, d] gradient that chunking avoids.
+Usage: python benchmarks/circuits.py [--rounds 5] [--pairs 2] [--layers 16]
 
 `--agreement` prints instead how EAP and EAP-IG rank edges against true edge patching (`path_patch` per
 edge) on the tests' tiny Llama and the `two_step` and `circuit` organisms (docs/circuits.md's table).
@@ -55,13 +57,16 @@ def _nbytes(x: object) -> int:
 
 @contextlib.contextmanager
 def held(peaks: dict[str, int]) -> Iterator[None]:
-    """Record the largest value each of Δ (`path_deltas`), Δz (`head_changes`) and g (`node_grads`) takes."""
-    saved = {name: getattr(_edges, name) for name in ("path_deltas", "head_changes", "node_grads")}
+    """Record the largest value each of Δ (`path_deltas`), Δz (`head_changes`) and g (`node_grads`) takes,
+    and the largest gradient chunk (`chunk_scores`' last argument: at head level one layer's heads)."""
+    names = ("path_deltas", "head_changes", "node_grads", "chunk_scores")
+    saved = {name: getattr(_edges, name) for name in names}
 
     def wrap(name: str, fn: Callable) -> Callable:
         def inner(*args, **kwargs):  # type: ignore[no-untyped-def]
             out = fn(*args, **kwargs)
-            peaks[name] = max(peaks.get(name, 0), _nbytes(out))
+            held = args[-1] if name == "chunk_scores" else out
+            peaks[name] = max(peaks.get(name, 0), _nbytes(held))
             return out
         return inner
 
@@ -83,9 +88,11 @@ def memory(model: rl.RewardModel, pairs: list, level: str) -> str:
     kib = {k: v / 2**10 for k, v in peaks.items()}
     heads = sum(u.startswith("attn_L") and "_H" in u for u in scored.upstream)
     dense = heads * len(pairs) * model.d_model * 4 / 2**10  # Δ_h in d-space at one column, fp32, every target
+    whole = len(scored.downstream) * len(pairs) * model.d_model * 4 / 2**10  # g [B, D, m, d], one column
     line = (f"{level:8s}: held tensors Δ {kib.get('path_deltas', 0):.1f} KiB + Δz {kib.get('head_changes', 0):.1f} KiB "
-            f"+ g {kib.get('node_grads', 0):.1f} KiB = {sum(kib.values()):.1f} KiB "
-            f"(heads' Δ in d-space would be {dense:.1f} KiB)")
+            f"+ g {kib.get('node_grads', 0):.1f} KiB (non-head nodes); "
+            f"largest g chunk {kib.get('chunk_scores', 0):.1f} KiB "
+            f"(heads' Δ in d-space would be {dense:.1f} KiB, g of every node {whole:.1f} KiB)")
     if torch.cuda.is_available():
         line += f"; CUDA peak {torch.cuda.max_memory_allocated() / 2**20:.1f} MiB"
     return line
@@ -148,6 +155,7 @@ def main() -> None:
     calls = {
         "forward": lambda: model.score(pairs),
         "eap": lambda: rl.edges(model, pairs),
+        "eap (heads)": lambda: rl.edges(model, pairs, level="head"),
         "eap-ig (5 steps)": lambda: rl.edges(model, pairs, method="eap-ig", steps=5),
     }
     times: dict[str, list[float]] = {k: [] for k in calls}

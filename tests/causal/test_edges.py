@@ -119,6 +119,100 @@ def test_head_scores_equal_the_d_space_computation(llama, tiny_root, pairs):
     assert checked > 0 and np.abs(scored.score[:, :, -1][np.isfinite(scored.score[:, :, -1])]).max() > 1e-4
 
 
+def _hf_parts(name, layer):
+    """(input norm, query projection, what the MLP writes) of a Hugging Face decoder layer."""
+    mlp_write = layer.post_feedforward_layernorm if name == "gemma2" else layer.mlp
+    return layer.input_layernorm, layer.self_attn.q_proj, mlp_write
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen3", "gemma2"])
+def test_head_node_scores_equal_the_d_space_computation(name, tiny_root, pairs):
+    """Head nodes (a head's query input) are scored one layer's gradients at a time. The yardstick is
+    the d-space product −Δ_u · g_h at the read token from hooked Hugging Face forwards: g_h the gradient
+    at a zero leaf on the layer's input-norm input through head h's query alone (a zero leaf on q_proj's
+    output, its head-h columns pulled back through the norm and projection by one VJP), Δ_u what MLP u
+    writes (Gemma-2: after its post-norm) or, without an attention post-norm, Δz_h W_O[:, h]ᵀ."""
+    model = rl.load(str(tiny_root[name]))
+    scored = rl.edges(model, pairs, level="head")
+    hf = transformers.AutoModelForSequenceClassification.from_pretrained(tiny_root[name]).eval()
+    layers, n_heads, seqs = hf.model.layers, hf.config.num_attention_heads, model.encode(pairs)[0]
+
+    def run(ids, leaves):
+        z, mlp, q, hooks = {}, {}, {}, []
+        for i, layer in enumerate(layers):
+            norm, q_proj, mlp_write = _hf_parts(name, layer)
+            hooks += [layer.self_attn.o_proj.register_forward_pre_hook(
+                          lambda m, a, i=i: z.__setitem__(i, a[0][0, -1].detach())),
+                      mlp_write.register_forward_hook(lambda m, a, o, i=i: mlp.__setitem__(i, o[0, -1].detach()))]
+            if leaves is not None:
+                hooks += [norm.register_forward_pre_hook(lambda m, a, i=i: (a[0] + leaves[0][i],)),
+                          q_proj.register_forward_hook(lambda m, a, o, i=i: q.__setitem__(i, o) or o + leaves[1][i])]
+        with torch.enable_grad():
+            r = hf(torch.tensor([ids])).logits[0, 0]
+        for h in hooks:
+            h.remove()
+        return r, z, mlp, q
+
+    checked = 0
+    for p in range(len(pairs)):
+        t, width = len(seqs[2 * p].ids), layers[0].self_attn.q_proj.weight.shape[0]
+        leaves = ([torch.zeros(1, t, hf.config.hidden_size, requires_grad=True) for _ in layers],
+                  [torch.zeros(1, t, width, requires_grad=True) for _ in layers])
+        r, z, mlp, q = run(seqs[2 * p].ids, leaves)
+        dq = torch.autograd.grad(r, leaves[1], retain_graph=True)
+        _, z_rej, mlp_rej, _ = run(seqs[2 * p + 1].ids, None)
+        for later in range(1, len(layers)):
+            size = width // n_heads
+            for h in range(n_heads):
+                mask = torch.zeros(width)
+                mask[h * size:(h + 1) * size] = 1
+                g = torch.autograd.grad(q[later], leaves[0][later], grad_outputs=dq[later] * mask,
+                                        retain_graph=True)[0][0, -1]
+                d = scored.downstream.index(f"attn_L{later}_H{h}_q")
+                ups = {f"mlp_L{later - 1}": mlp_rej[later - 1] - mlp[later - 1]}
+                if name != "gemma2":  # an attention post-norm: the heads' Δ is not linear in z
+                    w = layers[later - 1].self_attn.o_proj.weight.detach()
+                    for k in range(n_heads):
+                        sl = slice(k * size, (k + 1) * size)
+                        ups[f"attn_L{later - 1}_H{k}"] = (z_rej[later - 1][sl] - z[later - 1][sl]) @ w[:, sl].T
+                for u, delta in ups.items():
+                    got = scored.score[p, scored.upstream.index(u), d]
+                    np.testing.assert_allclose(got, -float(delta @ g), rtol=1e-4, atol=1e-7)
+                    checked += 1
+    assert checked >= 3 * n_heads and np.nanmax(np.abs(scored.score[:, :, :-1])) > 1e-3
+
+
+def test_head_gradients_are_held_one_layer_at_a_time(llama, pairs, monkeypatch):
+    """The largest gradient tensor at head level is one chunk: the L + 1 non-head receivers, or one
+    layer's n_x·H head inputs — never all D of them ([B, D, m, d] was ~32 GiB per target at 8B shape
+    over 2048 positions)."""
+    from rewardlens.causal import _edges
+
+    shapes, chunks = [], []
+    grads, score = _edges.node_grads, getattr(_edges, "chunk_scores", None)
+
+    def record(*args, **kwargs):
+        out = grads(*args, **kwargs)
+        shapes.append(tuple(out.grad.shape))
+        return out
+
+    def chunk(model, ups, dsp, zs, deltas, dz, index, grad):
+        chunks.append((tuple(index), tuple(grad.shape)))
+        return score(model, ups, dsp, zs, deltas, dz, index, grad)
+
+    monkeypatch.setattr(_edges, "node_grads", record)
+    monkeypatch.setattr(_edges, "chunk_scores", chunk, raising=False)  # absent before chunking
+    scored = rl.edges(llama, pairs, level="head", qkv=True, batch_size=8)
+    n_layers, n_heads, d = llama.n_layers, llama.n_heads, llama.d_model
+    assert len(scored.downstream) == n_layers * (n_heads + 1) + 1  # grouped k/v: a head's own input is q
+    assert shapes == [(3, n_layers + 1, 1, d)]  # one batch of 3 targets, read column: the MLPs and 'reward'
+    assert [c[1] for c in chunks] == [(3, n_heads, 1, d)] * n_layers + [(3, n_layers + 1, 1, d)]
+    # the chunks cover every downstream node once, each layer's heads together, the other nodes last
+    assert sorted(i for c in chunks for i in c[0]) == list(range(len(scored.downstream)))
+    for layer, (index, _) in enumerate(chunks[:-1]):
+        assert [scored.downstream[i] for i in index] == [f"attn_L{layer}_H{h}_q" for h in range(n_heads)]
+
+
 def test_agreement_is_rank_agreement_of_the_estimated_edges():
     """A hand computation on a 3 x 3 grid: the 'reward' column (exact) and the missing edge are left out."""
     nan = np.nan

@@ -15,7 +15,7 @@ are traced beforehand (docs/circuits.md, Cost).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
@@ -29,7 +29,7 @@ from ..model import RewardModel, TraceKey
 from ..model.internal import Tokenized, collate, each_batch, out_projection
 from ..stats import rank_agreement, top_parts
 from ..types import Ablation, Mode, Positions, Spans
-from ._edge_grads import node_grads
+from ._edge_grads import chunk_scores, node_grads
 from ._engine import Site, head_slice
 from ._path import PathPatching, delta_keys, path_deltas, reward_path_rewards
 from ._plan import Clean, PatchPlan, pair_seqs
@@ -256,8 +256,9 @@ def _estimate(model: RewardModel, clean: Clean, plan: PatchPlan, ups: list[Site]
     """Reward changes [n_targets, U, D] (first order; the 'reward' column exact) and every sequence's
     clean reward [N], one batch of targets at a time: per batch one clean gradient pass that also
     records the targets' activations, then Δ, then EAP-IG's further steps. Memory per batch: Δ
-    [B, U', m, d] of the parts in d-space, Δz [B, L, m, H·d_head] of the heads, the gradient
-    [B, D, m, d]; never [T, U, D, d]."""
+    [B, U', m, d] of the parts in d-space, Δz [B, L, m, H·d_head] of the heads, the non-head receivers'
+    gradients [B, L + 1, m, d] (2L + 1 at sublayer level) and one layer's head gradients [B, n_x·H, m, d]
+    at a time; never [B, D, m, d] nor [T, U, D, d]."""
     targets = plan.targets
     cols, valid, values = plan.at_columns(clean)
     zs = head_space(model, ups)
@@ -278,13 +279,21 @@ def _estimate(model: RewardModel, clean: Clean, plan: PatchPlan, ups: list[Site]
         deltas = path_deltas(model, clean, index, c, valid[rows], vals, [ups[s] for s in dsp], downs, batch_size,
                              act=first.act)
         dz = head_changes(model, ups, zs, first.act, vals, valid[rows])
+        # Scores are linear in g: the heads' are taken per pass, layer by layer while the pass's graph is
+        # alive (freed by `del` before the next pass); the other nodes' g is small and summed first.
+        est = _scores(model, ups, dsp, zs, deltas, dz, downs, first.heads(), len(rows)) / steps
         grad = first.grad / steps
+        sub = list(first.rows)
+        del first
         if steps > 1:
             lines = _lines(model, ups, dsp, deltas, dz, depth, c, batch.input_ids.shape[1])
             for k in range(1, steps):
                 base = {name: line * (k / steps) for name, line in lines.items()}
-                grad += node_grads(model, batch, clean.coef[index], downs, c, base).grad / steps
-        out[rows] = _scores(model, ups, dsp, zs, deltas, dz, grad)
+                step = node_grads(model, batch, clean.coef[index], downs, c, base)
+                grad += step.grad / steps
+                est += _scores(model, ups, dsp, zs, deltas, dz, downs, step.heads(), len(rows)) / steps
+                del step
+        out[rows] = est + _scores(model, ups, dsp, zs, deltas, dz, downs, [(sub, grad)], len(rows))
         view = dataclasses.replace(clean, captured={TraceKey.final(): final})
         out[rows, :, -1] = _reward_column(model, view, index, c, ups, dsp, deltas, dz, len(downs) - 1)
 
@@ -314,26 +323,16 @@ def head_changes(model: RewardModel, ups: list[Site], zs: list[int], act: dict[T
 
 
 def _scores(model: RewardModel, ups: list[Site], dsp: list[int], zs: list[int],
-            deltas: dict[tuple[int, int], Tensor], dz: dict[int, Tensor], grad: Tensor) -> Tensor:
-    """First-order reward changes [B, U, D]: Δ[b, u, m·d] @ g[b, D, m·d]ᵀ for the d-space parts, and
-    Σ_{m,i} Δz_h[b, m, i] · (W_O[:, h]ᵀ g)[b, D, m, i] for the head-space heads (one W_O product per layer)."""
-    b, n_down = grad.shape[0], grad.shape[1]
-    out = torch.zeros(b, len(ups), n_down, device=grad.device)
-    g = grad.flatten(2)  # [b, D, m·d]
-    if dsp and all(deltas[s, k] is deltas[s, 0] for s in range(len(dsp)) for k in range(n_down)):
-        d = torch.stack([deltas[s, 0] for s in range(len(dsp))], 1).flatten(2)  # [b, U', m·d]
-        out[:, dsp] = torch.bmm(d.to(g.device), g.transpose(1, 2))
-    elif dsp:  # a post-norm encoder: δ carried to each receiver's depth
-        for kk in range(n_down):
-            d = torch.stack([deltas[s, kk] for s in range(len(dsp))], 1).flatten(2)
-            out[:, dsp, kk] = torch.bmm(d.to(g.device), g[:, kk, :, None])[..., 0]
-    for layer, z in dz.items():
-        weight, _ = out_projection(model, "attn", layer)  # [d, H·d_head]
-        gz = (grad @ weight.to(grad.device)).view(*grad.shape[:3], model.n_heads, -1)  # [b, D, m, H, d_head]
-        per_head = torch.einsum("bmhi,bkmhi->bhk", z.view(*z.shape[:2], model.n_heads, -1).to(gz.device), gz)
-        for s in zs:
-            if ups[s].layer == layer:
-                out[:, s] = per_head[:, ups[s].head]
+            deltas: dict[tuple[int, int], Tensor], dz: dict[int, Tensor], downs: list[Receiver],
+            chunks: Iterable[tuple[list[int], Tensor]], b: int) -> Tensor:
+    """First-order reward changes [b, U, D] into the downstream nodes of `chunks` (indices in `downs`,
+    their g [b, n, m, d]; zeros elsewhere), one chunk at a time, so no [B, D, m, d] gradient is ever held. A
+    chunk meets only the heads written before its nodes read (the rest are NaN in `edges`)."""
+    out = torch.zeros(b, len(ups), len(downs), device=model.device)
+    for index, g in chunks:
+        reads = max(read_depth(model, downs[k]) for k in index)
+        before = {layer: z for layer, z in dz.items() if write_depth(model, Site.attn(layer)) <= reads}
+        out[:, :, index] = chunk_scores(model, ups, dsp, zs, deltas, before, index, g)
     return out
 
 
