@@ -64,6 +64,16 @@ def make_pairs(n_pairs: int) -> list[Pair]:
     return pairs
 
 
+def prepared(args: argparse.Namespace) -> torch.device:
+    """The benchmark's device, with `--threads` CPU threads (0: torch's default) and Hugging Face's
+    progress bars off: the set-up the benchmark scripts share."""
+    device = torch.device(args.device)
+    if args.threads and device.type == "cpu":
+        torch.set_num_threads(args.threads)
+    disable_progress_bar()
+    return device
+
+
 def build_model(root: Path, args: argparse.Namespace) -> str:
     tok = build_tokenizer()
     config = LlamaConfig(vocab_size=len(tok), hidden_size=args.hidden, intermediate_size=args.intermediate,
@@ -263,10 +273,7 @@ def main() -> None:
     ap.add_argument("--profile", choices=["score", "attribute_sublayer", "attribute_head", "lens", "attribute_neuron"],
                     help="cProfile one call and print the top functions")
     args = ap.parse_args()
-    device = torch.device(args.device)
-    if args.threads and device.type == "cpu":
-        torch.set_num_threads(args.threads)
-    disable_progress_bar()
+    device = prepared(args)
 
     with tempfile.TemporaryDirectory() as tmp:
         path = build_model(Path(tmp), args)

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from decompose import anonymous_weights, build_model, cpu_memory_mode, peak_bytes, timed
+from decompose import anonymous_weights, build_model, cpu_memory_mode, peak_bytes, prepared, timed
 from transformers.utils.logging import disable_progress_bar
 
 import rewardlens
@@ -142,10 +142,7 @@ def main() -> None:
     ap.add_argument("--no-memory", action="store_true")
     ap.add_argument("--sweeps", nargs="+", choices=list(SWEEPS), default=list(SWEEPS), help="run only these sweeps")
     args = ap.parse_args()
-    device = torch.device(args.device)
-    if args.threads and device.type == "cpu":
-        torch.set_num_threads(args.threads)
-    disable_progress_bar()
+    device = prepared(args)
     with tempfile.TemporaryDirectory() as tmp:
         path = build_model(Path(tmp), args)
         model = rewardlens.load(path, device=args.device, dtype=args.dtype)

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from transformers.utils.logging import disable_progress_bar
+from decompose import prepared
 
 import rewardlens
 from rewardlens.sae._activations import ActivationSource, cache_activations
@@ -96,10 +96,7 @@ def main() -> None:
                     help="model dtype: float32, bfloat16, float16 (the SAE trains in fp32)")
     ap.add_argument("--threads", type=int, default=1, help="CPU threads (0: torch's default)")
     args = ap.parse_args()
-    device = torch.device(args.device)
-    if args.threads and device.type == "cpu":
-        torch.set_num_threads(args.threads)
-    disable_progress_bar()
+    device = prepared(args)
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
 
     model = rewardlens.load(str(smollm2_reward_dir()), device=args.device, dtype=args.dtype,

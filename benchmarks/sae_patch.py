@@ -32,8 +32,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from decompose import anonymous_weights, build_model, make_pairs, timed
-from transformers.utils.logging import disable_progress_bar
+from decompose import anonymous_weights, build_model, make_pairs, prepared, timed
 
 import rewardlens
 from rewardlens import Pair, RewardModel
@@ -106,10 +105,7 @@ def main() -> None:
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--threads", type=int, default=1, help="CPU threads (0: torch's default)")
     args = ap.parse_args()
-    device = torch.device(args.device)
-    if args.threads and device.type == "cpu":
-        torch.set_num_threads(args.threads)
-    disable_progress_bar()
+    device = prepared(args)
     with tempfile.TemporaryDirectory() as tmp:
         model = rewardlens.load(build_model(Path(tmp), args), device=args.device, dtype=args.dtype)
         if device.type == "cpu":
