@@ -150,7 +150,6 @@ def grpo_run(organism: str, rm_path: Path, seed: int, recipe: Recipe, directions
     from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback
     trl = require("trl", "the closed loop trains its policies with TRL's GRPOTrainer",
                   "pip install 'rewardlens[loop]' (trl>=1.16,<2)")
-    GRPOConfig, GRPOTrainer = trl.GRPOConfig, trl.GRPOTrainer  # noqa: N806 - TRL's class names
 
     from ..model import load
     from ..monitor import monitored_reward
@@ -178,12 +177,12 @@ def grpo_run(organism: str, rm_path: Path, seed: int, recipe: Recipe, directions
         return list(out)
 
     prompts = [[{"role": "user", "content": p.prompt}] for p in ORGANISMS[organism].pairs(n=64, seed=7)]
-    args = GRPOConfig(
+    args = trl.GRPOConfig(
         output_dir=str(folder / "trainer"), per_device_train_batch_size=recipe.batch,
         num_generations=recipe.generations, max_completion_length=recipe.max_completion,
         learning_rate=recipe.grpo_lr, max_steps=recipe.grpo_steps, logging_steps=1, report_to=[], seed=seed,
         use_cpu=True, save_strategy="no", beta=0.0, bf16=False, disable_tqdm=True)
-    trainer = GRPOTrainer(model=policy, reward_funcs=scored, args=args, processing_class=tok,
+    trainer = trl.GRPOTrainer(model=policy, reward_funcs=scored, args=args, processing_class=tok,
                           train_dataset=Dataset.from_dict({"prompt": prompts}))
     trainer.remove_callback(PrinterCallback)  # one printed dict per step would bury the result
     trainer.train()
