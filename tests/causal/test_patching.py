@@ -210,9 +210,11 @@ def test_attribution_patching_is_the_first_order_term_of_exact_patching(tiny_roo
 @pytest.mark.parametrize("arch", ["llama", "gemma2", "gpt2", "gpt_neox", "bert", "deberta-v2", "armorm"])
 def test_whole_sequence_runs_start_at_their_own_layer_and_match_full_forwards(tiny_root, aligned, arch, monkeypatch):
     """The stepped engine (each run from its patched layer, the model's own layer modules) is the
-    one used, and equals the full-forward batched engine it falls back to."""
+    one used once the suffix engine declines, and equals the full-forward batched engine it falls back to."""
     from rewardlens.causal import _patching as patching
     from rewardlens.causal import _stepped as patch_stepped
+
+    monkeypatch.setattr(patching, "suffix_sweep", lambda *a, **k: None)  # tests/causal/test_prefix_patching.py
 
     model = rl.load(str(tiny_root[arch]))
     seqs, _ = model.encode(aligned)
@@ -265,6 +267,10 @@ def test_models_whose_copies_differ_by_column_fall_back_and_stay_exact(alibi_roo
         want_c, _ = naive_patch(model, pairs, level=level)
         np.testing.assert_allclose(got.patched_chosen, want_c, atol=2e-5, rtol=1e-5)
         np.testing.assert_allclose(got.chosen, model.score(pairs)[0::2], rtol=1e-5)
+    # Whole prefixes: each run continues the clean run's cache from its first changed position, or declines.
+    got = patch(model, pairs, positions="prefix", batch_size=2)
+    want_c, want_r = naive_patch(model, pairs, positions="prefix")
+    np.testing.assert_allclose(got.patched_chosen, want_c, atol=2e-5, rtol=1e-5)
 
 
 def test_a_single_pair_is_accepted(tiny_root, pairs):

@@ -103,3 +103,42 @@ def test_the_command_line_takes_prefix(capsys, tiny_root, tmp_path, pairs):
     out = json.loads(capsys.readouterr().out)
     effects = out["pairs"][0]["effects"]
     assert effects["mlp_L0"] == pytest.approx(float(want.effect[0, want.names.index("mlp_L0")]), abs=1e-6)
+
+
+# Where the suffix engine must decline, and why (the stepped engine then runs whole sequences).
+DECLINES = {"bert": "encoder", "deberta-v2": "encoder", "roberta": "encoder", "xlm-roberta": "encoder",
+            "armorm": "a gate read at its own position", "gemma3-mm": "a sliding window (8) shorter than the pairs"}
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_runs_compute_only_what_the_patch_changes_and_equal_the_full_runs(tiny_root, pairs, arch, monkeypatch):
+    """On a causal decoder the two sides share their prompt, so the suffix engine computes only positions
+    from the first that a patch changes (on the clean run's cache) and is the engine used; its patched
+    rewards equal the stepped engine's (whole sequences) and the naive loop, in every mode. Where it must
+    decline (`DECLINES`) it does, and the numbers are the same."""
+    from rewardlens.causal import _patching as patching
+
+    model = rl.load(str(tiny_root[arch]))
+    seqs, _ = model.encode(pairs)
+    shared = [next(k for k, (a, b) in enumerate(zip(seqs[i].ids, seqs[i + 1].ids)) if a != b)
+              for i in range(0, len(seqs), 2)]
+    assert min(shared) > 5, "the pairs must share a prompt prefix, or the engine has nothing to skip"
+    used: list[object] = []
+    real = patching.suffix_sweep
+    monkeypatch.setattr(patching, "suffix_sweep", lambda *a, **k: used.append(got := real(*a, **k)) or got)
+    for mode in ("noising", "denoising", "ablation"):
+        used.clear()
+        got, _ = _patch(model, pairs, mode=mode)
+        # Ablation changes every position it patches: nothing to skip, the stepped engine runs it.
+        if mode == "ablation" or arch in DECLINES:
+            assert used in ([], [None]), f"{arch}/{mode}: the suffix engine ran"
+        else:
+            assert len(used) == 1 and used[0] is not None, f"{arch}/{mode}: the suffix engine declined"
+        want_c, want_r = naive_patch(model, pairs, mode=mode, positions="prefix")
+        np.testing.assert_allclose(got.patched_chosen, want_c, atol=2e-5, rtol=1e-5, err_msg=mode)
+        np.testing.assert_allclose(got.patched_rejected, want_r, atol=2e-5, rtol=1e-5, err_msg=mode)
+    monkeypatch.setattr(patching, "suffix_sweep", lambda *a, **k: None)
+    stepped, _ = _patch(model, pairs, mode="noising", level="head")
+    monkeypatch.setattr(patching, "suffix_sweep", real)
+    suffix, _ = _patch(model, pairs, mode="noising", level="head")
+    np.testing.assert_allclose(suffix.patched_chosen, stepped.patched_chosen, atol=2e-5, rtol=1e-5)

@@ -105,7 +105,8 @@ def test_head_attribution_and_lens_back_off_to_the_same_numbers(llama, pairs):
 @pytest.mark.parametrize("case", [
     dict(level="head"),                                     # cached read-position engine
     dict(level="sublayer", divergence=True),                # copy engine (read_sweep)
-    dict(level="sublayer", positions="prefix"),             # stepped engine
+    dict(level="sublayer", positions="prefix"),             # suffix engine (only what a patch changes)
+    dict(level="sublayer", positions="prefix", mode="ablation"),  # stepped engine
     dict(level="sublayer", positions="prefix", divergence=True),  # full forwards (batched_sweep)
 ])
 def test_every_patch_engine_backs_off_to_the_same_numbers(llama, pairs, case):

@@ -33,12 +33,12 @@ class _Stop(Exception):
     """Raised by the first layer's pre-hook once the model has built a continuation's arguments."""
 
 
-def _cache_name(model: RewardModel) -> str | None:
+def cache_name(model: RewardModel) -> str | None:
     params = inspect.signature(model.backbone.forward).parameters
     return next((name for name in ("cache", "past_key_values") if name in params), None)
 
 
-def _fork(cache: Any) -> Any:
+def fork_cache(cache: Any) -> Any:
     """A copy of `cache` (a Hugging Face `Cache` with per-layer entries, whatever its class) whose layers
     can grow without touching the original's tensors."""
     out = copy.copy(cache)
@@ -46,7 +46,7 @@ def _fork(cache: Any) -> Any:
     return out
 
 
-def _continuation_args(
+def continuation_args(
     model: RewardModel, kwargs: dict[str, Any]
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """The (args, kwargs) the backbone passes its layers for the continuation `kwargs`."""
@@ -86,7 +86,7 @@ def cached_read_sweep(
     group's first layer: fewer, larger layer calls (per-call overhead dominates small models)
     for a little recomputation below the later sites' layers. `index`: each sequence's number in the
     caller's input (for `OutOfMemoryError`)."""
-    name = _cache_name(model)
+    name = cache_name(model)
     if name is None or model.encoder:
         return None
     n = len(seqs)
@@ -170,11 +170,11 @@ def _group(
     i = torch.arange(copies, device=device)[None, :, None]
     allow = (j < at[:, None, None]) | (j == width + i)  # the prefix (not the clean read token, not pads) and itself
     mask = torch.zeros(allow.shape, dtype=dtype, device=device).masked_fill(~allow, torch.finfo(dtype).min)
-    fork = _fork(cache)
+    fork = fork_cache(cache)
     kwargs = {"input_ids": ids, "attention_mask": mask[:, None], "position_ids": at[:, None].expand(b, copies),
               name: fork, "use_cache": True}
     try:
-        args, layer_kwargs = _continuation_args(model, model.forward_kwargs(**kwargs))
+        args, layer_kwargs = continuation_args(model, model.forward_kwargs(**kwargs))
         hidden = captured[first_layer][:, None].expand(b, copies, -1).to(dtype).contiguous()
         edits = [Overwrite(site, torch.arange(b), torch.full((b, 1), 1 + k), take_values(values[site.key], rows,
                       head_slice(model, site), read=True)) for k, site in enumerate(group)]

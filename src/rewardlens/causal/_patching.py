@@ -12,7 +12,7 @@ patching: docs/design.md §1), the causal twin of attribution.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
@@ -21,7 +21,7 @@ from torch import Tensor
 
 from ..data import Inputs, Pair, chosen, counting, pair_ids, rejected
 from ..model import RewardModel
-from ..model.internal import sequence_label
+from ..model.internal import Tokenized, sequence_label
 from ..stats import top_parts
 from ..types import Ablation, Estimand, Mode, PatchLevel, Positions, Spans
 from ._cached import cached_read_sweep
@@ -34,6 +34,7 @@ from ._reads_patch import check_reads_options, direct_reads, mode_for, patch_rea
 from ._spec import MODES as MODES
 from ._spec import PatchSpec, spec_of
 from ._stepped import stepped_sweep
+from ._suffix import suffix_possible, suffix_sweep
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -192,8 +193,12 @@ def patch(
         # The read-position engine can read each target's clean reward off an unpatched copy, so the
         # clean trace need only cover the sequences whose activations are inserted.
         copies = estimand == "total" and positions == "read" and copies_supported(model, seqs) is None
+        # Where the targets' clean rewards come from the engine's own clean forward (the read-position
+        # copies, or the suffix engine's trace), only the sources are traced here.
+        suffix = (estimand == "total" and positions != "read" and not divergence and mode != "ablation"
+                  and suffix_possible(model, seqs))
         only = None
-        if copies and not divergence and model.arch.head_kind != "gated" and mode != "ablation":
+        if (copies or suffix) and not divergence and model.arch.head_kind != "gated" and mode != "ablation":
             only = list(range(1 if mode == "noising" else 0, len(seqs), 2))
         if clean is None:
             clean = Clean.run(model, seqs, heads=level == "head", batch_size=batch_size, only=only)
@@ -204,7 +209,6 @@ def patch(
         plan = PatchPlan.make(model, clean, sweep, mode, ablation, positions, ref_seqs, batch_size, ids=pair_ids(pairs))
         targets, cols_t, values = plan.targets, plan.cols, plan.values
         tgt = [seqs[i] for i in targets]
-        labels = [sequence_label(i, True) for i in targets]
         score = scorer(model, clean, ref_seqs, batch_size) if divergence else None
         rewards: Tensor | None = None
         streams: Tensor | None = None
@@ -223,21 +227,46 @@ def patch(
                 clean_reward, rewards, streams = out
                 clean.reward[targets] = clean_reward.to(clean.reward.dtype)
             elif only is not None:  # full forwards after all: they need the targets' clean runs too
-                clean = Clean.run(model, seqs, heads=level == "head", batch_size=batch_size)
+                clean, only = Clean.run(model, seqs, heads=level == "head", batch_size=batch_size), None
         if rewards is None:
-            cols_t, _, values = plan.at_columns(clean)
-            if not divergence:  # stepping skips layers, whose residuals divergence scores
-                rewards = stepped_sweep(model, tgt, sweep, cols_t, values, batch_size=batch_size, labels=labels,
-                                        index=targets)
-            if rewards is None:
-                rewards, streams = batched_sweep(model, tgt, sweep, cols_t, values, batch_size=batch_size,
-                                                 resid=score, labels=labels, index=targets)
+            clean, rewards, streams = _any_positions(model, seqs, clean, plan, sweep, suffix=suffix,
+                                                     traced_all=only is None, heads=level == "head",
+                                                     batch_size=batch_size, score=score)
         scores = None
         if divergence:
             assert streams is not None  # every engine given a scorer returns the streams it scored
             scores = score_patched(sweep, targets, streams, len(seqs) // 2)
         return assemble(pairs, clean, targets, rewards, sweep, mode=mode, positions=positions, level=level,
                         estimand=estimand, divergence=scores, min_margin=min_margin)
+
+
+def _any_positions(
+    model: RewardModel, seqs: list[Tokenized], clean: Clean, plan: PatchPlan, sweep: list[Site], *, suffix: bool,
+    traced_all: bool, heads: bool, batch_size: int, score: Callable[[Tensor], Tensor] | None,
+) -> tuple[Clean, Tensor, Tensor | None]:
+    """(the clean runs, patched rewards [n_targets, S], divergence streams or None) of the total effect at
+    the plan's columns: the suffix engine (only what a patch changes, where `suffix`), then the stepped
+    engine (unless divergence `score`s the layers it skips), then full forwards. `traced_all`: whether
+    `clean` traced every sequence (else only the sources, and the suffix engine reads the targets')."""
+    targets = plan.targets
+    tgt, labels = [seqs[i] for i in targets], [sequence_label(i, True) for i in targets]
+    cols_t, _, values = plan.at_columns(clean)
+    if suffix and plan.unchanged is not None:
+        got = suffix_sweep(model, tgt, sweep, cols_t, values, plan.unchanged, batch_size=batch_size, labels=labels,
+                           index=targets)
+        if got is not None:
+            clean.reward[targets] = got[0].to(clean.reward.dtype)
+            return clean, got[1], None
+    if not traced_all:  # the other engines need the targets' clean runs too
+        clean = Clean.run(model, seqs, heads=heads, batch_size=batch_size)
+    if score is None:
+        rewards = stepped_sweep(model, tgt, sweep, cols_t, values, batch_size=batch_size, labels=labels,
+                                index=targets)
+        if rewards is not None:
+            return clean, rewards, None
+    rewards, streams = batched_sweep(model, tgt, sweep, cols_t, values, batch_size=batch_size, resid=score,
+                                     labels=labels, index=targets)
+    return clean, rewards, streams
 
 
 def assemble(

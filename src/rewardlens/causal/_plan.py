@@ -203,6 +203,28 @@ def _span_cols(spans: str | Spans, read: int) -> list[int]:
     return cols
 
 
+def unchanged_prefix(
+    seqs: list[Tokenized], read: list[int], targets: list[int], sources: list[int] | None, cols_t: Tensor,
+    cols_s: Tensor, valid: Tensor,
+) -> list[int]:
+    """Per target, the first position whose patched value can differ from its clean one in a causal
+    decoder, at most its read token: the first valid column that inserts something other than the
+    source's activation at the same column of a shared token prefix. Where a target and its source begin
+    with the same c tokens, a causal decoder computes the same activations at positions < c in both
+    (right-padded, positions counted from 0), so inserting the source's value there changes nothing.
+    Ablation (no source) changes every column it patches."""
+    out = []
+    for j, t in enumerate(targets):
+        shared = 0
+        if sources is not None:
+            a, b = seqs[t].ids, seqs[sources[j]].ids
+            shared = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        ct, cs = cols_t[j][valid[j]], cols_s[j][valid[j]]
+        changes = ct[(ct != cs) | (ct >= shared)]
+        out.append(min(int(changes.min()) if len(changes) else read[t], read[t]))
+    return out
+
+
 def capture_columns(
     model: RewardModel, seqs: list[Tokenized], index: list[int], cols: Tensor, keys: dict[TraceKey, Site],
     batch_size: int, *, is_pairs: bool = True,
@@ -266,6 +288,9 @@ class PatchPlan:
     cols: Tensor | None
     valid: Tensor | None
     values: dict[TraceKey, Tensor]
+    unchanged: list[int] | None = None
+    """Per target, how many leading positions no edit changes in a causal decoder (`unchanged_prefix`);
+    None at the read position."""
 
     @classmethod
     def make(
@@ -287,7 +312,10 @@ class PatchPlan:
         else:
             assert sources is not None  # noising and denoising take every target's values from a source
             values = capture_columns(model, clean.seqs, sources, cols_s, _by_key(sweep), batch_size)
-        return cls(targets, cols, valid, values)
+        unchanged = None
+        if cols is not None and cols_s is not None and valid is not None:
+            unchanged = unchanged_prefix(clean.seqs, clean.read, targets, sources, cols, cols_s, valid)
+        return cls(targets, cols, valid, values, unchanged)
 
     def at_columns(self, clean: Clean) -> tuple[Tensor, Tensor, dict[TraceKey, Tensor]]:
         """The plan with read positions written as columns: cols [n_targets, m], valid, values."""
