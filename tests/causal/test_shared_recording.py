@@ -19,9 +19,16 @@ PAIRS = DEMO_PAIRS[:3]
 
 @contextlib.contextmanager
 def forwards(model: rl.RewardModel) -> Iterator[list[int]]:
-    """Counts the backbone's forwards while open (a layer run alone, as the backward does, is none)."""
+    """The positions of each backbone forward while open, clean forwards of whole sequences only (a layer
+    run alone, as the layer-at-a-time backward does, is none; nor is the read token alone continuing a
+    cache, one position)."""
     seen: list[int] = []
-    handle = model.backbone.register_forward_pre_hook(lambda *_: seen.append(1))
+
+    def count(_module, _args, kwargs):
+        if kwargs["input_ids"].shape[1] > 1:
+            seen.append(kwargs["input_ids"].shape[1])
+
+    handle = model.backbone.register_forward_pre_hook(count, with_kwargs=True)
     try:
         yield seen
     finally:
@@ -60,18 +67,30 @@ def test_only_the_targets_are_recorded(tiny_root):
     assert noising is not None and ablation is not None
     assert sorted(noising.where) == [0, 2, 4], "noising patches the chosen sides only"
     assert sorted(ablation.where) == list(range(6))
-    held = sum(rec.inputs[0].shape[0] for rec in noising.recordings)
-    assert held == 3 and all(len(rec.inputs) == model.n_layers for rec in noising.recordings)
+    # A causal decoder keeps its targets' keys and values (the read token's backward continues them),
+    # not their layer inputs.
+    assert sum(rec.size for rec in noising.recordings) == 3
+    for rec in noising.recordings:
+        assert rec.inputs == [] and len(rec.cache.layers) == model.n_layers
+        assert all(layer.keys.shape[0] == rec.size for layer in rec.cache.layers)
+    encoder = rl.load(str(tiny_root["bert"]))
+    held = trace_pairs(encoder, PAIRS, level="head", record="noising").clean.recorded
+    assert held is not None and sum(rec.inputs[0].shape[0] for rec in held.recordings) == 3
+    assert all(len(rec.inputs) == encoder.n_layers and rec.cache is None for rec in held.recordings)
     assert trace_pairs(model, PAIRS, level="head").clean.recorded is None, "nothing is kept unless asked"
 
 
-def test_a_recording_that_fails_its_proof_falls_back_to_recording_again(tiny_root):
-    model = rl.load(str(tiny_root["llama"]))
+@pytest.mark.parametrize("arch", ["llama", "bert"])
+def test_a_recording_that_fails_its_proof_falls_back_to_recording_again(tiny_root, arch):
+    model = rl.load(str(tiny_root[arch]))
     want = attribution_patch(model, PAIRS, level="head", clean=trace_pairs(model, PAIRS, level="head").clean)
     shared = trace_pairs(model, PAIRS, level="head", record="noising")
     assert shared.clean.recorded is not None
-    for rec in shared.clean.recorded.recordings:  # the last layer's recorded input no longer gives its output
-        rec.inputs[-1].add_(1.0)
+    for rec in shared.clean.recorded.recordings:  # the recording no longer gives the clean run's output
+        if rec.cache is not None:
+            rec.cache.layers[-1].values.add_(1.0)
+        else:
+            rec.inputs[-1].add_(1.0)
     with forwards(model) as count:
         got = attribution_patch(model, PAIRS, level="head", clean=shared.clean)
     assert len(count) >= 1, "the failed proof sends the rows down today's path, which records them itself"

@@ -13,17 +13,31 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from ..data import Inputs, Pair, counting
 from ..model import RewardModel, TraceKey
-from ..model.internal import Batch, Point, Recording, Tokenized, collate, each_batch, eval_mode, rewriting
+from ..model.internal import (
+    OOM_ERRORS,
+    Batch,
+    Point,
+    Recording,
+    Tokenized,
+    capture,
+    collate,
+    each_batch,
+    eval_mode,
+    rewriting,
+)
 from ..stats import rank_agreement
 from ..types import Ablation, Mode, PatchLevel, Positions, Spans
-from ._engine import Site, head_slice, site_point, sites
+from ._cached import cache_name, fork_cache
+from ._engine import Site, copies_supported, final_point, head_slice, site_point, sites
 from ._layerwise import ProbeContext, Recorded, layerwise_grads
 from ._patching import Patching, assemble
 from ._plan import Clean, PatchPlan, pair_seqs
@@ -76,6 +90,92 @@ def _whole_grads(model: RewardModel, batch: Batch, points: dict[TraceKey, Point]
         return acts, dict(zip(names, torch.autograd.grad(reward, [deltas[k] for k in names])))
 
 
+def _read_token_grads(model: RewardModel, batch: Batch, coef: Tensor, keys: dict[TraceKey, Site],
+                      rec: Recording | None = None) -> tuple[Tensors, Tensors] | None:
+    """(activations, ∂r/∂a) of every site of `keys` at each row's read token, each [B, 1, w]; None when
+    this model's cache cannot be continued this way.
+
+    In a causal decoder the read token t* is seen by no earlier position, so a site's activation at t*
+    reaches the reward only along t*'s own stream: the read token alone, continuing the clean run's
+    keys and values of positions < t* (no gradient through them), gives the exact gradient at a cost
+    of one token per layer instead of a backward through every position. The continuation's final
+    state must equal the clean run's at t* (the proof, as in `cached_read_sweep`). `rec`: the clean
+    run's cache as the trace kept it (`LayerTaps(cache=True)`, rows and width of `rec.batch`), so no
+    clean forward runs here."""
+    name = cache_name(model)
+    if name is None or model.encoder:
+        return None
+    batch = batch if rec is None else rec.batch
+    at = batch.read_index.to(model.device)
+    try:
+        got = _clean_cache(model, batch, name, at) if rec is None or rec.cache is None else (
+            rec.cache, rec.top[torch.arange(len(at), device=rec.top.device), at.to(rec.top.device)])
+        if got is None:
+            return None
+        cache, want = got
+        b, width = batch.input_ids.shape
+        dtype = next(model.model.parameters()).dtype
+        allow = torch.arange(width + 1, device=model.device)[None, :] < at[:, None]
+        allow[:, width] = True  # the read token itself; the clean read token and the pads are left out
+        mask = torch.zeros(allow.shape, dtype=dtype, device=model.device).masked_fill(~allow, torch.finfo(dtype).min)
+        ids = batch.input_ids[torch.arange(b, device=model.device), at][:, None]
+        step = model.forward_kwargs(input_ids=ids, attention_mask=mask[:, None, None], position_ids=at[:, None],
+                                    use_cache=True, **{name: fork_cache(cache)})
+        zero = torch.zeros(b, dtype=torch.long, device=model.device)
+        points = {k: site_point(model, site, zero) for k, site in keys.items()}
+        with torch.enable_grad(), eval_mode(model.model), _probes(points, final_point(model, zero)) as (d, acts, o):
+            model.backbone(**step)
+            last = o[TraceKey.final()]
+            reward = (model.head(model.final_hidden(last.float().to(model.device))) * coef).sum()
+            names = list(d)
+            grads = dict(zip(names, torch.autograd.grad(reward, [d[k] for k in names])))
+    except OOM_ERRORS:
+        raise
+    except (RuntimeError, ValueError, TypeError, KeyError, AttributeError):
+        return None
+    want = want.to(last.device)
+    tol = 1e-4 * float(want.abs().max())
+    if not math.isfinite(tol) or not torch.allclose(last.detach().float(), want.float(), rtol=1e-3, atol=tol):
+        return None
+    return acts, grads
+
+
+def _clean_cache(model: RewardModel, batch: Batch, name: str, at: Tensor) -> tuple[Any, Tensor] | None:
+    """One clean forward of `batch` keeping the model's cache: (the cache, the final point at `at` [B, d])."""
+    with torch.no_grad(), eval_mode(model.model), capture({TraceKey.final(): final_point(model, at)},
+                                                          model.device) as clean:
+        out = model.backbone(**{**model.batch_kwargs(batch), "use_cache": True})
+    cache = getattr(out, name, None) if hasattr(out, name) else getattr(out, "past_key_values", None)
+    if cache is None or not hasattr(cache, "layers"):
+        return None
+    return cache, clean[TraceKey.final()]
+
+
+def _grads(model: RewardModel, seqs: list[Tokenized], index: list[int], rec: Recording | None, coef: Tensor,
+           keys: dict[TraceKey, Site], *, at_read: bool) -> tuple[Tensors, Tensors, bool]:
+    """(activations, gradients) of targets `index` (coefficients `coef[index]`), and whether they are
+    [B, 1, w] at the read token alone: the read token continuing the clean cache where the read position
+    is patched (`at_read`) on a causal decoder; else one layer at a time where stepping reproduces the
+    model (memory: one layer's activations), from the trace's own recording of layer inputs where it
+    made one (and, where that fails its proof, as if it had made none); else one backward of the whole."""
+    batch = collate([seqs[i] for i in index], pad_id=model.pad_token_id, side="right", first=model.encoder,
+                    device=model.device)
+    if at_read and copies_supported(model, [seqs[i] for i in index]) is None:
+        read = _read_token_grads(model, batch, coef[index], keys, rec)
+        if read is not None:
+            return (*read, True)
+    if rec is not None and rec.cache is None:
+        got = layerwise_grads(model, rec.batch, coef[index], _probes_of(model, keys, rec.batch), rec=rec)
+        if got is not None:
+            return (*got, False)
+    got = layerwise_grads(model, batch, coef[index], _probes_of(model, keys, batch))
+    if got is not None:
+        return (*got, False)
+    final = model.final_points(batch, gate=False)[TraceKey.final()]
+    points = {k: site_point(model, site, batch.read_index) for k, site in keys.items()}
+    return (*_whole_grads(model, batch, points, final, coef[index]), False)
+
+
 def attribution_patch(
     model: RewardModel,
     pairs: Sequence[Pair],
@@ -123,29 +223,13 @@ def attribution_patch(
         # caller's `Clean` stops holding them, and dropped when this call returns.
         recorded = clean.recorded.take() if clean.recorded is not None else Recorded()
 
-        def grads_of(index: list[int], rec: Recording | None) -> tuple[Tensors, Tensors]:
-            """(activations, gradients) of targets `index`: one layer at a time where stepping reproduces
-            the model (memory: one layer's activations), from the trace's own recording where it made one
-            (and, where that fails its proof, as if it had made none); else one backward of the whole."""
-            if rec is not None:
-                got = layerwise_grads(model, rec.batch, clean.coef[index], _probes_of(model, keys, rec.batch), rec=rec)
-                if got is not None:
-                    return got
-            batch = collate([seqs[i] for i in index], pad_id=model.pad_token_id, side="right", first=model.encoder,
-                            device=model.device)
-            got = layerwise_grads(model, batch, clean.coef[index], _probes_of(model, keys, batch))
-            if got is not None:
-                return got
-            final = model.final_points(batch, gate=False)[TraceKey.final()]
-            points = {k: site_point(model, site, batch.read_index) for k, site in keys.items()}
-            return _whole_grads(model, batch, points, final, clean.coef[index])
-
         def work(batch_rows: list[int]) -> None:
             index = [plan.targets[r] for r in batch_rows]
             for js, rec in recorded.groups(index):
-                acts, grads = grads_of([index[j] for j in js], rec)
+                acts, grads, alone = _grads(model, seqs, [index[j] for j in js], rec, clean.coef, keys,
+                                            at_read=plan.cols is None)
                 rows = torch.tensor([batch_rows[j] for j in js])
-                c = cols[rows].to(model.device)
+                c = torch.zeros_like(cols[rows]) if alone else cols[rows]
                 r = torch.arange(len(rows), device=model.device)[:, None]
                 mask = valid[rows].to(model.device, torch.float32)[..., None]
                 for j, site in enumerate(sweep):

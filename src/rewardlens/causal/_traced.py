@@ -20,6 +20,8 @@ from ..exact import Attribution, Decomposition, decompose
 from ..model import RewardModel, Trace
 from ..model.internal import Batch, LayerTaps, Tokenized
 from ..types import Mode, PatchLevel
+from ._cached import cache_name
+from ._engine import copies_supported
 from ._layerwise import Recorded
 from ._plan import Clean, CleanRuns, encode_pairs, sides
 
@@ -57,9 +59,11 @@ def trace_pairs(model: RewardModel, pairs: Sequence[Pair], *, level: PatchLevel 
     `seqs`: the pairs' token ids (`encode_pairs(model, pairs)`) when the caller has them, so a run
     that tokenized its pairs once to decide how to patch them does not tokenize them again.
     `record`: the mode attribution patching will patch in: the same traced forward also records its
-    targets' layer inputs and arguments ([L, r, T, d] per batch of r targets), held in `clean.recorded`
-    until `attribution_patch(clean=...)` backpropagates from them instead of running them again. A
-    reward read at a set of positions records nothing (its estimate backpropagates whole)."""
+    targets' layer inputs and arguments ([L, r, T, d] per batch of r targets), or, on a causal decoder
+    whose cache can be continued, the model's keys and values ([L, r, T, 2·kv]: the read token's backward
+    continues them), held in `clean.recorded` until `attribution_patch(clean=...)` backpropagates from
+    them instead of running them again. A reward read at a set of positions records nothing (its
+    estimate backpropagates whole)."""
     pairs = flatten_pairs(pairs)
     if seqs is not None and len(seqs) != 2 * len(pairs):
         raise ValueError(f"seqs= holds {len(seqs)} sequences for {len(pairs)} pairs; pass encode_pairs(model, pairs)")
@@ -74,7 +78,9 @@ def trace_pairs(model: RewardModel, pairs: Sequence[Pair], *, level: PatchLevel 
         return Traced(pairs, level, dec, Clean.of(model, seqs, runs))
     recorded = Recorded()
     targets = sides(record, len(seqs))[0]
-    with LayerTaps(model, keep=_rows_of({tuple(seqs[i].ids) for i in targets})) as taps:
+    # A causal decoder's read-token backward continues the clean cache; other models step every layer.
+    cache = not model.encoder and cache_name(model) is not None and copies_supported(model, seqs) is None
+    with LayerTaps(model, keep=_rows_of({tuple(seqs[i].ids) for i in targets}), cache=cache) as taps:
         dec = decompose(model, pairs, level=level, batch_size=batch_size, encoded=(seqs, True),
                         on_trace=_recording(runs, taps, recorded, set(targets)))
     return Traced(pairs, level, dec, replace(Clean.of(model, seqs, runs), recorded=recorded))

@@ -13,6 +13,7 @@ all step from here.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -43,6 +44,10 @@ class Recording:
     calls: list[tuple[tuple[Any, ...], dict[str, Any]]]
     top: Tensor
     last: Tensor
+    cache: Any = None
+    """The model's own cache of keys and values from that forward (a Hugging Face `Cache`, rows as the
+    recording's), when the taps kept it instead of the layer inputs (`LayerTaps(cache=True)`): what a
+    continuation of the clean run needs. None otherwise; then `inputs` and `calls` hold every layer's."""
 
     def __init__(self, model: RewardModel, batch: Batch) -> None:
         with LayerTaps(model) as taps, torch.no_grad(), eval_mode(model.model):
@@ -59,7 +64,7 @@ class Recording:
         """Rows `rows` [r] of this recording as one of its own, the arguments sliced by the rule stepping
         slices them by (`_rows`; `stepping_works` and `layerwise_grads`' proof catch an argument it
         slices wrongly); itself when `rows` is all of them in order."""
-        size = self.inputs[0].shape[0]
+        size = self.size
         if torch.equal(rows.cpu(), torch.arange(size)):
             return self
         rec = Recording.__new__(Recording)
@@ -68,7 +73,13 @@ class Recording:
                  [(_rows(a, rows, size, memo), _rows(k, rows, size, memo)) for a, k in self.calls],
                  self.top[rows.to(self.top.device)] if self.top.numel() else self.top,
                  self.last[rows.to(self.last.device)])
+        rec.cache = None if self.cache is None else cache_rows(self.cache, rows)
         return rec
+
+    @property
+    def size(self) -> int:
+        """Rows recorded."""
+        return int(self.last.shape[0])
 
     def resid(self, layer: int) -> Tensor:
         """The residual after layer `layer` [B, T, d]: the next layer's recorded input, or the last layer's own
@@ -86,6 +97,17 @@ class Recording:
                 out = model.layers[layer](hidden, *_rows(args, rows, size), **_rows(kwargs, rows, size))
                 hidden = out[0] if isinstance(out, (tuple, list)) else out
         return hidden
+
+
+def cache_rows(cache: Any, rows: Tensor) -> Any:
+    """A copy of a Hugging Face `Cache` (per-layer `keys`/`values` [B, heads, T, dh]) holding rows `rows` [r]
+    (repeats allowed); growing it (a continuation) leaves `cache`'s tensors as they are."""
+    out = copy.copy(cache)
+    out.layers = [copy.copy(layer) for layer in cache.layers]
+    for layer in out.layers:
+        layer.keys = layer.keys[rows.to(layer.keys.device)]
+        layer.values = layer.values[rows.to(layer.values.device)]
+    return out
 
 
 def _rows(value: Any, rows: Tensor, size: int, memo: dict[int, tuple[Tensor, Tensor]] | None = None) -> Any:
@@ -120,10 +142,14 @@ class LayerTaps:
     read: the forward they ride on (a trace, a plain forward) computes what it computes.
 
     `keep` picks the rows to hold as the forward starts, so only those rows' [L, r, T, d] are ever held
-    (sliced by stepping's rule, `_rows`; an argument shared by every layer is sliced once)."""
+    (sliced by stepping's rule, `_rows`; an argument shared by every layer is sliced once).
 
-    def __init__(self, model: RewardModel, keep: RowChoice | None = None) -> None:
-        self.model, self.keep = model, keep
+    `cache=True` keeps the model's own cache of keys and values (asked of the forward with `use_cache`,
+    which changes what it returns, not what it computes) instead of the layer inputs: a continuation
+    of the clean run needs only that, and it is smaller ([L, r, T, 2·kv] against [L, r, T, d])."""
+
+    def __init__(self, model: RewardModel, keep: RowChoice | None = None, *, cache: bool = False) -> None:
+        self.model, self.keep, self.want_cache = model, keep, cache
         self.handles: list[RemovableHandle] = []
         self.clear()
 
@@ -137,6 +163,7 @@ class LayerTaps:
         self.rows: Tensor | None = None
         self.size = 0
         self.sliced: dict[int, tuple[Tensor, Tensor]] = {}
+        self.cache: Any = None
 
     def __enter__(self) -> LayerTaps:
         layers = self.model.layers
@@ -155,18 +182,24 @@ class LayerTaps:
             handle.remove()
         self.handles = []
 
-    def _start(self, _module: nn.Module, _args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    def _start(self, _module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+               ) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
         self.clear()  # a new forward: what an earlier one left is not this one's
         ids, mask = kwargs.get("input_ids"), kwargs.get("attention_mask")
         if ids is not None:
             self.size = ids.shape[0]
             self.rows = None if self.keep is None or mask is None else self.keep(ids, mask)
+        if self.want_cache and "use_cache" in kwargs:
+            return args, {**kwargs, "use_cache": True}
+        return None
 
     def _pick(self, value: Any) -> Any:
         """`value` at the kept rows (all, as the forward passed it, when `keep` chose none)."""
         return value if self.rows is None else _rows(value, self.rows, self.size, self.sliced)
 
     def _keep(self, _module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        if self.want_cache:
+            return
         self.inputs.append(self._pick(hidden_arg(args, kwargs).detach()))
         rest = {k: v for k, v in kwargs.items() if k != "hidden_states"}
         self.calls.append((self._pick(args[1:] if args else ()), self._pick(rest)))
@@ -177,19 +210,24 @@ class LayerTaps:
     def _end(self, _module: nn.Module, _args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
         self.last = self._pick((out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]).detach())
         self.ids, self.sliced = kwargs.get("input_ids"), {}
+        cache = getattr(out, "cache", None) if hasattr(out, "cache") else getattr(out, "past_key_values", None)
+        if self.want_cache and cache is not None and hasattr(cache, "layers"):
+            self.cache = cache if self.rows is None else cache_rows(cache, self.rows)
 
     def take(self, batch: Batch, rows: Tensor | None = None) -> Recording | None:
         """The latest forward's `Recording` of `batch`'s rows `rows` [r] (None: all), or None when that
         forward was not one whole forward of `batch` (the out-of-memory back-off ran it in pieces), when
         `keep` did not keep all of `rows`, or when no row is asked for. Either way the taps let go of it."""
         ids, kept = self.ids, self.rows
-        whole = (self.last is not None and ids is not None and len(self.inputs) == self.model.n_layers
+        held = self.cache is not None if self.want_cache else len(self.inputs) == self.model.n_layers
+        whole = (self.last is not None and ids is not None and held
                  and ids.shape == batch.input_ids.shape and torch.equal(ids, batch.input_ids.to(ids.device)))
         at = _positions(kept, rows, batch.input_ids.shape[0])
         got = None
         if whole and at is not None and len(at):
             rec = Recording.__new__(Recording)
             rec._set(batch if kept is None else _batch_rows(batch, kept), self.inputs, self.calls, self.top, self.last)
+            rec.cache = self.cache
             got = rec.select(at)
         self.clear()
         return got
