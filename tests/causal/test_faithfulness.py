@@ -101,7 +101,7 @@ def test_divergence_scores_patched_runs_against_natural_activations(tiny_root, m
     # the read-position engine and the batched engine see the same downstream activations
     from rewardlens.causal import _patching as patching
 
-    monkeypatch.setattr(patching, "copies_supported", lambda *a: "forced")
+    monkeypatch.setattr(patching, "not_continuable", lambda *a: "forced")
     batched = patch(model, DEMO_PAIRS, mode="ablation", divergence=True)
     np.testing.assert_allclose(res.divergence, batched.divergence, rtol=1e-4, atol=1e-6)
     # zeroing a whole sublayer of a random model is not natural: something must get flagged

@@ -28,16 +28,20 @@ from ..model.internal import (
     Point,
     Recording,
     Tokenized,
+    additive_mask,
+    cache_name,
+    cache_of,
     capture,
     collate,
     each_batch,
     eval_mode,
+    fork_cache,
+    not_continuable,
     rewriting,
 )
 from ..stats import rank_agreement
 from ..types import Ablation, Mode, PatchLevel, Positions, Spans
-from ._cached import cache_name, fork_cache
-from ._engine import Site, copies_supported, final_point, head_slice, site_point, sites
+from ._engine import Site, final_point, head_slice, site_point, sites
 from ._layerwise import ProbeContext, Recorded, layerwise_grads
 from ._patching import Patching, assemble
 from ._plan import Clean, PatchPlan, pair_seqs
@@ -108,18 +112,17 @@ def _read_token_grads(model: RewardModel, batch: Batch, coef: Tensor, keys: dict
     batch = batch if rec is None else rec.batch
     at = batch.read_index.to(model.device)
     try:
-        got = _clean_cache(model, batch, name, at) if rec is None or rec.cache is None else (
+        got = _clean_cache(model, batch, at) if rec is None or rec.cache is None else (
             rec.cache, rec.top[torch.arange(len(at), device=rec.top.device), at.to(rec.top.device)])
         if got is None:
             return None
         cache, want = got
         b, width = batch.input_ids.shape
         dtype = next(model.model.parameters()).dtype
-        allow = torch.arange(width + 1, device=model.device)[None, :] < at[:, None]
-        allow[:, width] = True  # the read token itself; the clean read token and the pads are left out
-        mask = torch.zeros(allow.shape, dtype=dtype, device=model.device).masked_fill(~allow, torch.finfo(dtype).min)
+        allow = torch.arange(width + 1, device=model.device)[None, None, :] < at[:, None, None]
+        allow[:, :, width] = True  # the read token itself; the clean read token and the pads are left out
         ids = batch.input_ids[torch.arange(b, device=model.device), at][:, None]
-        step = model.forward_kwargs(input_ids=ids, attention_mask=mask[:, None, None], position_ids=at[:, None],
+        step = model.forward_kwargs(input_ids=ids, attention_mask=additive_mask(allow, dtype), position_ids=at[:, None],
                                     use_cache=True, **{name: fork_cache(cache)})
         zero = torch.zeros(b, dtype=torch.long, device=model.device)
         points = {k: site_point(model, site, zero) for k, site in keys.items()}
@@ -140,15 +143,13 @@ def _read_token_grads(model: RewardModel, batch: Batch, coef: Tensor, keys: dict
     return acts, grads
 
 
-def _clean_cache(model: RewardModel, batch: Batch, name: str, at: Tensor) -> tuple[Any, Tensor] | None:
+def _clean_cache(model: RewardModel, batch: Batch, at: Tensor) -> tuple[Any, Tensor] | None:
     """One clean forward of `batch` keeping the model's cache: (the cache, the final point at `at` [B, d])."""
     with torch.no_grad(), eval_mode(model.model), capture({TraceKey.final(): final_point(model, at)},
                                                           model.device) as clean:
         out = model.backbone(**{**model.batch_kwargs(batch), "use_cache": True})
-    cache = getattr(out, name, None) if hasattr(out, name) else getattr(out, "past_key_values", None)
-    if cache is None or not hasattr(cache, "layers"):
-        return None
-    return cache, clean[TraceKey.final()]
+    cache = cache_of(out)
+    return None if cache is None else (cache, clean[TraceKey.final()])
 
 
 def _grads(model: RewardModel, seqs: list[Tokenized], index: list[int], rec: Recording | None, coef: Tensor,
@@ -160,7 +161,7 @@ def _grads(model: RewardModel, seqs: list[Tokenized], index: list[int], rec: Rec
     made one (and, where that fails its proof, as if it had made none); else one backward of the whole."""
     batch = collate([seqs[i] for i in index], pad_id=model.pad_token_id, side="right", first=model.encoder,
                     device=model.device)
-    if at_read and copies_supported(model, [seqs[i] for i in index]) is None:
+    if at_read and not_continuable(model, [seqs[i] for i in index]) is None:
         read = _read_token_grads(model, batch, coef[index], keys, rec)
         if read is not None:
             return (*read, True)

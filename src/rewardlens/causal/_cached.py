@@ -13,58 +13,31 @@ back to the copy engine.
 
 from __future__ import annotations
 
-import copy
-import inspect
 import math
 from collections import defaultdict
 from collections.abc import Sequence
-from typing import Any, NoReturn
+from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from ..data import part
 from ..model import RewardModel, TraceKey
-from ..model.internal import OOM_ERRORS, Batch, Point, Tokenized, capture, collate, each_batch, eval_mode, first_output
+from ..model.internal import (
+    OOM_ERRORS,
+    Batch,
+    Point,
+    Tokenized,
+    cache_name,
+    capture,
+    collate,
+    continuation_args,
+    each_batch,
+    eval_mode,
+    first_output,
+    fork_cache,
+)
 from ._engine import Declined, Overwrite, Site, final_point, head_slice, patched, take_values
-
-
-class _Stop(Exception):
-    """Raised by the first layer's pre-hook once the model has built a continuation's arguments."""
-
-
-def cache_name(model: RewardModel) -> str | None:
-    params = inspect.signature(model.backbone.forward).parameters
-    return next((name for name in ("cache", "past_key_values") if name in params), None)
-
-
-def fork_cache(cache: Any) -> Any:
-    """A copy of `cache` (a Hugging Face `Cache` with per-layer entries, whatever its class) whose layers
-    can grow without touching the original's tensors."""
-    out = copy.copy(cache)
-    out.layers = [copy.copy(layer) for layer in cache.layers]
-    return out
-
-
-def continuation_args(
-    model: RewardModel, kwargs: dict[str, Any]
-) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """The (args, kwargs) the backbone passes its layers for the continuation `kwargs`."""
-    seen: dict[str, Any] = {}
-
-    def stop(_module: nn.Module, args: tuple[Any, ...], kw: dict[str, Any]) -> NoReturn:  # torch's pre-hook call
-        seen["args"], seen["kwargs"] = args[1:], {k: v for k, v in kw.items() if k != "hidden_states"}
-        raise _Stop
-
-    handle = model.layers[0].register_forward_pre_hook(stop, with_kwargs=True)
-    try:
-        with torch.no_grad(), eval_mode(model.model):
-            model.backbone(**kwargs)
-    except _Stop:
-        pass
-    finally:
-        handle.remove()
-    return seen["args"], seen["kwargs"]
 
 
 def cached_read_sweep(

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import inspect
 from collections import defaultdict
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -43,7 +42,6 @@ from ..model.internal import (
     each_batch,
     eval_mode,
     get_module,
-    hf_config,
     projection_inputs,
     rewriting,
 )
@@ -167,24 +165,6 @@ def _forward(
     with torch.no_grad(), eval_mode(model.model), capture(points, model.device) as captured, patched(model, edits):
         model.backbone(**kwargs)
     return captured
-
-
-def copies_supported(model: RewardModel, seqs: list[Tokenized]) -> str | None:
-    """Why the read-position copy trick cannot run here (None when it may: `read_sweep` still
-    proves it on every batch)."""
-    if model.encoder:
-        return "the model attends both ways, so patching the read token changes every position"
-    config = hf_config(model.model)
-    impl = getattr(config, "_attn_implementation", None) or ""
-    if "flash" in impl:
-        return f"attn_implementation={impl!r} takes no custom attention mask"
-    if "position_ids" not in inspect.signature(model.backbone.forward).parameters:
-        return "the backbone takes no position_ids, so copies of the read token cannot share its position"
-    # A multimodal model (Gemma-3) keeps its language model's window in text_config.
-    window = getattr(config.get_text_config(), "sliding_window", None)
-    if window and max(len(s.ids) for s in seqs) > window:
-        return f"a sequence is longer than the sliding window ({window} tokens)"
-    return None
 
 
 def read_sweep(

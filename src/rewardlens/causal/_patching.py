@@ -21,13 +21,13 @@ from torch import Tensor
 
 from ..data import Inputs, Pair, chosen, counting, pair_ids, rejected
 from ..model import RewardModel
-from ..model.internal import Tokenized, sequence_label
+from ..model.internal import Tokenized, not_continuable, sequence_label
 from ..stats import top_parts
 from ..types import Ablation, Estimand, Mode, PatchLevel, Positions, Spans
 from ._cached import cached_read_sweep
 from ._direct import direct_rewards
 from ._divergence import score_patched, scorer
-from ._engine import Site, batched_sweep, copies_supported, read_sweep, sites
+from ._engine import Site, batched_sweep, read_sweep, sites
 from ._margins import PatchedMargins
 from ._plan import Clean, PatchPlan, pair_seqs
 from ._reads_patch import check_reads_options, direct_reads, mode_for, patch_reads
@@ -192,7 +192,7 @@ def patch(
                             estimand=estimand, min_margin=min_margin)
         # The read-position engine can read each target's clean reward off an unpatched copy, so the
         # clean trace need only cover the sequences whose activations are inserted.
-        copies = estimand == "total" and positions == "read" and copies_supported(model, seqs) is None
+        copies = estimand == "total" and positions == "read" and not_continuable(model, seqs) is None
         # Where the targets' clean rewards come from the engine's own clean forward (the read-position
         # copies, or the suffix engine's trace), only the sources are traced here.
         suffix = (estimand == "total" and positions != "read" and not divergence and mode != "ablation"

@@ -30,13 +30,18 @@ from ..model.internal import (
     Batch,
     LayerTaps,
     Tokenized,
+    additive_mask,
+    cache_name,
+    cache_of,
+    cache_rows,
     collate,
+    continuation_args,
     each_batch,
     eval_mode,
     first_output,
+    not_continuable,
 )
-from ._cached import cache_name, continuation_args, fork_cache
-from ._engine import Declined, Overwrite, Site, copies_supported, head_slice, patched, take_values
+from ._engine import Declined, Overwrite, Site, head_slice, patched, take_values
 
 
 def suffix_sweep(
@@ -112,7 +117,7 @@ def suffix_possible(model: RewardModel, seqs: list[Tokenized]) -> bool:
     """Whether `suffix_sweep` may run on this model (it still proves itself on every batch): a causal
     decoder with a cache, one read token and no gate, whose tokens can be given their own positions."""
     return (cache_name(model) is not None and not model.gated and not model.reads.multi
-            and copies_supported(model, seqs) is None)
+            and not_continuable(model, seqs) is None)
 
 
 def _pooled(by_start: dict[int, list[int]], per_site: int, min_tokens: int) -> list[tuple[int, list[int]]]:
@@ -208,8 +213,8 @@ class _Clean:
             raise
         except (RuntimeError, ValueError, TypeError) as exc:
             raise Declined from exc
-        cache = getattr(out, name, None) if hasattr(out, name) else getattr(out, "past_key_values", None)
-        if cache is None or not hasattr(cache, "layers") or taps.top is None:
+        cache = cache_of(out)
+        if cache is None or taps.top is None:
             raise Declined
         first = torch.tensor(start)
         return cls(batch, list(taps.inputs), taps.top, cache, name, torch.minimum(first, batch.read_index.cpu()))
@@ -232,13 +237,10 @@ class _Clean:
         j = torch.arange(width + span, device=device)[None, None, :]
         i = torch.arange(span, device=device)[None, :, None]
         allow = (j < self.start[tb].to(device)[:, None, None]) | ((j >= width) & (j - width <= i))
-        dtype = hidden.dtype
-        mask = torch.zeros(allow.shape, dtype=dtype, device=device).masked_fill(~allow, torch.finfo(dtype).min)
-        cache = fork_cache(self.cache)
         try:
-            for layer in cache.layers:
-                layer.keys, layer.values = layer.keys[tb.to(layer.keys.device)], layer.values[tb.to(layer.keys.device)]
-            kwargs = {"input_ids": self.batch.input_ids[rows, at.to(device)], "attention_mask": mask[:, None],
+            cache = cache_rows(self.cache, tb)
+            kwargs = {"input_ids": self.batch.input_ids[rows, at.to(device)],
+                      "attention_mask": additive_mask(allow, hidden.dtype),
                       "position_ids": at.to(device), self.name: cache, "use_cache": True}
             args, layer_kwargs = continuation_args(model, model.forward_kwargs(**kwargs))
             with torch.no_grad(), eval_mode(model.model), patched(model, edits):

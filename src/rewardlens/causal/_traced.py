@@ -18,10 +18,8 @@ from torch import Tensor
 from ..data import Pair, flatten_pairs
 from ..exact import Attribution, Decomposition, decompose
 from ..model import RewardModel, Trace
-from ..model.internal import Batch, LayerTaps, Tokenized
+from ..model.internal import Batch, LayerTaps, Tokenized, cache_name, not_continuable
 from ..types import Mode, PatchLevel
-from ._cached import cache_name
-from ._engine import copies_supported
 from ._layerwise import Recorded
 from ._plan import Clean, CleanRuns, encode_pairs, sides
 
@@ -79,7 +77,7 @@ def trace_pairs(model: RewardModel, pairs: Sequence[Pair], *, level: PatchLevel 
     recorded = Recorded()
     targets = sides(record, len(seqs))[0]
     # A causal decoder's read-token backward continues the clean cache; other models step every layer.
-    cache = not model.encoder and cache_name(model) is not None and copies_supported(model, seqs) is None
+    cache = not model.encoder and cache_name(model) is not None and not_continuable(model, seqs) is None
     with LayerTaps(model, keep=_rows_of({tuple(seqs[i].ids) for i in targets}), cache=cache) as taps:
         dec = decompose(model, pairs, level=level, batch_size=batch_size, encoded=(seqs, True),
                         on_trace=_recording(runs, taps, recorded, set(targets)))

@@ -13,7 +13,6 @@ all step from here.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -23,6 +22,7 @@ from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
 from ._arch import get_module
+from ._continuing import cache_of, cache_rows
 from ._hooks import eval_mode, hidden_arg
 from ._oom import OOM_ERRORS
 from ._reads import ReadSet
@@ -97,17 +97,6 @@ class Recording:
                 out = model.layers[layer](hidden, *_rows(args, rows, size), **_rows(kwargs, rows, size))
                 hidden = out[0] if isinstance(out, (tuple, list)) else out
         return hidden
-
-
-def cache_rows(cache: Any, rows: Tensor) -> Any:
-    """A copy of a Hugging Face `Cache` (per-layer `keys`/`values` [B, heads, T, dh]) holding rows `rows` [r]
-    (repeats allowed); growing it (a continuation) leaves `cache`'s tensors as they are."""
-    out = copy.copy(cache)
-    out.layers = [copy.copy(layer) for layer in cache.layers]
-    for layer in out.layers:
-        layer.keys = layer.keys[rows.to(layer.keys.device)]
-        layer.values = layer.values[rows.to(layer.values.device)]
-    return out
 
 
 def _rows(value: Any, rows: Tensor, size: int, memo: dict[int, tuple[Tensor, Tensor]] | None = None) -> Any:
@@ -210,8 +199,8 @@ class LayerTaps:
     def _end(self, _module: nn.Module, _args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
         self.last = self._pick((out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]).detach())
         self.ids, self.sliced = kwargs.get("input_ids"), {}
-        cache = getattr(out, "cache", None) if hasattr(out, "cache") else getattr(out, "past_key_values", None)
-        if self.want_cache and cache is not None and hasattr(cache, "layers"):
+        cache = cache_of(out)
+        if self.want_cache and cache is not None:
             self.cache = cache if self.rows is None else cache_rows(cache, self.rows)
 
     def take(self, batch: Batch, rows: Tensor | None = None) -> Recording | None:

@@ -9,6 +9,13 @@ from ._arch import discover as discover
 from ._arch import find_map as find_map
 from ._arch import get_module as get_module
 from ._arch import hf_config as hf_config
+from ._continuing import additive_mask as additive_mask
+from ._continuing import cache_name as cache_name
+from ._continuing import cache_of as cache_of
+from ._continuing import cache_rows as cache_rows
+from ._continuing import continuation_args as continuation_args
+from ._continuing import fork_cache as fork_cache
+from ._continuing import not_continuable as not_continuable
 from ._hooks import Point as Point
 from ._hooks import capture as capture
 from ._hooks import eval_mode as eval_mode
@@ -60,12 +67,17 @@ __all__ = [
     "Recording",
     "TokenMemo",
     "Tokenized",
+    "additive_mask",
     "bookkeeping_error",
+    "cache_name",
+    "cache_of",
+    "cache_rows",
     "capture",
     "check_bookkeeping",
     "check_moe_map",
     "check_structure",
     "collate",
+    "continuation_args",
     "discover",
     "each_batch",
     "eval_mode",
@@ -76,10 +88,12 @@ __all__ = [
     "first_output",
     "fit_length",
     "flatten_inputs",
+    "fork_cache",
     "get_module",
     "hf_config",
     "hidden_arg",
     "is_moe_layer",
+    "not_continuable",
     "one_read_only",
     "stepped_readout",
     "stepping_works",
