@@ -1,5 +1,7 @@
 """`ReadCache`: each distinct sequence read once, and what it hands back is the read loop's own reading."""
 
+import importlib
+
 import numpy as np
 import pytest
 import torch
@@ -15,15 +17,19 @@ TEXTS = [[{"role": "user", "content": "Answer briefly."}, {"role": "assistant", 
                    "Boil it for nine minutes, then let it rest.", "Use a wrench."]]
 
 
-def _counting(model, monkeypatch):
-    """Count the sequences `model.read` is asked to read."""
-    seen = []
-    real = model.read
+READ_CACHE = importlib.import_module("rewardlens.model._read_cache")
 
-    def read(seqs, **kw):
+
+def _counting(model, monkeypatch):
+    """Count the sequences the cache asks the read loop (`read_sharing`) to read."""
+    seen = []
+    real = READ_CACHE.read_sharing
+
+    def read(of, seqs, **kw):
+        assert of is model
         seen.append(len(seqs))
-        return real(seqs, **kw)
-    monkeypatch.setattr(model, "read", read)
+        return real(of, seqs, **kw)
+    monkeypatch.setattr(READ_CACHE, "read_sharing", read)
     return seen
 
 

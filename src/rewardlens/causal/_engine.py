@@ -41,7 +41,6 @@ from ..model.internal import (
     collate,
     each_batch,
     eval_mode,
-    get_module,
     projection_inputs,
     rewriting,
 )
@@ -148,9 +147,8 @@ def patched(model: RewardModel, edits: list[Overwrite]) -> Iterator[None]:
 
 
 def final_point(model: RewardModel, cols: Tensor) -> Point:
-    if model.arch.final_norm is None:
-        return Point(model.layers[-1], "out", cols)
-    return Point(get_module(model.model, model.arch.final_norm), "in", cols)
+    """The residual the head reads, at `cols` (`RewardModel.final_point`)."""
+    return model.final_point(cols)
 
 
 def _resid_points(model: RewardModel, cols: Tensor) -> dict[TraceKey, Point]:

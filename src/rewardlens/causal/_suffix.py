@@ -40,6 +40,7 @@ from ..model.internal import (
     eval_mode,
     first_output,
     not_continuable,
+    packed,
 )
 from ._engine import Declined, Overwrite, Site, head_slice, patched, take_values
 
@@ -102,7 +103,7 @@ def suffix_sweep(
         for done, (start, group) in enumerate(groups):
             part(done, len(groups))
             jobs = [(b, s) for b in order for s in group]
-            for job in _packed(jobs, [spans[b] for b, _ in jobs], budget):
+            for job in packed(jobs, [spans[b] for b, _ in jobs], budget):
                 run(start, job)
 
     try:
@@ -137,23 +138,6 @@ def _pooled(by_start: dict[int, list[int]], per_site: int, min_tokens: int) -> l
     if pending:
         groups.append((start, pending))
     return groups
-
-
-def _packed(jobs: list[tuple[int, int]], spans: list[int], budget: int, slack: float = 1.25
-            ) -> list[list[tuple[int, int]]]:
-    """`jobs` (sorted by their computed span, `spans`) in batches of at most `budget` padded positions that
-    stay within `slack` times their real ones: runs of very different lengths are not padded together."""
-    out: list[list[tuple[int, int]]] = []
-    real = 0
-    for job, span in zip(jobs, spans):
-        batch = out[-1] if out else None
-        if batch is None or (len(batch) + 1) * span > min(budget, slack * (real + span)):
-            out.append([job])
-            real = span
-        else:
-            batch.append(job)
-            real += span
-    return out
 
 
 def _kept_columns(cols: Tensor, start: Tensor) -> tuple[Tensor, Tensor, Tensor]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import copy
 import inspect
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import torch
 from torch import Tensor, nn
@@ -84,6 +84,25 @@ def continuation_args(model: RewardModel, kwargs: dict[str, Any]) -> tuple[tuple
     finally:
         handle.remove()
     return seen["args"], seen["kwargs"]
+
+
+J = TypeVar("J")
+
+
+def packed(jobs: list[J], spans: list[int], budget: int, slack: float = 1.25) -> list[list[J]]:
+    """`jobs` (sorted by the positions each computes, `spans`) in batches of at most `budget` padded
+    positions whose padding stays within `slack` times their real positions: continuations of very
+    different lengths are not padded together."""
+    out: list[list[J]] = []
+    real = 0
+    for job, span in zip(jobs, spans):
+        if not out or (len(out[-1]) + 1) * span > min(budget, slack * (real + span)):
+            out.append([job])
+            real = span
+        else:
+            out[-1].append(job)
+            real += span
+    return out
 
 
 def not_continuable(model: RewardModel, seqs: list[Tokenized]) -> str | None:

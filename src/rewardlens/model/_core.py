@@ -23,7 +23,7 @@ from ._norms import NormParams
 from ._oom import batch_loop, run_rows
 from ._pair_tokens import CheckedPairs
 from ._placement import execution_device, onloaded, remove_dispatch_hooks
-from ._reading import Reading, read_loop
+from ._reading import Reading, Sink, read_loop
 from ._readout import Head
 from ._reads import READ_LAST, Reads, one_read_only
 from ._tokens import (
@@ -315,7 +315,9 @@ class RewardModel:
         skips a gated head's gate (whose coefficients, and so `reward` and `readout`, are then NaN: the
         gate was not read). See `Reading` for what comes back.
         """
-        return read_loop(self, seqs, layers=layers, batch_size=batch_size, gate=gate, readout=readout)
+        sink = Sink(self, len(seqs), layers=layers, gate=gate, readout=readout)
+        read_loop(self, seqs, sink, batch_size=batch_size)
+        return sink.reading()
 
     # ---- the reward ---------------------------------------------------------------------------
     @property
@@ -324,11 +326,16 @@ class RewardModel:
         move when the residual there moves; False where they are fixed (one output, or a given readout)."""
         return self.arch.head_kind == "gated" and self.head.readout is None
 
+    def final_point(self, cols: Tensor) -> Point:
+        """The residual the head reads (the final norm's input, or the last layer's output) at `cols` [n]."""
+        if self.arch.final_norm is None:
+            return Point(self.layers[-1], "out", cols)
+        return Point(get_module(self.model, self.arch.final_norm), "in", cols)
+
     def final_points(self, batch: Batch, *, gate: bool = True) -> dict[TraceKey, Point]:
         """Capture points the head needs: `final` (the final norm's input, or the last layer's output) and `gate`."""
-        final_norm = self.arch.final_norm
-        where = (self.layers[-1], "out") if final_norm is None else (get_module(self.model, final_norm), "in")
-        points = {TraceKey.final(): self.read_point(batch, *where)}
+        where = self.final_point(batch.read_at)
+        points = {TraceKey.final(): self.read_point(batch, where.module, where.where)}
         if self.gated and gate:
             if self.arch.final_norm is None:
                 raise ArchitectureError(f"map {self.arch.name!r}: a gated head reads its gate through final_norm")

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ._reading import Reading
+from ._shared_reads import read_sharing
 from ._tokens import Tokenized
 
 if TYPE_CHECKING:  # annotations only: the core imports nothing of this module
@@ -62,7 +63,8 @@ class ReadCache:
         per = SLICE * batch_size
         for start in range(0, len(new), per):
             part = new[start:start + per]
-            got = self.model.read([first[k] for k in part], layers=self.labels, batch_size=batch_size, readout=True)
+            got = read_sharing(self.model, [first[k] for k in part], layers=self.labels, batch_size=batch_size,
+                               readout=True)
             self._add(part, got)
             if step is not None:
                 step(len(part))

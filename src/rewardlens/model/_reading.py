@@ -98,36 +98,57 @@ class Reader(Protocol):
         ...
 
 
-def read_loop(model: Reader, seqs: list[Tokenized], *, layers: Sequence[str], batch_size: int, gate: bool,
-              readout: bool) -> Reading:
-    """`RewardModel.read`: one batched no-grad forward per batch, capturing only the read position (its
-    docstring says what each argument asks for)."""
-    if model.reads.multi:
-        raise one_read_only("the read loop (`RewardModel.read`)")
-    n, k, d = len(seqs), model.head.n_objectives, model.d_model
-    zeros = lambda *shape: torch.zeros(*shape, dtype=torch.float32, device=model.device)  # noqa: E731
-    final, hidden, values, coef = zeros(n, d), zeros(n, d), zeros(n, k), zeros(n, k)
-    kept = {label: zeros(n, d) for label in layers}
-    keys = {label: TraceKey.embed() if label == "embed" else TraceKey.resid(range(model.n_layers)[int(label)])
-            for label in layers}
-    vectors = zeros(n, d) if readout else None
-    unread_gate = not gate and model.gated
-    if unread_gate:
-        coef.fill_(float("nan"))
-    for rows, batch in model.batches(seqs, batch_size):
-        points = model.final_points(batch, gate=gate)
-        for key in keys.values():
-            where = (model.layers[0], "in") if key.layer is None else (model.layers[key.layer], "out")
-            points[key] = Point(*where, batch.read_index)
-        captured = model.run(batch, points)
-        index = torch.as_tensor(rows, device=model.device)
+class Sink:
+    """What the read loop fills, one row per sequence (its docstring says what each argument asks for):
+    the read position's captures of a batch go in with `fill`, and `reading()` hands them back."""
+
+    def __init__(self, model: Reader, n: int, *, layers: Sequence[str], gate: bool, readout: bool) -> None:
+        if model.reads.multi:
+            raise one_read_only("the read loop (`RewardModel.read`)")
+        k, d = model.head.n_objectives, model.d_model
+        zeros = lambda *shape: torch.zeros(*shape, dtype=torch.float32, device=model.device)  # noqa: E731
+        self.model, self.gate = model, gate
+        self.final, self.hidden, self.values, self.coef = zeros(n, d), zeros(n, d), zeros(n, k), zeros(n, k)
+        self.kept = {label: zeros(n, d) for label in layers}
+        self.keys = {label: TraceKey.embed() if label == "embed" else TraceKey.resid(range(model.n_layers)[int(label)])
+                     for label in layers}
+        self.vectors = zeros(n, d) if readout else None
+        self.unread_gate = not gate and model.gated
+        if self.unread_gate:
+            self.coef.fill_(float("nan"))
+
+    def depths(self, cols: Tensor, rows: Tensor | None = None) -> dict[TraceKey, Point]:
+        """The asked depths' capture points at columns `cols` [n] (of rows `rows`, default all): the input of
+        layer 0 for "embed", a layer's output for "l"."""
+        points = {}
+        for key in self.keys.values():
+            where = (self.model.layers[0], "in") if key.layer is None else (self.model.layers[key.layer], "out")
+            points[key] = Point(*where, cols, rows)
+        return points
+
+    def fill(self, index: Tensor, captured: Mapping[TraceKey, Tensor]) -> None:
+        """Rows `index` [b] from one batch's captures at their read positions (`final`, the depths, a gate)."""
+        model = self.model
         h = model.final_hidden(captured[TraceKey.final()])
-        final[index], hidden[index], values[index] = captured[TraceKey.final()], h, model.head(h)
-        if not unread_gate:
-            coef[index] = model.coefficients(captured)
-        for label, key in keys.items():
-            kept[label][index] = captured[key]
-        if vectors is not None:
+        self.final[index], self.hidden[index], self.values[index] = captured[TraceKey.final()], h, model.head(h)
+        if not self.unread_gate:
+            self.coef[index] = model.coefficients(captured)
+        for label, key in self.keys.items():
+            self.kept[label][index] = captured[key]
+        if self.vectors is not None:
             head_rows, _ = model.head.rows(h)
-            vectors[index] = (coef[index][:, :, None] * head_rows).sum(1)
-    return Reading(final, hidden, kept, values, coef, vectors)
+            self.vectors[index] = (self.coef[index][:, :, None] * head_rows).sum(1)
+
+    def reading(self) -> Reading:
+        """Everything filled, as the `Reading` the read loop returns."""
+        return Reading(self.final, self.hidden, self.kept, self.values, self.coef, self.vectors)
+
+
+def read_loop(model: Reader, seqs: list[Tokenized], sink: Sink, *, batch_size: int,
+              index: Sequence[int] | None = None) -> None:
+    """`RewardModel.read`'s plain loop: one batched no-grad forward per batch, capturing only the read
+    position, into `sink` at rows `index` (each sequence's row there; default 0..n-1)."""
+    at = torch.as_tensor(list(range(len(seqs))) if index is None else list(index), dtype=torch.long)
+    for rows, batch in model.batches(seqs, batch_size):
+        points: dict[TraceKey, Point] = {**model.final_points(batch, gate=sink.gate), **sink.depths(batch.read_index)}
+        sink.fill(at[torch.as_tensor(rows, dtype=torch.long)].to(model.device), model.run(batch, points))

@@ -16,6 +16,7 @@ from ._continuing import cache_rows as cache_rows
 from ._continuing import continuation_args as continuation_args
 from ._continuing import fork_cache as fork_cache
 from ._continuing import not_continuable as not_continuable
+from ._continuing import packed as packed
 from ._hooks import Point as Point
 from ._hooks import capture as capture
 from ._hooks import eval_mode as eval_mode
@@ -95,6 +96,7 @@ __all__ = [
     "is_moe_layer",
     "not_continuable",
     "one_read_only",
+    "packed",
     "stepped_readout",
     "stepping_works",
     "unambiguous",

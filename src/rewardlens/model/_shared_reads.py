@@ -1,0 +1,187 @@
+"""The read loop on sequences that share a prefix: the prefix read once, each sequence's rest continuing it.
+
+A probe item's variants share its prompt (and often the start of its response); the concept sets'
+with/without conversations share theirs. In a causal decoder everything a sequence computes before the
+first token where it leaves its family's shared prefix is what the prefix alone computes, so a family
+is read as one forward of the prefix (keeping the model's cache) and, per member, a continuation of
+its remaining tokens on that cache (`model/_continuing.py`), captured at the member's read token as
+the plain loop captures it. Each chunk of families first proves the continuation: the last prefix
+token, continued on the cache of the tokens before it, must reproduce what the prefix's own forward
+captured there at every depth read. Where it does not (or the model cannot continue a cache), every
+sequence goes to the plain loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+from ._continuing import additive_mask, cache_name, cache_of, cache_rows, not_continuable, packed
+from ._hooks import Point, capture, eval_mode
+from ._keys import TraceKey
+from ._oom import OOM_ERRORS
+from ._reading import Reading, Sink, read_loop
+from ._tokens import Tokenized, collate
+
+if TYPE_CHECKING:
+    from ._core import RewardModel
+
+MIN_SHARED = 16
+"""Tokens a family's prefix holds at least: a shorter one saves less than a continuation costs."""
+
+
+def read_sharing(model: RewardModel, seqs: list[Tokenized], *, layers: Sequence[str], batch_size: int,
+                 readout: bool) -> Reading:
+    """`RewardModel.read(seqs, layers=, batch_size=, readout=)`, the same numbers to float precision, with the
+    sequences that share a prefix read as one prefix and its continuations (`read_shared`)."""
+    sink = Sink(model, len(seqs), layers=layers, gate=True, readout=readout)
+    rest = read_shared(model, seqs, sink, batch_size=batch_size)
+    read_loop(model, [seqs[i] for i in rest], sink, batch_size=batch_size, index=rest)
+    return sink.reading()
+
+
+def read_shared(model: RewardModel, seqs: list[Tokenized], sink: Sink, *, batch_size: int) -> list[int]:
+    """Read the sequences of `seqs` that share a prefix with another into `sink` (rows as in `seqs`); the
+    indices left for the plain loop: the rest, or all of them where the model cannot continue a cache or
+    a chunk's proof fails (nothing of a failed read is kept)."""
+    everyone = list(range(len(seqs)))
+    if len(seqs) < 2 or model.gated or cache_name(model) is None or not_continuable(model, seqs) is not None:
+        return everyone
+    reads = collate(seqs, pad_id=model.pad_token_id, side="right", first=False,
+                    device=torch.device("cpu")).read_index.tolist()
+    # By prefix length, so a chunk's prefixes pad (and its continuations attend over) little.
+    shared = sorted((f for f in families(seqs, reads) if len(f[1]) > 1), key=lambda f: f[0])
+    if not shared:
+        return everyone
+    done: set[int] = set()
+    filled: list[tuple[Tensor, dict[TraceKey, Tensor]]] = []
+    try:
+        for at in range(0, len(shared), batch_size):
+            got = _chunk(model, seqs, reads, shared[at : at + batch_size], sink, batch_size)
+            if got is None:
+                return everyone
+            filled += got
+            done.update(i for _, members in shared[at : at + batch_size] for i in members)
+    except OOM_ERRORS:
+        return everyone  # the plain loop backs off batch by batch
+    for index, captured in filled:  # only once every chunk proved itself
+        sink.fill(index, captured)
+    return [i for i in everyone if i not in done]
+
+
+def families(seqs: Sequence[Tokenized], reads: Sequence[int]) -> list[tuple[int, list[int]]]:
+    """Sequences grouped by a shared prefix: (its length p, member indices), p at most every member's read
+    position (its read token lies in what it continues), every sequence in one group. Sequences are taken
+    in the order of their ids, so a prompt's variants are neighbours, and the run is split where doing so
+    saves more prefix tokens, (members − 1) · p summed over groups, than keeping it whole; a prefix under
+    `MIN_SHARED` tokens saves nothing (a continuation's call costs more)."""
+    order = sorted(range(len(seqs)), key=lambda k: seqs[k].ids)
+    links = [min(_common(seqs[a].ids, seqs[b].ids, min(reads[a], reads[b])), reads[a], reads[b])
+             for a, b in zip(order, order[1:])]
+    return _best(order, links, reads)[1]
+
+
+def _best(order: list[int], links: list[int], reads: Sequence[int], depth: int = 0
+          ) -> tuple[int, list[tuple[int, list[int]]]]:
+    """(prefix tokens saved, groups) of the best split of a run of sorted sequences, `links[k]` the prefix
+    `order[k]` shares with `order[k + 1]`: the run whole (its prefix: the smallest link), or split at its
+    smallest links with each piece split the best way in turn."""
+    if len(order) == 1:
+        return 0, [(reads[order[0]], order)]
+    low = min(links)
+    whole = (len(order) - 1) * low if low >= MIN_SHARED else 0
+    if low >= MIN_SHARED and (depth > 64 or low == max(links)):  # nothing to gain by splitting further
+        return whole, [(low, order)]
+    cuts = [k + 1 for k, link in enumerate(links) if link == low]
+    saved, groups = 0, list[tuple[int, list[int]]]()
+    for lo, hi in zip([0, *cuts], [*cuts, len(order)]):
+        got = _best(order[lo:hi], links[lo : hi - 1], reads, depth + 1)
+        saved, groups = saved + got[0], groups + got[1]
+    return (whole, [(low, order)]) if low >= MIN_SHARED and whole >= saved else (saved, groups)
+
+
+def _common(a: list[int], b: list[int], limit: int) -> int:
+    """How many leading tokens `a` and `b` share, at most `limit`."""
+    n = min(limit, len(a), len(b))
+    return next((k for k in range(n) if a[k] != b[k]), n)
+
+
+def _chunk(model: RewardModel, seqs: list[Tokenized], reads: list[int], chunk: list[tuple[int, list[int]]],
+           sink: Sink, batch_size: int) -> list[tuple[Tensor, dict[TraceKey, Tensor]]] | None:
+    """One chunk of families: their prefixes' forward, the proof, then every member's continuation, as
+    (sink rows, captures) per continued batch; None when the proof fails."""
+    device = model.device
+    prefixes = collate([Tokenized(seqs[members[0]].ids[:p]) for p, members in chunk], pad_id=model.pad_token_id,
+                       side="right", first=False, device=device)
+    last = torch.tensor([p - 1 for p, _ in chunk], device=device)
+    points = _points(model, sink, last)
+    with torch.no_grad(), eval_mode(model.model), capture(points, device) as want:
+        out = model.backbone(**{**model.batch_kwargs(prefixes), "use_cache": True})
+    cache = cache_of(out)
+    if cache is None:
+        return None
+    width = prefixes.input_ids.shape[1]
+    # The proof: each prefix's last token continued on its own cache must give what its forward captured.
+    rows = torch.arange(len(chunk))
+    proof = _continue(model, sink, cache, width, rows, last.cpu(), [[seqs[m[0]].ids[p - 1]] for p, m in chunk],
+                      torch.zeros(len(chunk), dtype=torch.long))
+    if proof is None or not all(_close(proof[k], want[k]) for k in want):
+        return None
+    members = [(f, i) for f, (_, group) in enumerate(chunk) for i in group]
+    members.sort(key=lambda fi: len(seqs[fi[1]].ids) - chunk[fi[0]][0])
+    filled = []
+    budget = batch_size * max(len(seqs[i].ids) for _, i in members)  # positions a call holds: a batch's worth
+    for batch in packed(members, [len(seqs[i].ids) - chunk[f][0] for f, i in members], budget):
+        fam = torch.tensor([f for f, _ in batch])
+        start = torch.tensor([chunk[f][0] for f, _ in batch])
+        rest = [seqs[i].ids[chunk[f][0]:] for f, i in batch]
+        got = _continue(model, sink, cache, width, fam, start, rest, torch.tensor([reads[i] for _, i in batch]) - start)
+        if got is None:
+            return None
+        filled.append((torch.tensor([i for _, i in batch], device=device), got))
+    return filled
+
+
+def _points(model: RewardModel, sink: Sink, cols: Tensor) -> dict[TraceKey, Point]:
+    """What the read loop captures (the head's residual and the asked depths) at `cols` [n]."""
+    return {TraceKey.final(): model.final_point(cols), **sink.depths(cols)}
+
+
+def _continue(model: RewardModel, sink: Sink, cache: Any, width: int, fam: Tensor, start: Tensor,
+              rest: list[list[int]], read: Tensor) -> dict[TraceKey, Tensor] | None:
+    """Rows continuing family prefixes: row r runs tokens `rest[r]` from position `start[r]` on the cache
+    row `fam[r]` (which holds `width` positions, the first `start[r]` of them its prefix), captured at
+    position `read[r]` of its own tokens. None when the model refuses the call."""
+    device, span = model.device, max(len(r) for r in rest)
+    pad = model.pad_token_id if model.pad_token_id is not None else 0
+    ids = torch.tensor([r + [pad] * (span - len(r)) for r in rest], device=device)
+    steps = torch.arange(span)[None]
+    positions = (start[:, None] + torch.minimum(steps, torch.tensor([len(r) - 1 for r in rest])[:, None])).to(device)
+    j = torch.arange(width + span, device=device)[None, None, :]
+    i = torch.arange(span, device=device)[None, :, None]
+    allow = (j < start.to(device)[:, None, None]) | ((j >= width) & (j - width <= i))
+    dtype = next(model.model.parameters()).dtype
+    name = cache_name(model)
+    assert name is not None  # read_shared checked it
+    kwargs = model.forward_kwargs(input_ids=ids, attention_mask=additive_mask(allow, dtype), position_ids=positions,
+                                  use_cache=True, **{name: cache_rows(cache, fam)})
+    try:
+        with torch.no_grad(), eval_mode(model.model), capture(_points(model, sink, read.to(device)), device) as got:
+            model.backbone(**kwargs)
+    except OOM_ERRORS:
+        raise
+    except (RuntimeError, ValueError, TypeError, KeyError, AttributeError):
+        return None
+    return dict(got)
+
+
+def _close(a: Tensor, b: Tensor, tol: float = 1e-4) -> bool:
+    """Rows of `a` and `b` [n, d] agree to `tol` relative to each row's norm."""
+    gap = (a - b).float().norm(dim=-1) / b.float().norm(dim=-1).clamp_min(1e-12)
+    return bool(torch.isfinite(gap).all() and gap.max() <= tol)
+
+
+__all__ = ["MIN_SHARED", "families", "read_shared", "read_sharing"]
