@@ -118,3 +118,17 @@ def test_taps_hold_only_the_rows_they_keep_and_no_other_batchs_forward(tiny_root
     for layer in range(model.n_layers):
         np.testing.assert_array_equal(rec.inputs[layer].numpy(), want.inputs[layer][1:].numpy())
     np.testing.assert_array_equal(rec.last.numpy(), want.last[1:].numpy())
+
+
+def test_in_bf16_the_trace_records_layer_inputs_and_the_backward_steps_from_them(tiny_root):
+    """In bf16 a continuation's proof cannot tell a bug from rounding (model/_continuing.py: proofs_resolve),
+    so the trace keeps the layer inputs the layer-at-a-time backward needs, and that backward still runs no
+    clean forward of its own."""
+    model = rl.load(str(tiny_root["llama"]), dtype=torch.bfloat16)
+    shared = trace_pairs(model, PAIRS, level="head", record="noising")
+    assert shared.clean.recorded is not None
+    assert all(rec.cache is None and len(rec.inputs) == model.n_layers for rec in shared.clean.recorded.recordings)
+    with forwards(model) as count:
+        got = attribution_patch(model, PAIRS, level="head", clean=shared.clean)
+    assert count == [], "the backward starts from the trace's recording"
+    assert np.isfinite(got.effect).all() and np.abs(got.effect).max() > 0

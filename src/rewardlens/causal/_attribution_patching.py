@@ -37,6 +37,7 @@ from ..model.internal import (
     eval_mode,
     fork_cache,
     not_continuable,
+    proofs_resolve,
     rewriting,
 )
 from ..stats import rank_agreement
@@ -161,7 +162,8 @@ def _grads(model: RewardModel, seqs: list[Tokenized], index: list[int], rec: Rec
     made one (and, where that fails its proof, as if it had made none); else one backward of the whole."""
     batch = collate([seqs[i] for i in index], pad_id=model.pad_token_id, side="right", first=model.encoder,
                     device=model.device)
-    if at_read and not_continuable(model, [seqs[i] for i in index]) is None:
+    cached = rec is not None and rec.cache is not None
+    if at_read and not_continuable(model, [seqs[i] for i in index]) is None and (cached or proofs_resolve(model)):
         read = _read_token_grads(model, batch, coef[index], keys, rec)
         if read is not None:
             return (*read, True)

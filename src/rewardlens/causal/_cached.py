@@ -5,7 +5,7 @@ layer and recomputes the prefix with them. Here one clean forward of each target
 and values (the model's own cache) and the read token's input to every layer; the copies that
 patch layer l then start at layer l from that input, attend to the cached prefix, and run the
 model's own layers l..L-1 with the arguments the model itself builds for such a continuation
-(captured by starting a forward and stopping it at the first layer). Each group also carries two
+(`model/_continuing.py: continuation_args`). Each group also carries two
 unpatched copies that must reproduce the clean read token's final state exactly: that proves the
 cache, positions and masks on this model before any number is used; otherwise the caller falls
 back to the copy engine.
@@ -28,7 +28,9 @@ from ..model.internal import (
     Batch,
     Point,
     Tokenized,
+    additive_mask,
     cache_name,
+    cache_of,
     capture,
     collate,
     continuation_args,
@@ -84,8 +86,8 @@ def cached_read_sweep(
             raise
         except (RuntimeError, ValueError, TypeError) as exc:
             raise Declined from exc
-        cache = getattr(out, name, None) if hasattr(out, name) else getattr(out, "past_key_values", None)
-        if cache is None or not hasattr(cache, "layers"):
+        cache = cache_of(out)
+        if cache is None:
             raise Declined
         final = captured[TraceKey.final()]
         clean[rows] = (model.head(model.final_hidden(final)) * coef[rows]).sum(-1)
@@ -142,10 +144,9 @@ def _group(
     j = torch.arange(width + copies, device=device)[None, None, :]
     i = torch.arange(copies, device=device)[None, :, None]
     allow = (j < at[:, None, None]) | (j == width + i)  # the prefix (not the clean read token, not pads) and itself
-    mask = torch.zeros(allow.shape, dtype=dtype, device=device).masked_fill(~allow, torch.finfo(dtype).min)
     fork = fork_cache(cache)
-    kwargs = {"input_ids": ids, "attention_mask": mask[:, None], "position_ids": at[:, None].expand(b, copies),
-              name: fork, "use_cache": True}
+    kwargs = {"input_ids": ids, "attention_mask": additive_mask(allow, dtype),
+              "position_ids": at[:, None].expand(b, copies), name: fork, "use_cache": True}
     try:
         args, layer_kwargs = continuation_args(model, model.forward_kwargs(**kwargs))
         hidden = captured[first_layer][:, None].expand(b, copies, -1).to(dtype).contiguous()

@@ -37,6 +37,7 @@ from ..model.internal import (
     OOM_ERRORS,
     Point,
     Tokenized,
+    additive_mask,
     capture,
     collate,
     each_batch,
@@ -257,10 +258,10 @@ def _copies_batch(
     j = torch.arange(width, device=device)[None, None, :]
     tt = t[:, None, None]
     allow = ((i < tt) & (j <= i)) | ((i >= tt) & (i < tt + copies) & (j < tt)) | (i == j)
-    mask = torch.zeros(allow.shape, dtype=dtype, device=device).masked_fill(~allow, torch.finfo(dtype).min)
     positions = torch.minimum(torch.arange(width, device=device)[None], t[:, None])
     cols = t[:, None] + torch.arange(copies, device=device)[None]
-    kwargs = {"input_ids": ids, "attention_mask": mask[:, None], "position_ids": positions, "use_cache": False}
+    kwargs = {"input_ids": ids, "attention_mask": additive_mask(allow, dtype), "position_ids": positions,
+              "use_cache": False}
     return kwargs, cols
 
 

@@ -41,6 +41,7 @@ from ..model.internal import (
     first_output,
     not_continuable,
     packed,
+    proofs_resolve,
 )
 from ._engine import Declined, Overwrite, Site, head_slice, patched, take_values
 
@@ -116,9 +117,10 @@ def suffix_sweep(
 
 def suffix_possible(model: RewardModel, seqs: list[Tokenized]) -> bool:
     """Whether `suffix_sweep` may run on this model (it still proves itself on every batch): a causal
-    decoder with a cache, one read token and no gate, whose tokens can be given their own positions."""
+    decoder with a cache, one read token and no gate, whose tokens can be given their own positions, at a
+    dtype whose proof can tell a bug from rounding (`proofs_resolve`)."""
     return (cache_name(model) is not None and not model.gated and not model.reads.multi
-            and not_continuable(model, seqs) is None)
+            and not_continuable(model, seqs) is None and proofs_resolve(model))
 
 
 def _pooled(by_start: dict[int, list[int]], per_site: int, min_tokens: int) -> list[tuple[int, list[int]]]:

@@ -105,6 +105,14 @@ def packed(jobs: list[J], spans: list[int], budget: int, slack: float = 1.25) ->
     return out
 
 
+def proofs_resolve(model: RewardModel) -> bool:
+    """Whether a continuation's proof (agreement with the clean run to about 1e-4) can tell a wrong cache
+    row, position or mask from rounding at this model's dtype: fp32 and fp64. In bf16 or fp16 the same
+    computation in another shape already differs by ~1e-3, and on a small model a position off by one
+    by only a few times that, so a user that loses work when a proof fails does not try one there."""
+    return next(model.model.parameters()).dtype in (torch.float32, torch.float64)
+
+
 def not_continuable(model: RewardModel, seqs: list[Tokenized]) -> str | None:
     """Why tokens of `seqs` cannot be run apart from the positions before them (None when they may:
     each user still proves it on every batch)."""

@@ -17,6 +17,7 @@ from ._continuing import continuation_args as continuation_args
 from ._continuing import fork_cache as fork_cache
 from ._continuing import not_continuable as not_continuable
 from ._continuing import packed as packed
+from ._continuing import proofs_resolve as proofs_resolve
 from ._hooks import Point as Point
 from ._hooks import capture as capture
 from ._hooks import eval_mode as eval_mode
@@ -97,6 +98,7 @@ __all__ = [
     "not_continuable",
     "one_read_only",
     "packed",
+    "proofs_resolve",
     "stepped_readout",
     "stepping_works",
     "unambiguous",
