@@ -30,7 +30,7 @@ from ..model.internal import (
     Tokenized,
     additive_mask,
     cache_name,
-    cache_of,
+    cached_forward,
     capture,
     collate,
     each_batch,
@@ -146,10 +146,8 @@ def _read_token_grads(model: RewardModel, batch: Batch, coef: Tensor, keys: dict
 
 def _clean_cache(model: RewardModel, batch: Batch, at: Tensor) -> tuple[Any, Tensor] | None:
     """One clean forward of `batch` keeping the model's cache: (the cache, the final point at `at` [B, d])."""
-    with torch.no_grad(), eval_mode(model.model), capture({TraceKey.final(): final_point(model, at)},
-                                                          model.device) as clean:
-        out = model.backbone(**{**model.batch_kwargs(batch), "use_cache": True})
-    cache = cache_of(out)
+    with capture({TraceKey.final(): final_point(model, at)}, model.device) as clean:
+        cache = cached_forward(model, batch)
     return None if cache is None else (cache, clean[TraceKey.final()])
 
 

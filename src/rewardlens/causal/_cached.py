@@ -30,7 +30,7 @@ from ..model.internal import (
     Tokenized,
     additive_mask,
     cache_name,
-    cache_of,
+    cached_forward,
     capture,
     collate,
     continuation_args,
@@ -78,15 +78,13 @@ def cached_read_sweep(
         points: dict[int | TraceKey, Point] = {layer: Point(model.layers[layer], "in", at)
                                                for layer in range(model.n_layers)}
         points[TraceKey.final()] = final_point(model, at)
-        kwargs = {**model.batch_kwargs(batch), "use_cache": True}
         try:
-            with torch.no_grad(), eval_mode(model.model), capture(points, model.device) as captured:
-                out = model.backbone(**kwargs)
+            with capture(points, model.device) as captured:
+                cache = cached_forward(model, batch)
         except OOM_ERRORS:
             raise
         except (RuntimeError, ValueError, TypeError) as exc:
             raise Declined from exc
-        cache = cache_of(out)
         if cache is None:
             raise Declined
         final = captured[TraceKey.final()]

@@ -32,8 +32,8 @@ from ..model.internal import (
     Tokenized,
     additive_mask,
     cache_name,
-    cache_of,
     cache_rows,
+    cached_forward,
     collate,
     continuation_args,
     each_batch,
@@ -191,15 +191,13 @@ class _Clean:
     def trace(cls, model: RewardModel, batch: Batch, name: str, start: list[int]) -> _Clean:
         """The clean forward of `batch` with its cache kept; `start` [B]: each row's first computed position
         (at most its read token)."""
-        kwargs = {**model.batch_kwargs(batch), "use_cache": True}
         try:
-            with LayerTaps(model) as taps, torch.no_grad(), eval_mode(model.model):
-                out = model.backbone(**kwargs)
+            with LayerTaps(model) as taps:
+                cache = cached_forward(model, batch)
         except OOM_ERRORS:
             raise
         except (RuntimeError, ValueError, TypeError) as exc:
             raise Declined from exc
-        cache = cache_of(out)
         if cache is None or taps.top is None:
             raise Declined
         first = torch.tensor(start)

@@ -23,7 +23,7 @@ from ._hooks import eval_mode
 
 if TYPE_CHECKING:
     from ._core import RewardModel
-    from ._tokens import Tokenized
+    from ._tokens import Batch, Tokenized
 
 
 class _Stop(Exception):
@@ -40,6 +40,14 @@ def cache_of(out: Any) -> Any:
     """The cache a backbone's output carries (a Hugging Face `Cache` with per-layer entries), or None."""
     cache = getattr(out, "cache", None) if hasattr(out, "cache") else getattr(out, "past_key_values", None)
     return cache if cache is not None and hasattr(cache, "layers") else None
+
+
+def cached_forward(model: RewardModel, batch: Batch) -> Any:
+    """One no-grad forward of `batch` that keeps the model's cache (None when it returns none); hooks the
+    caller holds open (captures, taps) see it as any forward."""
+    with torch.no_grad(), eval_mode(model.model):
+        out = model.backbone(**{**model.batch_kwargs(batch), "use_cache": True})
+    return cache_of(out)
 
 
 def fork_cache(cache: Any) -> Any:

@@ -13,6 +13,7 @@ from ._continuing import additive_mask as additive_mask
 from ._continuing import cache_name as cache_name
 from ._continuing import cache_of as cache_of
 from ._continuing import cache_rows as cache_rows
+from ._continuing import cached_forward as cached_forward
 from ._continuing import continuation_args as continuation_args
 from ._continuing import fork_cache as fork_cache
 from ._continuing import not_continuable as not_continuable
@@ -74,6 +75,7 @@ __all__ = [
     "cache_name",
     "cache_of",
     "cache_rows",
+    "cached_forward",
     "capture",
     "check_bookkeeping",
     "check_moe_map",
