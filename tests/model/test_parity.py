@@ -127,3 +127,28 @@ def test_catches_a_read_one_token_early(monkeypatch, llama, pairs):
     assert {"pad_eos", "trl_read"} <= {c.name for c in result.failed}
     assert not result.passed
 
+
+
+def test_the_templates_own_forward_runs_only_where_it_renders_other_ids(monkeypatch, llama, pairs):
+    """`double_bos` compares against the model's own forward on the template's rendering; where that is the
+    ids rewardlens reads (the rule), it is `pad_eos`'s forward already, so each sequence runs alone once;
+    a sequence rendered otherwise runs again, and the check still sees it."""
+    from rewardlens.model import _parity
+
+    seen = []
+    real = _parity.own_unpadded
+    monkeypatch.setattr(_parity, "own_unpadded", lambda m, seqs: seen.append(len(seqs)) or real(m, seqs))
+    n = 2 * len(pairs)
+    assert parity(llama, pairs).passed and seen == [n]
+    seen.clear()
+    template_ids, calls = _parity.template_ids, []
+
+    def first_doubled(m, item, s):  # the first sequence's rendering gains a BOS
+        calls.append(1)
+        ids = template_ids(m, item, s)
+        return [1, *ids] if len(calls) == 1 else ids
+
+    monkeypatch.setattr(_parity, "template_ids", first_doubled)
+    result = parity(llama, pairs)
+    assert seen == [n, 1], "one sequence rendered otherwise runs again, alone"
+    assert {c.name for c in result.failed} == {"double_bos"}

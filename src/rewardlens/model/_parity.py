@@ -201,7 +201,8 @@ def tolerance(model: RewardModel) -> float:
 def parity(model: RewardModel, inputs: Inputs) -> Parity:
     """Run the five checks of this module's docstring on `inputs` (pairs or texts); see `Parity`.
 
-    Costs three rewardlens scorings and 2n + n/8 of the model's own forwards for n sequences."""
+    Costs three rewardlens scorings and n + n/8 of the model's own forwards for n sequences, plus one for
+    each sequence the chat template renders to other ids than rewardlens reads (`double_bos`'s yardstick)."""
     _refuse_kind(model)
     tol = tolerance(model)
     seqs, _ = model.encode(inputs)
@@ -210,11 +211,18 @@ def parity(model: RewardModel, inputs: Inputs) -> Parity:
     right = model.score(inputs, batch_size=BATCH, padding_side="right").astype(np.float64)
     left = model.score(inputs, batch_size=BATCH, padding_side="left").astype(np.float64)
     template = [_rendered(template_ids(model, item, s), s) for item, s in zip(items, seqs)]
+    own = own_unpadded(model, seqs)
+    # The template's own rendering is, as a rule, the ids rewardlens reads: its unpadded forward is the
+    # same forward, so only the sequences rendered otherwise run again.
+    other = [i for i, (t, s) in enumerate(zip(template, seqs)) if (t.ids, t.type_ids) != (s.ids, s.type_ids)]
+    rendered = own.copy()
+    if other:
+        rendered[other] = own_unpadded(model, [template[i] for i in other])
     checks = (
         _check("batch_size", right, one, tol),
         _check("padding_side", left, right, tol),
-        _check("double_bos", one, own_unpadded(model, template), tol),
-        _check("pad_eos", right, own_unpadded(model, seqs), tol),
+        _check("double_bos", one, rendered, tol),
+        _check("pad_eos", right, own, tol),
         _check("trl_read", right, own_trl_batches(model, seqs), tol),
     )
     return Parity(checks, dtype_name(model) or "unknown")
