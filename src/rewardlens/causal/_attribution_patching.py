@@ -28,21 +28,20 @@ from ..model.internal import (
     Point,
     Recording,
     Tokenized,
-    additive_mask,
     cache_name,
     cached_forward,
     capture,
     collate,
+    continuable,
+    continuation_mask,
     each_batch,
     eval_mode,
     fork_cache,
-    not_continuable,
-    proofs_resolve,
     rewriting,
 )
 from ..stats import rank_agreement
 from ..types import Ablation, Mode, PatchLevel, Positions, Spans
-from ._engine import Site, final_point, head_slice, site_point, sites
+from ._engine import Site, head_slice, site_point, sites
 from ._layerwise import ProbeContext, Recorded, layerwise_grads
 from ._patching import Patching, assemble
 from ._plan import Clean, PatchPlan, pair_seqs
@@ -119,15 +118,14 @@ def _read_token_grads(model: RewardModel, batch: Batch, coef: Tensor, keys: dict
             return None
         cache, want = got
         b, width = batch.input_ids.shape
-        dtype = next(model.model.parameters()).dtype
-        allow = torch.arange(width + 1, device=model.device)[None, None, :] < at[:, None, None]
-        allow[:, :, width] = True  # the read token itself; the clean read token and the pads are left out
+        # The read token sees positions < t* of the cache (not the clean read token, nor pads) and itself.
+        mask = continuation_mask(at, width, 1, next(model.model.parameters()).dtype)
         ids = batch.input_ids[torch.arange(b, device=model.device), at][:, None]
-        step = model.forward_kwargs(input_ids=ids, attention_mask=additive_mask(allow, dtype), position_ids=at[:, None],
-                                    use_cache=True, **{name: fork_cache(cache)})
+        step = model.forward_kwargs(input_ids=ids, attention_mask=mask, position_ids=at[:, None], use_cache=True,
+                                    **{name: fork_cache(cache)})
         zero = torch.zeros(b, dtype=torch.long, device=model.device)
         points = {k: site_point(model, site, zero) for k, site in keys.items()}
-        with torch.enable_grad(), eval_mode(model.model), _probes(points, final_point(model, zero)) as (d, acts, o):
+        with torch.enable_grad(), eval_mode(model.model), _probes(points, model.final_point(zero)) as (d, acts, o):
             model.backbone(**step)
             last = o[TraceKey.final()]
             reward = (model.head(model.final_hidden(last.float().to(model.device))) * coef).sum()
@@ -146,7 +144,7 @@ def _read_token_grads(model: RewardModel, batch: Batch, coef: Tensor, keys: dict
 
 def _clean_cache(model: RewardModel, batch: Batch, at: Tensor) -> tuple[Any, Tensor] | None:
     """One clean forward of `batch` keeping the model's cache: (the cache, the final point at `at` [B, d])."""
-    with capture({TraceKey.final(): final_point(model, at)}, model.device) as clean:
+    with capture({TraceKey.final(): model.final_point(at)}, model.device) as clean:
         cache = cached_forward(model, batch)
     return None if cache is None else (cache, clean[TraceKey.final()])
 
@@ -160,8 +158,9 @@ def _grads(model: RewardModel, seqs: list[Tokenized], index: list[int], rec: Rec
     made one (and, where that fails its proof, as if it had made none); else one backward of the whole."""
     batch = collate([seqs[i] for i in index], pad_id=model.pad_token_id, side="right", first=model.encoder,
                     device=model.device)
+    # The trace keeps a cache only where the model is continuable (`trace_pairs`).
     cached = rec is not None and rec.cache is not None
-    if at_read and not_continuable(model, [seqs[i] for i in index]) is None and (cached or proofs_resolve(model)):
+    if at_read and (cached or continuable(model, [seqs[i] for i in index])):
         read = _read_token_grads(model, batch, coef[index], keys, rec)
         if read is not None:
             return (*read, True)

@@ -39,7 +39,7 @@ from ..model.internal import (
     first_output,
     fork_cache,
 )
-from ._engine import Declined, Overwrite, Site, final_point, head_slice, patched, take_values
+from ._engine import Declined, Overwrite, Site, head_slice, patched, take_values
 
 
 def cached_read_sweep(
@@ -77,7 +77,7 @@ def cached_read_sweep(
         # Each layer's input (keyed by the layer: what a copy starting there reads) and the final residual.
         points: dict[int | TraceKey, Point] = {layer: Point(model.layers[layer], "in", at)
                                                for layer in range(model.n_layers)}
-        points[TraceKey.final()] = final_point(model, at)
+        points[TraceKey.final()] = model.final_point(at)
         try:
             with capture(points, model.device) as captured:
                 cache = cached_forward(model, batch)

@@ -147,11 +147,6 @@ def patched(model: RewardModel, edits: list[Overwrite]) -> Iterator[None]:
         yield
 
 
-def final_point(model: RewardModel, cols: Tensor) -> Point:
-    """The residual the head reads, at `cols` (`RewardModel.final_point`)."""
-    return model.final_point(cols)
-
-
 def _resid_points(model: RewardModel, cols: Tensor) -> dict[TraceKey, Point]:
     """The residual after every layer, at positions `cols`."""
     return {TraceKey.resid(layer): Point(model.layers[layer], "out", cols) for layer in range(model.n_layers)}
@@ -212,8 +207,8 @@ def read_sweep(
             ]
             # The patched copies' final residuals, plus two unpatched copies ('first', 'last': engine-local keys).
             points: dict[TraceKey | str, Point] = {
-                TraceKey.final(): final_point(model, cols[:, 1:-1]), "first": final_point(model, cols[:, 0]),
-                "last": final_point(model, cols[:, -1])}
+                TraceKey.final(): model.final_point(cols[:, 1:-1]), "first": model.final_point(cols[:, 0]),
+                "last": model.final_point(cols[:, -1])}
             if resid:
                 points.update(_resid_points(model, cols[:, 1:-1]).items())
             try:

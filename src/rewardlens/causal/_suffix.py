@@ -30,18 +30,18 @@ from ..model.internal import (
     Batch,
     LayerTaps,
     Tokenized,
-    additive_mask,
+    agrees,
     cache_name,
     cache_rows,
     cached_forward,
     collate,
+    continuable,
     continuation_args,
+    continuation_mask,
     each_batch,
     eval_mode,
     first_output,
-    not_continuable,
     packed,
-    proofs_resolve,
 )
 from ._engine import Declined, Overwrite, Site, head_slice, patched, take_values
 
@@ -119,8 +119,7 @@ def suffix_possible(model: RewardModel, seqs: list[Tokenized]) -> bool:
     """Whether `suffix_sweep` may run on this model (it still proves itself on every batch): a causal
     decoder with a cache, one read token and no gate, whose tokens can be given their own positions, at a
     dtype whose proof can tell a bug from rounding (`proofs_resolve`)."""
-    return (cache_name(model) is not None and not model.gated and not model.reads.multi
-            and not_continuable(model, seqs) is None and proofs_resolve(model))
+    return not model.gated and not model.reads.multi and continuable(model, seqs)
 
 
 def _pooled(by_start: dict[int, list[int]], per_site: int, min_tokens: int) -> list[tuple[int, list[int]]]:
@@ -217,14 +216,10 @@ class _Clean:
         device = model.device
         rows = tb.to(device)[:, None]
         hidden = self.inputs[start][rows, at.to(device)].contiguous()
-        width, span = self.batch.input_ids.shape[1], at.shape[1]
-        j = torch.arange(width + span, device=device)[None, None, :]
-        i = torch.arange(span, device=device)[None, :, None]
-        allow = (j < self.start[tb].to(device)[:, None, None]) | ((j >= width) & (j - width <= i))
+        mask = continuation_mask(self.start[tb].to(device), self.batch.input_ids.shape[1], at.shape[1], hidden.dtype)
         try:
             cache = cache_rows(self.cache, tb)
-            kwargs = {"input_ids": self.batch.input_ids[rows, at.to(device)],
-                      "attention_mask": additive_mask(allow, hidden.dtype),
+            kwargs = {"input_ids": self.batch.input_ids[rows, at.to(device)], "attention_mask": mask,
                       "position_ids": at.to(device), self.name: cache, "use_cache": True}
             args, layer_kwargs = continuation_args(model, model.forward_kwargs(**kwargs))
             with torch.no_grad(), eval_mode(model.model), patched(model, edits):
@@ -250,6 +245,4 @@ class _Clean:
         mine = self.run(model, 0, tb, [])
         at, real = self.positions(tb)
         want = self.top[tb.to(self.top.device)[:, None], at.to(self.top.device)]
-        gap = (mine - want.to(mine.device))[real.to(mine.device)].float().norm(dim=-1)
-        scale = want[real.to(want.device)].float().norm(dim=-1).clamp_min(1e-12).to(gap.device)
-        return bool((gap / scale).max() <= tol)
+        return agrees(mine[real.to(mine.device)], want[real.to(want.device)], tol)

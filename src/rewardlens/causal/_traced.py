@@ -18,7 +18,7 @@ from torch import Tensor
 from ..data import Pair, flatten_pairs
 from ..exact import Attribution, Decomposition, decompose
 from ..model import RewardModel, Trace
-from ..model.internal import Batch, LayerTaps, Tokenized, cache_name, not_continuable, proofs_resolve
+from ..model.internal import Batch, LayerTaps, Tokenized, continuable
 from ..types import Mode, PatchLevel
 from ._layerwise import Recorded
 from ._plan import Clean, CleanRuns, encode_pairs, sides
@@ -78,8 +78,7 @@ def trace_pairs(model: RewardModel, pairs: Sequence[Pair], *, level: PatchLevel 
     targets = sides(record, len(seqs))[0]
     # A causal decoder's read-token backward continues the clean cache; other models (and low precision,
     # where its proof cannot tell a bug from rounding) step every layer from the recorded inputs.
-    cache = (not model.encoder and cache_name(model) is not None and not_continuable(model, seqs) is None
-             and proofs_resolve(model))
+    cache = continuable(model, seqs)
     with LayerTaps(model, keep=_rows_of({tuple(seqs[i].ids) for i in targets}), cache=cache) as taps:
         dec = decompose(model, pairs, level=level, batch_size=batch_size, encoded=(seqs, True),
                         on_trace=_recording(runs, taps, recorded, set(targets)))

@@ -67,6 +67,23 @@ def cache_rows(cache: Any, rows: Tensor) -> Any:
     return out
 
 
+def continuation_mask(start: Tensor, width: int, span: int, dtype: torch.dtype) -> Tensor:
+    """The additive mask [r, 1, span, width + span] of `span` new tokens per row continuing a cache of
+    `width` positions: each sees the first `start[r]` cached positions (its prefix; not the clean run's
+    own later tokens, nor pads) and the new tokens up to itself."""
+    j = torch.arange(width + span, device=start.device)[None, None, :]
+    i = torch.arange(span, device=start.device)[None, :, None]
+    return additive_mask((j < start[:, None, None]) | ((j >= width) & (j - width <= i)), dtype)
+
+
+def agrees(mine: Tensor, want: Tensor, tol: float = 1e-4) -> bool:
+    """A continuation's proof: rows of `mine` and `want` [n, d] agree to `tol` relative to each row's norm
+    (and are finite)."""
+    gap = (mine - want.to(mine.device)).float().norm(dim=-1) / want.float().norm(dim=-1).clamp_min(1e-12).to(
+        mine.device)
+    return bool(torch.isfinite(gap).all() and gap.max() <= tol)
+
+
 def additive_mask(allow: Tensor, dtype: torch.dtype) -> Tensor:
     """`allow` [B, q, k] (True: may attend) as the additive [B, 1, q, k] mask a model takes as given."""
     mask = torch.zeros(allow.shape, dtype=dtype, device=allow.device)
@@ -119,6 +136,12 @@ def proofs_resolve(model: RewardModel) -> bool:
     computation in another shape already differs by ~1e-3, and on a small model a position off by one
     by only a few times that, so a user that loses work when a proof fails does not try one there."""
     return next(model.model.parameters()).dtype in (torch.float32, torch.float64)
+
+
+def continuable(model: RewardModel, seqs: list[Tokenized]) -> bool:
+    """Whether tokens of `seqs` may continue a clean run's cache on this model, and a proof can tell a bug
+    from rounding: the one test every continuing user asks first (each still proves itself per batch)."""
+    return cache_name(model) is not None and not_continuable(model, seqs) is None and proofs_resolve(model)
 
 
 def not_continuable(model: RewardModel, seqs: list[Tokenized]) -> str | None:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from ._continuing import additive_mask, cache_name, cache_of, cache_rows, not_continuable, packed
+from ._continuing import agrees, cache_name, cache_rows, cached_forward, continuable, continuation_mask, packed
 from ._hooks import Point, capture, eval_mode
 from ._keys import TraceKey
 from ._oom import OOM_ERRORS
@@ -45,30 +45,25 @@ def read_sharing(model: RewardModel, seqs: list[Tokenized], *, layers: Sequence[
 
 def read_shared(model: RewardModel, seqs: list[Tokenized], sink: Sink, *, batch_size: int) -> list[int]:
     """Read the sequences of `seqs` that share a prefix with another into `sink` (rows as in `seqs`); the
-    indices left for the plain loop: the rest, or all of them where the model cannot continue a cache or
-    a chunk's proof fails (nothing of a failed read is kept)."""
+    indices left for the plain loop: the rest, and every family of a chunk whose proof failed and of the
+    chunks after it (all of them where the model cannot continue a cache)."""
     everyone = list(range(len(seqs)))
-    if len(seqs) < 2 or model.gated or cache_name(model) is None or not_continuable(model, seqs) is not None:
+    if len(seqs) < 2 or model.gated or not continuable(model, seqs):
         return everyone
     reads = collate(seqs, pad_id=model.pad_token_id, side="right", first=False,
                     device=torch.device("cpu")).read_index.tolist()
     # By prefix length, so a chunk's prefixes pad (and its continuations attend over) little.
     shared = sorted((f for f in families(seqs, reads) if len(f[1]) > 1), key=lambda f: f[0])
-    if not shared:
-        return everyone
     done: set[int] = set()
-    filled: list[tuple[Tensor, dict[TraceKey, Tensor]]] = []
-    try:
-        for at in range(0, len(shared), batch_size):
-            got = _chunk(model, seqs, reads, shared[at : at + batch_size], sink, batch_size)
-            if got is None:
-                return everyone
-            filled += got
-            done.update(i for _, members in shared[at : at + batch_size] for i in members)
-    except OOM_ERRORS:
-        return everyone  # the plain loop backs off batch by batch
-    for index, captured in filled:  # only once every chunk proved itself
-        sink.fill(index, captured)
+    for at in range(0, len(shared), batch_size):
+        chunk = shared[at : at + batch_size]
+        try:
+            proven = _chunk(model, seqs, reads, chunk, sink, batch_size)
+        except OOM_ERRORS:
+            proven = False  # the plain loop backs off batch by batch
+        if not proven:  # rows it filled are filled again by the plain loop
+            break
+        done.update(i for _, members in chunk for i in members)
     return [i for i in everyone if i not in done]
 
 
@@ -110,29 +105,28 @@ def _common(a: list[int], b: list[int], limit: int) -> int:
 
 
 def _chunk(model: RewardModel, seqs: list[Tokenized], reads: list[int], chunk: list[tuple[int, list[int]]],
-           sink: Sink, batch_size: int) -> list[tuple[Tensor, dict[TraceKey, Tensor]]] | None:
-    """One chunk of families: their prefixes' forward, the proof, then every member's continuation, as
-    (sink rows, captures) per continued batch; None when the proof fails."""
+           sink: Sink, batch_size: int) -> bool:
+    """One chunk of families into `sink`: their prefixes' forward, the proof, then every member's
+    continuation; False when the proof (or a call) fails."""
     device = model.device
     prefixes = collate([Tokenized(seqs[members[0]].ids[:p]) for p, members in chunk], pad_id=model.pad_token_id,
                        side="right", first=False, device=device)
-    last = torch.tensor([p - 1 for p, _ in chunk], device=device)
-    points = _points(model, sink, last)
-    with torch.no_grad(), eval_mode(model.model), capture(points, device) as want:
-        out = model.backbone(**{**model.batch_kwargs(prefixes), "use_cache": True})
-    cache = cache_of(out)
+    last = torch.tensor([p - 1 for p, _ in chunk])
+    with capture(_points(model, sink, last.to(device)), device) as want:
+        cache = cached_forward(model, prefixes)
     if cache is None:
-        return None
+        return False
     width = prefixes.input_ids.shape[1]
-    # The proof: each prefix's last token continued on its own cache must give what its forward captured.
-    rows = torch.arange(len(chunk))
-    proof = _continue(model, sink, cache, width, rows, last.cpu(), [[seqs[m[0]].ids[p - 1]] for p, m in chunk],
-                      torch.zeros(len(chunk), dtype=torch.long))
-    if proof is None or not all(_close(proof[k], want[k]) for k in want):
-        return None
+    # The proof: each prefix's last token continued on its own cache gives what its forward captured there;
+    # rows reversed and twice over, so a cache row matched to the wrong continuation shows.
+    rows = torch.arange(len(chunk) - 1, -1, -1).repeat(2)
+    proof = _continue(model, sink, cache, width, rows, last[rows], [[seqs[chunk[f][1][0]].ids[chunk[f][0] - 1]]
+                                                                    for f in rows.tolist()],
+                      torch.zeros(len(rows), dtype=torch.long))
+    if proof is None or not all(agrees(proof[k], want[k][rows.to(want[k].device)]) for k in want):
+        return False
     members = [(f, i) for f, (_, group) in enumerate(chunk) for i in group]
     members.sort(key=lambda fi: len(seqs[fi[1]].ids) - chunk[fi[0]][0])
-    filled = []
     budget = batch_size * max(len(seqs[i].ids) for _, i in members)  # positions a call holds: a batch's worth
     for batch in packed(members, [len(seqs[i].ids) - chunk[f][0] for f, i in members], budget):
         fam = torch.tensor([f for f, _ in batch])
@@ -140,9 +134,9 @@ def _chunk(model: RewardModel, seqs: list[Tokenized], reads: list[int], chunk: l
         rest = [seqs[i].ids[chunk[f][0]:] for f, i in batch]
         got = _continue(model, sink, cache, width, fam, start, rest, torch.tensor([reads[i] for _, i in batch]) - start)
         if got is None:
-            return None
-        filled.append((torch.tensor([i for _, i in batch], device=device), got))
-    return filled
+            return False
+        sink.fill(torch.tensor([i for _, i in batch], device=device), got)
+    return True
 
 
 def _points(model: RewardModel, sink: Sink, cols: Tensor) -> dict[TraceKey, Point]:
@@ -160,14 +154,11 @@ def _continue(model: RewardModel, sink: Sink, cache: Any, width: int, fam: Tenso
     ids = torch.tensor([r + [pad] * (span - len(r)) for r in rest], device=device)
     steps = torch.arange(span)[None]
     positions = (start[:, None] + torch.minimum(steps, torch.tensor([len(r) - 1 for r in rest])[:, None])).to(device)
-    j = torch.arange(width + span, device=device)[None, None, :]
-    i = torch.arange(span, device=device)[None, :, None]
-    allow = (j < start.to(device)[:, None, None]) | ((j >= width) & (j - width <= i))
-    dtype = next(model.model.parameters()).dtype
+    mask = continuation_mask(start.to(device), width, span, next(model.model.parameters()).dtype)
     name = cache_name(model)
     assert name is not None  # read_shared checked it
-    kwargs = model.forward_kwargs(input_ids=ids, attention_mask=additive_mask(allow, dtype), position_ids=positions,
-                                  use_cache=True, **{name: cache_rows(cache, fam)})
+    kwargs = model.forward_kwargs(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
+                                  **{name: cache_rows(cache, fam)})
     try:
         with torch.no_grad(), eval_mode(model.model), capture(_points(model, sink, read.to(device)), device) as got:
             model.backbone(**kwargs)
@@ -176,12 +167,6 @@ def _continue(model: RewardModel, sink: Sink, cache: Any, width: int, fam: Tenso
     except (RuntimeError, ValueError, TypeError, KeyError, AttributeError):
         return None
     return dict(got)
-
-
-def _close(a: Tensor, b: Tensor, tol: float = 1e-4) -> bool:
-    """Rows of `a` and `b` [n, d] agree to `tol` relative to each row's norm."""
-    gap = (a - b).float().norm(dim=-1) / b.float().norm(dim=-1).clamp_min(1e-12)
-    return bool(torch.isfinite(gap).all() and gap.max() <= tol)
 
 
 __all__ = ["MIN_SHARED", "families", "read_shared", "read_sharing"]

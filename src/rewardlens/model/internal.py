@@ -10,11 +10,14 @@ from ._arch import find_map as find_map
 from ._arch import get_module as get_module
 from ._arch import hf_config as hf_config
 from ._continuing import additive_mask as additive_mask
+from ._continuing import agrees as agrees
 from ._continuing import cache_name as cache_name
 from ._continuing import cache_of as cache_of
 from ._continuing import cache_rows as cache_rows
 from ._continuing import cached_forward as cached_forward
+from ._continuing import continuable as continuable
 from ._continuing import continuation_args as continuation_args
+from ._continuing import continuation_mask as continuation_mask
 from ._continuing import fork_cache as fork_cache
 from ._continuing import not_continuable as not_continuable
 from ._continuing import packed as packed
@@ -71,6 +74,7 @@ __all__ = [
     "TokenMemo",
     "Tokenized",
     "additive_mask",
+    "agrees",
     "bookkeeping_error",
     "cache_name",
     "cache_of",
@@ -81,7 +85,9 @@ __all__ = [
     "check_moe_map",
     "check_structure",
     "collate",
+    "continuable",
     "continuation_args",
+    "continuation_mask",
     "discover",
     "each_batch",
     "eval_mode",
