@@ -190,3 +190,29 @@ def test_without_trl_the_loop_names_the_extra(monkeypatch, tmp_path):
                                                      r"installed; fix: pip install 'rewardlens\[loop\]'"):
         grpo_run("list", Path("rm"), 0, Recipe(), lambda _rm: None, tmp_path)
     assert not list(tmp_path.iterdir())  # refused before anything was written
+
+
+def test_without_trl_verify_edit_refuses_before_building_anything(monkeypatch):
+    """The refusal comes first: no organism, edit or model is built for a run that cannot train."""
+    import sys
+
+    from rewardlens.errors import MissingDependencyError
+    from rewardlens.loop import _verify, verify_edit
+
+    built: list[str] = []
+    monkeypatch.setattr(_verify, "build", lambda organism: built.append(organism))
+    monkeypatch.setitem(sys.modules, "trl", None)
+    with pytest.raises(MissingDependencyError, match=r"pip install 'rewardlens\[loop\]'"):
+        verify_edit(("list",), seeds=(0,))
+    assert built == []
+
+
+def test_the_loops_cache_keys_name_the_organisms_version(monkeypatch):
+    """A run against the original reward model is keyed by a fixed name, so the organisms' version must be in
+    every key: bumping it rebuilds start policies and runs along with the edited models."""
+    from rewardlens.loop import Recipe, _train
+
+    before = (Recipe().key(organism="list", rm="original", seed=0), Recipe().start_key("list"))
+    monkeypatch.setattr(_train, "ORGANISM_VERSION", "v-next")
+    after = (Recipe().key(organism="list", rm="original", seed=0), Recipe().start_key("list"))
+    assert before[0] != after[0] and before[1] != after[1]

@@ -24,7 +24,7 @@ from typing import Any
 
 from ..errors import DataError, require
 from ..zoo import cache_dir
-from ..zoo.organisms import ORGANISMS, built_once
+from ..zoo.organisms import ORGANISM_VERSION, ORGANISMS, built_once
 
 LOOP_VERSION = "v1"
 """Bump whenever the recipe or the record changes, so stale cached runs are not reused."""
@@ -46,8 +46,10 @@ class Recipe:
     layers: int = 2
 
     def key(self, **extra: Any) -> str:
-        """A 12-hex hash of the recipe, `extra` and `LOOP_VERSION`: the cache key of what they build."""
-        blob = json.dumps({**asdict(self), **extra, "version": LOOP_VERSION}, sort_keys=True, default=str)
+        """A 12-hex hash of the recipe, `extra`, `LOOP_VERSION` and `ORGANISM_VERSION` (the organisms' texts
+        and reward models every start policy, edit and run is built from): the cache key of what they build."""
+        blob = json.dumps({**asdict(self), **extra, "version": LOOP_VERSION, "organisms": ORGANISM_VERSION},
+                          sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
     def start_key(self, organism: str) -> str:
@@ -55,6 +57,12 @@ class Recipe:
         return Recipe(grpo_steps=0, grpo_lr=0.0, generations=0, max_completion=0,
                       **{k: getattr(self, k) for k in ("sft_steps", "sft_lr", "batch", "hidden", "layers")}
                       ).key(organism=organism)
+
+
+def require_trl() -> Any:
+    """TRL, or `MissingDependencyError` naming the `loop` extra: asked before any of the loop's work starts."""
+    return require("trl", "the closed loop trains its policies with TRL's GRPOTrainer",
+                   "pip install 'rewardlens[loop]' (trl>=1.16,<2)")
 
 
 def loop_dir() -> Path:
@@ -146,10 +154,9 @@ def grpo_run(organism: str, rm_path: Path, seed: int, recipe: Recipe, directions
     """Train the start policy with GRPO against the reward model at `rm_path` from `seed`; write
     `run.json`: one entry per step {step, texts, rewards, kl, alarms} (alarms as the monitor's dicts)."""
     import torch
-    from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback
-    trl = require("trl", "the closed loop trains its policies with TRL's GRPOTrainer",
-                  "pip install 'rewardlens[loop]' (trl>=1.16,<2)")
+    trl = require_trl()
+    from datasets import Dataset  # trl's own dependency: importable once trl is
 
     from ..model import load
     from ..monitor import monitored_reward

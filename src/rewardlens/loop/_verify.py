@@ -26,7 +26,7 @@ from ..types import EditMethod
 from ..zoo.organisms import ORGANISMS, build, built_once
 from . import _organisms as org
 from ._signals import SIGNALS, Trace, trace
-from ._train import Recipe, loop_dir, trained_run
+from ._train import Recipe, loop_dir, require_trl, trained_run
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -272,4 +272,5 @@ def verify_edit(organisms: Sequence[str] = ("keyword", "list"), *, seeds: Sequen
     recipe = recipe or Recipe()
     if not seeds:
         raise ValueError("seeds must name at least one seed (3 or more for an interval over seeds)")
+    require_trl()  # before any organism, edit or model is built
     return ClosedLoop(tuple(run_organism(o, list(seeds), recipe, concept, method) for o in organisms), recipe)
