@@ -37,13 +37,14 @@ def plain(_model: Any, seqs: list[Any], _sink: Any, *, batch_size: int) -> list[
     return list(range(len(seqs)))
 
 
-def timed_probe(model: Any, items: list[Any], shared: bool) -> tuple[float, Any, list[Any]]:
-    """(seconds, result, sequences read) of one probe run through a fresh cache, sharing on or off."""
-    read: list[Any] = []
+def timed_probe(model: Any, items: list[Any], shared: bool) -> tuple[float, Any, list[list[Any]]]:
+    """(seconds, result, the sequences of each read call) of one probe run through a fresh cache, sharing
+    on or off."""
+    read: list[list[Any]] = []
     real = SHARED.read_sharing
 
     def counting(of: Any, seqs: list[Any], **kw: Any) -> Any:
-        read.extend(seqs)
+        read.append(list(seqs))
         return real(of, seqs, **kw)
 
     cache_module = importlib.import_module("rewardlens.model._read_cache")
@@ -58,12 +59,16 @@ def timed_probe(model: Any, items: list[Any], shared: bool) -> tuple[float, Any,
         SHARED.read_shared, cache_module.read_sharing = saved, saved_read
 
 
-def saved_tokens(model: Any, seqs: list[Any]) -> tuple[int, int]:
-    """(tokens of `seqs`, prefix tokens their families read once instead of once per member)."""
-    reads = collate(seqs, pad_id=model.pad_token_id, side="right", first=False,
-                    device=torch.device("cpu")).read_index.tolist()
-    saved = sum((len(members) - 1) * p for p, members in SHARED.families(seqs, reads) if len(members) > 1)
-    return sum(len(s.ids) for s in seqs), saved
+def saved_tokens(model: Any, calls: list[list[Any]]) -> tuple[int, int]:
+    """(tokens read, prefix tokens families read once instead of once per member), family by family within
+    each read call, as `read_shared` forms them (a family split across two calls is not shared)."""
+    total = saved = 0
+    for seqs in calls:
+        reads = collate(seqs, pad_id=model.pad_token_id, side="right", first=False,
+                        device=torch.device("cpu")).read_index.tolist()
+        saved += sum((len(members) - 1) * p for p, members in SHARED.families(seqs, reads) if len(members) > 1)
+        total += sum(len(s.ids) for s in seqs)
+    return total, saved
 
 
 def main() -> None:
@@ -79,15 +84,17 @@ def main() -> None:
     timed_probe(model, spread_items(2), True)  # warm-up
     times: dict[bool, list[float]] = {False: [], True: []}
     results: dict[bool, Any] = {}
-    seqs: list[Any] = []
+    calls: list[list[Any]] = []
     for _ in range(args.rounds):
         for shared in (False, True):
-            seconds, results[shared], seqs = timed_probe(model, items, shared)
+            seconds, results[shared], calls = timed_probe(model, items, shared)
             times[shared].append(seconds)
-    total, saved = saved_tokens(model, seqs)
+    total, saved = saved_tokens(model, calls)
     ratio = np.array(times[False]) / np.array(times[True])
-    print(f"SmolLM2-135M RM, cpu float32, {args.threads} thread(s); probes on {args.items} built-in items: "
-          f"{len(seqs)} sequences, {total} tokens, {saved} ({100 * saved / total:.0f} %) read once per family")
+    dtype = str(next(model.model.parameters()).dtype).removeprefix("torch.")
+    print(f"SmolLM2-135M RM, {args.device} {dtype}, {args.threads} thread(s); probes on {args.items} built-in items: "
+          f"{sum(map(len, calls))} sequences, {total} tokens, {saved} ({100 * saved / total:.0f} %) read once "
+          "per family")
     print(f"plain read loop {np.median(times[False]):.2f} s, shared prefixes {np.median(times[True]):.2f} s: "
           f"plain/shared {np.median(ratio):.2f}x [{ratio.min():.2f}, {ratio.max():.2f}] over {args.rounds} rounds")
     a, b = results[False], results[True]
