@@ -196,6 +196,10 @@ def test_the_parsers_copies_of_option_values_match_their_owners():
     assert cli_concepts.ALPHAS == tuple(ALPHAS)
     assert set(cli_organisms.ORGANISMS) == set(ORGANISMS)
     assert cli_audit.PROBE_ITEMS == len(ITEMS)
+    from rewardlens.cli import loop as cli_loop
+    from rewardlens.loop._organisms import PLANTED
+
+    assert set(cli_loop.LOOP_ORGANISMS) == set(PLANTED)
 
 
 def _units(store: Path) -> set[str]:

@@ -10,7 +10,8 @@ from typing import Any
 from ._common import Command, positive, quiet_hub, table
 
 LOOP_ORGANISMS = ("keyword", "length", "list", "quality_list", "sycophancy")
-"""The organisms whose planted direction the loop knows (`rewardlens.loop` checks the two agree)."""
+"""The organisms whose planted direction the loop knows (`rewardlens.loop._organisms.PLANTED`; written here so
+the CLI starts without importing the loop, and tests/cli/test_fast_failures.py checks the two agree)."""
 
 
 def _arguments(p: argparse.ArgumentParser) -> None:
