@@ -11,6 +11,7 @@ from rewardlens.causal import faithfulness, patch
 from rewardlens.causal._divergence import Natural, thresholds
 from rewardlens.stats import bootstrap_ci, rank_agreement, spearman, topk_overlap
 from rewardlens.zoo import DEMO_PAIRS
+from tests.helpers.tiny import ARCHS
 
 ALIGNED = [Pair("Say a number.", "The number is 7.", "The number is 9."),
            Pair("Is it hot?", "It is hot.", "It is not."),
@@ -106,3 +107,23 @@ def test_divergence_scores_patched_runs_against_natural_activations(tiny_root, m
     np.testing.assert_allclose(res.divergence, batched.divergence, rtol=1e-4, atol=1e-6)
     # zeroing a whole sublayer of a random model is not natural: something must get flagged
     assert res.flagged.any()
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_divergence_from_the_cached_engine_equals_the_copy_engines(tiny_root, arch, monkeypatch):
+    """Each copy's stream in the cached engine (its own layers' residuals, the clean ones below its group)
+    scores as the copy engine's, which runs every copy through every layer; decoders take the cached one."""
+    from rewardlens.causal import _patching as patching
+
+    model = rl.load(str(tiny_root[arch]))
+    used = []
+    cached = patching.cached_read_sweep
+    monkeypatch.setattr(patching, "cached_read_sweep",
+                        lambda *a, **k: (got := cached(*a, **k)) and used.append(1) or got)
+    fast = patch(model, DEMO_PAIRS, level="head", divergence=True)
+    monkeypatch.setattr(patching, "cached_read_sweep", lambda *a, **k: None)
+    slow = patch(model, DEMO_PAIRS, level="head", divergence=True)
+    assert bool(used) == (patching.not_continuable(model, model.encode(DEMO_PAIRS)[0]) is None), "which engine ran"
+    np.testing.assert_allclose(fast.patched_chosen, slow.patched_chosen, rtol=1e-5, atol=2e-5)
+    np.testing.assert_allclose(fast.divergence, slow.divergence, rtol=1e-4, atol=1e-5)
+    assert np.abs(fast.divergence).max() > 0.1  # a real stream was scored, not the zeros it starts as

@@ -3,6 +3,7 @@ layer inputs in the same forward, so `attribution_patch(clean=...)` runs no clea
 backward, and its estimates equal those of the path that records them again (docs/design.md §5)."""
 
 import contextlib
+import importlib
 from collections.abc import Iterator
 
 import numpy as np
@@ -11,7 +12,7 @@ import torch
 
 import rewardlens as rl
 from rewardlens.causal import attribution_patch, trace_pairs
-from rewardlens.model.internal import LayerTaps, Recording, collate
+from rewardlens.model.internal import LayerTaps, Recording, collate, continuable
 from rewardlens.zoo import DEMO_PAIRS
 
 PAIRS = DEMO_PAIRS[:3]
@@ -43,7 +44,10 @@ def _both(model: rl.RewardModel, mode: str) -> tuple[rl.Patching, rl.Patching, i
         want = attribution_patch(model, PAIRS, level="head", mode=mode, clean=plain.clean)
     with forwards(model) as shared_count:
         got = attribution_patch(model, PAIRS, level="head", mode=mode, clean=shared.clean)
-    assert shared.clean.recorded is not None and not shared.clean.recorded.where, "taken and let go after use"
+    held = shared.clean.recorded
+    assert held is not None and all(rec.cache is not None for rec in held.recordings), \
+        "layer inputs are taken and let go after use; caches stay for the read-position sweep"
+    assert bool(held.where) == continuable(model, shared.clean.seqs)
     return want, got, len(unshared_count), len(shared_count)
 
 
@@ -132,3 +136,29 @@ def test_in_bf16_the_trace_records_layer_inputs_and_the_backward_steps_from_them
         got = attribution_patch(model, PAIRS, level="head", clean=shared.clean)
     assert count == [], "the backward starts from the trace's recording"
     assert np.isfinite(got.effect).all() and np.abs(got.effect).max() > 0
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2", "qwen2", "bert"])
+def test_the_read_sweep_continues_the_caches_the_trace_kept(tiny_root, arch, monkeypatch):
+    """After attribution patching, the read-position sweep starts its copies from the caches the trace kept
+    (no clean forward of its own on a causal decoder), takes them (nothing holds them after), and patches
+    to the same rewards as from a trace that kept nothing."""
+    cached = importlib.import_module("rewardlens.causal._cached")
+    model = rl.load(str(tiny_root[arch]))
+    plain = trace_pairs(model, PAIRS, level="head")
+    want = rl.causal.patch(model, PAIRS, level="head", clean=plain.clean)
+    shared = trace_pairs(model, PAIRS, level="head", record="noising")
+    attribution_patch(model, PAIRS, level="head", clean=shared.clean)
+    held = shared.clean.recorded
+    assert held is not None
+    keeps = continuable(model, shared.clean.seqs)
+    assert sorted(held.where) == ([0, 2, 4] if keeps else []), "a decoder's caches stay after the backward"
+    own: list[int] = []
+    real = cached.cached_forward
+    monkeypatch.setattr(cached, "cached_forward", lambda m, batch: own.append(len(batch.input_ids)) or real(m, batch))
+    got = rl.causal.patch(model, PAIRS, level="head", clean=shared.clean)
+    assert own == [], "the sweep ran a clean forward of its own"
+    assert not held.where and not held.recordings, "taken by the sweep and let go"
+    for side in ("chosen", "rejected", "patched_chosen", "patched_rejected"):
+        np.testing.assert_allclose(getattr(got, side), getattr(want, side), rtol=1e-5, atol=2e-6, err_msg=side)
+    assert np.abs(got.effect).max() > 1e-4, "effects worth comparing"

@@ -220,8 +220,9 @@ def attribution_patch(
         estimate = torch.zeros(len(plan.targets), len(sweep), device=model.device)
 
         # The targets' layer inputs when the trace recorded them (`trace_pairs(record=)`): taken, so the
-        # caller's `Clean` stops holding them, and dropped when this call returns.
-        recorded = clean.recorded.take() if clean.recorded is not None else Recorded()
+        # caller's `Clean` stops holding them, and dropped when this call returns; the model's caches stay
+        # for the read-position sweep, which continues them (`cached_read_sweep(held=)`).
+        recorded = clean.recorded.take(leave_caches=True) if clean.recorded is not None else Recorded()
 
         def work(batch_rows: list[int]) -> None:
             index = [plan.targets[r] for r in batch_rows]

@@ -9,13 +9,17 @@ model's own layers l..L-1 with the arguments the model itself builds for such a 
 unpatched copies that must reproduce the clean read token's final state exactly: that proves the
 cache, positions and masks on this model before any number is used; otherwise the caller falls
 back to the copy engine.
+
+For divergence each copy's residual after every layer it runs is its stream; below its group's first
+layer a copy is the clean read token, so the clean residuals captured there complete it (divergence
+scores only the patched layer and later ones).
 """
 
 from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -39,7 +43,8 @@ from ..model.internal import (
     first_output,
     fork_cache,
 )
-from ._engine import Declined, Overwrite, Site, head_slice, patched, take_values
+from ._engine import Declined, Overwrite, Site, head_slice, patched, resid_points, take_values
+from ._layerwise import Recorded
 
 
 def cached_read_sweep(
@@ -53,21 +58,52 @@ def cached_read_sweep(
     batch_size: int = 8,
     min_copies: int = 32,
     index: Sequence[int] | None = None,
-) -> tuple[Tensor, Tensor] | None:
-    """Clean rewards [n] and patched rewards [n, S], as `patch_engine.read_sweep`; None when this
+    resid: Callable[[Tensor], Tensor] | None = None,
+    held: Recorded | None = None,
+    states: dict[TraceKey, Tensor] | None = None,
+) -> tuple[Tensor, Tensor, Tensor | None] | None:
+    """Clean rewards [n], patched rewards [n, S] and, with `resid`, `resid(x)` of each patched copy's
+    residual after every layer x [n, S, L, d] (else None), as `patch_engine.read_sweep`; None when this
     model's cache cannot be used this way (the proof copies disagree, or a call fails).
 
     Consecutive layers are pooled until a group holds `min_copies` copies, which then start at the
     group's first layer: fewer, larger layer calls (per-call overhead dominates small models)
     for a little recomputation below the later sites' layers. `index`: each sequence's number in the
-    caller's input (for `OutOfMemoryError`)."""
+    caller's input (for `OutOfMemoryError`, and the key of `held`).
+
+    `held`: the caches the caller's traced forward kept of these sequences (`trace_pairs(record=)`), with
+    `states` its read-token captures (rows: the caller's sequences; `embed`, every `resid`, `final`): the
+    sequences they hold start from them, with no clean forward here, each group proving itself as below;
+    the rest (and any group whose proof fails) run their own."""
     name = cache_name(model)
     if name is None or model.encoder:
         return None
     n = len(seqs)
     clean, rewards = torch.zeros(n, device=model.device), torch.zeros(n, len(sweep), device=model.device)
+    streams = torch.zeros(n, len(sweep), model.n_layers, device=model.device) if resid else None
     groups = _groups(sweep, min_copies)
     dtype = next(model.model.parameters()).dtype
+    caller = list(range(n)) if index is None else list(index)
+
+    def run(rows: Tensor, batch: Batch, at: Tensor, cache: Any, captured: dict[int | TraceKey, Tensor]) -> None:
+        """Every group's copies of batch rows `rows` [B] (into `seqs`), from their clean cache and captures."""
+        final = captured[TraceKey.final()]
+        tol = 1e-4 * float(final.abs().max())
+        if not math.isfinite(tol):  # a non-finite clean run proves nothing: the full engine says it in NaN
+            raise Declined
+        clean[rows] = (model.head(model.final_hidden(final)) * coef[rows]).sum(-1)
+        width = batch.input_ids.shape[1]
+        for done, (first_layer, group) in enumerate(sorted(groups.items())):
+            part(done, len(groups))
+            got = _group(model, batch, at, width, cache, name, captured, first_layer, [sweep[s] for s in group],
+                         values, rows, coef[rows], dtype, resid is not None)
+            if got is None or not torch.allclose(got[0], final[:, None].expand_as(got[0]), rtol=1e-3, atol=tol):
+                raise Declined
+            rewards[rows[:, None], torch.tensor(group)[None]] = got[1]
+            if resid and streams is not None:
+                below = [captured[TraceKey.resid(layer)][:, None].expand(len(rows), len(group), -1)
+                         for layer in range(first_layer)]
+                streams[rows[:, None], torch.tensor(group)[None]] = resid(torch.stack([*below, *got[2]], dim=2))
 
     def work(batch_rows: list[int]) -> None:
         rows = torch.tensor(batch_rows)
@@ -78,6 +114,8 @@ def cached_read_sweep(
         points: dict[int | TraceKey, Point] = {layer: Point(model.layers[layer], "in", at)
                                                for layer in range(model.n_layers)}
         points[TraceKey.final()] = model.final_point(at)
+        if resid:  # the clean residuals below a group's first layer
+            points.update(resid_points(model, at).items())
         try:
             with capture(points, model.device) as captured:
                 cache = cached_forward(model, batch)
@@ -87,28 +125,44 @@ def cached_read_sweep(
             raise Declined from exc
         if cache is None:
             raise Declined
-        final = captured[TraceKey.final()]
-        clean[rows] = (model.head(model.final_hidden(final)) * coef[rows]).sum(-1)
-        width = batch.input_ids.shape[1]
-        for done, (first_layer, group) in enumerate(sorted(groups.items())):
-            part(done, len(groups))
-            got = _group(model, batch, at, width, cache, name, captured, first_layer, [sweep[s] for s in group],
-                         values, rows, coef[rows], dtype)
-            if got is None:
-                raise Declined
-            proof, patched_rewards = got
-            tol = 1e-4 * float(final.abs().max())
-            if not math.isfinite(tol):  # a non-finite clean run proves nothing: the full engine says it in NaN
-                raise Declined
-            if not torch.allclose(proof, final[:, None].expand_as(proof), rtol=1e-3, atol=tol):
-                raise Declined
-            rewards[rows[:, None], torch.tensor(group)[None]] = patched_rewards
+        run(rows, batch, at, cache, captured)
 
+    done = _from_held(model, held, states, caller, read, run)
     try:
-        each_batch(sorted(range(n), key=lambda i: read[i]), batch_size, work, ids=index, is_pairs=True)
+        each_batch(sorted((i for i in range(n) if i not in done), key=lambda i: read[i]), batch_size, work,
+                   ids=index, is_pairs=True)
     except Declined:
         return None
-    return clean, rewards
+    return clean, rewards, streams
+
+
+def _from_held(model: RewardModel, held: Recorded | None, states: dict[TraceKey, Tensor] | None,
+               caller: list[int], read: list[int], run: Callable[..., None]) -> set[int]:
+    """Run (`run(rows, batch, at, cache, captured)`) the sequences whose clean cache `held` keeps, from it and
+    the read-token `states`: layer l's input is the residual after layer l - 1 (the embeddings for layer 0);
+    the rows (into `caller`) done. A group the proof refuses, or that does not fit, is left to the caller."""
+    done: set[int] = set()
+    if held is None or states is None:
+        return done
+    for js, rec in held.groups(caller):
+        if rec is None or rec.cache is None:
+            continue
+        at = rec.batch.read_index.to(model.device)
+        if at.tolist() != [read[j] for j in js]:
+            continue
+        pick = torch.tensor([caller[j] for j in js], device=model.device)
+        keys: dict[int | TraceKey, TraceKey] = {0: TraceKey.embed(), TraceKey.final(): TraceKey.final()}
+        keys.update({layer: TraceKey.resid(layer - 1) for layer in range(1, model.n_layers)})
+        keys.update({TraceKey.resid(layer): TraceKey.resid(layer) for layer in range(model.n_layers)})
+        captured = {k: states[key][pick.to(states[key].device)].to(model.device) for k, key in keys.items()}
+        try:
+            run(torch.tensor(js), rec.batch, at, rec.cache, captured)
+        except Declined:
+            continue  # their own forward runs them
+        except OOM_ERRORS:
+            continue  # their own forward runs them, with the out-of-memory back-off
+        done.update(js)
+    return done
 
 
 def _groups(sweep: list[Site], min_copies: int) -> dict[int, list[int]]:
@@ -133,9 +187,11 @@ def _group(
     model: RewardModel, batch: Batch, at: Tensor, width: int, cache: Any, name: str,
     captured: dict[int | TraceKey, Tensor], first_layer: int,
     group: list[Site], values: dict[TraceKey, Tensor], rows: Tensor, coef: Tensor, dtype: torch.dtype,
-) -> tuple[Tensor, Tensor] | None:
+    streams: bool,
+) -> tuple[Tensor, Tensor, list[Tensor]] | None:
     """Run the copies of one starting layer: (the two proof copies' final residuals [B, 2, d], the
-    group's patched rewards [B, G])."""
+    group's patched rewards [B, G], with `streams` the patched copies' residual after each layer it ran,
+    fp32 [B, G, d] from `first_layer` on (else an empty list))."""
     b, copies = len(rows), len(group) + 2
     device = model.device
     ids = batch.input_ids[torch.arange(b, device=device), at][:, None].expand(b, copies)
@@ -151,13 +207,16 @@ def _group(
         edits = [Overwrite(site, torch.arange(b), torch.full((b, 1), 1 + k), take_values(values[site.key], rows,
                       head_slice(model, site), read=True)) for k, site in enumerate(group)]
         with torch.no_grad(), eval_mode(model.model), patched(model, edits):
+            stream: list[Tensor] = []
             for layer in range(first_layer, model.n_layers):
                 hidden = first_output(model.layers[layer](hidden, *args, **layer_kwargs))
+                if streams:  # only for divergence: L such copies would otherwise be held for nothing
+                    stream.append(hidden[:, 1:-1].float().to(device))
     except OOM_ERRORS:
         raise
     except (RuntimeError, ValueError, TypeError, KeyError):
         return None
     final = hidden.float().to(model.device)  # the head may sit on a later device than the last layer
     objectives = model.head(model.final_hidden(final[:, 1:-1].flatten(0, 1))).view(b, len(group), -1)
-    return final[:, [0, -1]], (objectives * coef[:, None]).sum(-1)
+    return final[:, [0, -1]], (objectives * coef[:, None]).sum(-1), stream
 

@@ -147,7 +147,7 @@ def patched(model: RewardModel, edits: list[Overwrite]) -> Iterator[None]:
         yield
 
 
-def _resid_points(model: RewardModel, cols: Tensor) -> dict[TraceKey, Point]:
+def resid_points(model: RewardModel, cols: Tensor) -> dict[TraceKey, Point]:
     """The residual after every layer, at positions `cols`."""
     return {TraceKey.resid(layer): Point(model.layers[layer], "out", cols) for layer in range(model.n_layers)}
 
@@ -210,7 +210,7 @@ def read_sweep(
                 TraceKey.final(): model.final_point(cols[:, 1:-1]), "first": model.final_point(cols[:, 0]),
                 "last": model.final_point(cols[:, -1])}
             if resid:
-                points.update(_resid_points(model, cols[:, 1:-1]).items())
+                points.update(resid_points(model, cols[:, 1:-1]).items())
             try:
                 captured = _forward(model, kwargs, points, edits)
             except OOM_ERRORS:
@@ -297,7 +297,7 @@ def batched_sweep(
         ]
         points = dict(model.final_points(batch))
         if resid:
-            points.update(_resid_points(model, batch.read_index))
+            points.update(resid_points(model, batch.read_index))
         captured = _forward(model, model.batch_kwargs(batch), points, edits)
         values_, coef = model.head_readout(captured, batch)
         reward = (values_ * coef).sum(-1)

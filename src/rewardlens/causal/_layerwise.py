@@ -54,12 +54,26 @@ class Recorded:
             self.where[int(i)] = (len(self.recordings), row)
         self.recordings.append(rec)
 
-    def take(self) -> Recorded:
-        """Everything held, moved to a new holder: this one (the caller's `Clean`) lets go of it."""
+    def take(self, *, leave_caches: bool = False) -> Recorded:
+        """Everything held, moved to a new holder: this one (the caller's `Clean`) lets go of it, or, with
+        `leave_caches`, keeps the recordings of the model's cache (attribution patching leaves them for the
+        read-position sweep, which continues them: [L, r, T, 2·kv] that it would otherwise compute again)."""
         out = Recorded()
         out.recordings, out.where = self.recordings, self.where
         self.recordings, self.where = [], {}
+        if leave_caches:
+            for i, (k, row) in out.where.items():
+                if out.recordings[k].cache is not None:
+                    self.add_row(i, out.recordings[k], row)
         return out
+
+    def add_row(self, seq: int, rec: Recording, row: int) -> None:
+        """Sequence `seq` as row `row` of `rec` (a recording already held keeps its one place)."""
+        k = next((j for j, held in enumerate(self.recordings) if held is rec), None)
+        if k is None:
+            k = len(self.recordings)
+            self.recordings.append(rec)
+        self.where[seq] = (k, row)
 
     def groups(self, seqs: Sequence[int]) -> list[tuple[list[int], Recording | None]]:
         """Positions in `seqs` grouped by the recording that holds them (rows of it in that order), and

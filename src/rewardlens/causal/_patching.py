@@ -216,11 +216,13 @@ def patch(
             rewards = direct_rewards(model, clean, targets, sweep, values, cols_t)
         elif copies:
             read = [clean.read[i] for i in targets]
-            # Cheapest first: copies from their own layer on the prefix's cache (no layer residuals
-            # for divergence), then copies through every layer; each proves itself or declines.
-            cached = None if divergence else cached_read_sweep(model, tgt, read, sweep, values, clean.coef[targets],
-                                                               batch_size=batch_size, index=targets)
-            out = (*cached, None) if cached is not None else read_sweep(
+            # Cheapest first: copies from their own layer on the prefix's cache, then copies through
+            # every layer; each proves itself or declines, and each gives divergence its streams.
+            # The caches a caller's trace kept (`trace_pairs(record=)`) are taken: the cached engine starts
+            # from them, and nothing holds them after.
+            held = clean.recorded.take() if clean.recorded is not None else None
+            out = cached_read_sweep(model, tgt, read, sweep, values, clean.coef[targets], batch_size=batch_size,
+                                    index=targets, resid=score, held=held, states=clean.captured) or read_sweep(
                 model, tgt, read, sweep, values, clean.coef[targets], batch_size=batch_size, chunk=chunk, resid=score,
                 index=targets)
             if out is not None:
