@@ -101,3 +101,29 @@ def test_too_few_pairs_leave_divergence_and_conflicts_out(armo, tmp_path):
     sections = Sections(write_report(res, tmp_path).read_text(encoding="utf-8"))
     assert {"divergence", "conflicts"} <= sections.notrun
     assert "tokens" not in sections.notrun  # token attribution runs on any number of pairs
+
+
+def test_concepts_are_stored_under_their_item_set_and_never_read_back_for_another(tmp_path):
+    """Under the staged budget the concepts use the items of the stage the stored probes stopped at, or all
+    items when none are stored: concepts computed before the probes ran are not reused once they have, and
+    the audit reads back the set that matches its probes."""
+    from rewardlens.audit import collect, run_pairs, run_whole
+    from rewardlens.hacking import concepts, spread_items
+    from rewardlens.zoo import AUDIT_PAIRS, demo_model_dir
+
+    model = rl.load(str(demo_model_dir()))
+    pairs = list(AUDIT_PAIRS)  # the demo audit's pairs: their margins set a scale the probes decide at
+    store = Store(tmp_path / "results.sqlite")
+    quick = dict(divergence=False, tokens=False)
+    run_pairs(model, pairs, store, Plan(**quick))
+    run_whole(model, pairs, store, Plan(probes=False, **quick))  # no probes stored: every item
+    before = collect(model, pairs, store, Plan(probes=False, **quick)).concepts
+    run_whole(model, pairs, store, Plan(**quick))  # the probes stop at a stage: its items, computed anew
+    after = collect(model, pairs, store, Plan(**quick))
+    assert before is not None and after.concepts is not None and after.probes is not None
+    stage = after.probes.stages[after.probes.stage - 1]
+    assert stage < 72, "the probes stopped before the full set, so the two item sets differ"
+    want = concepts(model, items=spread_items(stage), batch_size=16)
+    np.testing.assert_allclose(after.concepts.slope, want.slope, rtol=1e-4, atol=1e-6)
+    assert after.concepts.n_positive.sum() < before.n_positive.sum(), "the stage's items, not all of them"
+    store.close()

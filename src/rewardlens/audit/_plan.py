@@ -85,13 +85,26 @@ class Plan:
 
     def concept_items(self, probes: Mapping[str, Any] | None) -> list[Item] | None:
         """The built-in items the concepts use: the probes' under a fixed budget; under the staged one, those of
-        the stage the probes stopped at (`probes`: their stored record), or all when no probes ran."""
+        the stage the probes stopped at (`probes`: their stored record), or all when none is stored."""
         if self.probe_items is not None or probes is None:
             return self.items()
         return spread_items(int(probes["stages"][int(probes["stage"]) - 1]))
 
     def suffix(self) -> str:
         return "" if self.probe_items is None else f"/items-{self.probe_items}"
+
+    def probes_name(self) -> str:
+        """The probes' name in the store (`whole_key`): it names a fixed item budget."""
+        return "probes" + self.suffix()
+
+    def concepts_name(self, probes: Mapping[str, Any] | None) -> str:
+        """The concepts' name in the store: it names their item set (`concept_items`: under the staged budget,
+        that of the stage the stored probes stopped at, `probes`; all items when none is stored), so concepts
+        run on another set (another stage, or before any probes were stored) are never read back as these."""
+        if self.probe_items is not None:
+            return "concepts" + self.suffix()
+        items = self.concept_items(probes)
+        return "concepts/" + ("all-items" if items is None else f"stage-items-{len(items)}")
 
 
 def chunks(n_pairs: int, chunk_size: int) -> list[range]:

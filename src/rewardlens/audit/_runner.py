@@ -330,8 +330,9 @@ def collect(model: RewardModel, pairs: Sequence[Pair], store: Store, plan: Plan 
         got = parts["steps"][0]
         steps = Steps(**{f: np.asarray(got[f]) for f in STEP_FIELDS}, values=None, names=[])
     stacked, meta = parts["faithfulness"]
-    probes = whole(Probes, "probes" + plan.suffix())
-    concepts_ = whole(Concepts, "concepts" + plan.suffix())
+    stored_probes = store.records(whole_key(model, every, plan.probes_name()))
+    probes = Probes(**stored_probes[0][1]) if stored_probes else None
+    concepts_ = whole(Concepts, plan.concepts_name(stored_probes[0][1] if stored_probes else None))
     features = whole(FeatureAttribution, sae_name(sae, plan))
     conflicts_ = whole(Conflicts, CONFLICT)
     if conflicts_ is not None:  # stored as a list of lists (`_plain`)

@@ -20,7 +20,7 @@ from ..causal import Circuit, Patching, circuit, patch
 from ..data import Pair, margin, progress_bar
 from ..errors import ArchitectureError, CircuitError, HeadError, RewardLensWarning
 from ..exact import TokenAttribution, tokens
-from ..hacking import Concepts, Conflicts, Item, Probes, concepts, conflict, probe
+from ..hacking import Concepts, Conflicts, Probes, concepts, conflict, probe
 from ..model import Parity, ParityCheck, ReadCache, RewardModel, parity
 from ..sae import FeatureAttribution, TopKSAE, attribute_features
 from ._keys import RunKey, checksum, fingerprint
@@ -67,10 +67,11 @@ def run_whole(model: RewardModel, pairs: Sequence[Pair], store: Store, plan: Pla
     pairs = [p for p, unit in zip(every, units) if unit not in skipped]
     items = plan.items()
 
-    def concept_items() -> list[Item] | None:
-        """The items of the probes' chosen stage (stored first: the jobs run in order), so both use one item set."""
-        stored = store.records(whole_key(model, every, "probes" + plan.suffix())) if plan.probes else []
-        return plan.concept_items(stored[0][1] if stored else None)
+    def probes_record() -> dict[str, Any] | None:
+        """The stored probes (stored first when this plan runs them: the jobs run in order), whose stage sets the
+        concepts' items (`Plan.concepts_name`)."""
+        stored = store.records(whole_key(model, every, plan.probes_name()))
+        return stored[0][1] if stored else None
 
     def features() -> FeatureAttribution:
         assert sae is not None and plan.sae_layer is not None  # run with an SAE only; _sae_name checked the layer
@@ -85,8 +86,11 @@ def run_whole(model: RewardModel, pairs: Sequence[Pair], store: Store, plan: Pla
         res = tokens(model, [every[i] for i in chosen], heads=False, approx=False, batch_size=plan.batch_size)
         return _Tokens(chosen, res)
 
-    whole: tuple[tuple[str, Callable[[], Probes | Concepts | FeatureAttribution | Patching | Conflicts | _Tokens
-                                      | _Parity | Circuit | None], bool], ...] = (
+    # A name is a string, or a function giving it when its job comes up (the concepts' names their item set,
+    # which the probes' stored stage decides).
+    whole: tuple[tuple[str | Callable[[], str], Callable[[], Probes | Concepts | FeatureAttribution | Patching
+                                                         | Conflicts | _Tokens | _Parity | Circuit | None], bool],
+                 ...] = (
         (TOKENS, token_pairs, bool(chosen)),  # the pairs whose lens is stored (none before `run_pairs`)
         (PARITY, lambda: _Parity.run(model, pairs), bool(pairs)),
         (CIRCUIT, lambda: audit_circuit(model, pairs, plan.batch_size, progress), plan.circuit and bool(pairs)),
@@ -94,16 +98,18 @@ def run_whole(model: RewardModel, pairs: Sequence[Pair], store: Store, plan: Pla
          plan.divergence and len(pairs) >= 4),
         (CONFLICT, lambda: conflict(model, pairs, batch_size=2 * plan.batch_size),
          model.head.n_objectives > 1 and len(pairs) >= 3 and not model.reads.multi),  # conflicts read one token
-        ("probes" + plan.suffix(), lambda: probe(model, items, reference=pairs, batch_size=2 * plan.batch_size,
-                                                 progress=progress, cache=cache, stages=plan.stages()), plan.probes),
-        ("concepts" + plan.suffix(), lambda: concepts(model, items=concept_items(), batch_size=2 * plan.batch_size,
-                                                      progress=progress, cache=cache), plan.concepts),
+        (plan.probes_name(), lambda: probe(model, items, reference=pairs, batch_size=2 * plan.batch_size,
+                                           progress=progress, cache=cache, stages=plan.stages()), plan.probes),
+        (lambda: plan.concepts_name(probes_record()),
+         lambda: concepts(model, items=plan.concept_items(probes_record()), batch_size=2 * plan.batch_size,
+                          progress=progress, cache=cache), plan.concepts),
         (sae_name(sae, plan), features, sae is not None),
     )
-    jobs = [(name, fn) for name, fn, wanted in whole if wanted]
+    jobs = [(named, fn) for named, fn, wanted in whole if wanted]
     bar = progress_bar(len(jobs), "audit: whole-model instruments", progress)
     damaged = []
-    for name, fn in jobs:
+    for named, fn in jobs:
+        name = named() if callable(named) else named
         key = whole_key(model, every, name)
         bar.set_postfix_str(name.split("/")[0])  # the outer bar names the step; the step's own bar moves below
         held = store.status(key, ["all"])
