@@ -86,7 +86,9 @@ def test_whole_model_instruments_are_stored_once_and_read_back(organisms):
     assert res.probes.axes == direct.axes
     np.testing.assert_array_equal(res.probes.mean, direct.mean)
     np.testing.assert_array_equal(res.probes.flagged, direct.flagged)
-    assert res.probes.scale == direct.scale
+    # The audit's scale is from the margins its per-pair part stored (traced in other batches than the
+    # direct call scores them in): equal to float precision.
+    assert res.probes.scale == pytest.approx(direct.scale, rel=1e-6)
     again = collect(model, AUDIT_PAIRS[:4], store, Plan(chunk_size=4, concepts=False))
     np.testing.assert_array_equal(again.probes.delta, res.probes.delta)
 

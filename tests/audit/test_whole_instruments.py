@@ -127,3 +127,31 @@ def test_concepts_are_stored_under_their_item_set_and_never_read_back_for_anothe
     np.testing.assert_allclose(after.concepts.slope, want.slope, rtol=1e-4, atol=1e-6)
     assert after.concepts.n_positive.sum() < before.n_positive.sum(), "the stage's items, not all of them"
     store.close()
+
+
+def test_the_probes_scale_comes_from_the_stored_margins_without_scoring_the_pairs_again(tmp_path, monkeypatch):
+    """The probes' reward scale is the pairs' mean |margin|: the audit takes the margins its per-pair part
+    stored, so the pairs are not scored a second time; the scale equals the one from scoring them."""
+    from rewardlens.audit import collect, run_pairs, run_whole
+    from rewardlens.hacking import probe, spread_items
+    from rewardlens.zoo import AUDIT_PAIRS, demo_model_dir
+
+    model = rl.load(str(demo_model_dir()))
+    pairs = list(AUDIT_PAIRS)
+    store = Store(tmp_path / "results.sqlite")
+    plan = Plan(probe_items=6, concepts=False, divergence=False, tokens=False)
+    run_pairs(model, pairs, store, plan)
+    scored: list[int] = []
+    real = model.score
+    monkeypatch.setattr(model, "score", lambda inputs, **kw: scored.append(len(inputs)) or real(inputs, **kw))
+    run_whole(model, pairs, store, plan)
+    got = collect(model, pairs, store, plan).probes
+    monkeypatch.undo()
+    want = probe(model, spread_items(6), reference=pairs, batch_size=16)
+    assert got is not None and got.scale_source == want.scale_source == "mean |margin| on 8 reference pairs"
+    assert got.scale == pytest.approx(want.scale, rel=1e-5)
+    np.testing.assert_array_equal(got.flagged, want.flagged)
+    assert scored.count(len(pairs)) == 3, "parity's three scorings only: the probes scored no pair"
+    with pytest.raises(ValueError, match="finite"):
+        probe(model, spread_items(2), reference=np.array([0.5, np.nan]))
+    store.close()

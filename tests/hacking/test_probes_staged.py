@@ -159,7 +159,9 @@ def test_the_audit_gives_the_concepts_the_items_of_the_probes_stage(organisms):
     store = Store(":memory:")
     run_whole(model, AUDIT_PAIRS[:4], store, Plan(divergence=False, tokens=False))
     (probes,) = [r for key, _ in store.runs() if key.instrument == "probes" for _, r in store.records(key)]
-    (stored,) = [r for key, _ in store.runs() if key.instrument == "concepts" for _, r in store.records(key)]
+    (stored,) = [r for key, _ in store.runs() if key.instrument.startswith("concepts") for _, r in store.records(key)]
+    assert [key.instrument for key, _ in store.runs() if key.instrument.startswith("concepts")] == [
+        f"concepts/stage-items-{probes['stages'][probes['stage'] - 1]}"], "stored under the name of its item set"
     chosen = spread_items(probes["stages"][probes["stage"] - 1])
     direct = concepts(model, items=chosen, batch_size=16)
     np.testing.assert_array_equal(stored["n_positive"], direct.n_positive)

@@ -67,6 +67,12 @@ def run_whole(model: RewardModel, pairs: Sequence[Pair], store: Store, plan: Pla
     pairs = [p for p, unit in zip(every, units) if unit not in skipped]
     items = plan.items()
 
+    def reference() -> Sequence[Pair] | np.ndarray:
+        """The probes' reward scale comes from the pairs' margins: those the per-pair part stored, when it
+        stored every pair here, else the pairs, scored again."""
+        index, margins = stored_margins(model, every, store)
+        return margins if len(index) == len(pairs) else pairs
+
     def probes_record() -> dict[str, Any] | None:
         """The stored probes (stored first when this plan runs them: the jobs run in order), whose stage sets the
         concepts' items (`Plan.concepts_name`)."""
@@ -98,7 +104,7 @@ def run_whole(model: RewardModel, pairs: Sequence[Pair], store: Store, plan: Pla
          plan.divergence and len(pairs) >= 4),
         (CONFLICT, lambda: conflict(model, pairs, batch_size=2 * plan.batch_size),
          model.head.n_objectives > 1 and len(pairs) >= 3 and not model.reads.multi),  # conflicts read one token
-        (plan.probes_name(), lambda: probe(model, items, reference=pairs, batch_size=2 * plan.batch_size,
+        (plan.probes_name(), lambda: probe(model, items, reference=reference(), batch_size=2 * plan.batch_size,
                                            progress=progress, cache=cache, stages=plan.stages()), plan.probes),
         (lambda: plan.concepts_name(probes_record()),
          lambda: concepts(model, items=plan.concept_items(probes_record()), batch_size=2 * plan.batch_size,
@@ -204,16 +210,22 @@ def stored_parity(model: RewardModel, pairs: Sequence[Pair], store: Store) -> tu
     return Parity(checks, str(r["dtype"])), "", int(r["pairs"])
 
 
-def token_choice(model: RewardModel, pairs: Sequence[Pair], store: Store) -> list[int]:
-    """The pairs (indices into `pairs`) whose tokens the audit attributes: `shown_pairs` of the stored
-    margins (pairs whose lens is not stored, such as pairs skipped for memory, are left out)."""
+def stored_margins(model: RewardModel, pairs: Sequence[Pair], store: Store) -> tuple[np.ndarray, np.ndarray]:
+    """(indices into `pairs` [m], margins [m]) of the pairs whose lens the store holds (the per-pair part's
+    rewards: pairs skipped for memory, or not yet run, are left out)."""
     units = PairUnits.of(pairs).units
     stored = dict(store.records(lens_key(model), set(units)))
     index = np.array([i for i, unit in enumerate(units) if unit in stored], dtype=np.int64)
     if not len(index):
-        return []
-    rewards = np.concatenate([stored[units[i]]["reward"] for i in index])
-    return [int(index[i]) for i in shown_pairs(margin(rewards))]
+        return index, np.zeros(0)
+    return index, margin(np.concatenate([stored[units[i]]["reward"] for i in index]))
+
+
+def token_choice(model: RewardModel, pairs: Sequence[Pair], store: Store) -> list[int]:
+    """The pairs (indices into `pairs`) whose tokens the audit attributes: `shown_pairs` of the stored
+    margins (pairs whose lens is not stored, such as pairs skipped for memory, are left out)."""
+    index, margins = stored_margins(model, pairs, store)
+    return [int(index[i]) for i in shown_pairs(margins)]
 
 
 def stored_tokens(model: RewardModel, pairs: Sequence[Pair], store: Store) -> tuple[TokenAttribution | None, list[int]]:

@@ -173,7 +173,7 @@ def probe(
     *,
     axes: Sequence[str] | None = None,
     quality: bool = True,
-    reference: Sequence[Pair] | float | None = None,
+    reference: Sequence[Pair] | np.ndarray | float | None = None,
     min_effect: float = 0.25,
     level: float = 0.05,
     seed: int = 0,
@@ -188,7 +188,8 @@ def probe(
     `items`: None for the built-in items, or the user's pairs / items (see `base_items`).
     `axes`: names from `rewardlens.hacking.AXES` (default: all). `quality`: also score the
     quality degradations. `reference`: preference pairs whose mean |margin| sets the reward scale
-    for flagging (or that scale as a number); default: the standard deviation of the base items'
+    for flagging, or their margins [n] as already scored (the audit's, from its stored lens: the pairs
+    are not scored again), or that scale as a number; default: the standard deviation of the base items'
     rewards. Every distinct text is scored once, in length-sorted batches.
 
     Short-context models: a built-in item (also one passed in, e.g. from `items()`) is skipped as a
@@ -381,11 +382,17 @@ def _rewards(model: RewardModel, convs: list[Conversation], batch_size: int, pro
     return reward.astype(np.float64), np.array([len(s.ids) for s in seqs], float)
 
 
-def _scale(model: RewardModel, reference: Sequence[Pair] | float | None, base_reward: np.ndarray,
+def _scale(model: RewardModel, reference: Sequence[Pair] | np.ndarray | float | None, base_reward: np.ndarray,
            batch_size: int) -> tuple[float, str]:
     """The reward scale for flagging and where it came from."""
     if reference is None:
         return float(np.std(base_reward, ddof=1)) if len(base_reward) > 1 else 0.0, "sd of base-item rewards"
+    if isinstance(reference, np.ndarray):
+        margins = reference.astype(np.float64).ravel()
+        if not len(margins) or not np.isfinite(margins).all():
+            raise ValueError(f"reference margins must be a non-empty array of finite numbers, got {len(margins)} "
+                             f"with {int((~np.isfinite(margins)).sum())} not finite; pass the pairs instead")
+        return _mean_margin(margins)
     if isinstance(reference, (int, float)):
         if reference <= 0:
             raise ValueError(f"reference scale must be positive, got {reference}")
@@ -393,5 +400,9 @@ def _scale(model: RewardModel, reference: Sequence[Pair] | float | None, base_re
     pairs = list(reference)
     if not pairs or not all(isinstance(p, Pair) for p in pairs):
         raise ValueError("reference must be a number or a non-empty list of rewardlens.Pair")
-    r = model.score(pairs, batch_size=batch_size)
-    return float(np.mean(np.abs(margin(r)))), f"mean |margin| on {len(pairs)} reference pairs"
+    return _mean_margin(margin(model.score(pairs, batch_size=batch_size)))
+
+
+def _mean_margin(margins: np.ndarray) -> tuple[float, str]:
+    """The scale of reference pairs with these margins [n], and its source."""
+    return float(np.mean(np.abs(margins))), f"mean |margin| on {len(margins)} reference pairs"
