@@ -129,8 +129,8 @@ def cached_read_sweep(
 
     done = _from_held(model, held, states, caller, read, run)
     try:
-        each_batch(sorted((i for i in range(n) if i not in done), key=lambda i: read[i]), batch_size, work,
-                   ids=index, is_pairs=True)
+        each_batch(sorted((i for i in range(n) if i not in done), key=lambda i: len(seqs[i].ids)), batch_size, work,
+                   ids=index, is_pairs=True, lengths=[len(s.ids) for s in seqs])  # a short target is not padded
     except Declined:
         return None
     return clean, rewards, streams

@@ -232,7 +232,8 @@ def read_sweep(
                 streams[rows, lo : lo + len(part)] = resid(stacked)
 
     try:
-        each_batch(sorted(range(n), key=lambda i: read[i]), batch_size, work, ids=index, is_pairs=True)
+        each_batch(sorted(range(n), key=lambda i: len(seqs[i].ids)), batch_size, work, ids=index, is_pairs=True,
+                   lengths=[len(s.ids) for s in seqs])  # a short target is not padded to a long one
     except Declined:
         return None
     return clean, rewards, streams

@@ -71,7 +71,7 @@ def stepped_sweep(
 
     try:
         each_batch(sorted(range(len(seqs)), key=lambda i: len(seqs[i].ids)), batch_size, work, ids=index,
-                   is_pairs=True)
+                   is_pairs=True, lengths=[len(s.ids) for s in seqs])  # a short target is not padded to a long one
     except Declined:
         return None
     return rewards
