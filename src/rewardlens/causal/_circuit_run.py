@@ -18,9 +18,9 @@ from torch import Tensor
 
 from ..errors import ArchitectureError
 from ..model import RewardModel, TraceKey
-from ..model.internal import Batch, out_projection, rewriting
+from ..model.internal import Batch, rewriting
 from ._direct import post_normed
-from ._engine import Site, head_slice
+from ._engine import Site, head_write
 from ._receivers import Receiver, read_depth, receiving_all, sublayer_write, wiring, write_depth
 
 
@@ -43,17 +43,10 @@ def corrupted_writes(model: RewardModel, ups: list[Site], values: dict[TraceKey,
         v = values[u.key].to(model.device).float()
         v = v.expand(n, m, v.shape[-1]) if v.ndim == 1 else v
         if u.head is not None:
-            out[u.name] = _head_write(model, u, v)
+            out[u.name] = head_write(model, u, v)
         else:
             out[u.name] = v if u.kind == "embed" else post_normed(model, u.kind, u.layer, v)
     return out
-
-
-def _head_write(model: RewardModel, u: Site, z: Tensor) -> Tensor:
-    """Head u's term of the attention output [..., d] from the output projection's input z [..., H·d_head]."""
-    sl = head_slice(model, u)
-    weight, _ = out_projection(model, "attn", u.layer)
-    return z[..., sl].float() @ weight[:, sl].T
 
 
 def _record(store: dict[str, Tensor], name: str, rows: Tensor, cols: Tensor, x: Tensor) -> None:
@@ -63,7 +56,7 @@ def _record(store: dict[str, Tensor], name: str, rows: Tensor, cols: Tensor, x: 
 def _record_heads(model: RewardModel, store: dict[str, Tensor], heads: list[Site], rows: Tensor, cols: Tensor,
                   z: Tensor) -> None:
     for u in heads:
-        store[u.name] = _head_write(model, u, z[rows, cols])
+        store[u.name] = head_write(model, u, z[rows, cols])
 
 
 def _fill(buf: Tensor, parents: list[str], cur: dict[str, Tensor], bad: dict[str, Tensor], rows: Tensor,

@@ -16,8 +16,7 @@ import torch
 from torch import Tensor
 
 from ..model import RewardModel, SublayerKind, Trace, TraceKey
-from ..model.internal import out_projection
-from ._engine import Site, head_slice
+from ._engine import Site, head_write
 
 SUBLAYERS: tuple[SublayerKind, ...] = ("attn", "mlp")
 
@@ -84,9 +83,7 @@ def _part(model: RewardModel, tr: Trace, site: Site, rep: Tensor) -> tuple[Tenso
     if site.head is None:
         new_raw = rep
     else:
-        sl = head_slice(model, site)
-        weight, _ = out_projection(model, "attn", site.layer)
-        new_raw = raw + (rep[:, sl] - tr[site.key][:, sl]) @ weight[:, sl].T
+        new_raw = raw + head_write(model, site, rep - tr[site.key])
     return post_normed(model, site.kind, site.layer, raw), post_normed(model, site.kind, site.layer, new_raw)
 
 

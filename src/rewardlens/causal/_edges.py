@@ -30,7 +30,7 @@ from ..model.internal import Tokenized, collate, each_batch, out_projection
 from ..stats import rank_agreement, top_parts
 from ..types import Ablation, Mode, Positions, Spans
 from ._edge_grads import chunk_scores, node_grads
-from ._engine import Site, head_slice
+from ._engine import Site, head_write
 from ._path import PathPatching, delta_keys, path_deltas, reward_path_rewards
 from ._plan import Clean, PatchPlan, pair_seqs
 from ._receivers import QKV, QKVS, Receiver, read_depth, wiring, write_depth
@@ -336,7 +336,7 @@ def _scores(model: RewardModel, ups: list[Site], dsp: list[int], zs: list[int],
     return out
 
 
-def _head_write(model: RewardModel, layer: int, z: Tensor) -> Tensor:
+def _heads_write(model: RewardModel, layer: int, z: Tensor) -> Tensor:
     """What every head of `layer` together writes for a change Δz [..., H·d_head]: Δz @ W_Oᵀ [..., d]."""
     weight, _ = out_projection(model, "attn", layer)
     return z @ weight.to(z.device).T
@@ -357,8 +357,7 @@ def _reward_column(model: RewardModel, clean: Clean, index: list[int], cols: Ten
             one.append(deltas[pos[s], k][rows, at])
         else:
             assert u.head is not None  # every part not in d-space is a head-space head
-            sl, (weight, _) = head_slice(model, u), out_projection(model, "attn", u.layer)
-            one.append(dz[u.layer][rows, at][:, sl] @ weight[:, sl].T.to(dz[u.layer].device))
+            one.append(head_write(model, u, dz[u.layer][rows, at]))
     stacked = torch.stack(one).flatten(0, 1)[:, None]  # [U·B, 1, d], part-major
     got = reward_path_rewards(model, clean, index * len(ups), cols[rows, at][:, None].repeat(len(ups), 1),
                               {(0, 0): stacked}, 1, 0)
@@ -374,7 +373,7 @@ def _lines(model: RewardModel, ups: list[Site], dsp: list[int], deltas: dict[tup
     b = c.shape[0]
     index = torch.arange(b, device=model.device)[:, None]
     every = [Receiver(kind, layer) for layer in range(model.n_layers) for kind in ("attn", "mlp")]
-    heads = {layer: _head_write(model, layer, z) for layer, z in dz.items()}
+    heads = {layer: _heads_write(model, layer, z) for layer, z in dz.items()}
     for r in [*every, Receiver.reward()]:
         at = read_depth(model, r)
         k = depth[at]

@@ -42,6 +42,7 @@ from ..model.internal import (
     collate,
     each_batch,
     eval_mode,
+    out_projection,
     projection_inputs,
     rewriting,
 )
@@ -102,6 +103,14 @@ def head_slice(model: RewardModel, site: Site) -> slice:
     width = projection_inputs(model, "attn", site.layer)[0]
     size = width // model.n_heads
     return slice(site.head * size, (site.head + 1) * size)
+
+
+def head_write(model: RewardModel, site: Site, z: Tensor) -> Tensor:
+    """What head `site` writes to its attention output [..., d] from the output projection's input
+    z [..., H·d_head] (its own columns only, fp32): z_h W_O[:, h]ᵀ, no bias (the bias is no head's)."""
+    sl = head_slice(model, site)
+    weight, _ = out_projection(model, "attn", site.layer)
+    return z[..., sl].float() @ weight[:, sl].T.to(z.device)
 
 
 @dataclass(frozen=True)

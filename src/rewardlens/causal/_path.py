@@ -30,7 +30,6 @@ from ..model.internal import (
     capture,
     collate,
     each_batch,
-    out_projection,
     stepped_readout,
     stepping_works,
     unambiguous,
@@ -38,7 +37,7 @@ from ..model.internal import (
 from ..stats import top_parts
 from ..types import Ablation, Mode, Positions, Spans
 from ._direct import post_normed
-from ._engine import Site, head_slice
+from ._engine import Site, head_write
 from ._margins import PatchedMargins
 from ._plan import Clean, PatchPlan, capture_columns, pair_seqs
 from ._receivers import Receiver, Wiring, clean_points, read_depth, receiving, wiring, write_depth
@@ -203,9 +202,7 @@ def _write_change(model: RewardModel, act: dict[TraceKey, Tensor], site: Site, v
         return new - old
     raw = act[TraceKey.sublayer(site.kind, site.layer)]
     if site.head is not None:
-        sl = head_slice(model, site)
-        weight, _ = out_projection(model, "attn", site.layer)
-        new = raw + (new[..., sl] - old[..., sl]) @ weight[:, sl].T
+        new = raw + head_write(model, site, new - old)
     return post_normed(model, site.kind, site.layer, new) - post_normed(model, site.kind, site.layer, raw)
 
 
