@@ -32,7 +32,7 @@ from ..types import Ablation, Mode, Positions, Spans
 from ._edge_grads import chunk_scores, node_grads
 from ._engine import Site, head_write
 from ._path import PathPatching, delta_keys, path_deltas, reward_path_rewards
-from ._plan import Clean, PatchPlan, pair_seqs
+from ._plan import Clean, PatchPlan, pair_seqs, sources_only
 from ._receivers import QKV, QKVS, Receiver, read_depth, wiring, write_depth
 from ._spec import PatchSpec, spec_of
 
@@ -227,11 +227,8 @@ def _clean_sources(model: RewardModel, seqs: list[Tokenized], heads: bool, mode:
     """The clean trace, of the sources only where it can be: the targets' clean values (activations at
     the patched columns, final residual, reward) come from the gradient pass, whose leaves are zeros,
     so tracing them too would run them twice. A gate's coefficients move with the input, and ablation
-    patches every sequence: those trace everything (`patch`'s rule for `only`)."""
-    only = None
-    if model.arch.head_kind != "gated" and mode != "ablation":
-        only = list(range(1 if mode == "noising" else 0, len(seqs), 2))
-    return Clean.run(model, seqs, heads=heads, batch_size=batch_size, only=only)
+    patches every sequence: those trace everything (`sources_only`)."""
+    return Clean.run(model, seqs, heads=heads, batch_size=batch_size, only=sources_only(model, mode, len(seqs)))
 
 
 def _per_pair(est: Tensor, targets: list[int], n_pairs: int) -> np.ndarray:

@@ -29,7 +29,7 @@ from ._direct import direct_rewards
 from ._divergence import score_patched, scorer
 from ._engine import Site, batched_sweep, read_sweep, sites
 from ._margins import PatchedMargins
-from ._plan import Clean, PatchPlan, pair_seqs
+from ._plan import Clean, PatchPlan, pair_seqs, sources_only
 from ._reads_patch import check_reads_options, direct_reads, mode_for, patch_reads
 from ._spec import MODES as MODES
 from ._spec import PatchSpec, spec_of
@@ -197,9 +197,7 @@ def patch(
         # copies, or the suffix engine's trace), only the sources are traced here.
         suffix = (estimand == "total" and positions != "read" and not divergence and mode != "ablation"
                   and suffix_possible(model, seqs))
-        only = None
-        if (copies or suffix) and not divergence and model.arch.head_kind != "gated" and mode != "ablation":
-            only = list(range(1 if mode == "noising" else 0, len(seqs), 2))
+        only = sources_only(model, mode, len(seqs)) if (copies or suffix) and not divergence else None
         if clean is None:
             clean = Clean.run(model, seqs, heads=level == "head", batch_size=batch_size, only=only)
         else:  # every side is traced already; the read-position engine rewrites its targets' clean

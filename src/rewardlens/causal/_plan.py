@@ -278,6 +278,15 @@ def sides(mode: Mode, n_seqs: int) -> tuple[list[int], list[int] | None]:
     return (chosen, rejected) if mode == "noising" else (rejected, chosen)
 
 
+def sources_only(model: RewardModel, mode: Mode, n_seqs: int) -> list[int] | None:
+    """What a clean trace must cover when another pass gives the targets' clean values (an engine's own
+    forward, a gradient pass): the sources (`sides`); None, every sequence, where it cannot be so: ablation
+    patches every side, and a gate's coefficients move with the input."""
+    if model.arch.head_kind == "gated" or mode == "ablation":
+        return None
+    return sides(mode, n_seqs)[1]
+
+
 @dataclass(frozen=True)
 class PatchPlan:
     """Which runs a sweep patches and with what: target sequence indices, their patched columns
