@@ -3,6 +3,7 @@ layer inputs in the same forward, so `attribution_patch(clean=...)` runs no clea
 backward, and its estimates equal those of the path that records them again (docs/design.md §5)."""
 
 import contextlib
+import dataclasses
 import importlib
 from collections.abc import Iterator
 
@@ -12,6 +13,7 @@ import torch
 
 import rewardlens as rl
 from rewardlens.causal import attribution_patch, trace_pairs
+from rewardlens.model import TraceKey
 from rewardlens.model.internal import LayerTaps, Recording, collate, continuable
 from rewardlens.zoo import DEMO_PAIRS
 
@@ -162,3 +164,46 @@ def test_the_read_sweep_continues_the_caches_the_trace_kept(tiny_root, arch, mon
     for side in ("chosen", "rejected", "patched_chosen", "patched_rejected"):
         np.testing.assert_allclose(getattr(got, side), getattr(want, side), rtol=1e-5, atol=2e-6, err_msg=side)
     assert np.abs(got.effect).max() > 1e-4, "effects worth comparing"
+
+
+def _kept_caches(model: rl.RewardModel, pairs: list):
+    """A trace that kept its targets' caches, with attribution patching run on it (as the audit does)."""
+    shared = trace_pairs(model, pairs, level="head", record="noising")
+    attribution_patch(model, pairs, level="head", clean=shared.clean)
+    return shared
+
+
+def test_a_held_group_whose_proof_fails_runs_its_own_forward_and_changes_nothing(tiny_root, monkeypatch):
+    """Held read-token states that are wrong (here the targets' embeddings) fail the group's proof:
+    those targets run their own clean forward, and no number of the failed try is left behind."""
+    cached = importlib.import_module("rewardlens.causal._cached")
+    model = rl.load(str(tiny_root["llama"]))
+    want = rl.causal.patch(model, PAIRS, level="head", clean=trace_pairs(model, PAIRS, level="head").clean)
+    shared = _kept_caches(model, PAIRS)
+    states = dict(shared.clean.captured)
+    wrong = states[TraceKey.embed()].clone()
+    wrong[0::2] += 1.0  # the targets' (chosen) embeddings, what every group's copies start from
+    states[TraceKey.embed()] = wrong
+    own: list[int] = []
+    real = cached.cached_forward
+    monkeypatch.setattr(cached, "cached_forward", lambda m, batch: own.append(len(batch.input_ids)) or real(m, batch))
+    clean = dataclasses.replace(shared.clean, captured=states)
+    got = rl.causal.patch(model, PAIRS, level="head", clean=clean)
+    assert sum(own) == 3, "every target ran its own clean forward after the held groups failed their proof"
+    for side in ("chosen", "patched_chosen", "patched_rejected"):
+        np.testing.assert_allclose(getattr(got, side), getattr(want, side), rtol=1e-5, atol=2e-6, err_msg=side)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_divergence_from_the_held_caches_equals_the_copy_engines(tiny_root, arch, monkeypatch):
+    """Divergence's streams from held caches (each copy's own layers, the trace's clean residuals below its
+    group) score as the copy engine's, which runs every copy through every layer from scratch."""
+    patching = importlib.import_module("rewardlens.causal._patching")
+    model = rl.load(str(tiny_root[arch]))
+    pairs = list(DEMO_PAIRS[:4])  # divergence calibrates on 8 sequences or more
+    got = rl.causal.patch(model, pairs, level="head", divergence=True, clean=_kept_caches(model, pairs).clean)
+    monkeypatch.setattr(patching, "cached_read_sweep", lambda *a, **k: None)
+    want = rl.causal.patch(model, pairs, level="head", divergence=True)
+    np.testing.assert_allclose(got.patched_chosen, want.patched_chosen, rtol=1e-5, atol=2e-6)
+    np.testing.assert_allclose(got.divergence, want.divergence, rtol=1e-4, atol=1e-5)
+    assert np.abs(got.divergence).max() > 0.1

@@ -136,24 +136,27 @@ def cached_read_sweep(
     return clean, rewards, streams
 
 
+_Run = Callable[[Tensor, Batch, Tensor, Any, dict[int | TraceKey, Tensor]], None]
+"""`run(rows, batch, at, cache, captured)`: every group's copies of some rows, from their clean state."""
+
+
 def _from_held(model: RewardModel, held: Recorded | None, states: dict[TraceKey, Tensor] | None,
-               caller: list[int], read: list[int], run: Callable[..., None]) -> set[int]:
+               caller: list[int], read: list[int], run: _Run) -> set[int]:
     """Run (`run(rows, batch, at, cache, captured)`) the sequences whose clean cache `held` keeps, from it and
-    the read-token `states`: layer l's input is the residual after layer l - 1 (the embeddings for layer 0);
-    the rows (into `caller`) done. A group the proof refuses, or that does not fit, is left to the caller."""
+    the read-token `states`: layer l's input is the residual after layer l - 1 (the embeddings for layer 0),
+    which the group's proof checks with the rest. `held` is emptied, each cache let go of once its rows ran.
+    The rows (into `caller`) done; a group the proof refuses, or that does not fit, is left to the caller."""
     done: set[int] = set()
     if held is None or states is None:
         return done
-    for js, rec in held.groups(caller):
-        if rec is None or rec.cache is None:
-            continue
+    keys: dict[int | TraceKey, TraceKey] = {0: TraceKey.embed(), TraceKey.final(): TraceKey.final()}
+    keys.update({layer: TraceKey.resid(layer - 1) for layer in range(1, model.n_layers)})
+    keys.update({TraceKey.resid(layer): TraceKey.resid(layer) for layer in range(model.n_layers)})
+    for js, rec in held.drain(caller):
         at = rec.batch.read_index.to(model.device)
-        if at.tolist() != [read[j] for j in js]:
+        if rec.cache is None or at.tolist() != [read[j] for j in js]:
             continue
         pick = torch.tensor([caller[j] for j in js], device=model.device)
-        keys: dict[int | TraceKey, TraceKey] = {0: TraceKey.embed(), TraceKey.final(): TraceKey.final()}
-        keys.update({layer: TraceKey.resid(layer - 1) for layer in range(1, model.n_layers)})
-        keys.update({TraceKey.resid(layer): TraceKey.resid(layer) for layer in range(model.n_layers)})
         captured = {k: states[key][pick.to(states[key].device)].to(model.device) for k, key in keys.items()}
         try:
             run(torch.tensor(js), rec.batch, at, rec.cache, captured)

@@ -267,8 +267,9 @@ def faithfulness(
         positions: Positions = seed_positions or ("all" if aligned(model, pairs, clean.seqs) else "read")
         spec = PatchSpec(mode=mode, level=level)
         seeds = PatchSpec(mode=_seeds_in(model, mode), positions=positions)
-        # Attribution patching first: it takes (and frees) the trace's recordings of the targets, so they
-        # are not held through the sweep, where the peak memory is.
+        # Attribution patching first: it takes (and frees) the trace's recordings of the targets' layer
+        # inputs, so they are not held through the sweep, where the peak memory is; their caches (smaller)
+        # stay for the sweep, which continues them instead of running the targets again, and frees each.
         stage("attribution patching")
         atp = attribution_patch(model, pairs, spec=spec, batch_size=batch_size, clean=clean)
         stage("read-position sweep")

@@ -17,7 +17,7 @@ forward runs here (docs/design.md §5, "Attribution patching").
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 
 import torch
@@ -37,10 +37,11 @@ def _close(mine: Tensor, want: Tensor, mask: Tensor, tol: float) -> bool:
 
 
 class Recorded:
-    """The layer inputs of some sequences' clean runs, recorded by the forward that traced them and kept
-    until attribution patching's backward takes them (`take`): sequence index → (recording, its row).
-
-    Each recording holds [L, r, T, d] for its r rows, so only the sequences asked for are kept."""
+    """What the forward that traced some sequences' clean runs recorded of them: sequence index →
+    (recording, its row). A recording holds either every layer's input ([L, r, T, d] for its r rows),
+    which attribution patching's backward takes (`take`), or the model's cache ([L, r, T, 2·kv]), which
+    the backward continues and leaves for the read-position sweep, which takes it (`take_caches`).
+    Only the sequences asked for are kept."""
 
     def __init__(self) -> None:
         self.recordings: list[Recording] = []
@@ -58,17 +59,26 @@ class Recorded:
         """Everything held, moved to a new holder: this one (the caller's `Clean`) lets go of it, or, with
         `leave_caches`, keeps the recordings of the model's cache (attribution patching leaves them for the
         read-position sweep, which continues them: [L, r, T, 2·kv] that it would otherwise compute again)."""
-        out = Recorded()
-        out.recordings, out.where = self.recordings, self.where
-        self.recordings, self.where = [], {}
-        if leave_caches:
+        out = self._split(lambda _rec: True)
+        if leave_caches:  # the same recordings, held by both until the sweep takes them from here
             for i, (k, row) in out.where.items():
                 if out.recordings[k].cache is not None:
-                    self.add_row(i, out.recordings[k], row)
+                    self._put(i, out.recordings[k], row)
         return out
 
-    def add_row(self, seq: int, rec: Recording, row: int) -> None:
-        """Sequence `seq` as row `row` of `rec` (a recording already held keeps its one place)."""
+    def take_caches(self) -> Recorded:
+        """The recordings of the model's cache, moved to a new holder; layer inputs stay here."""
+        return self._split(lambda rec: rec.cache is not None)
+
+    def _split(self, moves: Callable[[Recording], bool]) -> Recorded:
+        """A new holder of the recordings `moves` picks (this one keeps the rest), each row where it was."""
+        out, kept = Recorded(), Recorded()
+        for i, (k, row) in self.where.items():
+            (out if moves(self.recordings[k]) else kept)._put(i, self.recordings[k], row)
+        self.recordings, self.where = kept.recordings, kept.where
+        return out
+
+    def _put(self, seq: int, rec: Recording, row: int) -> None:
         k = next((j for j, held in enumerate(self.recordings) if held is rec), None)
         if k is None:
             k = len(self.recordings)
@@ -90,6 +100,23 @@ class Recorded:
             rows = torch.tensor([self.where[seqs[j]][1] for j in js])
             out.append((js, self.recordings[k].select(rows)))
         return out + ([(rest, None)] if rest else [])
+
+    def drain(self, seqs: Sequence[int]) -> Iterator[tuple[list[int], Recording]]:
+        """Per recording, the positions in `seqs` it holds, in its own row order (so a recording of exactly
+        those rows comes as itself, not a copy), with those rows of it; each let go of once the next is asked
+        for, and this holder empty from the first."""
+        recordings: list[Recording | None] = list(self.recordings)
+        where, self.recordings, self.where = self.where, [], {}
+        by: dict[int, list[int]] = {}
+        for j, i in enumerate(seqs):
+            if i in where:
+                by.setdefault(where[i][0], []).append(j)
+        for k, js in sorted(by.items()):
+            js.sort(key=lambda j: where[seqs[j]][1])
+            rec, recordings[k] = recordings[k], None
+            assert rec is not None  # each recording is handed over once
+            yield js, rec.select(torch.tensor([where[seqs[j]][1] for j in js]))
+            del rec
 
 
 def layerwise_grads(

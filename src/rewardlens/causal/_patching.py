@@ -217,10 +217,11 @@ def patch(
             # Cheapest first: copies from their own layer on the prefix's cache, then copies through
             # every layer; each proves itself or declines, and each gives divergence its streams.
             # The caches a caller's trace kept (`trace_pairs(record=)`) are taken: the cached engine starts
-            # from them, and nothing holds them after.
-            held = clean.recorded.take() if clean.recorded is not None else None
+            # from them and lets each go once used (layer inputs stay, for attribution patching).
             out = cached_read_sweep(model, tgt, read, sweep, values, clean.coef[targets], batch_size=batch_size,
-                                    index=targets, resid=score, held=held, states=clean.captured) or read_sweep(
+                                    index=targets, resid=score, states=clean.captured,
+                                    held=clean.recorded.take_caches() if clean.recorded is not None else None
+                                    ) or read_sweep(
                 model, tgt, read, sweep, values, clean.coef[targets], batch_size=batch_size, chunk=chunk, resid=score,
                 index=targets)
             if out is not None:

@@ -275,7 +275,8 @@ def _stepped_rewards(
             _batch(model, [seqs[i] for i in group], [position[i] for i in group], cols, deltas, sites, recvs,
                    wires, batch_size, out)
 
-    each_batch(sorted(targets, key=lambda i: len(seqs[i].ids)), batch_size, work, ids=targets, is_pairs=True,
+    # The rows are the sequences' own numbers already, so no `ids=` maps them (it would index by them).
+    each_batch(sorted(targets, key=lambda i: len(seqs[i].ids)), batch_size, work, is_pairs=True,
                lengths=[len(s.ids) for s in seqs])  # a short target is not padded to a long one
 
 

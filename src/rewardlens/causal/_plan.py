@@ -34,8 +34,9 @@ class Clean:
     coef: Tensor
     reward: Tensor
     recorded: Recorded | None = field(default=None, compare=False, repr=False)
-    """The targets' layer inputs, recorded by the same traced forward (`trace_pairs(record=)`), until
-    attribution patching's backward takes them; None: not recorded."""
+    """The targets' layer inputs or caches, recorded by the same traced forward (`trace_pairs(record=)`):
+    layer inputs until attribution patching's backward takes them, caches until the read-position sweep
+    does (`Recorded`); None: not recorded."""
 
     @classmethod
     def run(

@@ -60,7 +60,8 @@ def trace_pairs(model: RewardModel, pairs: Sequence[Pair], *, level: PatchLevel 
     targets' layer inputs and arguments ([L, r, T, d] per batch of r targets), or, on a causal decoder
     whose cache can be continued, the model's keys and values ([L, r, T, 2·kv]: the read token's backward
     continues them), held in `clean.recorded` until `attribution_patch(clean=...)` backpropagates from
-    them instead of running them again. A reward read at a set of positions records nothing (its
+    them instead of running them again (and, for the caches, until `patch(clean=...)`'s read-position sweep
+    continues them). A reward read at a set of positions records nothing (its
     estimate backpropagates whole)."""
     pairs = flatten_pairs(pairs)
     if seqs is not None and len(seqs) != 2 * len(pairs):
