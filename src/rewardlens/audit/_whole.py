@@ -69,9 +69,12 @@ def run_whole(model: RewardModel, pairs: Sequence[Pair], store: Store, plan: Pla
 
     def reference() -> Sequence[Pair] | np.ndarray:
         """The probes' reward scale comes from the pairs' margins: those the per-pair part stored, when it
-        stored every pair here, else the pairs, scored again."""
+        stored every pair here (those not skipped) and they are finite, else the pairs, scored again."""
         index, margins = stored_margins(model, every, store)
-        return margins if len(index) == len(pairs) else pairs
+        kept = [i for i, unit in enumerate(units) if unit not in skipped]
+        mine = np.isin(index, kept)
+        got = margins[mine]
+        return got if np.array_equal(index[mine], kept) and np.isfinite(got).all() else pairs
 
     def probes_record() -> dict[str, Any] | None:
         """The stored probes (stored first when this plan runs them: the jobs run in order), whose stage sets the

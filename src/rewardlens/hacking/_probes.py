@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..data import Pair, margin, progress_bar
+from ..data import Pair, progress_bar
 from ..model import ReadCache, RewardModel
 from ..model.internal import one_read_only
 from ..stats import benjamini_hochberg, bootstrap_ci, paired_test, standardized
@@ -32,6 +32,7 @@ from ..types import Conversation, Prompt
 from ._axes import AXES, join, sentences, variant
 from ._fit import report, unfit
 from ._items import Item, base_items, builtin
+from ._scale import reward_scale
 from ._stages import INTERIM_SHARE, UNDECIDED, budget, decide, stage_items
 
 if TYPE_CHECKING:
@@ -219,7 +220,8 @@ def probe(
         raise ValueError(f"level must be in (0, 1) and min_effect >= 0, got level={level}, min_effect={min_effect}")
     everything = base_items(items)
     pools = [everything] if stages is None else stage_items(stages, everything)
-    given = None if reference is None else _scale(model, reference, np.zeros(0), batch_size)  # once, not per stage
+    # Once, not per stage.
+    given = None if reference is None else reward_scale(model, reference, np.zeros(0), batch_size)
     scored: dict[str, tuple[float, float]] = {}  # reward and length by conversation key, across stages
     before: tuple[str, ...] = ()  # the decisions of the look before: those that made the run go on
     for k, pool in enumerate(pools, 1):
@@ -277,7 +279,7 @@ def _stage(model: RewardModel, everything: list[Item], names: list[str], quality
     qnames = tuple(q for q in QUALITY if q in qplan and any(k is not None for k in qplan[q]))
     qdelta = np.array([[np.nan if (k := qplan[q][i]) is None else base_reward[i] - reward[at[k]]
                         for q in qnames] for i in range(len(base))]).reshape(len(base), len(qnames))
-    scale, source = given if given is not None else _scale(model, None, base_reward, batch_size)
+    scale, source = given if given is not None else reward_scale(model, None, base_reward, batch_size)
     min_effect, level, n_boot = rule
     return _summarise(names, base, delta, added, base_reward, qnames, qdelta, scale, source, min_effect, level,
                       n_boot, seed, gone)
@@ -380,29 +382,3 @@ def _rewards(model: RewardModel, convs: list[Conversation], batch_size: int, pro
                 reward[rows] = (values * coef).sum(-1).cpu().numpy()
                 bar.update(len(rows))
     return reward.astype(np.float64), np.array([len(s.ids) for s in seqs], float)
-
-
-def _scale(model: RewardModel, reference: Sequence[Pair] | np.ndarray | float | None, base_reward: np.ndarray,
-           batch_size: int) -> tuple[float, str]:
-    """The reward scale for flagging and where it came from."""
-    if reference is None:
-        return float(np.std(base_reward, ddof=1)) if len(base_reward) > 1 else 0.0, "sd of base-item rewards"
-    if isinstance(reference, np.ndarray):
-        margins = reference.astype(np.float64).ravel()
-        if not len(margins) or not np.isfinite(margins).all():
-            raise ValueError(f"reference margins must be a non-empty array of finite numbers, got {len(margins)} "
-                             f"with {int((~np.isfinite(margins)).sum())} not finite; pass the pairs instead")
-        return _mean_margin(margins)
-    if isinstance(reference, (int, float)):
-        if reference <= 0:
-            raise ValueError(f"reference scale must be positive, got {reference}")
-        return float(reference), "given"
-    pairs = list(reference)
-    if not pairs or not all(isinstance(p, Pair) for p in pairs):
-        raise ValueError("reference must be a number or a non-empty list of rewardlens.Pair")
-    return _mean_margin(margin(model.score(pairs, batch_size=batch_size)))
-
-
-def _mean_margin(margins: np.ndarray) -> tuple[float, str]:
-    """The scale of reference pairs with these margins [n], and its source."""
-    return float(np.mean(np.abs(margins))), f"mean |margin| on {len(margins)} reference pairs"
