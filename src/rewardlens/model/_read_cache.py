@@ -22,8 +22,6 @@ if TYPE_CHECKING:  # annotations only: the core imports nothing of this module
     from ._core import RewardModel
 
 _Key = tuple[tuple[int, ...], tuple[int, ...] | None]
-SLICE = 8
-"""Batches per read call: the progress callback moves once per slice of the length-sorted new sequences."""
 
 
 def _key(seq: Tokenized) -> _Key:
@@ -56,18 +54,14 @@ class ReadCache:
     def read(self, seqs: list[Tokenized], *, batch_size: int = 16,
              step: Callable[[int], object] | None = None) -> Reading:
         """The reading of `seqs` (rows in their order; `Reading.layers` holds every label). Sequences not
-        read before are read in length-sorted batches of `batch_size`; `step(n)` after each `n` read."""
+        read before are read in one call, in length-sorted batches of `batch_size` (so a prompt's variants all
+        meet as one family, `read_sharing`); `step(n)` as each `n` are read."""
         keys = [_key(s) for s in seqs]
         first = {k: s for k, s in zip(keys, seqs) if k not in self._rows}
-        new = sorted(first, key=lambda k: len(k[0]))  # length-sorted, so a slice pads as little as one call
-        per = SLICE * batch_size
-        for start in range(0, len(new), per):
-            part = new[start:start + per]
-            got = read_sharing(self.model, [first[k] for k in part], layers=self.labels, batch_size=batch_size,
-                               readout=True)
-            self._add(part, got)
-            if step is not None:
-                step(len(part))
+        new = sorted(first, key=lambda k: len(k[0]))
+        if new:
+            self._add(new, read_sharing(self.model, [first[k] for k in new], layers=self.labels,
+                                        batch_size=batch_size, readout=True, step=step))
         held = self._joined()
         if held is None:  # nothing asked for, nothing read
             return self.model.read([], layers=self.labels, batch_size=batch_size, readout=True)

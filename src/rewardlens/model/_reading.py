@@ -3,7 +3,7 @@ position, one row per sequence."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -100,14 +100,18 @@ class Reader(Protocol):
 
 class Sink:
     """What the read loop fills, one row per sequence (its docstring says what each argument asks for):
-    the read position's captures of a batch go in with `fill`, and `reading()` hands them back."""
+    the read position's captures of a batch go in with `fill`, and `reading()` hands them back. `step(n)`
+    (a progress bar's update) hears of each `n` rows filled for the first time: a row filled again (a
+    shared read whose proof failed, read plainly after it) is not counted twice."""
 
-    def __init__(self, model: Reader, n: int, *, layers: Sequence[str], gate: bool, readout: bool) -> None:
+    def __init__(self, model: Reader, n: int, *, layers: Sequence[str], gate: bool, readout: bool,
+                 step: Callable[[int], object] | None = None) -> None:
         if model.reads.multi:
             raise one_read_only("the read loop (`RewardModel.read`)")
         k, d = model.head.n_objectives, model.d_model
         zeros = lambda *shape: torch.zeros(*shape, dtype=torch.float32, device=model.device)  # noqa: E731
-        self.model, self.gate = model, gate
+        self.model, self.gate, self.step = model, gate, step
+        self.filled = torch.zeros(n, dtype=torch.bool)
         self.final, self.hidden, self.values, self.coef = zeros(n, d), zeros(n, d), zeros(n, k), zeros(n, k)
         self.kept = {label: zeros(n, d) for label in layers}
         self.keys = {label: TraceKey.embed() if label == "embed" else TraceKey.resid(range(model.n_layers)[int(label)])
@@ -138,6 +142,10 @@ class Sink:
         if self.vectors is not None:
             head_rows, _ = model.head.rows(h)
             self.vectors[index] = (self.coef[index][:, :, None] * head_rows).sum(1)
+        first = int((~self.filled[index.cpu()]).sum())
+        self.filled[index.cpu()] = True
+        if self.step is not None and first:
+            self.step(first)
 
     def reading(self) -> Reading:
         """Everything filled, as the `Reading` the read loop returns."""

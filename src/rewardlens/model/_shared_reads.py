@@ -13,7 +13,7 @@ sequence goes to the plain loop.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -34,10 +34,11 @@ MIN_SHARED = 16
 
 
 def read_sharing(model: RewardModel, seqs: list[Tokenized], *, layers: Sequence[str], batch_size: int,
-                 readout: bool) -> Reading:
+                 readout: bool, step: Callable[[int], object] | None = None) -> Reading:
     """`RewardModel.read(seqs, layers=, batch_size=, readout=)`, the same numbers to float precision, with the
-    sequences that share a prefix read as one prefix and its continuations (`read_shared`)."""
-    sink = Sink(model, len(seqs), layers=layers, gate=True, readout=readout)
+    sequences that share a prefix read as one prefix and its continuations (`read_shared`); `step(n)` as
+    each `n` sequences are read (`Sink`)."""
+    sink = Sink(model, len(seqs), layers=layers, gate=True, readout=readout, step=step)
     rest = read_shared(model, seqs, sink, batch_size=batch_size)
     read_loop(model, [seqs[i] for i in rest], sink, batch_size=batch_size, index=rest)
     return sink.reading()
