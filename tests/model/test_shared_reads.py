@@ -112,3 +112,21 @@ def test_the_cache_reads_families_once_and_hands_back_the_plain_numbers(tiny_roo
     torch.testing.assert_close(again.reward, want.reward, atol=2e-5, rtol=1e-5)
     torch.testing.assert_close(first.reward, want.reward[:6], atol=2e-5, rtol=1e-5)
     assert len(cache) == len(seqs)
+
+
+@pytest.mark.parametrize("fail", [None, "proof", "later call"])
+def test_the_progress_steps_count_each_sequence_once(tiny_root, monkeypatch, fail):
+    """`step` hears of every sequence exactly once, also when a chunk fails after filling some rows (they are
+    read again plainly) and the reading is still the plain loop's."""
+    model = rl.load(str(tiny_root["llama"]))
+    seqs, _ = model.encode(CONVERSATIONS)
+    if fail == "proof":
+        monkeypatch.setattr(SHARED, "agrees", lambda *a, **k: False)
+    elif fail == "later call":  # the proof and the first members' call pass, the next call is refused
+        calls, real = [], SHARED._continue
+        monkeypatch.setattr(SHARED, "_continue", lambda *a: None if calls.append(1) or len(calls) > 2 else real(*a))
+    steps: list[int] = []
+    labels = ["embed", *map(str, range(model.n_layers))]
+    got = SHARED.read_sharing(model, seqs, layers=labels, batch_size=3, readout=True, step=steps.append)
+    assert sum(steps) == len(seqs) and all(n > 0 for n in steps)
+    _same(got, _reading(model, seqs, shared=False))
