@@ -207,3 +207,23 @@ def test_divergence_from_the_held_caches_equals_the_copy_engines(tiny_root, arch
     np.testing.assert_allclose(got.patched_chosen, want.patched_chosen, rtol=1e-5, atol=2e-6)
     np.testing.assert_allclose(got.divergence, want.divergence, rtol=1e-4, atol=1e-5)
     assert np.abs(got.divergence).max() > 0.1
+
+
+def test_drain_hands_each_recording_over_once_in_its_row_order(tiny_root):
+    """`Recorded.drain` empties the holder at once, hands each recording over with the asked positions in
+    its own row order (the recording itself when all its rows are asked, not a copy), and skips the rest."""
+    model = rl.load(str(tiny_root["llama"]))
+    held = trace_pairs(model, DEMO_PAIRS[:4], level="head", record="ablation", batch_size=4).clean.recorded
+    assert held is not None and len(held.recordings) == 2
+    originals, where = list(held.recordings), dict(held.where)
+    asked = [6, 0, 3, 5, 1, 2, 4, 7][::-1]  # every sequence, out of order
+    got = list(held.drain(asked))
+    assert not held.recordings and not held.where, "the holder lets go at once"
+    assert sorted(j for js, _ in got for j in js) == list(range(len(asked)))
+    for js, rec in got:
+        rows = [where[asked[j]][1] for j in js]
+        assert rows == sorted(rows) and any(rec is o for o in originals), "whole, in row order: itself, no copy"
+    held = trace_pairs(model, DEMO_PAIRS[:4], level="head", record="ablation", batch_size=4).clean.recorded
+    assert held is not None
+    some = list(held.drain([2, 0]))  # part of one recording at most two: copies of those rows only
+    assert sum(len(js) for js, _ in some) == 2 and all(rec.size == len(js) for js, rec in some)

@@ -67,14 +67,16 @@ def run_whole(model: RewardModel, pairs: Sequence[Pair], store: Store, plan: Pla
     pairs = [p for p, unit in zip(every, units) if unit not in skipped]
     items = plan.items()
 
-    def reference() -> Sequence[Pair] | np.ndarray:
+    def reference() -> Sequence[Pair] | np.ndarray | None:
         """The probes' reward scale comes from the pairs' margins: those the per-pair part stored, when it
-        stored every pair here (those not skipped) and they are finite, else the pairs, scored again."""
-        index, margins = stored_margins(model, every, store)
+        stored every pair here (those not skipped), else the pairs, scored again; None (the base items'
+        spread) when every pair was skipped."""
         kept = [i for i, unit in enumerate(units) if unit not in skipped]
+        if not kept:
+            return None
+        index, margins = stored_margins(model, every, store)
         mine = np.isin(index, kept)
-        got = margins[mine]
-        return got if np.array_equal(index[mine], kept) and np.isfinite(got).all() else pairs
+        return margins[mine] if np.array_equal(index[mine], kept) else pairs
 
     def probes_record() -> dict[str, Any] | None:
         """The stored probes (stored first when this plan runs them: the jobs run in order), whose stage sets the

@@ -31,6 +31,7 @@ from ..model.internal import (
     OOM_ERRORS,
     Batch,
     Point,
+    Recording,
     Tokenized,
     additive_mask,
     cache_name,
@@ -153,19 +154,28 @@ def _from_held(model: RewardModel, held: Recorded | None, states: dict[TraceKey,
     keys.update({layer: TraceKey.resid(layer - 1) for layer in range(1, model.n_layers)})
     keys.update({TraceKey.resid(layer): TraceKey.resid(layer) for layer in range(model.n_layers)})
     for js, rec in held.drain(caller):
-        at = rec.batch.read_index.to(model.device)
-        if rec.cache is None or at.tolist() != [read[j] for j in js]:
-            continue
-        pick = torch.tensor([caller[j] for j in js], device=model.device)
-        captured = {k: states[key][pick.to(states[key].device)].to(model.device) for k, key in keys.items()}
-        try:
-            run(torch.tensor(js), rec.batch, at, rec.cache, captured)
-        except Declined:
-            continue  # their own forward runs them
-        except OOM_ERRORS:
-            continue  # their own forward runs them, with the out-of-memory back-off
-        done.update(js)
+        if _held_group(model, js, rec, states, keys, caller, read, run):
+            done.update(js)
+        del rec  # let go of this cache before the next is handed over
     return done
+
+
+def _held_group(model: RewardModel, js: list[int], rec: Recording, states: dict[TraceKey, Tensor],
+                keys: dict[int | TraceKey, TraceKey], caller: list[int], read: list[int], run: _Run) -> bool:
+    """Rows `js` (into `caller`) from their held recording `rec`; False when it holds no cache, reads them
+    elsewhere, fails its proof or does not fit (their own forward then runs them)."""
+    at = rec.batch.read_index.to(model.device)
+    if rec.cache is None or at.tolist() != [read[j] for j in js]:
+        return False
+    pick = torch.tensor([caller[j] for j in js], device=model.device)
+    captured = {k: states[key][pick.to(states[key].device)].to(model.device) for k, key in keys.items()}
+    try:
+        run(torch.tensor(js), rec.batch, at, rec.cache, captured)
+    except Declined:
+        return False
+    except OOM_ERRORS:
+        return False  # their own forward runs them, with the out-of-memory back-off
+    return True
 
 
 def _groups(sweep: list[Site], min_copies: int) -> dict[int, list[int]]:

@@ -79,6 +79,7 @@ class Recorded:
         return out
 
     def _put(self, seq: int, rec: Recording, row: int) -> None:
+        """Sequence `seq` as row `row` of `rec`, which is held once however many of its rows are."""
         k = next((j for j, held in enumerate(self.recordings) if held is rec), None)
         if k is None:
             k = len(self.recordings)
@@ -105,18 +106,19 @@ class Recorded:
         """Per recording, the positions in `seqs` it holds, in its own row order (so a recording of exactly
         those rows comes as itself, not a copy), with those rows of it; each let go of once the next is asked
         for, and this holder empty from the first."""
-        recordings: list[Recording | None] = list(self.recordings)
-        where, self.recordings, self.where = self.where, [], {}
-        by: dict[int, list[int]] = {}
+        where, by = self.where, dict[int, list[int]]()
         for j, i in enumerate(seqs):
             if i in where:
                 by.setdefault(where[i][0], []).append(j)
+        # Only the recordings asked for are kept from here on, each until it is handed over.
+        recordings: dict[int, Recording] = {k: self.recordings[k] for k in by}
+        self.recordings, self.where = [], {}
         for k, js in sorted(by.items()):
             js.sort(key=lambda j: where[seqs[j]][1])
-            rec, recordings[k] = recordings[k], None
-            assert rec is not None  # each recording is handed over once
-            yield js, rec.select(torch.tensor([where[seqs[j]][1] for j in js]))
-            del rec
+            whole = recordings.pop(k)
+            part = whole.select(torch.tensor([where[seqs[j]][1] for j in js]))
+            del whole  # a copy of some rows: the whole recording is not held while they run
+            yield js, part
 
 
 def layerwise_grads(

@@ -18,11 +18,10 @@ def reward_scale(model: RewardModel, reference: Sequence[Pair] | np.ndarray | fl
     if reference is None:
         return float(np.std(base_reward, ddof=1)) if len(base_reward) > 1 else 0.0, "sd of base-item rewards"
     if isinstance(reference, np.ndarray):
-        margins = reference.astype(np.float64).ravel()
-        if not len(margins) or not np.isfinite(margins).all():
-            raise ValueError(f"reference margins must be a non-empty array of finite numbers, got {len(margins)} "
-                             f"with {int((~np.isfinite(margins)).sum())} not finite; pass the pairs instead")
-        return _mean_margin(margins)
+        if not reference.size:
+            raise ValueError("reference margins must be a non-empty array; pass the pairs, or None for the base "
+                             "items' spread")
+        return _mean_margin(reference.astype(np.float64).ravel(), "reference margins")
     if isinstance(reference, (int, float)):
         if reference <= 0:
             raise ValueError(f"reference scale must be positive, got {reference}")
@@ -30,11 +29,17 @@ def reward_scale(model: RewardModel, reference: Sequence[Pair] | np.ndarray | fl
     pairs = list(reference)
     if not pairs or not all(isinstance(p, Pair) for p in pairs):
         raise ValueError("reference must be a number or a non-empty list of rewardlens.Pair")
-    return _mean_margin(margin(model.score(pairs, batch_size=batch_size)))
+    return _mean_margin(margin(model.score(pairs, batch_size=batch_size)), "reference pairs")
 
 
-def _mean_margin(margins: np.ndarray) -> tuple[float, str]:
-    """The scale of reference pairs with these margins [n], and its source."""
+def _mean_margin(margins: np.ndarray, what: str) -> tuple[float, str]:
+    """The scale of reference pairs with these margins [n], and its source; `ValueError` naming the pairs
+    whose margin is not finite (a NaN scale would flag nothing, silently)."""
+    bad = np.flatnonzero(~np.isfinite(margins))
+    if len(bad):
+        raise ValueError(f"the {what} give {len(bad)} margin(s) that are not finite (pairs {bad[:8].tolist()}"
+                         f"{' ...' if len(bad) > 8 else ''}): the probes' reward scale would be NaN; drop or fix "
+                         "those pairs, or pass the scale as a number")
     return float(np.mean(np.abs(margins))), f"mean |margin| on {len(margins)} reference pairs"
 
 

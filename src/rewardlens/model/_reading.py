@@ -142,8 +142,9 @@ class Sink:
         if self.vectors is not None:
             head_rows, _ = model.head.rows(h)
             self.vectors[index] = (self.coef[index][:, :, None] * head_rows).sum(1)
-        first = int((~self.filled[index.cpu()]).sum())
-        self.filled[index.cpu()] = True
+        rows = index.cpu()
+        first = int((~self.filled[rows]).sum())
+        self.filled[rows] = True
         if self.step is not None and first:
             self.step(first)
 
