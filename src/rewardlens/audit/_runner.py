@@ -33,7 +33,7 @@ from ..sae import FeatureAttribution, TopKSAE
 from ._keys import RunKey, checksum
 from ._plan import Decided, PairUnits, Plan, run_keys, skipped_key
 from ._store import Store, Units
-from ._whole import CIRCUIT, CONFLICT, DIVERGENCE, sae_name, stored_parity, stored_tokens, whole_key
+from ._whole import CIRCUIT, CONFLICT, DIVERGENCE, sae_name, stored_parity, stored_tokens, stored_whole
 
 if TYPE_CHECKING:  # annotations only
     from ..exact import TokenAttribution
@@ -321,8 +321,8 @@ def collect(model: RewardModel, pairs: Sequence[Pair], store: Store, plan: Plan 
         return cls(**stacked, **meta, rows=rows, is_pairs=True)
 
     def whole(cls: Callable[..., _Result], name: str) -> _Result | None:
-        records = store.records(whole_key(model, every, name))
-        return cls(**records[0][1]) if records else None
+        record = stored_whole(model, every, store, name)
+        return None if record is None else cls(**record)
 
     lens_, sublayers, heads = per_pair(Lens, "lens"), per_pair(Attribution, "sublayers"), per_pair(Attribution, "heads")
     steps = None
@@ -330,9 +330,8 @@ def collect(model: RewardModel, pairs: Sequence[Pair], store: Store, plan: Plan 
         got = parts["steps"][0]
         steps = Steps(**{f: np.asarray(got[f]) for f in STEP_FIELDS}, values=None, names=[])
     stacked, meta = parts["faithfulness"]
-    stored_probes = store.records(whole_key(model, every, plan.probes_name()))
-    probes = Probes(**stored_probes[0][1]) if stored_probes else None
-    concepts_ = whole(Concepts, plan.concepts_name(stored_probes[0][1] if stored_probes else None))
+    probes = whole(Probes, plan.probes_name())
+    concepts_ = whole(Concepts, plan.concepts_name(stored_whole(model, every, store, plan.probes_name())))
     features = whole(FeatureAttribution, sae_name(sae, plan))
     conflicts_ = whole(Conflicts, CONFLICT)
     if conflicts_ is not None:  # stored as a list of lists (`_plain`)

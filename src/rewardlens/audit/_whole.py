@@ -69,20 +69,17 @@ def run_whole(model: RewardModel, pairs: Sequence[Pair], store: Store, plan: Pla
 
     def reference() -> Sequence[Pair] | np.ndarray | None:
         """The probes' reward scale comes from the pairs' margins: those the per-pair part stored, when it
-        stored every pair here (those not skipped), else the pairs, scored again; None (the base items'
-        spread) when every pair was skipped."""
-        kept = [i for i, unit in enumerate(units) if unit not in skipped]
-        if not kept:
+        stored every pair not skipped, else the pairs, scored again; None (the base items' spread) when every
+        pair was skipped."""
+        if not pairs:
             return None
-        index, margins = stored_margins(model, every, store)
-        mine = np.isin(index, kept)
-        return margins[mine] if np.array_equal(index[mine], kept) else pairs
+        index, margins = stored_margins(model, pairs, store)  # units are the pairs' contents, not places
+        return margins if len(index) == len(pairs) else pairs
 
     def probes_record() -> dict[str, Any] | None:
         """The stored probes (stored first when this plan runs them: the jobs run in order), whose stage sets the
         concepts' items (`Plan.concepts_name`)."""
-        stored = store.records(whole_key(model, every, plan.probes_name()))
-        return stored[0][1] if stored else None
+        return stored_whole(model, every, store, plan.probes_name())
 
     def features() -> FeatureAttribution:
         assert sae is not None and plan.sae_layer is not None  # run with an SAE only; _sae_name checked the layer
@@ -201,13 +198,18 @@ class _Parity:
                 "pairs": self.n_pairs}
 
 
+def stored_whole(model: RewardModel, pairs: Sequence[Pair], store: Store, name: str) -> dict[str, Any] | None:
+    """The stored record of the whole-model run `name` over `pairs`, or None when the store holds none."""
+    records = store.records(whole_key(model, pairs, name))
+    return records[0][1] if records else None
+
+
 def stored_parity(model: RewardModel, pairs: Sequence[Pair], store: Store) -> tuple[Parity | None, str, int]:
     """The stored parity result, the reason it is None, and the pairs it ran on; (None, why, 0) when the
     store holds none (a store written before the audit ran parity)."""
-    records = store.records(whole_key(model, pairs, PARITY))
-    if not records:
+    r = stored_whole(model, pairs, store, PARITY)
+    if r is None:
         return None, "not run: the store was written before the audit ran parity; run the audit again", 0
-    r = records[0][1]
     if not r["names"]:
         return None, str(r["reason"]), 0
     checks = tuple(ParityCheck(str(name), float(d), float(t), int(n))
@@ -235,10 +237,10 @@ def token_choice(model: RewardModel, pairs: Sequence[Pair], store: Store) -> lis
 
 def stored_tokens(model: RewardModel, pairs: Sequence[Pair], store: Store) -> tuple[TokenAttribution | None, list[int]]:
     """The stored token attribution and the pair indices its rows belong to ((None, []) when not run)."""
-    records = store.records(whole_key(model, pairs, TOKENS))
-    if not records:
+    record = stored_whole(model, pairs, store, TOKENS)
+    if record is None:
         return None, []
-    fields_ = dict(records[0][1])
+    fields_ = dict(record)
     chosen = [int(i) for i in fields_.pop("pairs")]
     return TokenAttribution(**fields_), chosen
 
