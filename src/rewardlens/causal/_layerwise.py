@@ -86,39 +86,43 @@ class Recorded:
             self.recordings.append(rec)
         self.where[seq] = (k, row)
 
-    def groups(self, seqs: Sequence[int]) -> list[tuple[list[int], Recording | None]]:
-        """Positions in `seqs` grouped by the recording that holds them (rows of it in that order), and
-        the positions no recording holds under None."""
+    def _by_recording(self, seqs: Sequence[int]) -> dict[int, list[int]]:
+        """Positions in `seqs` by the recording that holds them (recording index → positions, in row order)."""
         by: dict[int, list[int]] = {}
-        rest = []
         for j, i in enumerate(seqs):
             if i in self.where:
                 by.setdefault(self.where[i][0], []).append(j)
-            else:
-                rest.append(j)
-        out: list[tuple[list[int], Recording | None]] = []
-        for k, js in by.items():
-            rows = torch.tensor([self.where[seqs[j]][1] for j in js])
-            out.append((js, self.recordings[k].select(rows)))
+        for js in by.values():
+            js.sort(key=lambda j: self.where[seqs[j]][1])
+        return by
+
+    def groups(self, seqs: Sequence[int]) -> list[tuple[list[int], Recording | None]]:
+        """Positions in `seqs` grouped by the recording that holds them (in its row order), with those rows of
+        it, and the positions no recording holds under None."""
+        by = self._by_recording(seqs)
+        held = {j for js in by.values() for j in js}
+        rest = [j for j in range(len(seqs)) if j not in held]
+        out: list[tuple[list[int], Recording | None]] = [
+            (js, self.recordings[k].select(_rows_of(js, seqs, self.where))) for k, js in by.items()]
         return out + ([(rest, None)] if rest else [])
 
     def drain(self, seqs: Sequence[int]) -> Iterator[tuple[list[int], Recording]]:
-        """Per recording, the positions in `seqs` it holds, in its own row order (so a recording of exactly
-        those rows comes as itself, not a copy), with those rows of it; each let go of once the next is asked
-        for, and this holder empty from the first."""
-        where, by = self.where, dict[int, list[int]]()
-        for j, i in enumerate(seqs):
-            if i in where:
-                by.setdefault(where[i][0], []).append(j)
-        # Only the recordings asked for are kept from here on, each until it is handed over.
-        recordings: dict[int, Recording] = {k: self.recordings[k] for k in by}
+        """`groups` of the held positions, handed over one recording at a time: this holder is empty from the
+        first, only the recordings asked for are kept after that, and each is let go of once handed over
+        (only some of its rows: a copy of them, the whole not held while they run)."""
+        by, where = self._by_recording(seqs), self.where
+        recordings = {k: self.recordings[k] for k in by}
         self.recordings, self.where = [], {}
-        for k, js in sorted(by.items()):
-            js.sort(key=lambda j: where[seqs[j]][1])
+        for k in sorted(by):
             whole = recordings.pop(k)
-            part = whole.select(torch.tensor([where[seqs[j]][1] for j in js]))
-            del whole  # a copy of some rows: the whole recording is not held while they run
-            yield js, part
+            part = whole.select(_rows_of(by[k], seqs, where))
+            del whole
+            yield by[k], part
+
+
+def _rows_of(js: list[int], seqs: Sequence[int], where: dict[int, tuple[int, int]]) -> Tensor:
+    """The recorded rows [len(js)] of positions `js` of `seqs` (`Recorded.where`)."""
+    return torch.tensor([where[seqs[j]][1] for j in js])
 
 
 def layerwise_grads(
