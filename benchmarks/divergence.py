@@ -11,6 +11,13 @@ the two results' numbers are apart (float precision).
 
     python benchmarks/divergence.py                                     # demo model, 40 pairs, 5 rounds
     python benchmarks/divergence.py --model smollm2-dpo --pairs 4 --rounds 3   # the real RM: ~4 min
+
+`--step` times the audit's divergence step instead, both on the cached engine: one `patch` call over every
+pair, which traces every side again to fit the natural distribution (before), against `audit_divergence`,
+which fits from the read-position residuals the per-pair traces kept (`NaturalStates`, filled outside the
+timing: the per-pair part pays for that trace) and patches chunk by chunk from each chunk's held caches.
+
+    python benchmarks/divergence.py --model smollm2-dpo --pairs 8 --rounds 3 --step   # ~6 min
 """
 
 from __future__ import annotations
@@ -24,10 +31,13 @@ import numpy as np
 import torch
 from whole_audit import load
 
-from rewardlens.causal import Patching, patch
+from rewardlens.audit import Plan
+from rewardlens.causal import Patching, patch, trace_pairs
 from rewardlens.zoo.realmodels import NAMES
 
 PATCHING = importlib.import_module("rewardlens.causal._patching")
+WHOLE = importlib.import_module("rewardlens.audit._whole")
+NATURAL = importlib.import_module("rewardlens.audit._natural")
 
 
 def timed(model: Any, pairs: list[Any], cached: bool) -> tuple[float, Patching]:
@@ -43,17 +53,46 @@ def timed(model: Any, pairs: list[Any], cached: bool) -> tuple[float, Patching]:
         PATCHING.cached_read_sweep = real
 
 
+def step(model: Any, pairs: list[Any], rounds: int) -> None:
+    """The audit's divergence step: traced again (one call) against the fit handed by the per-pair traces."""
+    plan = Plan()
+    units = [str(i) for i in range(len(pairs))]  # any names: the kept residuals are looked up by them
+    kept = NATURAL.NaturalStates()
+    for start in range(0, len(pairs), plan.chunk_size):  # what the per-pair part's traces keep
+        part = pairs[start:start + plan.chunk_size]
+        kept.keep(model, units[start:start + plan.chunk_size], trace_pairs(model, part, level="head").clean.captured)
+    before_s, after_s, gaps = [], [], []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        before = patch(model, pairs, level="head", divergence=True)
+        before_s.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        after = WHOLE.audit_divergence(model, pairs, None, units, kept, plan)
+        after_s.append(time.perf_counter() - start)
+        gaps.append(max(float(np.abs(after.divergence - before.divergence).max()),
+                        float(np.abs(after.patched_chosen - before.patched_chosen).max())))
+    r = np.array(before_s) / np.array(after_s)
+    print(f"traced again (one call)   {np.median(before_s):8.2f} s")
+    print(f"fit handed, chunked       {np.median(after_s):8.2f} s")
+    print(f"before / after {np.median(r):6.2f}x [{r.min():.2f}, {r.max():.2f}]")
+    print(f"largest |difference| (divergence, patched rewards): {max(gaps):.2e}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--pairs", type=int, default=40)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--model", choices=["demo", *NAMES], default="demo", help="the demo model or a real RM")
+    ap.add_argument("--step", action="store_true", help="time the audit's divergence step, before and after")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     model, pairs = load(args.model, args.pairs)
     print(f"{args.model} model, {len(pairs)} pairs, {len(model.encode(pairs)[0])} sequences, {args.threads} "
           f"thread(s), {args.rounds} interleaved rounds (plus one warm-up)")
+    if args.step:
+        step(model, pairs[:4] * 2, 1)  # warm-up
+        return step(model, pairs, args.rounds)
     for cached in (True, False):  # warm-up: 8 pairs, enough to calibrate
         timed(model, pairs[:4] * 2, cached)
     copy_s, cached_s, gaps = [], [], []

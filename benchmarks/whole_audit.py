@@ -29,7 +29,7 @@ from decompose import seconds
 
 import rewardlens as rl
 from audit import plain_forward
-from rewardlens.audit import Plan, Store, run_pairs, run_whole
+from rewardlens.audit import NaturalStates, Plan, Store, run_pairs, run_whole
 from rewardlens.zoo import demo_model_dir
 from rewardlens.zoo.realmodels import NAMES, dpo_pairs, load_reward_model
 
@@ -50,10 +50,11 @@ def only(plan: Plan, step: str) -> Plan:
 def one_round(model: rl.RewardModel, pairs: list[rl.Pair], plan: Plan, device: torch.device) -> dict[str, float]:
     """Seconds of the floor, the per-pair part and each whole-model step, in that order, in one fresh store."""
     times = {"plain forward": seconds(plain_forward(model, pairs), device)}
-    store = Store(":memory:")
-    times["per-pair part"] = seconds(lambda: run_pairs(model, pairs, store, plan), device)
+    store, natural = Store(":memory:"), NaturalStates()  # as `audit` runs them: the residuals kept for divergence
+    times["per-pair part"] = seconds(lambda: run_pairs(model, pairs, store, plan, natural=natural), device)
     for step in STEPS:  # in order, each stored once: parity first, so no later step's time holds it
-        times[step] = seconds(lambda step=step: run_whole(model, pairs, store, only(plan, step)), device)
+        times[step] = seconds(lambda step=step: run_whole(model, pairs, store, only(plan, step), natural=natural),
+                              device)
     store.close()
     return times
 

@@ -155,3 +155,24 @@ def test_the_probes_scale_comes_from_the_stored_margins_without_scoring_the_pair
     with pytest.raises(ValueError, match="finite"):
         probe(model, spread_items(2), reference=np.array([0.5, np.nan]))
     store.close()
+
+
+def test_divergence_fits_from_the_per_pair_traces_and_traces_only_the_pairs_it_resumed(armo, tmp_path, monkeypatch):
+    """The natural fit takes the read-position residuals of the pairs this run computed from their per-pair
+    traces; pairs an earlier run stored are the only ones traced for it. Either way the scores equal one
+    `patch` call over every pair."""
+    natural = importlib.import_module("rewardlens.audit._natural")
+    real, traced = natural.natural_states, []
+    monkeypatch.setattr(natural, "natural_states", lambda m, seqs, b: traced.append(len(seqs)) or real(m, seqs, b))
+    pairs = _pairs(6)
+    scored = rl.patch(armo, pairs, level="head", divergence=True)
+    fresh = audit(armo, pairs, plan=PLAN)
+    assert traced == []  # every pair computed here: nothing traced again for the fit
+    np.testing.assert_allclose(fresh.divergence.divergence, scored.divergence, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(fresh.divergence.patched_chosen, scored.patched_chosen, rtol=1e-5, atol=2e-5)
+    assert fresh.divergence.pair_ids == scored.pair_ids
+    path = tmp_path / "results.sqlite"
+    audit(armo, pairs[:3], store=path, plan=PLAN)  # 3 pairs: stored per pair, too few for divergence
+    resumed = audit(armo, pairs, store=path, plan=PLAN)
+    assert traced == [6]  # the 3 stored pairs' sides, and only them
+    np.testing.assert_allclose(resumed.divergence.divergence, scored.divergence, rtol=1e-4, atol=1e-5)

@@ -11,6 +11,7 @@ from ._keys import schema_version as schema_version
 from ._lock import Holder as Holder
 from ._lock import RunLock as RunLock
 from ._lock import run_lock as run_lock
+from ._natural import NaturalStates as NaturalStates
 from ._plan import STORED_RESULTS as STORED_RESULTS
 from ._plan import VERSION as VERSION
 from ._plan import Decided as Decided
@@ -32,6 +33,7 @@ __all__ = [
     "Audit",
     "Decided",
     "Holder",
+    "NaturalStates",
     "Plan",
     "RunLock",
     "ResumeStatus",

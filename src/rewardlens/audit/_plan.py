@@ -50,8 +50,8 @@ class Plan:
     """Crystallization threshold the report uses."""
     divergence: bool = True
     """Score the read-position head patching of every pair for out-of-distribution patched states
-    (one more head-level sweep over all pairs, with a trace of every side to fit the natural states;
-    about the per-pair part's cost again; needs 4 pairs)."""
+    (one more head-level sweep over all pairs, chunk by chunk; the natural fit takes the read-position
+    residuals the per-pair traces kept; needs 4 pairs)."""
     tokens: bool = True
     """Exact token attribution of the pairs the report shows (at most 12, by |margin|): two more
     forwards of those pairs, whatever the number of pairs."""

@@ -31,6 +31,7 @@ from ..hacking import Concepts, Conflicts, Probes, cascade, distortion
 from ..model import Parity, RewardModel
 from ..sae import FeatureAttribution, TopKSAE
 from ._keys import RunKey, checksum
+from ._natural import NaturalStates
 from ._plan import Decided, PairUnits, Plan, run_keys, skipped_key
 from ._store import Store, Units
 from ._whole import CIRCUIT, CONFLICT, DIVERGENCE, sae_name, stored_parity, stored_tokens, stored_whole
@@ -138,9 +139,10 @@ def _varying(result: Lens | Attribution | Faithfulness) -> tuple[tuple[str, ...]
 
 
 def _chunk_entries(model: RewardModel, pairs: Sequence[Pair], span: Sequence[int], keys: dict[str, RunKey],
-                   decided: Decided, plan: Plan, units: Sequence[str]
+                   decided: Decided, plan: Plan, units: Sequence[str], natural: NaturalStates | None
                    ) -> tuple[list[tuple[RunKey, str, int, dict[str, Any]]], dict[RunKey, dict[str, Any]]]:
-    """The store entries of the pairs `span` (indices into `pairs`, each stored as its unit `units[i]`)."""
+    """The store entries of the pairs `span` (indices into `pairs`, each stored as its unit `units[i]`);
+    `natural` keeps their read-position residuals for the divergence step."""
     part = [pairs[i] for i in span]
     # One traced forward per batch: the lens and both attribution levels are views of its head-level
     # decomposition, and every patching estimand starts from its clean runs; the same forward records
@@ -148,6 +150,8 @@ def _chunk_entries(model: RewardModel, pairs: Sequence[Pair], span: Sequence[int
     traced = trace_pairs(model, part, level="head", batch_size=plan.batch_size, seqs=decided.seqs_of(span),
                          record=decided.spec.mode)
     dec = traced.decomposition
+    if natural is not None:
+        natural.keep(model, [units[i] for i in span], traced.clean.captured)
     results: dict[str, Lens | Attribution | Faithfulness] = {
         "lens": Lens.from_decomposition(dec),
         "sublayers": traced.attribution("sublayer"),
@@ -183,7 +187,7 @@ def _step_entries(steps: Steps, units: Sequence[str], span: Sequence[int], key: 
 
 def run_pairs(model: RewardModel, pairs: Sequence[Pair], store: Store, plan: Plan = Plan(), *,
               rank: int = 0, world_size: int = 1, progress: bool = False, skip: Store | None = None,
-              decided: Decided | None = None) -> int:
+              decided: Decided | None = None, natural: NaturalStates | None = None) -> int:
     """Compute this rank's missing pairs, chunk by chunk, storing each chunk as it finishes; returns the
     pairs computed (distinct ones: a pair given twice is one unit, computed once).
 
@@ -194,7 +198,8 @@ def run_pairs(model: RewardModel, pairs: Sequence[Pair], store: Store, plan: Pla
 
     `skip`: another store whose finished pairs count as done too (a rank's shard resumes against
     the merged store of an earlier run). `decided`: the run's decisions over all its pairs, when the
-    caller made them (`Decided.of`), else made here, once."""
+    caller made them (`Decided.of`), else made here, once. `natural`: keeps the computed pairs' read-position
+    residuals, for `run_whole`'s divergence."""
     pairs = list(pairs)
     decided = Decided.of(model, pairs) if decided is None else decided
     if decided.mode != "noising":
@@ -216,7 +221,7 @@ def run_pairs(model: RewardModel, pairs: Sequence[Pair], store: Store, plan: Pla
     meter = UnitMeter(bar)  # pairs: the first span is one pair, which says what a pair costs
     for left in todo:
         with meter.chunk(len(left)):
-            _compute(model, pairs, store, [units.first[u] for u in left], keys, held, decided, plan, units)
+            _compute(model, pairs, store, [units.first[u] for u in left], keys, held, decided, plan, units, natural)
     bar.close()
     _say_damaged(seen, {u for left in todo for u in left}, pairs, units)
     return sum(map(len, todo))
@@ -233,12 +238,13 @@ def _stored(store: Store, model: RewardModel, keys: dict[str, RunKey], units: Pa
 
 
 def _compute(model: RewardModel, pairs: Sequence[Pair], store: Store, left: list[int], keys: dict[str, RunKey],
-             held: dict[RunKey, Units], decided: Decided, plan: Plan, units: PairUnits) -> None:
+             held: dict[RunKey, Units], decided: Decided, plan: Plan, units: PairUnits,
+             natural: NaturalStates | None = None) -> None:
     """The pairs `left` (indices: one chunk's missing pairs) computed and stored in one transaction; those
     too long for memory even alone are recorded as skipped and the others computed."""
     while left:
         try:
-            entries, meta = _chunk_entries(model, pairs, left, keys, decided, plan, units.units)
+            entries, meta = _chunk_entries(model, pairs, left, keys, decided, plan, units.units, natural)
         except OutOfMemoryError as exc:  # pairs that fit in no batch: recorded, and the rest computed
             left = _skip(store, skipped_key(model), pairs, units.units, left, exc)
             continue

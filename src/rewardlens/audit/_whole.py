@@ -16,15 +16,17 @@ from typing import Any
 
 import numpy as np
 
-from ..causal import Circuit, Patching, circuit, patch
+from ..causal import Circuit, Patching, circuit, encode_pairs, patch, patch_mode, trace_pairs
 from ..data import Pair, margin, progress_bar
 from ..errors import ArchitectureError, CircuitError, HeadError, RewardLensWarning
 from ..exact import TokenAttribution, tokens
 from ..hacking import Concepts, Conflicts, Probes, concepts, conflict, probe
 from ..model import Parity, ParityCheck, ReadCache, RewardModel, parity
+from ..model.internal import Tokenized
 from ..sae import FeatureAttribution, TopKSAE, attribute_features
 from ._keys import RunKey, checksum, fingerprint
-from ._plan import VERSION, PairUnits, Plan, lens_key, skipped_key
+from ._natural import NaturalStates
+from ._plan import VERSION, Decided, PairUnits, Plan, lens_key, skipped_key
 from ._store import Store
 
 DIVERGENCE = "divergence/head/noising"
@@ -52,7 +54,8 @@ def whole_key(model: RewardModel, pairs: Sequence[Pair], name: str) -> RunKey:
 
 
 def run_whole(model: RewardModel, pairs: Sequence[Pair], store: Store, plan: Plan = Plan(), *,
-              sae: TopKSAE | None = None, progress: bool = False) -> None:
+              sae: TopKSAE | None = None, progress: bool = False, decided: Decided | None = None,
+              natural: NaturalStates | None = None) -> None:
     """The whole-model instruments the plan asks for, each stored once (skipped when already there).
 
     Besides probes, concepts and SAE features: `plan.divergence` (read-position head noising scored
@@ -60,11 +63,14 @@ def run_whole(model: RewardModel, pairs: Sequence[Pair], store: Store, plan: Pla
     for a head with several outputs, the conflicts between its terms on the pairs (from 3 pairs on),
     `plan.tokens`: exact token attribution of the pairs `token_choice` picks from the stored lens, and
     `plan.circuit`: `audit_circuit` (a model whose edges cannot be ablated alone is left out, with a warning).
-    Pairs the store records as skipped (too long for memory) are left out of all of them."""
+    Pairs the store records as skipped (too long for memory) are left out of all of them. `decided`: the
+    run's decisions, whose token ids divergence reuses; `natural`: the read-position residuals `run_pairs`
+    kept, which divergence fits from instead of tracing those pairs again."""
     every = list(pairs)
     units = PairUnits.of(every).units
     skipped = store.done(skipped_key(model), set(units))  # too long for memory: left out here as everywhere
-    pairs = [p for p, unit in zip(every, units) if unit not in skipped]
+    kept = [i for i, unit in enumerate(units) if unit not in skipped]
+    pairs = [every[i] for i in kept]
     items = plan.items()
 
     def reference() -> Sequence[Pair] | np.ndarray | None:
@@ -102,7 +108,8 @@ def run_whole(model: RewardModel, pairs: Sequence[Pair], store: Store, plan: Pla
         (TOKENS, token_pairs, bool(chosen)),  # the pairs whose lens is stored (none before `run_pairs`)
         (PARITY, lambda: _Parity.run(model, pairs), bool(pairs)),
         (CIRCUIT, lambda: audit_circuit(model, pairs, plan.batch_size, progress), plan.circuit and bool(pairs)),
-        (DIVERGENCE, lambda: patch(model, pairs, level="head", divergence=True, batch_size=plan.batch_size),
+        (DIVERGENCE, lambda: audit_divergence(model, pairs, None if decided is None else decided.seqs_of(kept),
+                                              [units[i] for i in kept], natural or NaturalStates(), plan, progress),
          plan.divergence and len(pairs) >= 4),
         (CONFLICT, lambda: conflict(model, pairs, batch_size=2 * plan.batch_size),
          model.head.n_objectives > 1 and len(pairs) >= 3 and not model.reads.multi),  # conflicts read one token
@@ -132,6 +139,28 @@ def run_whole(model: RewardModel, pairs: Sequence[Pair], store: Store, plan: Pla
     if damaged:
         warnings.warn(f"audit: {len(damaged)} damaged unit(s) in {store.path} were recomputed: "
                       f"{', '.join(f'{name} (unit all)' for name in damaged)}", RewardLensWarning, stacklevel=2)
+
+
+def audit_divergence(model: RewardModel, pairs: Sequence[Pair], seqs: Sequence[Tokenized] | None,
+                     units: Sequence[str], natural: NaturalStates, plan: Plan, progress: bool = False) -> Patching:
+    """`patch(model, pairs, level="head", divergence=True)`, to float precision, at a chunk's memory: the natural
+    distribution is fitted once over every pair (`NaturalStates.fit`: the residuals the per-pair traces kept,
+    the other pairs traced), then each chunk of `plan.chunk_size` pairs is traced once, recording the caches its
+    read-position sweep continues, and patched against that fit. `seqs`: the pairs' token ids, when the run has
+    them (`Decided.seqs_of`); `units`: the pairs' store units, by which `natural` keeps them."""
+    seqs = encode_pairs(model, pairs) if seqs is None else list(seqs)
+    fit = natural.fit(model, seqs, units, plan.batch_size)
+    mode = patch_mode(model, pairs, seqs)  # one decision for every chunk, as one call over the pairs makes
+    bar = progress_bar(len(pairs), "audit: divergence", progress, unit="pair")
+    parts = []
+    for start in range(0, len(pairs), plan.chunk_size):
+        part, part_seqs = pairs[start:start + plan.chunk_size], seqs[2 * start:2 * (start + plan.chunk_size)]
+        traced = trace_pairs(model, part, level="head", batch_size=plan.batch_size, seqs=part_seqs, record=mode)
+        parts.append(patch(model, part, mode=mode, level="head", divergence=True, natural=fit, clean=traced.clean,
+                           batch_size=plan.batch_size))
+        bar.update(len(part))
+    bar.close()
+    return Patching.joined(parts, pairs)
 
 
 def audit_circuit(model: RewardModel, pairs: Sequence[Pair], batch_size: int, progress: bool = False

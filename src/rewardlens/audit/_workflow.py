@@ -20,6 +20,7 @@ from ..model import RewardModel
 from ..sae import TopKSAE
 from ._keys import checksum
 from ._lock import run_lock
+from ._natural import NaturalStates
 from ._plan import VERSION, Decided, PairUnits, Plan, run_keys, skipped_key
 from ._runner import Audit, collect, plan_for_model, run_pairs
 from ._store import Store
@@ -108,14 +109,15 @@ def _locks(folders: Sequence[Path], rank: int, world_size: int) -> Iterator[None
 
 
 def _sharded(model: RewardModel, pairs: Sequence[Pair], main: Store, path: Path, plan: Plan, rank: int,
-             world_size: int, progress: bool, decided: Decided) -> bool:
-    """This rank's chunks into its shard; then rank 0 merges every shard into `main`. True on rank 0."""
+             world_size: int, progress: bool, decided: Decided, natural: NaturalStates | None) -> bool:
+    """This rank's chunks into its shard (`natural` keeps their read-position residuals); then rank 0 merges
+    every shard into `main`. True on rank 0."""
     import torch.distributed as dist
 
     shard = Store(shard_path(path, rank))
     try:
         run_pairs(model, pairs, shard, plan, rank=rank, world_size=world_size, progress=progress, skip=main,
-                  decided=decided)
+                  decided=decided, natural=natural)
     finally:
         shard.close()
     dist.barrier()  # every shard is complete before rank 0 reads them
@@ -156,13 +158,15 @@ def audit(model: RewardModel, pairs: Sequence[Pair], *, store: Store | str | Pat
         try:
             if decided is None:  # once for the run: every chunk, rank and read-back agrees
                 decided = Decided.of(model, pairs)
+            # The per-pair traces' read-position residuals, kept for divergence's natural fit (not traced again).
+            natural = NaturalStates() if plan.divergence else None
             if world_size == 1:
-                run_pairs(model, pairs, db, plan, progress=progress, decided=decided)
+                run_pairs(model, pairs, db, plan, progress=progress, decided=decided, natural=natural)
             else:
                 assert path is not None  # refused above
-                if not _sharded(model, pairs, db, path, plan, rank, world_size, progress, decided):
+                if not _sharded(model, pairs, db, path, plan, rank, world_size, progress, decided, natural):
                     return None
-            run_whole(model, pairs, db, plan, sae=sae, progress=progress)
+            run_whole(model, pairs, db, plan, sae=sae, progress=progress, decided=decided, natural=natural)
             return collect(model, pairs, db, plan, sae=sae, data=data, command_line=command_line, decided=decided)
         finally:
             if db is not store:

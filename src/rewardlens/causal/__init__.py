@@ -8,6 +8,8 @@ from ._attribution_patching import agreement as agreement
 from ._attribution_patching import attribution_patch as attribution_patch
 from ._circuit import Circuit as Circuit
 from ._circuit import circuit as circuit
+from ._divergence import NaturalFit as NaturalFit
+from ._divergence import natural_states as natural_states
 from ._edges import Edges as Edges
 from ._edges import edges as edges
 from ._faithfulness import ESTIMANDS as ESTIMANDS
@@ -33,6 +35,7 @@ __all__ = [
     "edges",
     "Faithfulness",
     "MODES",
+    "NaturalFit",
     "PatchSpec",
     "PathPatching",
     "Patching",
@@ -41,6 +44,7 @@ __all__ = [
     "encode_pairs",
     "attribution_patch",
     "faithfulness",
+    "natural_states",
     "patch",
     "path_patch",
     "patch_mode",

@@ -11,6 +11,7 @@ inserted activation itself is natural by construction, so it is never scored on 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -84,15 +85,23 @@ def thresholds(acts: Tensor, quantile: float = 0.99, folds: int = 5) -> float:
     return float(np.quantile(torch.cat(held).cpu().numpy(), quantile))
 
 
-class Scorer:
+class NaturalFit:
     """Per-layer whitening of natural activations at the read position; called on residuals
-    [..., L, d] it returns their whitened distance over the natural threshold [..., L]."""
+    [..., L, d] it returns their whitened distance over the natural threshold [..., L].
 
-    def __init__(self, model: RewardModel, natural: Clean, quantile: float = 0.99) -> None:
+    `states`: each layer's natural residual at the read position, `TraceKey.resid(l)` → [N, d] (a
+    `Clean`'s `captured`, or states a caller gathered over more pairs than one call patches: the audit
+    fits once over all its pairs from its per-pair traces and patches them chunk by chunk)."""
+
+    def __init__(self, model: RewardModel, states: Mapping[TraceKey, Tensor], quantile: float = 0.99) -> None:
+        missing = [layer for layer in range(model.n_layers) if TraceKey.resid(layer) not in states]
+        if missing:
+            raise ValueError(f"the natural fit needs every layer's residual at the read position; layers {missing} "
+                             "are missing: pass a Clean's captured states (Clean.run traces them)")
         self.fits: list[Natural] = []
         self.limits: list[float] = []
         for layer in range(model.n_layers):
-            acts = natural.captured[TraceKey.resid(layer)]
+            acts = states[TraceKey.resid(layer)].to(model.device)
             self.fits.append(Natural.fit(acts))
             self.limits.append(max(thresholds(acts, quantile), 1e-30))
 
@@ -102,18 +111,21 @@ class Scorer:
         return out.float()
 
 
-def scorer(model: RewardModel, clean: Clean, reference: list[Tokenized] | None, batch_size: int) -> Scorer:
-    """A `Scorer` fitted on `reference` (default: every clean sequence of the sweep)."""
+def natural_states(model: RewardModel, seqs: list[Tokenized], batch_size: int) -> dict[TraceKey, Tensor]:
+    """Each layer's residual at the read position of `seqs` (any inputs): `TraceKey.resid(l)` → [N, d]."""
     from ._plan import Clean
 
-    natural = clean if reference is None else Clean.run(model, reference, heads=False, batch_size=batch_size,
-                                                                is_pairs=False)
-    return Scorer(model, natural)
+    return Clean.run(model, seqs, heads=False, batch_size=batch_size, is_pairs=False).captured
+
+
+def scorer(model: RewardModel, clean: Clean, reference: list[Tokenized] | None, batch_size: int) -> NaturalFit:
+    """A `NaturalFit` on `reference` (default: every clean sequence of the sweep)."""
+    return NaturalFit(model, clean.captured if reference is None else natural_states(model, reference, batch_size))
 
 
 def score_patched(sweep: list[Site], targets: list[int], ratios: Tensor, n_pairs: int) -> np.ndarray:
     """Divergence [n_pairs, S]: per patched run, the largest ratio of downstream whitened distance
-    to the natural threshold (`ratios` [n_targets, S, L] from a `Scorer`) over the patched layer
+    to the natural threshold (`ratios` [n_targets, S, L] from a `NaturalFit`) over the patched layer
     and every later one; the larger of the two sides when both are patched (ablation)."""
     first = torch.tensor([0 if s.kind == "embed" else s.layer for s in sweep], device=ratios.device)
     downstream = torch.arange(ratios.shape[-1], device=ratios.device)[None, :] >= first[:, None]  # [S, L]

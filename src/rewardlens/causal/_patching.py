@@ -26,7 +26,7 @@ from ..stats import top_parts
 from ..types import Ablation, Estimand, Mode, PatchLevel, Positions, Spans
 from ._cached import cached_read_sweep
 from ._direct import direct_rewards
-from ._divergence import score_patched, scorer
+from ._divergence import NaturalFit, score_patched, scorer
 from ._engine import Site, batched_sweep, read_sweep, sites
 from ._margins import PatchedMargins
 from ._plan import Clean, PatchPlan, pair_seqs, sources_only
@@ -110,6 +110,33 @@ class Patching(PatchedMargins):
             patched_rejected=self.patched_rejected[:, index], level=level,
             divergence=None if self.divergence is None else self.divergence[:, index])
 
+    @classmethod
+    def joined(cls, parts: Sequence[Patching], pairs: Sequence[Pair]) -> Patching:
+        """Pairs patched in parts (chunks, one `patch` call each) as one result, pairs in the parts' order;
+        `pairs`: all of them, in that order, for their ids (`pair_ids`: a part numbers its unnamed pairs from 0).
+
+        ValueError unless there are parts, each patched the same parts the same way, and `pairs` are theirs."""
+        if not parts:
+            raise ValueError("Patching.joined needs at least one result to join; pass the chunks' results")
+        if sum(len(p.chosen) for p in parts) != len(pairs):
+            raise ValueError(f"Patching.joined: the parts hold {sum(len(p.chosen) for p in parts)} pairs but "
+                             f"{len(pairs)} pairs were passed; pass every pair the parts patched, in their order")
+        first = parts[0]
+        differ = [f for f in ("names", "mode", "positions", "level", "estimand", "approximate", "min_margin")
+                  if any(getattr(p, f) != getattr(first, f) for p in parts)]
+        differ += ["divergence"] if len({p.divergence is None for p in parts}) > 1 else []
+        if differ:
+            raise ValueError(f"Patching.joined joins chunks of one sweep, but the parts differ in {differ}; patch "
+                             "every chunk with the same sites and options")
+
+        def cat(name: str) -> np.ndarray:
+            return np.concatenate([getattr(p, name) for p in parts])
+
+        return dataclasses.replace(
+            first, chosen=cat("chosen"), rejected=cat("rejected"), patched_chosen=cat("patched_chosen"),
+            patched_rejected=cat("patched_rejected"), pair_ids=pair_ids(pairs),
+            divergence=None if first.divergence is None else cat("divergence"))
+
     def to_frame(self) -> pd.DataFrame:
         """Long table: one row per (pair, part) with effect, normalised effect and divergence."""
         import pandas as pd
@@ -148,6 +175,7 @@ def patch(
     estimand: Estimand = "total",
     reference: Inputs | None = None,
     divergence: bool = False,
+    natural: NaturalFit | None = None,
     batch_size: int = 8,
     chunk: int = 512,
     min_margin: float = 1e-4,
@@ -167,7 +195,10 @@ def patch(
     spans (see `resolve_positions`). `reference`: inputs whose mean activation `ablation='mean'`
     inserts (default: both sides of `pairs`) and whose natural activations divergence is scored
     against. `divergence=True` scores how far each patched run's later residual stream leaves
-    the natural distribution (`Patching.divergence`, `Patching.reliability`). `chunk`: patched
+    the natural distribution (`Patching.divergence`, `Patching.reliability`). `natural`: that
+    distribution fitted already (`NaturalFit`), when the caller fits it once over more pairs than this
+    call patches (the audit patches its pairs chunk by chunk against one fit); instead of `reference`.
+    `chunk`: patched
     copies of the read token per row in the read-position engine (memory grows with it).
     `clean`: the pairs' clean runs when the caller already traced them (`trace_pairs`; traced with
     heads for `level='head'`), so the sweep does not trace them again. `sweep`: the sites to patch
@@ -180,6 +211,9 @@ def patch(
         given = mode if spec is not None else mode_for(model, pairs, mode, seqs)
         spec = spec_of(spec, mode=given, ablation=ablation, positions=positions, level=level, estimand=estimand)
         mode, ablation, positions, level, estimand = spec.mode, spec.ablation, spec.positions, spec.level, spec.estimand
+        if natural is not None and (not divergence or reference is not None):
+            raise ValueError("natural= is divergence's fitted natural distribution: pass it with divergence=True "
+                             "and without reference= (which would fit another one)")
         if divergence and estimand == "direct":
             raise ValueError("divergence scores patched runs' later activations; estimand='direct' holds them "
                              "frozen, so there is nothing to score: use estimand='total'")
@@ -207,7 +241,7 @@ def patch(
         plan = PatchPlan.make(model, clean, sweep, mode, ablation, positions, ref_seqs, batch_size, ids=pair_ids(pairs))
         targets, cols_t, values = plan.targets, plan.cols, plan.values
         tgt = [seqs[i] for i in targets]
-        score = scorer(model, clean, ref_seqs, batch_size) if divergence else None
+        score = natural if natural is not None or not divergence else scorer(model, clean, ref_seqs, batch_size)
         rewards: Tensor | None = None
         streams: Tensor | None = None
         if estimand == "direct":

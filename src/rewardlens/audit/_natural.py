@@ -1,0 +1,57 @@
+"""The read-position residuals the per-pair traces took, kept for the audit's divergence step.
+
+Divergence fits the natural distribution of every side's read-position residual, at every layer,
+before it scores any patched run (docs/patching.md). The per-pair part traces every pair it computes
+and those residuals are among its trace's captures, so a run keeps them (per pair [2, L, d], chosen
+then rejected, on the CPU in the trace's dtype) and the divergence step fits from them, tracing only
+the pairs this process did not compute (stored by an earlier run, or computed by another rank).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import torch
+from torch import Tensor
+
+from ..causal import NaturalFit, natural_states
+from ..model import RewardModel, TraceKey
+from ..model.internal import Tokenized
+
+
+class NaturalStates:
+    """Each computed pair's read-position residuals by its unit (`content_key`): [2, L, d]."""
+
+    def __init__(self) -> None:
+        self.by_unit: dict[str, Tensor] = {}
+
+    def keep(self, model: RewardModel, units: Sequence[str], captured: Mapping[TraceKey, Tensor]) -> None:
+        """Keep the residuals of the pairs `units` from a trace of their sides (`captured`: `TraceKey.resid(l)`
+        → [2·len(units), d], pairs in order); a trace without them (a reward read at a set of positions, which
+        divergence leaves out) keeps nothing."""
+        keys = [TraceKey.resid(layer) for layer in range(model.n_layers)]
+        if not all(k in captured for k in keys):
+            return
+        stacked = torch.stack([captured[k] for k in keys], dim=1).cpu()  # [2n, L, d]
+        for j, unit in enumerate(units):
+            self.by_unit[unit] = stacked[2 * j:2 * j + 2]
+
+    def fit(self, model: RewardModel, seqs: Sequence[Tokenized], units: Sequence[str], batch_size: int
+            ) -> NaturalFit:
+        """The natural fit over both sides of every pair `units` (their token ids `seqs`, chosen and rejected
+        interleaved): kept residuals where this run computed the pair, the rest traced here."""
+        missing = [j for j, unit in enumerate(units) if unit not in self.by_unit]
+        traced = {k: v.cpu() for k, v in natural_states(
+            model, [seqs[2 * j + side] for j in missing for side in (0, 1)], batch_size).items()} if missing else {}
+        row = {j: 2 * k for k, j in enumerate(missing)}
+
+        def side_rows(layer: int) -> Tensor:
+            """[2·len(units), d] on the CPU: every side's residual after `layer`, pairs in order."""
+            key = TraceKey.resid(layer)
+            return torch.cat([traced[key][row[j]:row[j] + 2] if j in row else self.by_unit[u][:, layer]
+                              for j, u in enumerate(units)])
+
+        return NaturalFit(model, {TraceKey.resid(layer): side_rows(layer) for layer in range(model.n_layers)})
+
+
+__all__ = ["NaturalStates"]
