@@ -33,7 +33,7 @@ from decompose import seconds, timed
 
 import rewardlens as rl
 from audit import plain_forward
-from rewardlens.audit import Decided, Plan, Store, collect, plan_for_model, run_pairs, run_whole
+from rewardlens.audit import Decided, NaturalStates, Plan, Store, collect, plan_for_model, run_pairs, run_whole
 from rewardlens.audit.report import write_report
 from rewardlens.zoo import DEMO_PAIRS, build_tokenizer
 
@@ -108,10 +108,11 @@ def main() -> None:
         store = Store(Path(tmp) / "results.sqlite")
         plan = plan_for_model(model, plan, None)
         steps["decide (tokenize every pair once)"], decided = timed(lambda: Decided.of(model, pairs), device)
+        natural = NaturalStates()  # as `audit` runs them: the per-pair traces' residuals kept for divergence
         steps["per-pair part (run_pairs)"] = seconds(
-            lambda: run_pairs(model, pairs, store, plan, decided=decided, progress=True), device)
+            lambda: run_pairs(model, pairs, store, plan, decided=decided, progress=True, natural=natural), device)
         steps["whole-model part (run_whole)"] = seconds(
-            lambda: run_whole(model, pairs, store, plan, progress=True), device)
+            lambda: run_whole(model, pairs, store, plan, progress=True, decided=decided, natural=natural), device)
         steps["read back (collect)"], result = timed(lambda: collect(model, pairs, store, plan, decided=decided),
                                                      device)
         steps["report (write_report)"] = seconds(lambda: write_report(result, Path(tmp) / "report"), device)

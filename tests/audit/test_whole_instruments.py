@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import rewardlens as rl
-from rewardlens.audit import Plan, Store, audit
+from rewardlens.audit import Plan, Store, audit, collect, run_pairs, run_whole
 from rewardlens.audit.report import write_report
 from tests.helpers import tiny
 
@@ -164,15 +164,42 @@ def test_divergence_fits_from_the_per_pair_traces_and_traces_only_the_pairs_it_r
     natural = importlib.import_module("rewardlens.audit._natural")
     real, traced = natural.natural_states, []
     monkeypatch.setattr(natural, "natural_states", lambda m, seqs, b: traced.append(len(seqs)) or real(m, seqs, b))
+    whole = importlib.import_module("rewardlens.audit._whole")
+    chunks, trace = [], whole.trace_pairs
+    monkeypatch.setattr(whole, "trace_pairs", lambda m, p, **k: chunks.append(k["record"]) or trace(m, p, **k))
     pairs = _pairs(6)
     scored = rl.patch(armo, pairs, level="head", divergence=True)
     fresh = audit(armo, pairs, plan=PLAN)
     assert traced == []  # every pair computed here: nothing traced again for the fit
+    assert chunks == ["noising", "noising"]  # 2 chunks of 3, each traced once, its caches recorded for the sweep
     np.testing.assert_allclose(fresh.divergence.divergence, scored.divergence, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(fresh.divergence.patched_chosen, scored.patched_chosen, rtol=1e-5, atol=2e-5)
     assert fresh.divergence.pair_ids == scored.pair_ids
+    twice = [*pairs, pairs[1]]  # a pair given twice: one unit, kept once, its sides counted twice in the fit
+    np.testing.assert_allclose(audit(armo, twice, plan=PLAN).divergence.divergence,
+                               rl.patch(armo, twice, level="head", divergence=True).divergence, rtol=1e-4, atol=1e-5)
+    assert traced == []
     path = tmp_path / "results.sqlite"
-    audit(armo, pairs[:3], store=path, plan=PLAN)  # 3 pairs: stored per pair, too few for divergence
+    audit(armo, pairs[1::2], store=path, plan=PLAN)  # 3 pairs, not a prefix: stored, too few for divergence
     resumed = audit(armo, pairs, store=path, plan=PLAN)
     assert traced == [6]  # the 3 stored pairs' sides, and only them
     np.testing.assert_allclose(resumed.divergence.divergence, scored.divergence, rtol=1e-4, atol=1e-5)
+
+
+def test_divergence_runs_as_one_call_when_most_pairs_were_not_kept(armo, monkeypatch):
+    """Without the per-pair traces' residuals (`run_whole` without `natural=`), tracing every pair for the fit
+    and again per chunk would cost more than one call: one `patch` over every pair runs, with its numbers."""
+    whole = importlib.import_module("rewardlens.audit._whole")
+    real, calls = whole.patch, []
+    monkeypatch.setattr(whole, "patch", lambda m, p, **k: calls.append((len(p), "clean" in k)) or real(m, p, **k))
+    pairs = [*_pairs(5), _pairs(5)[2]]  # a pair given twice: one unit, patched twice as one call does
+    store = Store(":memory:")
+    try:
+        run_pairs(armo, pairs, store, PLAN)
+        run_whole(armo, pairs, store, PLAN)
+        got = collect(armo, pairs, store, PLAN).divergence
+    finally:
+        store.close()
+    assert calls == [(6, False)]
+    scored = real(armo, pairs, level="head", divergence=True)
+    np.testing.assert_allclose(got.divergence, scored.divergence, rtol=1e-4, atol=1e-5)

@@ -36,6 +36,10 @@ class NaturalStates:
         for j, unit in enumerate(units):
             self.by_unit[unit] = stacked[2 * j:2 * j + 2]
 
+    def missing(self, units: Sequence[str]) -> int:
+        """How many of the pairs `units` (a unit given twice counts twice) this run did not keep."""
+        return sum(unit not in self.by_unit for unit in units)
+
     def fit(self, model: RewardModel, seqs: Sequence[Tokenized], units: Sequence[str], batch_size: int
             ) -> NaturalFit:
         """The natural fit over both sides of every pair `units` (their token ids `seqs`, chosen and rejected

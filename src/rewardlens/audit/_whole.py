@@ -16,14 +16,15 @@ from typing import Any
 
 import numpy as np
 
-from ..causal import Circuit, Patching, circuit, encode_pairs, patch, patch_mode, trace_pairs
+from ..causal import Circuit, NaturalFit, Patching, circuit, encode_pairs, patch, patch_mode, trace_pairs
 from ..data import Pair, margin, progress_bar
 from ..errors import ArchitectureError, CircuitError, HeadError, RewardLensWarning
 from ..exact import TokenAttribution, tokens
 from ..hacking import Concepts, Conflicts, Probes, concepts, conflict, probe
 from ..model import Parity, ParityCheck, ReadCache, RewardModel, parity
-from ..model.internal import Tokenized
+from ..model.internal import Tokenized, continuable
 from ..sae import FeatureAttribution, TopKSAE, attribute_features
+from ..types import Mode
 from ._keys import RunKey, checksum, fingerprint
 from ._natural import NaturalStates
 from ._plan import VERSION, Decided, PairUnits, Plan, lens_key, skipped_key
@@ -143,24 +144,38 @@ def run_whole(model: RewardModel, pairs: Sequence[Pair], store: Store, plan: Pla
 
 def audit_divergence(model: RewardModel, pairs: Sequence[Pair], seqs: Sequence[Tokenized] | None,
                      units: Sequence[str], natural: NaturalStates, plan: Plan, progress: bool = False) -> Patching:
-    """`patch(model, pairs, level="head", divergence=True)`, to float precision, at a chunk's memory: the natural
+    """`patch(model, pairs, level="head", divergence=True)`, to float precision, chunk by chunk: the natural
     distribution is fitted once over every pair (`NaturalStates.fit`: the residuals the per-pair traces kept,
-    the other pairs traced), then each chunk of `plan.chunk_size` pairs is traced once, recording the caches its
-    read-position sweep continues, and patched against that fit. `seqs`: the pairs' token ids, when the run has
-    them (`Decided.seqs_of`); `units`: the pairs' store units, by which `natural` keeps them."""
+    the other pairs traced), then each chunk of `plan.chunk_size` pairs is patched against it. On a causal
+    decoder whose cache can be continued, a chunk is traced once, recording the caches its read-position sweep
+    continues (the sweep then runs no clean forward of its own); elsewhere `patch` traces the chunk. When more
+    than half the pairs were not kept (a resumed store, another rank's pairs), tracing them for the fit and
+    again per chunk costs more than the one call, which runs instead. `seqs`: the pairs' token ids, when the
+    run has them (`Decided.seqs_of`); `units`: the pairs' store units, by which `natural` keeps them."""
+    if 2 * natural.missing(units) > len(units):
+        return patch(model, pairs, level="head", divergence=True, batch_size=plan.batch_size)
     seqs = encode_pairs(model, pairs) if seqs is None else list(seqs)
     fit = natural.fit(model, seqs, units, plan.batch_size)
     mode = patch_mode(model, pairs, seqs)  # one decision for every chunk, as one call over the pairs makes
+    held = continuable(model, seqs)
     bar = progress_bar(len(pairs), "audit: divergence", progress, unit="pair")
     parts = []
     for start in range(0, len(pairs), plan.chunk_size):
-        part, part_seqs = pairs[start:start + plan.chunk_size], seqs[2 * start:2 * (start + plan.chunk_size)]
-        traced = trace_pairs(model, part, level="head", batch_size=plan.batch_size, seqs=part_seqs, record=mode)
-        parts.append(patch(model, part, mode=mode, level="head", divergence=True, natural=fit, clean=traced.clean,
-                           batch_size=plan.batch_size))
+        part = pairs[start:start + plan.chunk_size]
+        parts.append(_divergence_chunk(model, part, seqs[2 * start:2 * (start + len(part))], fit, mode, held, plan))
         bar.update(len(part))
     bar.close()
     return Patching.joined(parts, pairs)
+
+
+def _divergence_chunk(model: RewardModel, part: Sequence[Pair], seqs: list[Tokenized], fit: NaturalFit, mode: Mode,
+                      held: bool, plan: Plan) -> Patching:
+    """One chunk patched against `fit`, from its own trace's caches when `held` (its recording freed on return)."""
+    if not held:
+        return patch(model, part, mode=mode, level="head", divergence=True, natural=fit, batch_size=plan.batch_size)
+    traced = trace_pairs(model, part, level="head", batch_size=plan.batch_size, seqs=seqs, record=mode)
+    return patch(model, part, mode=mode, level="head", divergence=True, natural=fit, clean=traced.clean,
+                 batch_size=plan.batch_size)
 
 
 def audit_circuit(model: RewardModel, pairs: Sequence[Pair], batch_size: int, progress: bool = False

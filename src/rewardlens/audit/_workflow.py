@@ -158,8 +158,8 @@ def audit(model: RewardModel, pairs: Sequence[Pair], *, store: Store | str | Pat
         try:
             if decided is None:  # once for the run: every chunk, rank and read-back agrees
                 decided = Decided.of(model, pairs)
-            # The per-pair traces' read-position residuals, kept for divergence's natural fit (not traced again).
-            natural = NaturalStates() if plan.divergence else None
+            # The per-pair traces' read-position residuals, kept for divergence's natural fit (rank 0 runs it).
+            natural = NaturalStates() if plan.divergence and rank == 0 else None
             if world_size == 1:
                 run_pairs(model, pairs, db, plan, progress=progress, decided=decided, natural=natural)
             else:

@@ -111,7 +111,7 @@ class NaturalFit:
         return out.float()
 
 
-def natural_states(model: RewardModel, seqs: list[Tokenized], batch_size: int) -> dict[TraceKey, Tensor]:
+def natural_states(model: RewardModel, seqs: list[Tokenized], batch_size: int = 8) -> dict[TraceKey, Tensor]:
     """Each layer's residual at the read position of `seqs` (any inputs): `TraceKey.resid(l)` → [N, d]."""
     from ._plan import Clean
 
