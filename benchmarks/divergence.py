@@ -61,20 +61,27 @@ def step(model: Any, pairs: list[Any], rounds: int) -> None:
     for start in range(0, len(pairs), plan.chunk_size):  # what the per-pair part's traces keep
         part = pairs[start:start + plan.chunk_size]
         kept.keep(model, units[start:start + plan.chunk_size], trace_pairs(model, part, level="head").clean.captured)
-    before_s, after_s, gaps = [], [], []
+    runs = []
     for _ in range(rounds):
         start = time.perf_counter()
         before = patch(model, pairs, level="head", divergence=True)
-        before_s.append(time.perf_counter() - start)
+        t_before = time.perf_counter() - start
         start = time.perf_counter()
         after = WHOLE.audit_divergence(model, pairs, None, units, kept, plan)
-        after_s.append(time.perf_counter() - start)
-        gaps.append(max(float(np.abs(after.divergence - before.divergence).max()),
-                        float(np.abs(after.patched_chosen - before.patched_chosen).max())))
-    r = np.array(before_s) / np.array(after_s)
-    print(f"traced again (one call)   {np.median(before_s):8.2f} s")
-    print(f"fit handed, chunked       {np.median(after_s):8.2f} s")
-    print(f"before / after {np.median(r):6.2f}x [{r.min():.2f}, {r.max():.2f}]")
+        runs.append((t_before, time.perf_counter() - start, before, after))
+    report(runs, ("traced again (one call)", "fit handed, chunked", "before / after"))
+
+
+def report(runs: list[tuple[float, float, Patching, Patching]], names: tuple[str, str, str]) -> None:
+    """Median seconds of each side, their ratio as median [min, max] over rounds, and the largest gap."""
+    a_s, b_s = np.array([r[0] for r in runs]), np.array([r[1] for r in runs])
+    gaps = [max(float(np.abs(a.divergence - b.divergence).max()),
+                float(np.abs(a.patched_chosen - b.patched_chosen).max()))
+            for _, _, a, b in runs if a.divergence is not None and b.divergence is not None]
+    r = a_s / b_s
+    print(f"{names[0]:<26}{np.median(a_s):8.2f} s")
+    print(f"{names[1]:<26}{np.median(b_s):8.2f} s")
+    print(f"{names[2]} {np.median(r):6.2f}x [{r.min():.2f}, {r.max():.2f}]")
     print(f"largest |difference| (divergence, patched rewards): {max(gaps):.2e}")
 
 
@@ -95,20 +102,12 @@ def main() -> None:
         return step(model, pairs, args.rounds)
     for cached in (True, False):  # warm-up: 8 pairs, enough to calibrate
         timed(model, pairs[:4] * 2, cached)
-    copy_s, cached_s, gaps = [], [], []
+    runs = []
     for _ in range(args.rounds):
         t_copy, slow = timed(model, pairs, False)
         t_cached, fast = timed(model, pairs, True)
-        copy_s.append(t_copy)
-        cached_s.append(t_cached)
-        assert fast.divergence is not None and slow.divergence is not None
-        gaps.append(max(float(np.abs(fast.divergence - slow.divergence).max()),
-                        float(np.abs(fast.patched_chosen - slow.patched_chosen).max())))
-    r = np.array(copy_s) / np.array(cached_s)
-    print(f"copy engine   {np.median(copy_s):8.2f} s")
-    print(f"cached engine {np.median(cached_s):8.2f} s")
-    print(f"copy / cached {np.median(r):6.2f}x [{r.min():.2f}, {r.max():.2f}]")
-    print(f"largest |difference| (divergence, patched rewards): {max(gaps):.2e}")
+        runs.append((t_copy, t_cached, slow, fast))
+    report(runs, ("copy engine", "cached engine", "copy / cached"))
 
 
 if __name__ == "__main__":

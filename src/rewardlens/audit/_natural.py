@@ -4,7 +4,7 @@ Divergence fits the natural distribution of every side's read-position residual,
 before it scores any patched run (docs/patching.md). The per-pair part traces every pair it computes
 and those residuals are among its trace's captures, so a run keeps them (per pair [2, L, d], chosen
 then rejected, on the CPU in the trace's dtype) and the divergence step fits from them, tracing only
-the pairs this process did not compute (stored by an earlier run, or computed by another rank).
+the pairs the run did not compute (stored by an earlier run; under torchrun rank 0 gathers every rank's).
 """
 
 from __future__ import annotations

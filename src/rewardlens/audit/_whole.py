@@ -149,7 +149,7 @@ def audit_divergence(model: RewardModel, pairs: Sequence[Pair], seqs: Sequence[T
     the other pairs traced), then each chunk of `plan.chunk_size` pairs is patched against it. On a causal
     decoder whose cache can be continued, a chunk is traced once, recording the caches its read-position sweep
     continues (the sweep then runs no clean forward of its own); elsewhere `patch` traces the chunk. When more
-    than half the pairs were not kept (a resumed store, another rank's pairs), tracing them for the fit and
+    than half the pairs were not kept (a resumed store, a direct call without them), tracing them for the fit and
     again per chunk costs more than the one call, which runs instead. `seqs`: the pairs' token ids, when the
     run has them (`Decided.seqs_of`); `units`: the pairs' store units, by which `natural` keeps them."""
     if 2 * natural.missing(units) > len(units):

@@ -13,6 +13,7 @@ import contextlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ..data import Pair
 from ..errors import RunLockedError
@@ -110,8 +111,8 @@ def _locks(folders: Sequence[Path], rank: int, world_size: int) -> Iterator[None
 
 def _sharded(model: RewardModel, pairs: Sequence[Pair], main: Store, path: Path, plan: Plan, rank: int,
              world_size: int, progress: bool, decided: Decided, natural: NaturalStates | None) -> bool:
-    """This rank's chunks into its shard (`natural` keeps their read-position residuals); then rank 0 merges
-    every shard into `main`. True on rank 0."""
+    """This rank's chunks into its shard (`natural` keeps their read-position residuals, gathered on rank 0);
+    then rank 0 merges every shard into `main`. True on rank 0."""
     import torch.distributed as dist
 
     shard = Store(shard_path(path, rank))
@@ -121,6 +122,11 @@ def _sharded(model: RewardModel, pairs: Sequence[Pair], main: Store, path: Path,
     finally:
         shard.close()
     dist.barrier()  # every shard is complete before rank 0 reads them
+    if natural is not None:  # rank 0 fits divergence over every pair: each rank hands over the residuals it kept
+        held: list[dict[str, Any] | None] | None = [None] * world_size if rank == 0 else None
+        dist.gather_object(natural.by_unit, held, dst=0)
+        for got in held or []:
+            natural.by_unit.update(got or {})
     if rank == 0:
         for r in range(world_size):
             main.merge(shard_path(path, r))
@@ -158,8 +164,8 @@ def audit(model: RewardModel, pairs: Sequence[Pair], *, store: Store | str | Pat
         try:
             if decided is None:  # once for the run: every chunk, rank and read-back agrees
                 decided = Decided.of(model, pairs)
-            # The per-pair traces' read-position residuals, kept for divergence's natural fit (rank 0 runs it).
-            natural = NaturalStates() if plan.divergence and rank == 0 else None
+            # The per-pair traces' read-position residuals, kept for divergence's natural fit (rank 0 gathers them).
+            natural = NaturalStates() if plan.divergence else None
             if world_size == 1:
                 run_pairs(model, pairs, db, plan, progress=progress, decided=decided, natural=natural)
             else:
