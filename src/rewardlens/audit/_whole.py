@@ -144,35 +144,32 @@ def run_whole(model: RewardModel, pairs: Sequence[Pair], store: Store, plan: Pla
 
 def audit_divergence(model: RewardModel, pairs: Sequence[Pair], seqs: Sequence[Tokenized] | None,
                      units: Sequence[str], natural: NaturalStates, plan: Plan, progress: bool = False) -> Patching:
-    """`patch(model, pairs, level="head", divergence=True)`, to float precision, chunk by chunk: the natural
-    distribution is fitted once over every pair (`NaturalStates.fit`: the residuals the per-pair traces kept,
-    the other pairs traced), then each chunk of `plan.chunk_size` pairs is patched against it. On a causal
-    decoder whose cache can be continued, a chunk is traced once, recording the caches its read-position sweep
-    continues (the sweep then runs no clean forward of its own); elsewhere `patch` traces the chunk. When more
-    than half the pairs were not kept (a resumed store, a direct call without them), tracing them for the fit and
-    again per chunk costs more than the one call, which runs instead. `seqs`: the pairs' token ids, when the
-    run has them (`Decided.seqs_of`); `units`: the pairs' store units, by which `natural` keeps them."""
-    if 2 * natural.missing(units) > len(units):
-        return patch(model, pairs, level="head", divergence=True, batch_size=plan.batch_size)
+    """`patch(model, pairs, level="head", divergence=True)`, to float precision, chunk by chunk where that pays:
+    on a causal decoder whose cache can be continued, the natural distribution is fitted once over every pair
+    (`NaturalStates.fit`: the residuals the per-pair traces kept, the other pairs traced), then each chunk of
+    `plan.chunk_size` pairs is traced once, recording the caches its read-position sweep continues (so the sweep
+    runs no clean forward of its own), and patched against that fit. Elsewhere (no caches to record), or when
+    more than half the pairs were not kept (a resumed store, a direct call without them: tracing them for the
+    fit and again per chunk costs more), the one call runs. `seqs`: the pairs' token ids, when the run has them
+    (`Decided.seqs_of`); `units`: the pairs' store units, by which `natural` keeps them."""
     seqs = encode_pairs(model, pairs) if seqs is None else list(seqs)
+    if 2 * natural.missing(units) > len(units) or not continuable(model, seqs):
+        return patch(model, pairs, level="head", divergence=True, batch_size=plan.batch_size)
     fit = natural.fit(model, seqs, units, plan.batch_size)
     mode = patch_mode(model, pairs, seqs)  # one decision for every chunk, as one call over the pairs makes
-    held = continuable(model, seqs)
     bar = progress_bar(len(pairs), "audit: divergence", progress, unit="pair")
     parts = []
     for start in range(0, len(pairs), plan.chunk_size):
         part = pairs[start:start + plan.chunk_size]
-        parts.append(_divergence_chunk(model, part, seqs[2 * start:2 * (start + len(part))], fit, mode, held, plan))
+        parts.append(_divergence_chunk(model, part, seqs[2 * start:2 * (start + len(part))], fit, mode, plan))
         bar.update(len(part))
     bar.close()
     return Patching.joined(parts, pairs)
 
 
 def _divergence_chunk(model: RewardModel, part: Sequence[Pair], seqs: list[Tokenized], fit: NaturalFit, mode: Mode,
-                      held: bool, plan: Plan) -> Patching:
-    """One chunk patched against `fit`, from its own trace's caches when `held` (its recording freed on return)."""
-    if not held:
-        return patch(model, part, mode=mode, level="head", divergence=True, natural=fit, batch_size=plan.batch_size)
+                      plan: Plan) -> Patching:
+    """One chunk patched against `fit` from its own trace's caches (the recording freed on return)."""
     traced = trace_pairs(model, part, level="head", batch_size=plan.batch_size, seqs=seqs, record=mode)
     return patch(model, part, mode=mode, level="head", divergence=True, natural=fit, clean=traced.clean,
                  batch_size=plan.batch_size)
