@@ -18,6 +18,7 @@ from typing import Any
 from ..data import Pair
 from ..errors import RunLockedError
 from ..model import RewardModel
+from ..model.internal import continuable
 from ..sae import TopKSAE
 from ._keys import checksum
 from ._lock import run_lock
@@ -164,8 +165,9 @@ def audit(model: RewardModel, pairs: Sequence[Pair], *, store: Store | str | Pat
         try:
             if decided is None:  # once for the run: every chunk, rank and read-back agrees
                 decided = Decided.of(model, pairs)
-            # The per-pair traces' read-position residuals, kept for divergence's natural fit (rank 0 gathers them).
-            natural = NaturalStates() if plan.divergence else None
+            # The per-pair traces' read-position residuals, kept for divergence's natural fit (rank 0 gathers them)
+            # where its chunks can continue recorded caches; elsewhere divergence is one call and needs none.
+            natural = NaturalStates() if plan.divergence and continuable(model, decided.seqs) else None
             if world_size == 1:
                 run_pairs(model, pairs, db, plan, progress=progress, decided=decided, natural=natural)
             else:
