@@ -5,7 +5,9 @@ and 8 key/value heads, MLP 14336, vocabulary 128256) in bf16, wrapped with rewar
 byte-level tokenizer, audits 695 synthetic pairs whose sides are 200–600 tokens long: the default
 audit (`rl.audit`: lens, attribution at sublayer and head level, faithfulness, probes, concepts,
 divergence, token attribution) into a fresh store, then the report. Random weights give the same
-work as trained ones: every instrument's cost is set by the shapes, not the values.
+work as trained ones: every instrument's cost is set by the shapes, not the values, except where an
+engine's proof depends on them (in bf16 a continuation's proof is granted only to a model whose attention
+sees positions: `QK_SCALE` gives the random init that; the script prints the allowance).
 
 It prints each step's time, the plain forward's time over the same tokens (each side alone, no
 hooks, no padding: what any RM pays to score the pairs at all), their ratio, and peak accelerator
@@ -35,6 +37,7 @@ import rewardlens as rl
 from audit import plain_forward
 from rewardlens.audit import Decided, NaturalStates, Plan, Store, collect, plan_for_model, run_pairs, run_whole
 from rewardlens.audit.report import write_report
+from rewardlens.model.internal import proof_tol
 from rewardlens.zoo import DEMO_PAIRS, build_tokenizer
 
 LLAMA_8B = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
@@ -44,6 +47,11 @@ LLAMA_8B = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
 SMALL = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=8,
              num_key_value_heads=2, vocab_size=4096, max_position_embeddings=1024)
 """The CPU shape: the same code path at a size a CPU finishes in a minute or two."""
+QK_SCALE = 2.0
+"""Query and key weights are scaled by this after the random init, so attention logits (4x) are sharp enough
+to see positions as a trained model's do: in bf16 the continuation proof is granted only where a position
+off by one shows (`proof_tol`), which a random init at std 0.02 barely does, and no trained RM takes the
+refused path. Only values change: every instrument's cost is still set by the shapes and that choice."""
 
 
 def build(shape: dict[str, Any], device: torch.device, dtype: torch.dtype) -> rl.RewardModel:
@@ -60,6 +68,10 @@ def build(shape: dict[str, Any], device: torch.device, dtype: torch.dtype) -> rl
     finally:
         torch.set_default_dtype(default)
     hf.eval()
+    with torch.no_grad():  # trained attention sees positions; at init (std 0.02) it is nearly uniform
+        for layer in hf.model.layers:
+            layer.self_attn.q_proj.weight.mul_(QK_SCALE)
+            layer.self_attn.k_proj.weight.mul_(QK_SCALE)
     return rl.wrap(hf, tok)
 
 
@@ -98,6 +110,9 @@ def main() -> None:
     print(f"model: random-init Llama RM, {shape['num_hidden_layers']} layers, d {shape['hidden_size']}, {device} "
           f"{str(dtype).removeprefix('torch.')} (built in {built:.1f} s); {n} pairs, {min(lengths)}-{max(lengths)} "
           f"tokens a sequence, {sum(lengths)} in all")
+    allowance = proof_tol(model)
+    print(f"continuation proof in {str(dtype).removeprefix('torch.')}: "
+          + ("refused: every engine runs its plain path" if allowance is None else f"allowance {allowance:.2e}"))
     forward = seconds(plain_forward(model, pairs), device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)

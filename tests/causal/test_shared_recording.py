@@ -14,7 +14,7 @@ import torch
 import rewardlens as rl
 from rewardlens.causal import attribution_patch, trace_pairs
 from rewardlens.model import TraceKey
-from rewardlens.model.internal import LayerTaps, Recording, collate, continuable
+from rewardlens.model.internal import LayerTaps, Recording, collate, continuable, proof_tol
 from rewardlens.zoo import DEMO_PAIRS
 
 PAIRS = DEMO_PAIRS[:3]
@@ -127,10 +127,11 @@ def test_taps_hold_only_the_rows_they_keep_and_no_other_batchs_forward(tiny_root
 
 
 def test_in_bf16_the_trace_records_layer_inputs_and_the_backward_steps_from_them(tiny_root):
-    """In bf16 a continuation's proof cannot tell a bug from rounding (model/_continuing.py: proofs_resolve),
-    so the trace keeps the layer inputs the layer-at-a-time backward needs, and that backward still runs no
-    clean forward of its own."""
+    """Where a bf16 continuation's proof cannot tell a bug from rounding (model/_continuing.py: proof_tol
+    refuses the tiny random Llama), the trace keeps the layer inputs the layer-at-a-time backward needs, and
+    that backward still runs no clean forward of its own."""
     model = rl.load(str(tiny_root["llama"]), dtype=torch.bfloat16)
+    assert proof_tol(model) is None, "this test is about a refused proof"
     shared = trace_pairs(model, PAIRS, level="head", record="noising")
     assert shared.clean.recorded is not None
     assert all(rec.cache is None and len(rec.inputs) == model.n_layers for rec in shared.clean.recorded.recordings)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import math
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -37,6 +36,7 @@ from ..model.internal import (
     each_batch,
     eval_mode,
     fork_cache,
+    reproduces,
     rewriting,
 )
 from ..stats import rank_agreement
@@ -135,9 +135,7 @@ def _read_token_grads(model: RewardModel, batch: Batch, coef: Tensor, keys: dict
         raise
     except (RuntimeError, ValueError, TypeError, KeyError, AttributeError):
         return None
-    want = want.to(last.device)
-    tol = 1e-4 * float(want.abs().max())
-    if not math.isfinite(tol) or not torch.allclose(last.detach().float(), want.float(), rtol=1e-3, atol=tol):
+    if not reproduces(model, last.detach(), want):
         return None
     return acts, grads
 

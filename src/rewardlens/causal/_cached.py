@@ -43,6 +43,7 @@ from ..model.internal import (
     eval_mode,
     first_output,
     fork_cache,
+    reproduces,
 )
 from ._engine import Declined, Overwrite, Site, head_slice, patched, resid_points, take_values
 from ._layerwise import Recorded
@@ -98,7 +99,7 @@ def cached_read_sweep(
             part(done, len(groups))
             got = _group(model, batch, at, width, cache, name, captured, first_layer, [sweep[s] for s in group],
                          values, rows, coef[rows], dtype, resid is not None)
-            if got is None or not torch.allclose(got[0], final[:, None].expand_as(got[0]), rtol=1e-3, atol=tol):
+            if got is None or not reproduces(model, got[0], final[:, None].expand_as(got[0])):
                 raise Declined
             rewards[rows[:, None], torch.tensor(group)[None]] = got[1]
             if resid and streams is not None:

@@ -42,6 +42,7 @@ from ..model.internal import (
     eval_mode,
     first_output,
     packed,
+    proof_tol,
 )
 from ._engine import Declined, Overwrite, Site, head_slice, patched, take_values
 
@@ -237,9 +238,12 @@ class _Clean:
         x = hidden[torch.arange(len(tb), device=hidden.device), at.to(hidden.device)].float().to(model.device)
         return (model.head(model.final_hidden(x)) * model.head.coefficients(len(tb))).sum(-1)
 
-    def proves(self, model: RewardModel, tol: float = 1e-4) -> bool:
-        """Do unpatched continuations from layer 0 reproduce the clean run at every computed position?
-        Rows go reversed and twice over, so a cache row or argument matched to the wrong run shows."""
+    def proves(self, model: RewardModel) -> bool:
+        """Do unpatched continuations from layer 0 reproduce the clean run at every computed position (to
+        `proof_tol`)? Rows go reversed and twice over, so a cache row or argument matched to the wrong run shows."""
+        tol = proof_tol(model)
+        if tol is None:
+            return False
         size = len(self.start)
         tb = torch.arange(size - 1, -1, -1).repeat(2)
         mine = self.run(model, 0, tb, [])

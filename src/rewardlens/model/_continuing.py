@@ -13,17 +13,19 @@ from __future__ import annotations
 
 import copy
 import inspect
+import math
+import weakref
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import torch
 from torch import Tensor, nn
 
 from ._arch import hf_config
-from ._hooks import eval_mode
+from ._hooks import Point, capture, eval_mode
+from ._tokens import Batch, Tokenized, collate
 
 if TYPE_CHECKING:
     from ._core import RewardModel
-    from ._tokens import Batch, Tokenized
 
 
 class _Stop(Exception):
@@ -130,12 +132,96 @@ def packed(jobs: list[J], spans: list[int], budget: int, slack: float = 1.25) ->
     return out
 
 
+CALIBRATION_TOKENS = 48
+"""Length of the token sequence a low-precision model's proof is calibrated on."""
+MARGIN = 3.0
+"""A low-precision proof allows this many times the rounding gap its calibration measured (at least
+`FLOOR_EPS` machine epsilons): a batch of other shapes rounds differently from the calibration's."""
+FLOOR_EPS = 4.0
+"""The least gap a low-precision proof allows, in machine epsilons of the model's dtype."""
+POWER = 2.0
+"""A proof resolves only where a continuation one position off misses by this many times its allowance."""
+_CALIBRATED: weakref.WeakKeyDictionary[RewardModel, dict[torch.dtype, float | None]] = weakref.WeakKeyDictionary()
+
+
+def proof_tol(model: RewardModel) -> float | None:
+    """The relative gap (`agrees`) a continuation's proof allows on this model, or None where no allowance
+    can tell a wrong cache row, position or mask from rounding: 1e-4 in fp32 and fp64.
+
+    In bf16 or fp16 the same computation in another shape already differs by ~1e-2 (SmolLM2-135M, bf16),
+    so the allowance is calibrated once per model and dtype (`calibrate_proof`): MARGIN times the gap a
+    right continuation shows (at least FLOOR_EPS epsilons), and only where a continuation one position
+    off (the subtlest bug: RoPE sees it only through the distance to each cached key) misses by POWER
+    times that. On a random-init model, whose attention barely sees positions, it is None: each user then
+    runs as in fp32 without a cache (a user that loses work when a proof fails does not try one)."""
+    dtype = next(model.model.parameters()).dtype
+    if dtype in (torch.float32, torch.float64):
+        return 1e-4
+    held = _CALIBRATED.setdefault(model, {})
+    if dtype not in held:
+        held[dtype] = calibrate_proof(model)
+    return held[dtype]
+
+
+def calibrate_proof(model: RewardModel) -> float | None:
+    """`proof_tol` measured: the last of CALIBRATION_TOKENS fixed tokens continued on the cache of those
+    before it, at its own position and one position on, against the clean run at every layer's output;
+    the allowance, or None where the wrong continuation is not POWER times the allowance away (or the
+    model cannot continue a cache)."""
+    name, n = cache_name(model), CALIBRATION_TOKENS
+    get = getattr(model.model, "get_input_embeddings", None)  # a Hugging Face model's own accessor
+    weight = getattr(get(), "weight", None) if callable(get) else None
+    vocab = int(weight.shape[0]) if isinstance(weight, Tensor) else 2
+    ids = [(13 + 7919 * i) % vocab for i in range(n)]
+    if name is None or not_continuable(model, [Tokenized(ids)]) is not None:
+        return None
+    device, dtype = model.device, next(model.model.parameters()).dtype
+    batch = collate([Tokenized(ids)], pad_id=model.pad_token_id, side="right", first=False, device=device)
+    points = lambda col: {layer: Point(module, "out", torch.tensor([col], device=device))  # noqa: E731
+                          for layer, module in enumerate(model.layers)}
+    gaps = []
+    try:
+        with capture(points(n - 1), device) as want:
+            cache = cached_forward(model, batch)
+        for shift in (0, 1):
+            kwargs = model.forward_kwargs(
+                input_ids=batch.input_ids[:, -1:], attention_mask=continuation_mask(
+                    torch.tensor([n - 1], device=device), n, 1, dtype),
+                position_ids=torch.tensor([[n - 1 + shift]], device=device), use_cache=True,
+                **{name: fork_cache(cache)})
+            with torch.no_grad(), eval_mode(model.model), capture(points(0), device) as got:
+                model.backbone(**kwargs)
+            gaps.append(max(_gap(got[k], want[k]) for k in want))
+    except (RuntimeError, ValueError, TypeError, KeyError, AttributeError):
+        return None
+    right, wrong = gaps
+    tol = max(MARGIN * right, FLOOR_EPS * torch.finfo(dtype).eps)
+    return tol if math.isfinite(right) and wrong >= POWER * tol else None
+
+
+def _gap(mine: Tensor, want: Tensor) -> float:
+    """The largest relative gap of rows of `mine` from `want` [n, d] (their norms' ratio)."""
+    return float(((mine.float() - want.float()).norm(dim=-1) / want.float().norm(dim=-1).clamp_min(1e-12)).max())
+
+
 def proofs_resolve(model: RewardModel) -> bool:
-    """Whether a continuation's proof (agreement with the clean run to about 1e-4) can tell a wrong cache
-    row, position or mask from rounding at this model's dtype: fp32 and fp64. In bf16 or fp16 the same
-    computation in another shape already differs by ~1e-3, and on a small model a position off by one
-    by only a few times that, so a user that loses work when a proof fails does not try one there."""
-    return next(model.model.parameters()).dtype in (torch.float32, torch.float64)
+    """Whether a continuation's proof can tell a wrong cache row, position or mask from rounding at this
+    model's dtype (`proof_tol`): always in fp32 and fp64; in bf16 or fp16 where the calibration says so."""
+    return proof_tol(model) is not None
+
+
+def reproduces(model: RewardModel, mine: Tensor, want: Tensor) -> bool:
+    """An engine's proof that `mine` reproduces the clean `want` [..., d]: elementwise within rtol 1e-3 and
+    1e-4 of want's largest entry (finite), or, in bf16 or fp16, row by row within `proof_tol`."""
+    want = want.to(mine.device).float()
+    atol = 1e-4 * float(want.abs().max())
+    if not math.isfinite(atol):
+        return False
+    if torch.allclose(mine.float(), want, rtol=1e-3, atol=atol):
+        return True
+    low = next(model.model.parameters()).dtype not in (torch.float32, torch.float64)
+    tol = proof_tol(model) if low else None
+    return tol is not None and agrees(mine.reshape(-1, mine.shape[-1]), want.reshape(-1, want.shape[-1]), tol)
 
 
 def continuable(model: RewardModel, seqs: list[Tokenized]) -> bool:

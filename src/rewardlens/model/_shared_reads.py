@@ -19,7 +19,16 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from ._continuing import agrees, cache_name, cache_rows, cached_forward, continuable, continuation_mask, packed
+from ._continuing import (
+    agrees,
+    cache_name,
+    cache_rows,
+    cached_forward,
+    continuable,
+    continuation_mask,
+    packed,
+    proof_tol,
+)
 from ._hooks import Point, capture, eval_mode
 from ._keys import TraceKey
 from ._oom import OOM_ERRORS
@@ -124,7 +133,8 @@ def _chunk(model: RewardModel, seqs: list[Tokenized], reads: list[int], chunk: l
     proof = _continue(model, sink, cache, width, rows, last[rows], [[seqs[chunk[f][1][0]].ids[chunk[f][0] - 1]]
                                                                     for f in rows.tolist()],
                       torch.zeros(len(rows), dtype=torch.long))
-    if proof is None or not all(agrees(proof[k], want[k][rows.to(want[k].device)]) for k in want):
+    tol = proof_tol(model)  # not None: read_shared asked `continuable`
+    if proof is None or tol is None or not all(agrees(proof[k], want[k][rows.to(want[k].device)], tol) for k in want):
         return False
     members = [(f, i) for f, (_, group) in enumerate(chunk) for i in group]
     members.sort(key=lambda fi: len(seqs[fi[1]].ids) - chunk[fi[0]][0])

@@ -21,7 +21,9 @@ from ._continuing import continuation_mask as continuation_mask
 from ._continuing import fork_cache as fork_cache
 from ._continuing import not_continuable as not_continuable
 from ._continuing import packed as packed
+from ._continuing import proof_tol as proof_tol
 from ._continuing import proofs_resolve as proofs_resolve
+from ._continuing import reproduces as reproduces
 from ._hooks import Point as Point
 from ._hooks import capture as capture
 from ._hooks import eval_mode as eval_mode
@@ -106,7 +108,9 @@ __all__ = [
     "not_continuable",
     "one_read_only",
     "packed",
+    "proof_tol",
     "proofs_resolve",
+    "reproduces",
     "stepped_readout",
     "stepping_works",
     "unambiguous",
