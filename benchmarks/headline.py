@@ -7,7 +7,7 @@ audit (`rl.audit`: lens, attribution at sublayer and head level, faithfulness, p
 divergence, token attribution) into a fresh store, then the report. Random weights give the same
 work as trained ones: every instrument's cost is set by the shapes, not the values, except where an
 engine's proof depends on them (in bf16 a continuation's proof is granted only to a model whose attention
-sees positions: `QK_SCALE` gives the random init that; the script prints the allowance).
+sees positions: `qk_scale`; the script prints the allowance).
 
 It prints each step's time, the plain forward's time over the same tokens (each side alone, no
 hooks, no padding: what any RM pays to score the pairs at all), their ratio, and peak accelerator
@@ -18,6 +18,7 @@ where no accelerator is lent:
 
     python benchmarks/headline.py                       # CUDA when present: 8B shape, bf16, 695 pairs
     python benchmarks/headline.py --small               # 2-layer, d 256, 16 pairs of 40-120 tokens
+    python benchmarks/headline.py --small --dtype bfloat16   # the same in bf16: the GPU run's engine choices
     python benchmarks/headline.py --pairs 64            # a shorter run of the 8B shape
 """
 
@@ -47,11 +48,13 @@ LLAMA_8B = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
 SMALL = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=8,
              num_key_value_heads=2, vocab_size=4096, max_position_embeddings=1024)
 """The CPU shape: the same code path at a size a CPU finishes in a minute or two."""
-QK_SCALE = 2.0
-"""Query and key weights are scaled by this after the random init, so attention logits (4x) are sharp enough
-to see positions as a trained model's do: in bf16 the continuation proof is granted only where a position
-off by one shows (`proof_tol`), which a random init at std 0.02 barely does, and no trained RM takes the
-refused path. Only values change: every instrument's cost is still set by the shapes and that choice."""
+def qk_scale(config: tf.LlamaConfig) -> float:
+    """What query and key weights are scaled by after the random init: at a narrower shape than 8B's, up to
+    the spread 8B's init gives their outputs (std 0.02 × √4096 per entry), so attention logits are as sharp
+    at the CPU shape as at the GPU one (at 8B itself: 1, the plain init). In bf16 the continuation proof is
+    granted only where a position off by one shows (`proof_tol`), which the plain init at width 256 does
+    not; the script prints which way it went. Only values change, never a shape."""
+    return max(1.0, 0.02 * LLAMA_8B["hidden_size"] ** 0.5 / (config.initializer_range * config.hidden_size ** 0.5))
 
 
 def build(shape: dict[str, Any], device: torch.device, dtype: torch.dtype) -> rl.RewardModel:
@@ -68,10 +71,10 @@ def build(shape: dict[str, Any], device: torch.device, dtype: torch.dtype) -> rl
     finally:
         torch.set_default_dtype(default)
     hf.eval()
-    with torch.no_grad():  # trained attention sees positions; at init (std 0.02) it is nearly uniform
+    with torch.no_grad():
         for layer in hf.model.layers:
-            layer.self_attn.q_proj.weight.mul_(QK_SCALE)
-            layer.self_attn.k_proj.weight.mul_(QK_SCALE)
+            layer.self_attn.q_proj.weight.mul_(qk_scale(config))
+            layer.self_attn.k_proj.weight.mul_(qk_scale(config))
     return rl.wrap(hf, tok)
 
 
@@ -97,10 +100,12 @@ def main() -> None:
     ap.add_argument("--pairs", type=int, default=None, help="pairs (default 695; 16 at the small shape)")
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--chunk-size", type=int, default=32)
+    ap.add_argument("--dtype", choices=["bfloat16", "float32"], default=None,
+                    help="the backbone's dtype (default: bfloat16 on CUDA, float32 on CPU)")
     args = ap.parse_args()
     small = args.small or not torch.cuda.is_available()
     device = torch.device("cpu" if small and not torch.cuda.is_available() else "cuda")
-    dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
+    dtype = getattr(torch, args.dtype) if args.dtype else torch.float32 if device.type == "cpu" else torch.bfloat16
     shape, (lo, hi) = (SMALL, (40, 120)) if small else (LLAMA_8B, (200, 600))
     n = args.pairs or (16 if small else 695)
 

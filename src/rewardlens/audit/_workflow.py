@@ -134,6 +134,18 @@ def _sharded(model: RewardModel, pairs: Sequence[Pair], main: Store, path: Path,
     return rank == 0
 
 
+def _rank0s(value: bool, world_size: int) -> bool:
+    """Rank 0's `value` on every rank of a sharded run: a decision every rank must share (each rank's own
+    low-precision proof calibration could differ on a borderline model, and a rank left out of a gather hangs)."""
+    if world_size == 1:
+        return value
+    import torch.distributed as dist
+
+    got = [value]
+    dist.broadcast_object_list(got, src=0)
+    return bool(got[0])
+
+
 def audit(model: RewardModel, pairs: Sequence[Pair], *, store: Store | str | Path | None = None,
           plan: Plan = Plan(), sae: TopKSAE | None = None, progress: bool = False,
           data: str | Path | None = None, command_line: str | None = None, rank: int = 0, world_size: int = 1,
@@ -167,7 +179,8 @@ def audit(model: RewardModel, pairs: Sequence[Pair], *, store: Store | str | Pat
                 decided = Decided.of(model, pairs)
             # The per-pair traces' read-position residuals, kept for divergence's natural fit (rank 0 gathers them)
             # where its chunks can continue recorded caches; elsewhere divergence is one call and needs none.
-            natural = NaturalStates() if plan.divergence and continuable(model, decided.seqs) else None
+            keep = _rank0s(plan.divergence and continuable(model, decided.seqs), world_size)
+            natural = NaturalStates() if keep else None
             if world_size == 1:
                 run_pairs(model, pairs, db, plan, progress=progress, decided=decided, natural=natural)
             else:

@@ -77,8 +77,8 @@ def trace_pairs(model: RewardModel, pairs: Sequence[Pair], *, level: PatchLevel 
         return Traced(pairs, level, dec, Clean.of(model, seqs, runs))
     recorded = Recorded()
     targets = sides(record, len(seqs))[0]
-    # A causal decoder's read-token backward continues the clean cache; other models (and low precision,
-    # where its proof cannot tell a bug from rounding) step every layer from the recorded inputs.
+    # A causal decoder's read-token backward continues the clean cache; other models (and low precision
+    # where the calibrated proof is refused: `proof_tol`) step every layer from the recorded inputs.
     cache = continuable(model, seqs)
     with LayerTaps(model, keep=_rows_of({tuple(seqs[i].ids) for i in targets}), cache=cache) as taps:
         dec = decompose(model, pairs, level=level, batch_size=batch_size, encoded=(seqs, True),

@@ -22,6 +22,7 @@ from torch import Tensor, nn
 
 from ._arch import hf_config
 from ._hooks import Point, capture, eval_mode
+from ._oom import OOM_ERRORS
 from ._tokens import Batch, Tokenized, collate
 
 if TYPE_CHECKING:
@@ -134,6 +135,8 @@ def packed(jobs: list[J], spans: list[int], budget: int, slack: float = 1.25) ->
 
 CALIBRATION_TOKENS = 48
 """Length of the token sequence a low-precision model's proof is calibrated on."""
+CALIBRATION_CUTS = (0.25, 0.5, 0.75, 1.0)
+"""Where in it (shares of its length) a token is continued: positions vary in how much a shift shows."""
 MARGIN = 3.0
 """A low-precision proof allows this many times the rounding gap its calibration measured (at least
 `FLOOR_EPS` machine epsilons): a batch of other shapes rounds differently from the calibration's."""
@@ -146,14 +149,16 @@ _CALIBRATED: weakref.WeakKeyDictionary[RewardModel, dict[torch.dtype, float | No
 
 def proof_tol(model: RewardModel) -> float | None:
     """The relative gap (`agrees`) a continuation's proof allows on this model, or None where no allowance
-    can tell a wrong cache row, position or mask from rounding: 1e-4 in fp32 and fp64.
+    tells a continuation one position off (the subtlest bug: RoPE sees it only through the distance to
+    each cached key) from rounding: 1e-4 in fp32 and fp64.
 
     In bf16 or fp16 the same computation in another shape already differs by ~1e-2 (SmolLM2-135M, bf16),
     so the allowance is calibrated once per model and dtype (`calibrate_proof`): MARGIN times the gap a
-    right continuation shows (at least FLOOR_EPS epsilons), and only where a continuation one position
-    off (the subtlest bug: RoPE sees it only through the distance to each cached key) misses by POWER
-    times that. On a random-init model, whose attention barely sees positions, it is None: each user then
-    runs as in fp32 without a cache (a user that loses work when a proof fails does not try one)."""
+    right continuation shows (at least FLOOR_EPS epsilons), granted only where the one-off continuation
+    misses the head's residual by POWER times that. On a random-init model, whose attention barely sees
+    positions, it is None: each user then runs its plain path (a user that loses work when a proof fails
+    does not try one). Every engine asks before it opens hooks of its own, so the calibration's forward
+    is the model's own; an out-of-memory error propagates and leaves nothing calibrated."""
     dtype = next(model.model.parameters()).dtype
     if dtype in (torch.float32, torch.float64):
         return 1e-4
@@ -164,44 +169,64 @@ def proof_tol(model: RewardModel) -> float | None:
 
 
 def calibrate_proof(model: RewardModel) -> float | None:
-    """`proof_tol` measured: the last of CALIBRATION_TOKENS fixed tokens continued on the cache of those
-    before it, at its own position and one position on, against the clean run at every layer's output;
-    the allowance, or None where the wrong continuation is not POWER times the allowance away (or the
-    model cannot continue a cache)."""
-    name, n = cache_name(model), CALIBRATION_TOKENS
-    get = getattr(model.model, "get_input_embeddings", None)  # a Hugging Face model's own accessor
-    weight = getattr(get(), "weight", None) if callable(get) else None
-    vocab = int(weight.shape[0]) if isinstance(weight, Tensor) else 2
-    ids = [(13 + 7919 * i) % vocab for i in range(n)]
-    if name is None or not_continuable(model, [Tokenized(ids)]) is not None:
-        return None
+    """`proof_tol` measured on CALIBRATION_TOKENS fixed tokens (fewer under a shorter sliding window): the
+    token at each of CALIBRATION_CUTS positions continued on the cache of those before it, at its own
+    position and one position on. The right gap is the largest over the cuts and every layer's output (the
+    shared reads and the suffix sweep prove every depth); the wrong one the smallest over the cuts at the
+    residual the head reads, the one point the cached sweep and the read token's backward prove. The
+    allowance, or None where the wrong gap is not POWER times it (or the model cannot continue a cache)."""
+    name = cache_name(model)
     device, dtype = model.device, next(model.model.parameters()).dtype
-    batch = collate([Tokenized(ids)], pad_id=model.pad_token_id, side="right", first=False, device=device)
-    points = lambda col: {layer: Point(module, "out", torch.tensor([col], device=device))  # noqa: E731
-                          for layer, module in enumerate(model.layers)}
-    gaps = []
+    window = getattr(hf_config(model.model).get_text_config(), "sliding_window", None)
+    n = min(CALIBRATION_TOKENS, window or CALIBRATION_TOKENS)
+    cuts = torch.tensor(sorted({round(n * f) - 1 for f in CALIBRATION_CUTS} - {-1, 0}), device=device)
     try:
-        with capture(points(n - 1), device) as want:
+        ids = [(13 + 7919 * i) % _vocab(model) for i in range(n)]
+        if name is None or not len(cuts) or not_continuable(model, [Tokenized(ids)]) is not None:
+            return None
+        batch = collate([Tokenized(ids)], pad_id=model.pad_token_id, side="right", first=False, device=device)
+        one = torch.zeros(len(cuts), dtype=torch.long, device=device)
+        with capture(_every_depth(model, cuts, one), device) as want:
             cache = cached_forward(model, batch)
+        gaps = []
         for shift in (0, 1):
             kwargs = model.forward_kwargs(
-                input_ids=batch.input_ids[:, -1:], attention_mask=continuation_mask(
-                    torch.tensor([n - 1], device=device), n, 1, dtype),
-                position_ids=torch.tensor([[n - 1 + shift]], device=device), use_cache=True,
-                **{name: fork_cache(cache)})
-            with torch.no_grad(), eval_mode(model.model), capture(points(0), device) as got:
+                input_ids=batch.input_ids[0, cuts][:, None], position_ids=(cuts + shift)[:, None],
+                attention_mask=continuation_mask(cuts, n, 1, dtype), use_cache=True, **{name: cache_rows(cache, one)})
+            with torch.no_grad(), eval_mode(model.model), capture(_every_depth(model, one), device) as got:
                 model.backbone(**kwargs)
-            gaps.append(max(_gap(got[k], want[k]) for k in want))
-    except (RuntimeError, ValueError, TypeError, KeyError, AttributeError):
-        return None
-    right, wrong = gaps
+            gaps.append({k: _gaps(got[k], want[k]) for k in want})
+    except OOM_ERRORS:
+        raise
+    except (RuntimeError, ValueError, TypeError, KeyError, AttributeError, NotImplementedError):
+        return None  # a model that cannot run a continuation: every user takes its plain path
+    right = max(float(g.max()) for g in gaps[0].values())
+    wrong = float(gaps[1]["final"].min())
     tol = max(MARGIN * right, FLOOR_EPS * torch.finfo(dtype).eps)
     return tol if math.isfinite(right) and wrong >= POWER * tol else None
 
 
-def _gap(mine: Tensor, want: Tensor) -> float:
-    """The largest relative gap of rows of `mine` from `want` [n, d] (their norms' ratio)."""
-    return float(((mine.float() - want.float()).norm(dim=-1) / want.float().norm(dim=-1).clamp_min(1e-12)).max())
+def _every_depth(model: RewardModel, cols: Tensor, rows: Tensor | None = None) -> dict[str, Point]:
+    """Points at `cols` [k] (of `rows` [k]; default, row i at cols[i]): every layer's output, and the
+    residual the head reads."""
+    final = model.final_point(cols)
+    return {**{f"layer {i}": Point(module, "out", cols, rows) for i, module in enumerate(model.layers)},
+            "final": Point(final.module, final.where, cols, rows)}
+
+
+def _gaps(mine: Tensor, want: Tensor) -> Tensor:
+    """Each row's relative gap of `mine` from `want` [k, d] (NaN, which no allowance passes, where not finite)."""
+    gap = (mine.float() - want.float()).norm(dim=-1) / want.float().norm(dim=-1).clamp_min(1e-12)
+    return torch.where(torch.isfinite(gap), gap, torch.nan)
+
+
+def _vocab(model: RewardModel) -> int:
+    """The model's vocabulary size, from its input embeddings (Hugging Face's own accessor)."""
+    hf: Any = model.model  # a Hugging Face model (nn.Module's typing hides its methods)
+    weight = getattr(hf.get_input_embeddings(), "weight", None)
+    if not isinstance(weight, Tensor):
+        raise AttributeError("the model's input embeddings hold no weight")
+    return int(weight.shape[0])
 
 
 def proofs_resolve(model: RewardModel) -> bool:
