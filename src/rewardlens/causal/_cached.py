@@ -43,7 +43,6 @@ from ..model.internal import (
     eval_mode,
     first_output,
     fork_cache,
-    proof_tol,
     reproduces,
 )
 from ._engine import Declined, Overwrite, Site, head_slice, patched, resid_points, take_values
@@ -81,7 +80,6 @@ def cached_read_sweep(
     name = cache_name(model)
     if name is None or model.encoder:
         return None
-    proof_tol(model)  # a low-precision proof's calibration runs now, before this engine's hooks open
     n = len(seqs)
     clean, rewards = torch.zeros(n, device=model.device), torch.zeros(n, len(sweep), device=model.device)
     streams = torch.zeros(n, len(sweep), model.n_layers, device=model.device) if resid else None

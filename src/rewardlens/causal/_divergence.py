@@ -97,7 +97,8 @@ class NaturalFit:
         missing = [layer for layer in range(model.n_layers) if TraceKey.resid(layer) not in states]
         if missing:
             raise ValueError(f"the natural fit needs every layer's residual at the read position; layers {missing} "
-                             "are missing: pass a Clean's captured states (Clean.run traces them)")
+                             "are missing: trace them with natural_states(model, seqs), or pass a trace's "
+                             "Clean.captured")
         self.fits: list[Natural] = []
         self.limits: list[float] = []
         for layer in range(model.n_layers):

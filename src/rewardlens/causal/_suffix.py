@@ -119,7 +119,7 @@ def suffix_sweep(
 def suffix_possible(model: RewardModel, seqs: list[Tokenized]) -> bool:
     """Whether `suffix_sweep` may run on this model (it still proves itself on every batch): a causal
     decoder with a cache, one read token and no gate, whose tokens can be given their own positions, at a
-    dtype whose proof can tell a bug from rounding (`proofs_resolve`)."""
+    dtype whose proof can tell a bug from rounding (`proof_tol`)."""
     return not model.gated and not model.reads.multi and continuable(model, seqs)
 
 

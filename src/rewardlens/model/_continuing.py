@@ -82,9 +82,8 @@ def continuation_mask(start: Tensor, width: int, span: int, dtype: torch.dtype) 
 def agrees(mine: Tensor, want: Tensor, tol: float = 1e-4) -> bool:
     """A continuation's proof: rows of `mine` and `want` [n, d] agree to `tol` relative to each row's norm
     (and are finite)."""
-    gap = (mine - want.to(mine.device)).float().norm(dim=-1) / want.float().norm(dim=-1).clamp_min(1e-12).to(
-        mine.device)
-    return bool(torch.isfinite(gap).all() and gap.max() <= tol)
+    gap = _gaps(mine, want.to(mine.device))
+    return bool(gap.max() <= tol)  # NaN, where a row is not finite, passes no allowance
 
 
 def additive_mask(allow: Tensor, dtype: torch.dtype) -> Tensor:
@@ -157,7 +156,7 @@ def proof_tol(model: RewardModel) -> float | None:
     right continuation shows (at least FLOOR_EPS epsilons), granted only where the one-off continuation
     misses the head's residual by POWER times that. On a random-init model, whose attention barely sees
     positions, it is None: each user then runs its plain path (a user that loses work when a proof fails
-    does not try one). Every engine asks before it opens hooks of its own, so the calibration's forward
+    does not try one). No engine holds hooks of its own open when it asks, so the calibration's forward
     is the model's own; an out-of-memory error propagates and leaves nothing calibrated."""
     dtype = next(model.model.parameters()).dtype
     if dtype in (torch.float32, torch.float64):
@@ -229,12 +228,6 @@ def _vocab(model: RewardModel) -> int:
     return int(weight.shape[0])
 
 
-def proofs_resolve(model: RewardModel) -> bool:
-    """Whether a continuation's proof can tell a wrong cache row, position or mask from rounding at this
-    model's dtype (`proof_tol`): always in fp32 and fp64; in bf16 or fp16 where the calibration says so."""
-    return proof_tol(model) is not None
-
-
 def reproduces(model: RewardModel, mine: Tensor, want: Tensor) -> bool:
     """An engine's proof that `mine` reproduces the clean `want` [..., d]: elementwise within rtol 1e-3 and
     1e-4 of want's largest entry (finite), or, in bf16 or fp16, row by row within `proof_tol`."""
@@ -252,7 +245,7 @@ def reproduces(model: RewardModel, mine: Tensor, want: Tensor) -> bool:
 def continuable(model: RewardModel, seqs: list[Tokenized]) -> bool:
     """Whether tokens of `seqs` may continue a clean run's cache on this model, and a proof can tell a bug
     from rounding: the one test every continuing user asks first (each still proves itself per batch)."""
-    return cache_name(model) is not None and not_continuable(model, seqs) is None and proofs_resolve(model)
+    return cache_name(model) is not None and not_continuable(model, seqs) is None and proof_tol(model) is not None
 
 
 def not_continuable(model: RewardModel, seqs: list[Tokenized]) -> str | None:

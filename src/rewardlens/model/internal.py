@@ -22,7 +22,6 @@ from ._continuing import fork_cache as fork_cache
 from ._continuing import not_continuable as not_continuable
 from ._continuing import packed as packed
 from ._continuing import proof_tol as proof_tol
-from ._continuing import proofs_resolve as proofs_resolve
 from ._continuing import reproduces as reproduces
 from ._hooks import Point as Point
 from ._hooks import capture as capture
@@ -109,7 +108,6 @@ __all__ = [
     "one_read_only",
     "packed",
     "proof_tol",
-    "proofs_resolve",
     "reproduces",
     "stepped_readout",
     "stepping_works",
