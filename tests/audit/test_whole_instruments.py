@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import rewardlens as rl
-from rewardlens.audit import Plan, Store, audit, collect, run_pairs, run_whole
+from rewardlens.audit import NaturalStates, Plan, Store, audit, collect, run_pairs, run_whole
 from rewardlens.audit.report import write_report
 from tests.helpers import tiny
 
@@ -203,3 +203,25 @@ def test_divergence_runs_as_one_call_when_most_pairs_were_not_kept(armo, monkeyp
     assert calls == [(6, False)]
     scored = real(armo, pairs, level="head", divergence=True)
     np.testing.assert_allclose(got.divergence, scored.divergence, rtol=1e-4, atol=1e-5)
+
+
+def test_natural_states_belong_to_the_model_that_kept_them(armo, tmp_path_factory, tokenizer):
+    """The kept residuals are bound to the model that read them: the same folder loaded again fits from them,
+    and another model is refused by name before its divergence could be fitted on them."""
+    pairs = _pairs(4)
+    natural, store = NaturalStates(), Store(":memory:")
+    try:
+        run_pairs(armo, pairs, store, PLAN, natural=natural)
+        assert len(natural.by_unit) == 4 and natural.model is not None
+        again = rl.load(str(armo.model.config._name_or_path))  # another object, the same folder
+        seqs = [s for p in pairs for s in again.encode([p])[0]]
+        fit = natural.fit(again, seqs, list(natural.by_unit), batch_size=4)  # the same weights: accepted
+        other = rl.load(str(tiny.build("llama", tokenizer, tmp_path_factory.mktemp("llama"))))
+        with pytest.raises(ValueError, match=r"NaturalStates hold the residuals of model .*fresh NaturalStates"):
+            run_whole(other, pairs, Store(":memory:"), Plan(chunk_size=3, probes=False, concepts=False, tokens=False),
+                      natural=natural)
+        with pytest.raises(ValueError, match="fresh NaturalStates"):
+            natural.keep(other, ["x"], {})
+        np.testing.assert_allclose(fit.limits, natural.fit(armo, seqs, list(natural.by_unit), batch_size=4).limits)
+    finally:
+        store.close()

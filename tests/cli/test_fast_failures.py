@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 import rewardlens as rl
+from rewardlens.cli import _common as cli_common
 from rewardlens.cli import audit as cli_audit
 from rewardlens.cli import concepts as cli_concepts
 from rewardlens.cli import edit as cli_edit
@@ -195,7 +196,7 @@ def test_the_parsers_copies_of_option_values_match_their_owners():
     assert cli_edit.METHODS == tuple(METHODS)
     assert cli_concepts.ALPHAS == tuple(ALPHAS)
     assert set(cli_organisms.ORGANISMS) == set(ORGANISMS)
-    assert cli_audit.PROBE_ITEMS == len(ITEMS)
+    assert cli_common.BUILT_IN_ITEMS == len(ITEMS)
     from rewardlens.cli import loop as cli_loop
     from rewardlens.loop._organisms import PLANTED
 

@@ -12,6 +12,7 @@ import rewardlens.hacking._probes as probes_module
 from rewardlens.audit import Plan
 from rewardlens.calibrate import bank_items
 from rewardlens.cli import build_parser, main
+from rewardlens.cli import probes as cli_probes
 from rewardlens.hacking import ITEMS, STAGES, probe, spread_items
 from rewardlens.zoo.organisms import ORGANISMS
 
@@ -130,10 +131,18 @@ def test_probe_items_on_the_command_line(organisms, tmp_path, capsys):
     assert args.probe_items == 72
     assert build_parser().parse_args(["audit", str(model_dir)]).probe_items is None  # the staged budget
     assert build_parser().parse_args(["probe", str(model_dir), "--probe-items", "ALL"]).probe_items == 72
-    for bad in ("1", "73", "some"):
-        with pytest.raises(SystemExit):
-            build_parser().parse_args(["probe", str(model_dir), "--probe-items", bad])
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["probe", str(model_dir), "--probe-items", "some"])
     assert "--probe-items: " in capsys.readouterr().err
+    # One rule for both commands (`cli._common.check_probe_items`): under 2 refused before the model loads, over
+    # the built-in items clamped with a word.
+    for command in ("probe", "audit"):
+        assert main([command, str(model_dir), "--probe-items", "1"]) == 2
+        assert "--probe-items 1 is under 2, the inputs a concept needs a side" in capsys.readouterr().err
+    args = build_parser().parse_args(["probe", str(model_dir), "--probe-items", "73"])
+    cli_probes._check(args)
+    assert args.probe_items == 72
+    assert capsys.readouterr().err == "rewardlens: --probe-items 73 > the 72 built-in items: using all 72\n"
     (tmp_path / "p.jsonl").write_text("")
     assert main(["probe", str(model_dir), "--pairs", str(tmp_path / "p.jsonl"), "--probe-items", "12"]) == 2
     assert ("--probe-items 12 picks built-in items, and --pairs probes your pairs' responses instead; drop one of "

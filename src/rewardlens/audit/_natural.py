@@ -9,6 +9,7 @@ the pairs the run did not compute (stored by an earlier run; under torchrun rank
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Mapping, Sequence
 
 import torch
@@ -17,18 +18,38 @@ from torch import Tensor
 from ..causal import NaturalFit, natural_states
 from ..model import RewardModel, TraceKey
 from ..model.internal import Tokenized
+from ._keys import fingerprint
 
 
 class NaturalStates:
-    """Each computed pair's read-position residuals by its unit (`content_key`): [2, L, d]."""
+    """Each computed pair's read-position residuals by its unit (`content_key`): [2, L, d], all of one model.
+
+    A unit names a pair's contents, not the model that read it, so the states are bound to the first model
+    that keeps or fits with them (its `fingerprint`, as the store keys runs): another model's residuals would
+    fit another distribution silently, and a second model is refused by name instead."""
 
     def __init__(self) -> None:
         self.by_unit: dict[str, Tensor] = {}
+        self.model: str | None = None
+        """The `fingerprint` of the model the states belong to (None until one keeps or fits with them)."""
+        self._seen: weakref.ref[RewardModel] | None = None  # the last model checked, so a chunk hashes nothing
+
+    def bind(self, model: RewardModel) -> None:
+        """Tie the states to `model`, or refuse a model other than the one they belong to."""
+        if self._seen is not None and self._seen() is model:
+            return
+        mine = fingerprint(model)
+        if self.model is not None and mine != self.model:
+            raise ValueError(f"these NaturalStates hold the residuals of model {self.model}, and this model is "
+                             f"{mine} (other config, dtype, head or read options): a fit over them would describe "
+                             "the other model; pass a fresh NaturalStates() for each model")
+        self.model, self._seen = mine, weakref.ref(model)
 
     def keep(self, model: RewardModel, units: Sequence[str], captured: Mapping[TraceKey, Tensor]) -> None:
         """Keep the residuals of the pairs `units` from a trace of their sides (`captured`: `TraceKey.resid(l)`
         → [2·len(units), d], pairs in order); a trace without them (a reward read at a set of positions, which
         divergence leaves out) keeps nothing."""
+        self.bind(model)
         keys = [TraceKey.resid(layer) for layer in range(model.n_layers)]
         if not all(k in captured for k in keys):
             return
@@ -44,6 +65,7 @@ class NaturalStates:
             ) -> NaturalFit:
         """The natural fit over both sides of every pair `units` (their token ids `seqs`, chosen and rejected
         interleaved): kept residuals where this run computed the pair, the rest traced here."""
+        self.bind(model)
         missing = [j for j, unit in enumerate(units) if unit not in self.by_unit]
         traced = {k: v.cpu() for k, v in natural_states(
             model, [seqs[2 * j + side] for j in missing for side in (0, 1)], batch_size).items()} if missing else {}

@@ -98,6 +98,41 @@ def positive(kind: Callable[[str], _Number]) -> Callable[[str], _Number]:
     return parse
 
 
+BUILT_IN_ITEMS = 72
+"""How many built-in probe items there are (`len(rewardlens.hacking.ITEMS)`, not imported here so that a bad
+argument fails before the instruments load; tests/cli checks the two agree)."""
+
+
+def add_probe_items_option(p: argparse.ArgumentParser, what: str) -> None:
+    """`--probe-items` for a command whose `what` (the probes, or the probes and concepts) reads built-in items:
+    a count or 'all'; `check_probe_items` then bounds it."""
+    p.add_argument("--probe-items", type=_probe_items, default=None,
+                   help=f"{what} on N of the {BUILT_IN_ITEMS} built-in items (a fixed budget), or 'all'; default: "
+                        "stages of 18, 36, 72 items, stopping once every axis is decided (docs/probes.md)")
+
+
+def _probe_items(text: str) -> int:
+    """`--probe-items`: 'all' (any case: every built-in item, `BUILT_IN_ITEMS`) or a positive count."""
+    if text.strip().lower() == "all":
+        return BUILT_IN_ITEMS
+    return positive(int)(text)
+
+
+def check_probe_items(args: argparse.Namespace) -> None:
+    """Refuse a `--probe-items` count under the two inputs a concept needs a side; clamp (with a word) one over
+    the built-in items, which would otherwise fail only once the model had loaded."""
+    n = args.probe_items
+    if n is None:
+        return
+    if n < 2:
+        raise ArgumentError(f"--probe-items {n} is under 2, the inputs a concept needs a side; pass 2 to "
+                            f"{BUILT_IN_ITEMS}, 'all', or drop --probe-items for the staged budget")
+    if n > BUILT_IN_ITEMS:
+        print(f"rewardlens: --probe-items {n} > the {BUILT_IN_ITEMS} built-in items: using all {BUILT_IN_ITEMS}",
+              file=sys.stderr)
+        args.probe_items = BUILT_IN_ITEMS  # all of them: the run (and its store keys) of --probe-items all
+
+
 def fraction(text: str) -> float:
     value = float(text)
     if not 0 < value <= 1:

@@ -19,9 +19,11 @@ from ._common import (
     Interrupted,
     add_model_options,
     add_pairs_options,
+    add_probe_items_option,
     check_folder,
     check_out_file,
     check_out_folder,
+    check_probe_items,
     fraction,
     load_model,
     pairs_file,
@@ -235,32 +237,12 @@ def _show_more(result: AuditSummary) -> None:
         print(f"circuit of the top {len(c['kept'])} sublayer edges carries {c['share']:.1%} of the mean clean margin")
 
 
-PROBE_ITEMS = 72
-"""How many built-in probe items there are (`len(rewardlens.hacking.ITEMS)`; tests/cli checks the two agree)."""
-
-
-def _probe_items(text: str) -> int:
-    """`--probe-items`: a positive count, or 'all' (every built-in item: `PROBE_ITEMS`)."""
-    if text.strip().lower() == "all":
-        return PROBE_ITEMS
-    return positive(int)(text)
-
-
 def _check_probe_items(args: argparse.Namespace) -> None:
-    """Refuse `--probe-items` where nothing reads items, or under the two a concept needs; clamp (with a
-    word) a count over the built-in items, which would otherwise fail only once the model had loaded."""
-    if args.probe_items is None:
-        return
-    if args.no_probes and args.no_concepts:
+    """Refuse `--probe-items` where nothing reads items, then bound it (`check_probe_items`)."""
+    if args.probe_items is not None and args.no_probes and args.no_concepts:
         raise ArgumentError(f"--probe-items {args.probe_items} picks the items of the probes and concepts, and "
                             "--no-probes --no-concepts skips both; drop --probe-items")
-    if args.probe_items < 2:
-        raise ArgumentError(f"--probe-items {args.probe_items} is under 2, the inputs a concept needs a side; pass 2 "
-                            f"to {PROBE_ITEMS}, 'all', or drop --probe-items for the staged budget")
-    if args.probe_items > PROBE_ITEMS:
-        print(f"rewardlens: --probe-items {args.probe_items} > the {PROBE_ITEMS} built-in items: using all "
-              f"{PROBE_ITEMS}", file=sys.stderr)
-        args.probe_items = PROBE_ITEMS  # all of them: the run (and its store keys) of --probe-items all
+    check_probe_items(args)
 
 
 def _check(args: argparse.Namespace) -> None:
@@ -294,9 +276,7 @@ def _options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--circuit", action="store_true",
                    help="also find the circuit of the top 10 sublayer edges (EAP-IG) and its faithfulness curve: "
                         "5 backwards and a forward per circuit size, per pair (docs/circuits.md)")
-    p.add_argument("--probe-items", type=_probe_items, default=None,
-                   help="probes and concepts on N of the 72 built-in items (a fixed budget), or 'all'; default: "
-                        "stages of 18, 36, 72 items, stopping once every axis is decided (docs/probes.md)")
+    add_probe_items_option(p, "probes and concepts")
     p.add_argument("--sae", default=None, help="an SAE folder: add SAE feature attribution")
     p.add_argument("--sae-layer", type=int, default=None, help="residual layer the SAE reads")
     p.add_argument("--fraction", type=fraction, default=0.5, help="crystallization threshold (share of final margin)")

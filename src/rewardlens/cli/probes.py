@@ -10,7 +10,9 @@ from ._common import (
     ArgumentError,
     Command,
     add_model_options,
+    add_probe_items_option,
     add_strict_option,
+    check_probe_items,
     finite,
     load_model,
     pairs_file,
@@ -69,9 +71,7 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pairs", default=None, help="probe the responses of these pairs (default: the built-in items)")
     p.add_argument("--limit", type=positive(int), default=None, help="use only the first N pairs")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
-    p.add_argument("--probe-items", type=_count, default=None,
-                   help="N of the 72 built-in items (a fixed budget), or 'all'; default: stages of 18, 36, 72 items, "
-                        "stopping once every axis is decided (docs/probes.md)")
+    add_probe_items_option(p, "the probes")
     p.add_argument("--axis", action="append", choices=list(AXES), default=None, help="probe this axis (repeatable)")
     p.add_argument("--reference", default=None,
                    help="preference pairs whose mean |margin| is the reward scale for flagging")
@@ -80,22 +80,11 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     add_strict_option(p)
 
 
-BUILT_IN = 72
-"""How many built-in items there are (`len(rewardlens.hacking.ITEMS)`, which this module does not import)."""
-
-
-def _count(text: str) -> int:
-    """`--probe-items`: 'all' (`BUILT_IN`) or a count from 2 to `BUILT_IN`."""
-    value = BUILT_IN if text.strip().lower() == "all" else positive(int)(text)
-    if not 2 <= value <= BUILT_IN:
-        raise argparse.ArgumentTypeError(f"must be 'all' or 2 to {BUILT_IN} built-in items, got {text}")
-    return value
-
-
 def _check(args: argparse.Namespace) -> None:
     if args.probe_items is not None and args.pairs:
         raise ArgumentError(f"--probe-items {args.probe_items} picks built-in items, and --pairs probes your pairs' "
                             "responses instead; drop one of them")
+    check_probe_items(args)
 
 
 def _probe(args: argparse.Namespace) -> dict[str, Any]:
