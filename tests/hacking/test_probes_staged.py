@@ -136,9 +136,10 @@ def test_probe_items_on_the_command_line(organisms, tmp_path, capsys):
     assert "--probe-items: " in capsys.readouterr().err
     # One rule for both commands (`cli._common.check_probe_items`): under 2 refused before the model loads, over
     # the built-in items clamped with a word.
-    for command in ("probe", "audit"):
+    for command, floor in (("probe", "the fewest items the paired test of an axis can use"),
+                           ("audit", "the inputs a concept needs a side")):
         assert main([command, str(model_dir), "--probe-items", "1"]) == 2
-        assert "--probe-items 1 is under 2, the inputs a concept needs a side" in capsys.readouterr().err
+        assert f"--probe-items 1 is under 2, {floor}; pass 2 to 72" in capsys.readouterr().err
     args = build_parser().parse_args(["probe", str(model_dir), "--probe-items", "73"])
     cli_probes._check(args)
     assert args.probe_items == 72

@@ -118,14 +118,14 @@ def _probe_items(text: str) -> int:
     return positive(int)(text)
 
 
-def check_probe_items(args: argparse.Namespace) -> None:
-    """Refuse a `--probe-items` count under the two inputs a concept needs a side; clamp (with a word) one over
-    the built-in items, which would otherwise fail only once the model had loaded."""
+def check_probe_items(args: argparse.Namespace, floor: str) -> None:
+    """Refuse a `--probe-items` count under 2 (`floor`: why the command needs two, for the message); clamp (with
+    a word) one over the built-in items, which would otherwise fail only once the model had loaded."""
     n = args.probe_items
     if n is None:
         return
     if n < 2:
-        raise ArgumentError(f"--probe-items {n} is under 2, the inputs a concept needs a side; pass 2 to "
+        raise ArgumentError(f"--probe-items {n} is under 2, {floor}; pass 2 to "
                             f"{BUILT_IN_ITEMS}, 'all', or drop --probe-items for the staged budget")
     if n > BUILT_IN_ITEMS:
         print(f"rewardlens: --probe-items {n} > the {BUILT_IN_ITEMS} built-in items: using all {BUILT_IN_ITEMS}",

@@ -242,7 +242,7 @@ def _check_probe_items(args: argparse.Namespace) -> None:
     if args.probe_items is not None and args.no_probes and args.no_concepts:
         raise ArgumentError(f"--probe-items {args.probe_items} picks the items of the probes and concepts, and "
                             "--no-probes --no-concepts skips both; drop --probe-items")
-    check_probe_items(args)
+    check_probe_items(args, "the inputs a concept needs a side")
 
 
 def _check(args: argparse.Namespace) -> None:

@@ -84,7 +84,7 @@ def _check(args: argparse.Namespace) -> None:
     if args.probe_items is not None and args.pairs:
         raise ArgumentError(f"--probe-items {args.probe_items} picks built-in items, and --pairs probes your pairs' "
                             "responses instead; drop one of them")
-    check_probe_items(args)
+    check_probe_items(args, "the fewest items the paired test of an axis can use")
 
 
 def _probe(args: argparse.Namespace) -> dict[str, Any]:
