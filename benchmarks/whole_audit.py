@@ -3,7 +3,9 @@
 A default audit is its per-pair part (`run_pairs`: lens, attribution, faithfulness) plus the whole-model
 part (`run_whole`: score parity on the first 8 pairs, token attribution, divergence, probes, concepts).
 Issue 29's target: on the demo model with 40 pairs, the whole-model part at most 1.5x the per-pair part
-(its steps then: parity came later, so the part is also printed without it). Each round, in one process,
+(its steps then: parity came later, so the part is also printed without it). Parity, token attribution and
+the probes and concepts cost the same whatever the pairs, so `--pairs` shows the ratio falling as the fixed part
+is spread (README, "Where an audit's time goes"). Each round, in one process,
 times a plain unpadded forward of the pairs (the floor), the per-pair part into a fresh in-memory store,
 then each whole-model step alone (`run_whole` with a plan that asks for that step only, so the benchmark runs
 exactly what the audit runs). Ratios are taken within a round and reported as median [min, max] over
