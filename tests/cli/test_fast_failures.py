@@ -187,7 +187,7 @@ def test_import_rewardlens_is_light_and_every_public_name_resolves(tmp_path):
 
 def test_the_parsers_copies_of_option_values_match_their_owners():
     """The parser checks choices without importing their owners; here the owners are asked."""
-    from rewardlens.hacking import ALPHAS, AXES, ITEMS, METHODS
+    from rewardlens.hacking import ALPHAS, AXES, ITEMS, METHODS, STAGES
     from rewardlens.model._load import _DTYPES
     from rewardlens.zoo.organisms import ORGANISMS
 
@@ -197,6 +197,7 @@ def test_the_parsers_copies_of_option_values_match_their_owners():
     assert cli_concepts.ALPHAS == tuple(ALPHAS)
     assert set(cli_organisms.ORGANISMS) == set(ORGANISMS)
     assert cli_common.BUILT_IN_ITEMS == len(ITEMS)
+    assert cli_common.PROBE_STAGES == STAGES
     from rewardlens.cli import loop as cli_loop
     from rewardlens.loop._organisms import PLANTED
 

@@ -102,13 +102,17 @@ BUILT_IN_ITEMS = 72
 """How many built-in probe items there are (`len(rewardlens.hacking.ITEMS)`, not imported here so that a bad
 argument fails before the instruments load; tests/cli checks the two agree)."""
 
+PROBE_STAGES = (18, 36, 72)
+"""The staged budget's item counts, for the help text (`rewardlens.hacking.STAGES`; tests/cli checks the two agree)."""
+
 
 def add_probe_items_option(p: argparse.ArgumentParser, what: str) -> None:
     """`--probe-items` for a command whose `what` (the probes, or the probes and concepts) reads built-in items:
     a count or 'all'; `check_probe_items` then bounds it."""
     p.add_argument("--probe-items", type=_probe_items, default=None,
                    help=f"{what} on N of the {BUILT_IN_ITEMS} built-in items (a fixed budget), or 'all'; default: "
-                        "stages of 18, 36, 72 items, stopping once every axis is decided (docs/probes.md)")
+                        f"stages of {', '.join(map(str, PROBE_STAGES))} items, stopping once every axis is decided "
+                        "(docs/probes.md)")
 
 
 def _probe_items(text: str) -> int:
