@@ -48,7 +48,21 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(command.name, help=command.help)
         p.add_argument("--json", action="store_true", help="print JSON instead of a table")
         command.add_arguments(p)
+    _no_prefixes(parser)
     return parser
+
+
+def _no_prefixes(parser: argparse.ArgumentParser) -> None:
+    """Turn off argparse's prefix matching on `parser` and every parser below it.
+
+    Why: with it, a typo such as `--pair` is silently taken as `--pairs`, and adding an option
+    later can change what an old command line means. Set after construction so that the nested
+    parsers the command modules build (`sae train`, ...) are covered without each remembering."""
+    parser.allow_abbrev = False
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                _no_prefixes(child)
 
 
 def one_line(message: str) -> str:
