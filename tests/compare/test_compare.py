@@ -234,6 +234,11 @@ def test_cli_json_and_table(capsys, organisms, org_pairs, tmp_path):
     assert main(["compare", a, b, "--pairs", path, "--limit", "8", "--n-boot", str(N_BOOT)]) == 0
     text = capsys.readouterr().out
     assert "agreement over 8 pairs" in text and "Spearman, margins (per pair)" in text
+    # each interval is labelled by how it was made: accuracy's is Wilson's, never called a bootstrap
+    rows = {line.split("  ")[0]: line for line in text.splitlines() if line.startswith(("accuracy", "Spearman"))}
+    assert all(line.rstrip().endswith("Wilson") for k, line in rows.items() if k.startswith("accuracy"))
+    assert all(line.rstrip().endswith("bootstrap") for k, line in rows.items() if k.startswith("Spearman"))
+    assert sum(k.startswith("accuracy") for k in rows) == 2
     assert "directions not compared: token embeddings differ" in text
     assert "formation correlation (Pearson r of the lens curves" in text and "of 8 pairs" in text
     assert main(["compare", a, a, "--pairs", path, "--limit", "8", "--n-boot", str(N_BOOT)]) == 0

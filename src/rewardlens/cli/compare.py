@@ -58,12 +58,16 @@ def _show(result: dict[str, Any]) -> None:
     for label in ("A", "B"):
         print(f"{label}: {result['paths'][label]}  {result['models'][result['labels'].index(label)]}")
     agree = result["agreement"]
-    rows = [("Spearman, rewards (per input)", _value(agree["spearman_reward"]["value"]), _ci(agree["spearman_reward"])),
-            ("Spearman, margins (per pair)", _value(agree["spearman_margin"]["value"]), _ci(agree["spearman_margin"])),
-            ("same winner (share of pairs)", _value(agree["same_winner"]["value"]), _ci(agree["same_winner"]))]
-    rows += [(f"accuracy {k}", v["value"], _ci(v)) for k, v in agree["accuracy"].items()]
-    print(f"\nagreement over {result['n_pairs']} pairs (95% bootstrap CIs over pairs)")
-    print(table(["", "value", "95% CI"], rows))
+    # Accuracy is a proportion: its interval is Wilson's (a bootstrap collapses at 0 and 1), the rest bootstrap.
+    rows = [("Spearman, rewards (per input)", _value(agree["spearman_reward"]["value"]), _ci(agree["spearman_reward"]),
+             "bootstrap"),
+            ("Spearman, margins (per pair)", _value(agree["spearman_margin"]["value"]), _ci(agree["spearman_margin"]),
+             "bootstrap"),
+            ("same winner (share of pairs)", _value(agree["same_winner"]["value"]), _ci(agree["same_winner"]),
+             "bootstrap")]
+    rows += [(f"accuracy {k}", v["value"], _ci(v), "Wilson") for k, v in agree["accuracy"].items()]
+    print(f"\nagreement over {result['n_pairs']} pairs (95% intervals over pairs)")
+    print(table(["", "value", "95% CI", "interval"], rows))
 
     lens, att = result["lens"], result["attribution"]
     print(f"\nmedian crystallization depth l/L (fraction {lens['fraction']} of the final margin):")

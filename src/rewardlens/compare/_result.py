@@ -86,7 +86,8 @@ class Basis:
 
 @dataclass(frozen=True)
 class Comparison:
-    """Two models on the same n pairs. CIs are 95% percentile bootstraps over pairs, (low, high).
+    """Two models on the same n pairs. CIs are 95% percentile bootstraps over pairs, (low, high), but for
+    the accuracies, whose intervals are Wilson's.
 
     `spearman_reward` ranks all 2n rewards, `spearman_margin` the n margins; `agreement` is the
     share of pairs both models decide the same way; `accuracy_ci` [2, 2] is A's and B's (Wilson, over
@@ -176,7 +177,8 @@ class Comparison:
     def summary(self) -> list[dict[str, Any]]:
         """One row per headline statistic: `quantity`, `model` (a side's label; 'A vs B', with the two
         labels, for a statistic of the two; 'B − A' for a difference), `value`, `ci_low`, `ci_high`
-        (the 95% bootstrap interval; NaN where a statistic has none or is undefined, e.g. the direction
+        (the 95% interval: Wilson's for `accuracy`, a percentile bootstrap over pairs for the rest; NaN
+        where a statistic has none or is undefined, e.g. the direction
         cosines when `refused`). The per-depth and per-axis numbers are in `depth_frame`, `probe_frame`
         and `to_dict`."""
         a, b = self.a, self.b
