@@ -237,6 +237,7 @@ class TopKSAE(nn.Module):
             file = folder / SPARSIFY_WEIGHTS
             d_in, cfg = cfg_dict.get("d_in"), SAEConfig.from_dict(cfg_dict)
             tensors = load_file(str(file))
+            stored = str(tensors["W_dec"].dtype).removeprefix("torch.") if "W_dec" in tensors else ""
             _need(tensors, ("encoder.weight", "encoder.bias", "W_dec", "b_dec"), file)
             if "W_skip" in tensors:
                 raise DataError(f"{file} holds W_skip (a skip connection); rewardlens reads plain autoencoders only")
@@ -245,6 +246,7 @@ class TopKSAE(nn.Module):
             file = folder / SAELENS_WEIGHTS
             d_in, cfg = cfg_dict.get("d_in"), _saelens_config(cfg_dict, folder)
             tensors = load_file(str(file))
+            stored = str(tensors["W_dec"].dtype).removeprefix("torch.") if "W_dec" in tensors else ""
             _need(tensors, ("W_enc", "b_enc", "W_dec", "b_dec"), file)
             enc_w, enc_b = tensors["W_enc"].T.float(), tensors["b_enc"].float()
             if not cfg_dict.get("apply_b_dec_to_input", True):
@@ -265,12 +267,14 @@ class TopKSAE(nn.Module):
         bad = {k: v for k, v in found.items() if v != expected[k]}
         if bad:
             raise DataError(f"{file}: shapes {bad} do not match d_in={d_in} and {n} latents (expected {expected})")
+        if file.name == SAELENS_WEIGHTS and cfg_dict.get("rescale_acts_by_decoder_norm"):
+            # SAELens scales each latent by its decoder row's norm before the top-k: fold it in, as SAELens does.
+            enc_w, enc_b, tensors["W_dec"] = fold_decoder_norm(enc_w, enc_b, tensors["W_dec"])
         sae = cls(d_in, cfg, device="meta")
         sae.load_state_dict({"encoder.weight": enc_w, "encoder.bias": enc_b, "W_dec": tensors["W_dec"],
                              "b_dec": tensors["b_dec"]}, assign=True)
         sae = sae.to(device=device, dtype=dtype)
         sae.folder = folder
-        stored = str(tensors["W_dec"].dtype).removeprefix("torch.")
         fmt = "sparsify" if file.name == SPARSIFY_WEIGHTS else "saelens"
         sae.provenance = read_provenance(folder, cfg_dict, fmt, d_in, n, cfg.k, stored)
         return sae
@@ -300,6 +304,20 @@ class _SelectedLatents(torch.autograd.Function):
         grad_w = torch.sparse.mm(sparse, x) if ctx.needs_input_grad[1] else None
         grad_b = torch.zeros_like(weight[:, 0]).index_add_(0, indices.flatten(), g.flatten())
         return grad_x, grad_w, grad_b, None, None
+
+
+def fold_decoder_norm(enc_w: Tensor, enc_b: Tensor, w_dec: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """SAELens' `fold_W_dec_norm` for a TopK SAE saved with `rescale_acts_by_decoder_norm: true`.
+
+    Such an SAE encodes `f = TopK(ReLU(n ⊙ (W_enc (x − b_dec) + b_enc)))` with `n_i = ‖d_i‖` and decodes
+    `Σ_i (f_i / n_i) d_i + b_dec`. With encoder row `i` and bias `i` scaled by `n_i` and `d_i` by `1/n_i`
+    the plain rule (`encode`, `decode`) gives the same `f` and the same reconstruction, with unit decoder
+    rows. Computed in float64; a zero decoder row (the latent never writes) stays zero, its encoder row
+    and bias too (SAELens' latent is then 0 before the top-k as well).
+    """
+    norm = w_dec.double().norm(dim=1)
+    scale = torch.where(norm > 0, 1 / norm.clamp_min(torch.finfo(torch.float64).tiny), torch.zeros_like(norm))
+    return enc_w.double() * norm[:, None], enc_b.double() * norm, w_dec.double() * scale[:, None]
 
 
 def _need(tensors: dict[str, Tensor], keys: tuple[str, ...], file: Path) -> None:
