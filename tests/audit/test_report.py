@@ -367,6 +367,10 @@ def test_depth_histogram_and_estimand_bars_plot_the_results(audit, numbers):
         heights = np.sum([[bar.get_height() for bar in c] for c in ax.containers], axis=0)
         want = np.bincount(np.rint(depth[np.isfinite(depth)] * n_layers).astype(int), minlength=n_layers + 1)
         np.testing.assert_array_equal(heights, want)
+        # a depth is l/L in [0, 1]: no bar and no axis reaches past either end
+        left = [bar.get_x() for c in ax.containers for bar in c]
+        right = [bar.get_x() + bar.get_width() for c in ax.containers for bar in c]
+        assert min(left) >= 0.0 and max(right) <= 1.0 + 1e-12 and ax.get_xlim() == (0.0, 1.0)
     fig = figures.fig_estimands(audit)
     direct, indirect, total = ([bar.get_width() for bar in c] for c in fig.axes[0].containers)
     rows = numbers["estimands"]

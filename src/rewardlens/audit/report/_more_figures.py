@@ -42,7 +42,9 @@ def fig_crystallization(audit: Audit) -> Figure:
     panels, below them (outside every axis: with 21 subsets a legend inside would cover the bars)."""
     lens = audit.lens
     n_layers = lens.n_layers
-    edges = (np.arange(n_layers + 2) - 0.5) / n_layers  # one bin per depth l/L
+    # One bin per depth l/L, centred on it; the outer two are cut at 0 and 1 (half width) so that no bar
+    # is drawn at a depth that cannot exist.
+    edges = np.clip((np.arange(n_layers + 2) - 0.5) / n_layers, 0.0, 1.0)
     masks = groups(audit)
     rows = 0 if masks is None else -(-len(masks) // LEGEND_COLUMNS)
     fig = new_figure(9, 3.4 + 0.2 * rows)
