@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import math
 from typing import Any
 
 from ._common import (
+    ArgumentError,
     Command,
     add_model_options,
     add_pairs_options,
@@ -237,8 +239,14 @@ def _check(args: argparse.Namespace) -> None:
         check_out_folder(args.out, "--out folder")
         if args.cache:
             check_out_folder(args.cache, "--cache folder")
+        if not (math.isfinite(args.auxk_alpha) and args.auxk_alpha >= 0):
+            raise ArgumentError(f"--auxk-alpha {args.auxk_alpha} is not a loss weight (a finite number >= 0); pass "
+                                "e.g. 0.03125 (the default, 1/32), or 0 to train without the dead-latent AuxK loss")
     else:
         check_folder(args.sae, "SAE folder")
+    if args.sae_command == "attribute" and args.contexts < 0:
+        raise ArgumentError(f"--contexts {args.contexts} is a count of token windows per feature; pass 0 (none) or "
+                            "more (default 3)")
 
 
 COMMANDS = [Command("sae", "TopK sparse autoencoders: `sae train`, `sae attribute`, `sae report`", _add_arguments,

@@ -18,6 +18,7 @@ import html
 import math
 from pathlib import Path
 
+from ..errors import DataError
 from ._cards import Context, FeatureCard
 from ._report import FeatureReport
 
@@ -142,7 +143,12 @@ def feature_page(report: FeatureReport, *, title: str = "SAE features") -> str:
 
 
 def write_feature_page(report: FeatureReport, path: str | Path, *, title: str = "SAE features") -> Path:
-    """Write `feature_page(report)` to `path` (UTF-8) and return the path."""
+    """Write `feature_page(report)` to `path` (UTF-8, missing parent folders created, as the audit creates its
+    folder) and return the path; a path that is a folder is refused by name."""
     path = Path(path)
+    if path.is_dir():
+        raise DataError(f"the feature page's path {path} is a folder; name an HTML file in it, e.g. "
+                        f"{path / 'features.html'}")
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(feature_page(report, title=title), encoding="utf-8")
     return path
