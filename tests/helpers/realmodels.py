@@ -2,7 +2,8 @@
 
 The builders live in the package now (`rewardlens.zoo._realbuild`; the trained reward heads and the
 dpo_en_demo pairs in `rewardlens.zoo.realmodels`). The folders, their names and their bytes are
-unchanged: ``$REWARDLENS_TEST_CACHE`` or ``~/.cache/rewardlens-tests`` holds
+unchanged: ``rewardlens.zoo._realbuild.cache_root()`` (``~/.cache/rewardlens/real-models`` unless
+``$REWARDLENS_REAL_CACHE`` or the older ``$REWARDLENS_TEST_CACHE`` says otherwise) holds
 ``smollm2-135m-instruct-reward-v1/`` and ``all-minilm-l6-v2-reward-v1/`` (seeded heads: real
 backbones, synthetic rewards, for testing the mechanics), and the trained-head folders
 ``smollm2-135m-instruct-dpo-<head sha>/`` and ``all-minilm-l6-v2-dpo-<head sha>/``.

@@ -77,3 +77,14 @@ def test_building_a_head_rewardlens_attaches_prints_no_load_report(tokenizer, tm
     report = transformers_log.getvalue()
     assert "MISSING" not in report and "newly initialized" not in report, report
     assert hf_logging.get_verbosity() == logging.WARNING  # restored after the quiet load
+
+
+def test_the_real_models_live_in_the_package_cache_not_under_a_tests_name(monkeypatch, tmp_path):
+    for name in ("REWARDLENS_REAL_CACHE", "REWARDLENS_TEST_CACHE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("REWARDLENS_CACHE", str(tmp_path / "pkg"))
+    assert _realbuild.cache_root() == tmp_path / "pkg" / "real-models"
+    monkeypatch.setenv("REWARDLENS_TEST_CACHE", str(tmp_path / "old"))  # the old name still works
+    assert _realbuild.cache_root() == tmp_path / "old"
+    monkeypatch.setenv("REWARDLENS_REAL_CACHE", str(tmp_path / "new"))  # and the new one wins
+    assert _realbuild.cache_root() == tmp_path / "new" and (tmp_path / "new").is_dir()

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from ..errors import require
+from ._builtin import cache_dir
 from .organisms import built_once
 
 if TYPE_CHECKING:
@@ -73,10 +74,12 @@ MINILM_TOKENIZER_FILES = (
 
 
 def cache_root() -> Path:
-    """Folder holding the built models and data: ``$REWARDLENS_TEST_CACHE`` or
-    ``~/.cache/rewardlens-tests`` (the name dates from when only the tests used it)."""
-    env = os.environ.get("REWARDLENS_TEST_CACHE")
-    root = Path(env).expanduser() if env else Path.home() / ".cache" / "rewardlens-tests"
+    """Folder holding the built real models and their data: ``$REWARDLENS_REAL_CACHE``, else
+    ``$REWARDLENS_TEST_CACHE`` (its old name, from when only the tests used it; still honoured), else
+    ``real-models/`` under the package's own cache (``$REWARDLENS_CACHE`` or ``~/.cache/rewardlens``),
+    beside the organisms, since users build these models too."""
+    env = os.environ.get("REWARDLENS_REAL_CACHE") or os.environ.get("REWARDLENS_TEST_CACHE")
+    root = Path(env).expanduser() if env else cache_dir() / "real-models"
     root.mkdir(parents=True, exist_ok=True)
     return root
 
