@@ -22,8 +22,8 @@ Text: TypeAlias = str | Conversation
 
 Level = Literal["sublayer", "head", "neuron"]
 """How finely a decomposition splits the residual stream: sublayers, attention heads, MLP neurons."""
-PatchLevel = Literal["sublayer", "head"]
-"""The parts patching sweeps."""
+PatchLevel = Literal["sublayer", "head", "neuron"]
+"""The parts patching sweeps ('neuron': chosen MLP neurons, or every one by attribution patching)."""
 Mode = Literal["noising", "denoising", "ablation"]
 """Patching direction: chosen run with rejected activations, the reverse, or zero/mean ablation."""
 Ablation = Literal["zero", "mean"]

@@ -28,7 +28,7 @@ def test_defaults_and_the_canonical_name():
 
 @pytest.mark.parametrize(("field", "value", "match"), [
     ("mode", "noise", "mode must be one of"), ("ablation", "median", "ablation must be one of"),
-    ("level", "neuron", "level must be one of"), ("estimand", "indirect", "estimand must be one of"),
+    ("level", "expert", "level must be one of"), ("estimand", "indirect", "estimand must be one of"),
     ("positions", "last", "positions must be one of"), ("positions", [], "non-empty list"),
     ("positions", [(1, 2, 3)], "a span is"), ("positions", [("a", None)], "a span is"),
 ])

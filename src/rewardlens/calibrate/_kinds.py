@@ -21,7 +21,7 @@ from ..causal import patch
 from ..data import Pair
 from ..exact import attribute, lens
 from ..model import Part, RewardModel
-from ..types import Level, PatchLevel
+from ..types import Level
 from ..zoo.organisms import (
     KINDS,
     READY,
@@ -116,7 +116,7 @@ def _localised(name: str, model: RewardModel, pairs: list[Pair], part: str,
     for level, target in targets:
         att = attribute(model, pairs, level=level)
         rows += localisation("attribution", name, att.names, att.margin.mean(0), target, level)
-        result = patch(model, pairs[:40], level=cast(PatchLevel, level))
+        result = patch(model, pairs[:40], level=level)
         names, effect = list(result.names), result.effect.mean(0)
         by = "mean noising effect"
         if drop_embed:

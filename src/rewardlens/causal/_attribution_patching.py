@@ -41,8 +41,9 @@ from ..model.internal import (
 )
 from ..stats import rank_agreement
 from ..types import Ablation, Mode, PatchLevel, Positions, Spans
-from ._engine import Site, head_slice, site_point, sites
+from ._engine import Site, head_slice, site_point
 from ._layerwise import ProbeContext, Recorded, layerwise_grads
+from ._neurons import Neurons, level_sites, neuron_layers
 from ._patching import Patching, assemble
 from ._plan import Clean, PatchPlan, pair_seqs
 from ._reads_patch import ReadChunks, check_reads_options, mode_for
@@ -188,6 +189,7 @@ def attribution_patch(
     clean: Clean | None = None,
     progress: bool = False,
     spec: PatchSpec | None = None,
+    neurons: Neurons | None = None,
 ) -> Patching:
     """Attribution-patching estimate of `patch(model, pairs, ..., estimand='total')` (same arguments).
 
@@ -195,7 +197,9 @@ def attribution_patch(
     clean runs when the caller already traced them (`trace_pairs`), else they are traced here.
     `spec`: the choices as one `PatchSpec` (its estimand 'total') instead of the keywords. `mode` None
     is `patch`'s default: zero ablation at every read where a set of reads has no read-to-read map, then
-    estimated as `−Σ_k a_k · ∂r/∂a_k` over each side's reads (`_reads_estimate`)."""
+    estimated as `−Σ_k a_k · ∂r/∂a_k` over each side's reads (`_reads_estimate`). `level='neuron'`: every
+    MLP neuron (plus the embeddings and attention sublayers) from the same one backward, or only the chosen
+    `neurons`; a neuron's estimate is `Σ_positions (a_src − a_tgt) · ∂r/∂a` of its one activation."""
     with counting("attribution patching", progress):
         seqs = pair_seqs(model, pairs, clean)
         given = mode if spec is not None else mode_for(model, pairs, mode, seqs)
@@ -203,14 +207,14 @@ def attribution_patch(
         if spec.estimand != "total":
             raise ValueError(f"attribution patching estimates total effects; got {spec}: use estimand='total'")
         mode, ablation, positions, level = spec.mode, spec.ablation, spec.positions, spec.level
-        sweep = sites(model, level)
+        sweep = level_sites(model, level, neurons, every=True)
         if model.reads.multi:
             check_reads_options(mode, ablation, positions, False)
             runs, targets, rewards = _reads_estimate(model, seqs, sweep, mode, level, batch_size)
             return assemble(pairs, runs, targets, rewards, sweep, mode=mode, positions="read", level=level,
                             estimand="total", approximate=True, min_margin=min_margin)
         if clean is None:
-            clean = Clean.run(model, seqs, heads=level == "head", batch_size=batch_size)
+            clean = Clean.run(model, seqs, heads=level == "head", batch_size=batch_size, neurons=neuron_layers(sweep))
         ref_seqs = None if reference is None else model.encode(reference)[0]
         plan = PatchPlan.make(model, clean, sweep, mode, ablation, positions, ref_seqs, batch_size)
         cols, valid, values = plan.at_columns(clean)
@@ -231,14 +235,15 @@ def attribution_patch(
                 c = torch.zeros_like(cols[rows]) if alone else cols[rows]
                 r = torch.arange(len(rows), device=model.device)[:, None]
                 mask = valid[rows].to(model.device, torch.float32)[..., None]
-                for j, site in enumerate(sweep):
-                    sl = head_slice(model, site)
-                    a, g = acts[site.key], grads[site.key]
-                    act = a[r.to(a.device), c.to(a.device)][..., sl].float().to(model.device)
-                    grad = g[r.to(g.device), c.to(g.device)][..., sl].float().to(model.device)
-                    src = values[site.key]
-                    src = src[sl] if src.ndim == 1 else src[rows.to(src.device)][..., sl]
-                    estimate[rows, j] = ((src.float() - act) * grad * mask).sum((1, 2))
+                terms: Tensors = {}  # per key, Σ_positions (a_src − a_tgt) · ∂r/∂a, every column [rows, w]
+                for key in keys:
+                    a, g = acts[key], grads[key]
+                    act = a[r.to(a.device), c.to(a.device)].float().to(model.device)
+                    grad = g[r.to(g.device), c.to(g.device)].float().to(model.device)
+                    src = values[key]
+                    src = src if src.ndim == 1 else src[rows.to(src.device)]
+                    terms[key] = ((src.float().to(model.device) - act) * grad * mask).sum(1)
+                estimate[rows] = site_sums(model, sweep, terms)
 
         # Length-sorted batches pad little; on out-of-memory the batch halves (`each_batch`).
         lengths = [len(seqs[i].ids) for i in plan.targets]
@@ -265,20 +270,38 @@ def _reads_estimate(
         points = {k: site_point(model, site, batch.read_at) for k, site in keys.items()}
         acts, grads = _whole_grads(model, batch, points, final, model.head.coefficients(len(tgt)))
         rows, cols = batch.reads.rows, batch.reads.cols
-        for j, site in enumerate(sweep):
-            sl = head_slice(model, site)
-            a, g = acts[site.key], grads[site.key]
-            act = a[rows.to(a.device), cols.to(a.device)][..., sl].float().to(model.device)
-            grad = g[rows.to(g.device), cols.to(g.device)][..., sl].float().to(model.device)
+        terms: Tensors = {}  # per key, Σ_reads (a_src − a_tgt) · ∂r/∂a, every column [targets, w]
+        for key in keys:
+            a, g = acts[key], grads[key]
+            act = a[rows.to(a.device), cols.to(a.device)].float().to(model.device)
+            grad = g[rows.to(g.device), cols.to(g.device)].float().to(model.device)
             if mode == "ablation":
                 inserted = torch.zeros_like(act)
             else:
-                inserted = torch.cat([acts_at[s][site.key] for s in src])[..., sl].to(model.device)
-            per_read = ((inserted - act) * grad).sum(-1)
-            estimate[lo:lo + len(tgt), j] = torch.zeros(len(tgt), device=model.device).index_add(
-                0, rows.to(model.device), per_read).cpu()
+                inserted = torch.cat([acts_at[s][key] for s in src]).float().to(model.device)
+            terms[key] = torch.zeros(len(tgt), act.shape[-1], device=model.device).index_add(
+                0, rows.to(model.device), (inserted - act) * grad)
+        estimate[lo:lo + len(tgt)] = site_sums(model, sweep, terms).cpu()
     runs = chunks.clean_runs()
     return runs, chunks.targets, (runs.reward[chunks.targets][:, None] + estimate.to(model.device))
+
+
+def site_sums(model: RewardModel, sweep: list[Site], terms: Tensors) -> Tensor:
+    """[r, S]: each site's estimate, the sum of its own columns of `terms[site.key]` [r, w] (a head's slice,
+    a neuron's one column, a whole sublayer); a layer's neurons are gathered in one indexing, not one by one."""
+    first = next(iter(terms.values()))
+    out = torch.empty(first.shape[0], len(sweep), device=first.device)
+    neurons: dict[TraceKey, tuple[list[int], list[int]]] = {}
+    for j, site in enumerate(sweep):
+        if site.neuron is not None:
+            js, ns = neurons.setdefault(site.key, ([], []))
+            js.append(j)
+            ns.append(site.neuron)
+        else:
+            out[:, j] = terms[site.key][:, head_slice(model, site)].sum(-1)
+    for key, (js, ns) in neurons.items():
+        out[:, js] = terms[key][:, ns]
+    return out
 
 
 def agreement(exact: Patching, approx: Patching, k: int = 10) -> dict[str, float]:

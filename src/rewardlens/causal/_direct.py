@@ -80,7 +80,7 @@ def _part(model: RewardModel, tr: Trace, site: Site, rep: Tensor) -> tuple[Tenso
     if site.kind == "embed":
         return tr[TraceKey.embed()], rep
     raw = tr[TraceKey.sublayer(site.kind, site.layer)]
-    if site.head is None:
+    if not site.column:
         new_raw = rep
     else:
         new_raw = raw + head_write(model, site, rep - tr[site.key])

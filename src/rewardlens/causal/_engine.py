@@ -42,6 +42,7 @@ from ..model.internal import (
     collate,
     each_batch,
     eval_mode,
+    is_moe_layer,
     out_projection,
     projection_inputs,
     rewriting,
@@ -60,23 +61,38 @@ class Declined(Exception):
 
 @dataclass(frozen=True)
 class Site(Part):
-    """A patchable part: the embeddings, a sublayer, or one attention head (`Part` names it)."""
+    """A patchable part: the embeddings, a sublayer, one attention head or one MLP neuron (`Part` names it)."""
 
     @property
     def key(self) -> TraceKey:
-        """Trace key of the activation the site overwrites (heads: the output projection's input)."""
+        """Trace key of the activation the site overwrites (heads, neurons: the output projection's input)."""
         if self.kind == "embed":
             return TraceKey.embed()
-        return TraceKey.attn_z(self.layer) if self.head is not None else TraceKey.sublayer(self.kind, self.layer)
+        if self.head is not None:
+            return TraceKey.attn_z(self.layer)
+        return TraceKey.mlp_act(self.layer) if self.neuron is not None else TraceKey.sublayer(self.kind, self.layer)
+
+    @property
+    def column(self) -> bool:
+        """Whether the site is some columns of its output projection's input (a head or a neuron)."""
+        return self.head is not None or self.neuron is not None
 
 
 def sites(model: RewardModel, level: PatchLevel) -> list[Site]:
     """Every patchable site at `level` ('sublayer' or 'head'), named as `rewardlens.attribute` names parts.
 
-    Bias parts are constants (the same in every run), so they are not sites.
+    Bias parts are constants (the same in every run), so they are not sites. Level 'neuron' has no
+    sweep of every site here: one patched run per MLP neuron is too many (`causal/_neurons.py` chooses
+    neurons, or lists every one for attribution patching's single backward).
     """
+    if level == "neuron":
+        n = sum(projection_inputs(model, "mlp", layer)[0] for layer in range(model.n_layers)
+                if not is_moe_layer(model, layer))
+        raise ValueError(f"level='neuron' patches only chosen neurons: a sweep of all {n} MLP neurons would be {n} "
+                         "patched runs per pair; choose neurons=['mlp_L<l>_N<i>', ...] or use attribution patching "
+                         "(attribution_patch(..., level='neuron'): every neuron from one backward)")
     if level not in PATCH_LEVELS:
-        raise ValueError(f"patching level must be 'sublayer' or 'head', got {level!r}")
+        raise ValueError(f"patching level must be one of {PATCH_LEVELS}, got {level!r}")
     out = [Site.embed()]
     for layer in range(model.n_layers):
         if level == "head":
@@ -93,11 +109,13 @@ def site_point(model: RewardModel, site: Site, cols: Tensor) -> Point:
     if site.kind == "embed":
         return Point(model.layers[0], "in", cols)
     path = model.arch.attn_out if site.kind == "attn" else model.arch.mlp_out
-    return Point(model.layer_module(site.layer, path), "in" if site.head is not None else "out", cols)
+    return Point(model.layer_module(site.layer, path), "in" if site.column else "out", cols)
 
 
 def head_slice(model: RewardModel, site: Site) -> slice:
-    """Columns of the output projection's input that belong to `site`'s head."""
+    """Columns of the output projection's input that belong to `site`'s head, or its one neuron."""
+    if site.neuron is not None:
+        return slice(site.neuron, site.neuron + 1)
     if site.head is None:
         return slice(None)
     width = projection_inputs(model, "attn", site.layer)[0]
@@ -107,9 +125,10 @@ def head_slice(model: RewardModel, site: Site) -> slice:
 
 def head_write(model: RewardModel, site: Site, z: Tensor) -> Tensor:
     """What head `site` writes to its attention output [..., d] from the output projection's input
-    z [..., H·d_head] (its own columns only, fp32): z_h W_O[:, h]ᵀ, no bias (the bias is no head's)."""
+    z [..., H·d_head] (its own columns only, fp32): z_h W_O[:, h]ᵀ, no bias (the bias is no head's).
+    A neuron site likewise: a_n W_down[:, n]ᵀ from the MLP's projection input [..., d_mlp]."""
     sl = head_slice(model, site)
-    weight, _ = out_projection(model, "attn", site.layer)
+    weight, _ = out_projection(model, "mlp" if site.neuron is not None else "attn", site.layer)
     return z[..., sl].float() @ weight[:, sl].T.to(z.device)
 
 

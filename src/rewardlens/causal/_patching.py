@@ -27,8 +27,9 @@ from ..types import Ablation, Estimand, Mode, PatchLevel, Positions, Spans
 from ._cached import cached_read_sweep
 from ._direct import direct_rewards
 from ._divergence import NaturalFit, score_patched, scorer
-from ._engine import Site, batched_sweep, read_sweep, sites
+from ._engine import Site, batched_sweep, read_sweep
 from ._margins import PatchedMargins
+from ._neurons import Neurons, level_sites, neuron_layers
 from ._plan import Clean, PatchPlan, pair_seqs, sources_only
 from ._reads_patch import check_reads_options, direct_reads, mode_for, patch_reads
 from ._spec import MODES as MODES
@@ -183,8 +184,10 @@ def patch(
     sweep: Sequence[Site] | None = None,
     progress: bool = False,
     spec: PatchSpec | None = None,
+    neurons: Neurons | None = None,
 ) -> Patching:
-    """Patch every part (`level` 'sublayer' or 'head') of every pair and return the patched rewards.
+    """Patch every part (`level` 'sublayer' or 'head'), or the chosen MLP `neurons` (`level='neuron'`), of
+    every pair and return the patched rewards.
 
     `mode`: 'noising', 'denoising' or 'ablation'; None (the default) is noising, except for a reward read
     at a set of positions whose pairs have no read-to-read map: zero ablation at every read (`patch_mode`,
@@ -205,6 +208,9 @@ def patch(
     instead of every site at `level` (`sites(model, 'head')` plus the attention sublayers serves both
     levels in one sweep; `Patching.select` splits the result). `spec`: the five choices (mode,
     ablation, positions, level, estimand) as one validated `PatchSpec`, instead of the keywords.
+    `neurons`: with `level='neuron'`, the neurons to patch, one run each (names such as 'mlp_L1_N17', as
+    `attribute(level='neuron')` names them); level 'neuron' without them is refused (every neuron is too many
+    runs: choose some, or rank them all by `attribution_patch(level='neuron')`).
     """
     with counting("patch", progress):
         seqs = pair_seqs(model, pairs, clean)
@@ -217,7 +223,10 @@ def patch(
         if divergence and estimand == "direct":
             raise ValueError("divergence scores patched runs' later activations; estimand='direct' holds them "
                              "frozen, so there is nothing to score: use estimand='total'")
-        sweep = sites(model, level) if sweep is None else list(sweep)
+        if sweep is not None and neurons is not None:
+            raise ValueError("pass the parts to patch either as sweep= or as neurons=, not both")
+        sweep = level_sites(model, level, neurons) if sweep is None else list(sweep)
+        fine = {"heads": level == "head", "neurons": neuron_layers(sweep)}  # what the clean trace keeps
         if model.reads.multi:  # a reward read at a set of positions is patched at that set
             check_reads_options(mode, ablation, positions, divergence)
             engine = direct_reads if estimand == "direct" else patch_reads
@@ -233,7 +242,7 @@ def patch(
                   and suffix_possible(model, seqs))
         only = sources_only(model, mode, len(seqs)) if (copies or suffix) and not divergence else None
         if clean is None:
-            clean = Clean.run(model, seqs, heads=level == "head", batch_size=batch_size, only=only)
+            clean = Clean.run(model, seqs, batch_size=batch_size, only=only, **fine)
         else:  # every side is traced already; the read-position engine rewrites its targets' clean
             only = None  # rewards, so the caller's are kept intact
             clean = dataclasses.replace(clean, reward=clean.reward.clone())
@@ -262,7 +271,7 @@ def patch(
                 clean_reward, rewards, streams = out
                 clean.reward[targets] = clean_reward.to(clean.reward.dtype)
             elif only is not None:  # full forwards after all: they need the targets' clean runs too
-                clean, only = Clean.run(model, seqs, heads=level == "head", batch_size=batch_size), None
+                clean, only = Clean.run(model, seqs, batch_size=batch_size, **fine), None
         if rewards is None:
             clean, rewards, streams = _any_positions(model, seqs, clean, plan, sweep, suffix=suffix,
                                                      traced_all=only is None, heads=level == "head",
@@ -293,7 +302,7 @@ def _any_positions(
             clean.reward[targets] = got[0].to(clean.reward.dtype)
             return clean, got[1], None
     if not traced_all:  # the other engines need the targets' clean runs too
-        clean = Clean.run(model, seqs, heads=heads, batch_size=batch_size)
+        clean = Clean.run(model, seqs, heads=heads, batch_size=batch_size, neurons=neuron_layers(sweep))
     if score is None:
         rewards = stepped_sweep(model, tgt, sweep, cols_t, values, batch_size=batch_size, labels=labels,
                                 index=targets)

@@ -22,6 +22,7 @@ from ..model.internal import Batch, Tokenized, sequence_label
 from ..types import Ablation, Mode, Positions, Spans
 from ._engine import Site, site_point
 from ._layerwise import Recorded
+from ._neurons import neuron_layers
 
 
 @dataclass
@@ -41,16 +42,17 @@ class Clean:
     @classmethod
     def run(
         cls, model: RewardModel, seqs: list[Tokenized], *, heads: bool, batch_size: int, only: list[int] | None = None,
-        is_pairs: bool = True,
+        is_pairs: bool = True, neurons: Sequence[int] = (),
     ) -> Clean:
         """Trace every sequence, or only those in `only`: the others get their read position and
         readout coefficients (no forward needed) but zero activations and a NaN reward, for the
-        caller to fill in (the read-position engine reads them off an unpatched copy)."""
+        caller to fill in (the read-position engine reads them off an unpatched copy). `heads`: keep every
+        layer's heads; `neurons`: the layers whose MLP neurons to keep (`neuron_layers` of a sweep)."""
         index = list(range(len(seqs))) if only is None else list(only)
         layers = range(model.n_layers) if heads else ()
         runs = CleanRuns(len(index))
         for rows, batch in model.batches([seqs[i] for i in index], batch_size, "right", is_pairs, index=index):
-            runs(rows, batch, trace(model, batch, heads=layers))
+            runs(rows, batch, trace(model, batch, heads=layers, neurons=neurons))
         if only is None:
             return cls.of(model, seqs, runs)
         read = [0] * len(seqs)
@@ -260,7 +262,7 @@ def _ablation_values(
         if reference is None:
             return {k: clean.captured[k].mean(0) for k in keys}
         ref = Clean.run(model, reference, heads=any(s.head is not None for s in sweep), batch_size=batch_size,
-                        is_pairs=False)
+                        is_pairs=False, neurons=neuron_layers(sweep))
         return {k: ref.captured[k].mean(0) for k in keys}
     ref_seqs = reference if reference is not None else clean.seqs
     index = list(range(len(ref_seqs)))

@@ -82,13 +82,14 @@ def matched_reads(seqs: list[Tokenized], mode: Mode) -> None:
 
 
 def traced_reads(model: RewardModel, seqs: list[Tokenized], index: list[int], heads: bool,
-            batch_size: int) -> tuple[dict[int, dict[TraceKey, Tensor]], dict[int, float]]:
-    """Each sequence's captures at its reads {i: {key: [m_i, w]}} and its combined reward {i: r}."""
+            batch_size: int, neurons: bool = False) -> tuple[dict[int, dict[TraceKey, Tensor]], dict[int, float]]:
+    """Each sequence's captures at its reads {i: {key: [m_i, w]}} and its combined reward {i: r}; with every
+    layer's heads (`heads`) or MLP neurons (`neurons`) too."""
     layers = range(model.n_layers) if heads else ()
     acts: dict[int, dict[TraceKey, Tensor]] = {}
     reward: dict[int, float] = {}
     for rows, batch in model.batches([seqs[i] for i in index], batch_size, "right", True, index=index):
-        tr = trace(model, batch, heads=layers)
+        tr = trace(model, batch, heads=layers, neurons=range(model.n_layers) if neurons else ())
         values, coef = model.head_readout(tr.captured, batch)
         scores = (values * coef).sum(-1)
         fold = model.fold(batch, scores)
@@ -116,6 +117,7 @@ class ReadChunks:
                  batch_size: int) -> None:
         matched_reads(seqs, mode)
         self.model, self.seqs, self.heads, self.batch_size = model, seqs, level == "head", batch_size
+        self.level = level
         # Ablation patches both sides, as it does at one read token (docs/patching.md); noising the chosen
         # side, denoising the rejected one.
         self.targets = list(range(len(seqs))) if mode == "ablation" else list(
@@ -126,7 +128,8 @@ class ReadChunks:
         for lo in range(0, len(self.targets), self.batch_size):
             tgt = self.targets[lo:lo + self.batch_size]
             src = [t + 1 if t % 2 == 0 else t - 1 for t in tgt]
-            acts, reward = traced_reads(self.model, self.seqs, sorted({*tgt, *src}), self.heads, self.batch_size)
+            acts, reward = traced_reads(self.model, self.seqs, sorted({*tgt, *src}), self.heads, self.batch_size,
+                                        self.level == "neuron")
             for i, r in reward.items():
                 self.clean[i] = r
             yield lo, tgt, src, acts
