@@ -41,6 +41,7 @@ from ._tokens import (
     warn_pad_is_eos,
     with_reads,
 )
+from ._vocab import check_vocabulary
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -104,6 +105,7 @@ class RewardModel:
         config_pad = getattr(text_config(model), "pad_token_id", None)
         # The model's own pooling uses config.pad_token_id; reading by the same rule keeps scores equal.
         self.pad_token_id: int | None = config_pad if pad_token_id is UNSET else pad_token_id
+        check_vocabulary(model, tokenizer, self.pad_token_id, pad_given=pad_token_id is not UNSET, source=source)
         if self.pad_token_id is None and not self.encoder:
             warn(
                 "the model has no pad token, so its own forward cannot score batches; rewardlens pads "

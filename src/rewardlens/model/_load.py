@@ -29,6 +29,7 @@ from ._armorm import LlamaForRewardModelWithGating
 from ._core import UNSET, RewardModel, Unset
 from ._moe import check_moe_map
 from ._verify import check_structure, verify
+from ._vocab import pad_error
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -257,8 +258,15 @@ def _from_pretrained(
         kwargs["attn_implementation"] = attn_implementation
     own = next((_OWN_CLASSES[a] for a in (getattr(config, "architectures", None) or ()) if a in _OWN_CLASSES), None)
     # With output_loading_info the typed return (the model alone) becomes (model, loading info).
-    loaded = cast(tuple[nn.Module, dict[str, Any]], (own or auto or AutoModelForSequenceClassification).from_pretrained(
-        path_or_id, output_loading_info=True, **kwargs))
+    try:
+        loaded = cast(tuple[nn.Module, dict[str, Any]], (own or auto or AutoModelForSequenceClassification)
+                      .from_pretrained(path_or_id, output_loading_info=True, **kwargs))
+    except AssertionError as exc:  # torch's, as the embedding is built: its padding_idx has no row
+        text = config.get_text_config()
+        pad, rows = getattr(text, "pad_token_id", None), getattr(text, "vocab_size", None)
+        if "Padding_idx" not in str(exc) or not isinstance(pad, int) or not isinstance(rows, int):
+            raise
+        raise pad_error(pad, rows, text, given=False, tokenizer_pad=None, source=path_or_id) from None
     model, info = loaded
     if own is None:  # our own class is the custom code's replacement, not a fallback
         _warn_ignored_code(path_or_id, model, config, kwargs)
