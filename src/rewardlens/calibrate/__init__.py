@@ -24,6 +24,7 @@ from ._instruments import grade_sae as grade_sae
 from ._kinds import KindBench as KindBench
 from ._kinds import grade_dpo as grade_dpo
 from ._kinds import grade_prm as grade_prm
+from ._neurons import grade_neurons as grade_neurons
 from ._probes import bank_items as bank_items
 from ._probes import grade_distortion as grade_distortion
 from ._probes import grade_probes as grade_probes
@@ -47,6 +48,7 @@ __all__ = [
     "grade_dpo",
     "grade_editing",
     "grade_lens",
+    "grade_neurons",
     "grade_organisms",
     "grade_patching",
     "grade_prm",
