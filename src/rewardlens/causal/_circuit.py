@@ -5,12 +5,14 @@ evaluated by edge ablation (`_circuit_run`): every edge outside it carries its u
 corrupted write, and the faithfulness is `mean margin(C) / mean clean margin` (1 for every edge;
 `empty` is the margin with no edge kept). The curve runs over circuit sizes. Sublayer or head level
 (heads as parts, each head's input, or its q/k/v inputs apart, as nodes), as the edges were scored.
+With `verify=n` the cheap scores only propose: the estimated edges among the first n are path-patched
+(`Edges.verify`) and the ranking is by those exact scores; `exact` marks, per ranked edge, which are.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -23,11 +25,13 @@ from ..model.internal import collate, each_batch
 from ..stats import to_json, top_parts
 from ..types import Ablation, Mode, Positions, Spans
 from ._circuit_run import check_heads, circuit_rewards, corrupted_writes
-from ._edges import Edges, Level, Method, check_model, nodes
+from ._edge_nodes import Level, check_model, nodes
+from ._edges import Edges, Method
 from ._edges import edges as edge_scores
 from ._engine import Site
 from ._plan import Clean, PatchPlan, pair_seqs
 from ._receivers import Receiver
+from ._verify_edges import check_verify
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -39,7 +43,8 @@ if TYPE_CHECKING:
 class Circuit:
     """A circuit (`kept`: edges (upstream, downstream, mean score), best first) and its curve: `sizes`
     [S] circuits of the first k ranked edges with margins `margins` [S, n_pairs]; `clean` and `empty`
-    [n_pairs] the margins with every edge and with none."""
+    [n_pairs] the margins with every edge and with none. `exact` [len(ranked)]: whether each ranked
+    edge's score is exact (into 'reward', or path-patched: `verified` of them), not a first-order estimate."""
 
     kept: list[tuple[str, str, float]]
     ranked: list[tuple[str, str, float]]
@@ -50,6 +55,8 @@ class Circuit:
     method: str
     mode: str
     level: str = "sublayer"
+    exact: list[bool] = field(default_factory=list)
+    verified: int = 0
 
     @property
     def shares(self) -> np.ndarray:
@@ -80,8 +87,11 @@ class Circuit:
         return to_json(self.summary())
 
     def summary(self) -> dict[str, Any]:
+        exact = self.exact or [d == "reward" for _, d, _ in self.ranked]  # a result made before `exact` existed
         return {"method": self.method, "mode": self.mode, "level": self.level, "share": self.share,
-                "kept": [{"upstream": u, "downstream": d, "score": s} for u, d, s in self.kept],
+                "verified": self.verified,
+                "kept": [{"upstream": u, "downstream": d, "score": s, "exact": bool(x)}
+                         for (u, d, s), x in zip(self.kept, exact)],
                 "curve": [{"edges": k, "share": float(s)} for k, s in zip(self.sizes, self.shares)],
                 "clean_margin": float(self.clean.mean()), "empty_margin": float(self.empty.mean())}
 
@@ -132,12 +142,16 @@ def circuit(
     positions: Positions | Spans = "read",
     reference: Inputs | None = None,
     batch_size: int = 8,
+    verify: int | None = None,
     progress: bool = False,
 ) -> Circuit:
     """Rank every edge (`edges`, else `rl.edges` with `method`, `level` and `qkv`), keep the `top` first
     (or the fewest whose mean |score| reaches `share` of the total), and evaluate circuits of `sizes`
     edges (default: doubling up to every edge, and the kept one) by edge ablation, all of its nodes
-    (heads and their q/k/v inputs at `level='head'`) in one forward per batch and size."""
+    (heads and their q/k/v inputs at `level='head'`) in one forward per batch and size. `verify=n`:
+    rank by exact scores, the estimated edges among the first n path-patched (`Edges.verify`, this
+    corruption) until the first n are all exact."""
+    n_verify = check_verify(verify)
     with counting("circuit", progress):
         check_model(model, "circuit")
         if model.arch.layout == "post_norm" and model.arch.attn_post_norm is None:
@@ -148,7 +162,10 @@ def circuit(
         if edges is None:
             edges = edge_scores(model, pairs, method=method, steps=steps, level=level, qkv=qkv, mode=mode,
                                 ablation=ablation, positions=positions, reference=reference, batch_size=batch_size)
-        flat, names = edges.flat(), edges.names
+        if n_verify:
+            edges = edges.verify(model, pairs, n_verify, ablation=ablation, positions=positions, reference=reference,
+                                 batch_size=batch_size)
+        flat, names, exact = edges.flat(), edges.names, edges.exact[edges.valid]
         order = top_parts(flat)
         ranked = [(*names[i], float(flat[:, i].mean())) for i in order]
         n_keep = _how_many(flat[:, order], top, share)
@@ -169,8 +186,9 @@ def circuit(
             margins.append(_margins(model, seqs, clean, plan.targets, cols, keep, ups, downs, bad, batch_size))
         m = np.stack(margins)
         reward = clean.reward.cpu().numpy()
-        return Circuit(ranked[:n_keep], ranked, want, m,
-                       reward[0::2] - reward[1::2], m[0], edges.method, edges.mode, edges.level)
+        return Circuit(ranked[:n_keep], ranked, want, m, reward[0::2] - reward[1::2], m[0], edges.method, edges.mode,
+                       edges.level, [bool(exact[i]) for i in order],
+                       0 if edges.verified is None else int(edges.verified.sum()))
 
 
 def _nodes(model: RewardModel, edges: Edges) -> tuple[list[Site], list[Receiver]]:

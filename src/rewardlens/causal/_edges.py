@@ -4,9 +4,11 @@ Edge attribution patching (EAP, Syed et al. 2023): the path-patching effect of s
 receiver d is, to first order, `−Σ_t Δ_u,t · ∂r/∂(input_d)_t` on the patched side (`Δ_u` as
 `path_patch` defines it, the gradient from `_edge_grads.node_grads`), signed as `patch`'s margin
 effect (clean margin − patched margin). EAP-IG (Hanna et al. 2024) averages the gradient over `steps`
-points `α = k/steps`, k = 0..steps−1, on the line from the clean to the corrupted embeddings at the
-patched columns (steps=1 is EAP). The edges into 'reward' are not estimated: they are path patching's
-direct effect, exactly (`_path.reward_path_rewards`, no forward). A head upstream is scored in head
+points `α = k/steps`, k = 0..steps−1, on the line from the clean to the corrupted run in which every
+node reads `x + α Σ_{u before it} Δ_u`: the upstream parts' writes are interpolated at the patched
+columns, not the embeddings (`_lines`; steps=1 is EAP). The edges into 'reward' are not estimated: they
+are path patching's direct effect, exactly (`_path.reward_path_rewards`, no forward); `verify=n`
+path-patches the first n estimated ones (`_verify_edges`). A head upstream is scored in head
 space, `Δz_h · (W_O[:, h]ᵀ g)` (`head_space`), so no head's Δ is held in d-space. Per batch of targets
 the clean gradient pass also records the targets' activations and final residual, so only the sources
 are traced beforehand (docs/circuits.md, Cost).
@@ -24,30 +26,32 @@ import torch
 from torch import Tensor
 
 from ..data import Inputs, Pair, counting, pair_ids
-from ..errors import ArchitectureError, CircuitError
+from ..errors import CircuitError
 from ..model import RewardModel, TraceKey
 from ..model.internal import Tokenized, collate, each_batch, out_projection
 from ..stats import rank_agreement, top_parts
 from ..types import Ablation, Mode, Positions, Spans
 from ._edge_grads import chunk_scores, node_grads
+from ._edge_nodes import Level, check_model, nodes
 from ._engine import Site, head_write
 from ._path import PathPatching, delta_keys, path_deltas, reward_path_rewards
 from ._plan import Clean, PatchPlan, pair_seqs, sources_only
-from ._receivers import QKV, QKVS, Receiver, read_depth, wiring, write_depth
+from ._receivers import Receiver, read_depth, wiring, write_depth
 from ._spec import PatchSpec, spec_of
+from ._verify_edges import check_verify, verified_scores
 
 if TYPE_CHECKING:
     import pandas as pd
 
 Method = Literal["eap", "eap-ig"]
-Level = Literal["sublayer", "head"]
 
 
 @dataclass(frozen=True)
 class Edges:
     """Edge scores [n_pairs, U, D]: upstream part u → downstream node input d, in reward units of the
     margin effect (clean − patched margin, as `patch`'s). NaN where d reads before u writes. The
-    'reward' column is exact (`path_patch` to the read-out); the rest are first-order estimates."""
+    'reward' column is exact (`path_patch` to the read-out), and so is every `verified` [U, D] edge
+    (path-patched by `verify`); the rest are first-order estimates (`exact` says which is which)."""
 
     upstream: list[str]
     downstream: list[str]
@@ -58,11 +62,27 @@ class Edges:
     level: Level
     mode: Mode
     pair_ids: list[str]
+    verified: np.ndarray | None = None
 
     @property
     def approximate(self) -> np.ndarray:
-        """[D] True where the column is a first-order estimate (every downstream node but 'reward')."""
+        """[D] True where the column was scored first-order (every node but 'reward'); per edge see `exact`."""
         return np.array([d != "reward" for d in self.downstream])
+
+    @property
+    def exact(self) -> np.ndarray:
+        """[U, D] True where the score is exact: an edge into 'reward', or one path-patched (`verified`)."""
+        done = np.zeros(self.score.shape[1:], bool) if self.verified is None else self.verified
+        return ~self.approximate[None, :] | done
+
+    def verify(self, model: RewardModel, pairs: Sequence[Pair], n: int, *, ablation: Ablation = "zero",
+               positions: Positions | Spans = "read", reference: Inputs | None = None, batch_size: int = 8) -> Edges:
+        """These edges with the estimated ones among the first `n` by mean |score| path-patched (this `mode`;
+        pass the corruption they were scored under) until those `n` are all exact (`_verify_edges`)."""
+        score, done = verified_scores(model, pairs, self.upstream, self.downstream, self.score, self.exact, n,
+                                      ids=self.pair_ids, mode=self.mode, ablation=ablation, positions=positions,
+                                      reference=reference, batch_size=batch_size)
+        return dataclasses.replace(self, score=score, verified=done | (self.exact & self.approximate[None, :]))
 
     @property
     def valid(self) -> np.ndarray:
@@ -92,11 +112,11 @@ class Edges:
         `truth`: effects [n_pairs, U, D] on this grid (NaN where unknown), or `path_patch` results
         whose (sender, receiver) cells are placed by name (one run per receiver, as receivers must read
         after every sender). Edges that do not exist or have no true value are left out; `estimated`
-        also leaves out the exact 'reward' column, so only the first-order estimates are graded."""
+        also leaves out the exact edges ('reward', `verified`), so only first-order estimates are graded."""
         want = self.on_grid(truth)
         use = self.valid & np.isfinite(want).all(0)
         if estimated:
-            use &= self.approximate[None, :]
+            use &= ~self.exact
         if not use.any():
             raise CircuitError("agreement needs at least one edge with a true value; pass path_patch results over "
                                f"these parts ({len(self.upstream)} upstream, {len(self.downstream)} downstream)")
@@ -131,50 +151,7 @@ class Edges:
         return pd.DataFrame({
             "pair": np.repeat(self.pair_ids, e), "upstream": np.tile([u for u, _ in names], n),
             "downstream": np.tile([d for _, d in names], n), "score": flat.ravel(),
-            "approximate": np.tile([d != "reward" for _, d in names], n)})
-
-
-def nodes(model: RewardModel, level: Level, qkv: bool) -> tuple[list[Site], list[Receiver]]:
-    """Every upstream part (embeddings, then per layer attention or its heads, then the MLP) and every
-    downstream node input (per layer attention, its heads or their q/k/v, the MLP, then 'reward')."""
-    if level not in ("sublayer", "head"):
-        raise ValueError(f"level must be 'sublayer' or 'head', got {level!r}")
-    ups: list[Site] = [Site.embed()]
-    downs: list[Receiver] = []
-    inputs: tuple[QKV | None, ...] = QKVS if qkv else (None,)
-    if level == "head" and _grouped(model):  # one key/value head serves several query heads: only q is a head's own
-        inputs = ("q",)
-    for layer in range(model.n_layers):
-        if level == "head":
-            ups += [Site.attn(layer, h) for h in range(model.n_heads)]
-            downs += [Receiver("head", layer, h, x) for h in range(model.n_heads)
-                      for x in inputs]
-        else:
-            ups.append(Site.attn(layer))
-            downs.append(Receiver("attn", layer))
-        ups.append(Site.mlp(layer))
-        downs.append(Receiver("mlp", layer))
-    return ups, [*downs, Receiver.reward()]
-
-
-def _grouped(model: RewardModel) -> bool:
-    """Whether the key projection is narrower than the query projection (grouped-query attention)."""
-    q, k = model.arch.attn_q, model.arch.attn_k
-    if q is None or k is None:
-        return False
-    wk, wq = model.layer_module(0, k).weight, model.layer_module(0, q).weight
-    assert isinstance(wk, Tensor) and isinstance(wq, Tensor)
-    return wk.shape[0] != wq.shape[0]
-
-
-def check_model(model: RewardModel, what: str) -> None:
-    """Edge instruments read the reward at one token of a sequential layout (one CircuitError/ArchitectureError)."""
-    if model.reads.multi:
-        raise CircuitError(f"{what} reads the reward at one token; this model reads it at a set of positions "
-                           "(PRM steps, DPO tokens): use rl.patch, which patches at every read")
-    if model.arch.layout == "parallel":
-        raise ArchitectureError(f"{what}: map {model.arch.name!r} has a parallel layout (attention and MLP read "
-                                "one input), so one sublayer's input cannot take a gradient alone; use rl.path_patch")
+            "approximate": np.tile(~self.exact[self.valid], n)})
 
 
 def edges(
@@ -191,17 +168,18 @@ def edges(
     reference: Inputs | None = None,
     batch_size: int = 8,
     spec: PatchSpec | None = None,
+    verify: int | None = None,
     progress: bool = False,
 ) -> Edges:
     """Score every edge of the model (docs/circuits.md): EAP (one forward and backward per batch of
     targets) or EAP-IG (`steps` of them). Corruption (`mode`, `ablation`, `positions`, `reference`,
     `spec`) is `patch`'s; `level='head'` scores heads (with `qkv`, each head's query, key and value
-    inputs apart)."""
+    inputs apart). `verify=n`: then path-patch the estimated edges among the first n (`Edges.verify`)."""
     if method not in ("eap", "eap-ig"):
         raise ValueError(f"method must be 'eap' or 'eap-ig', got {method!r}")
     if int(steps) < 1:
         raise ValueError(f"steps must be at least 1, got {steps}")
-    steps = 1 if method == "eap" else int(steps)
+    steps, n_verify = 1 if method == "eap" else int(steps), check_verify(verify)
     with counting("edges", progress):
         check_model(model, "edges")
         spec = spec_of(spec, mode=(mode or "noising") if spec is None else mode, ablation=ablation,
@@ -219,8 +197,10 @@ def edges(
         score = _per_pair(est, plan.targets, len(seqs) // 2)
         ok = np.array([[read_depth(model, d) >= write_depth(model, u) for d in downs] for u in ups])
         score[:, ~ok] = np.nan
-        return Edges([u.name for u in ups], [d.name for d in downs], score, reward[0::2] - reward[1::2], method,
-                     steps, level, spec.mode, pair_ids(pairs))
+        out = Edges([u.name for u in ups], [d.name for d in downs], score, reward[0::2] - reward[1::2], method,
+                    steps, level, spec.mode, pair_ids(pairs))
+        return out.verify(model, pairs, n_verify, ablation=spec.ablation, positions=spec.positions,
+                          reference=reference, batch_size=batch_size) if n_verify else out
 
 
 def _clean_sources(model: RewardModel, seqs: list[Tokenized], heads: bool, mode: Mode, batch_size: int) -> Clean:

@@ -1,11 +1,30 @@
-"""`rewardlens circuit`: edge attribution (EAP / EAP-IG) and the circuit of the top edges, with its faithfulness."""
+"""`rewardlens circuit`: edge attribution (EAP / EAP-IG), optionally verified by path patching, and the
+circuit of the top edges, with its faithfulness."""
 
 from __future__ import annotations
 
 import argparse
 from typing import Any
 
-from ._common import Command, add_model_options, add_pairs_options, load_model, positive, read_pairs, table
+from ._common import (
+    ArgumentError,
+    Command,
+    add_model_options,
+    add_pairs_options,
+    load_model,
+    positive,
+    read_pairs,
+    table,
+)
+from .causal import positions
+
+
+def _count(text: str) -> int:
+    """An argparse `type=`: an int >= 0."""
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
 
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
@@ -16,9 +35,24 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--level", choices=["sublayer", "head"], default="sublayer",
                    help="edge granularity: sublayers, or heads (each head and its input a node); the circuit is "
                         "evaluated at the same level")
+    p.add_argument("--receivers", choices=["whole", "qkv"], default="whole",
+                   help="with --level head: a head's query, key and value inputs as one node (whole, default) or "
+                        "as three (qkv)")
     p.add_argument("--top", type=positive(int), default=10, help="edges to keep")
     p.add_argument("--mode", choices=["noising", "denoising", "ablation"], default="noising")
+    p.add_argument("--positions", type=positions, default="read",
+                   help="positions corrupted: 'read' (default: only the last hop into the reward moves), 'all' "
+                        "(token-aligned pairs: finds earlier hops), 'prefix', or spans like '-4:'")
+    p.add_argument("--verify", type=_count, default=0,
+                   help="score the top N edges by exact path patching (the cheap scores only propose them) and "
+                        "rank by those scores; 0 (default): first-order scores alone")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def _check(args: argparse.Namespace) -> None:
+    if args.receivers == "qkv" and args.level != "head":
+        raise ArgumentError("--receivers qkv splits a head's query, key and value inputs, but --level is "
+                            f"{args.level}, whose nodes are whole sublayers; pass --level head too")
 
 
 def _run(args: argparse.Namespace) -> dict[str, Any]:
@@ -26,26 +60,34 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
 
     pairs = read_pairs(args)  # a bad pairs file is named before the model loads
     model = load_model(args)
-    scored = edges(model, pairs, method=args.method, steps=args.steps, level=args.level, mode=args.mode,
+    scored = edges(model, pairs, method=args.method, steps=args.steps, level=args.level,
+                   qkv=args.receivers == "qkv", mode=args.mode, positions=args.positions, verify=args.verify,
                    batch_size=args.batch_size, progress=not args.quiet)
-    out: dict[str, Any] = {"method": scored.method, "level": scored.level, "mode": scored.mode,
-                           "top_edges": [{"upstream": u, "downstream": d, "score": s, "exact": d == "reward"}
-                                         for u, d, s in scored.top(args.top)]}
-    found = circuit(model, pairs, edges=scored, top=args.top, batch_size=args.batch_size, progress=not args.quiet)
+    exact = scored.exact
+    out: dict[str, Any] = {
+        "method": scored.method, "level": scored.level, "mode": scored.mode,
+        "positions": args.positions if isinstance(args.positions, str) else "spans", "verify": args.verify,
+        "top_edges": [{"upstream": u, "downstream": d, "score": s,
+                       "exact": bool(exact[scored.upstream.index(u), scored.downstream.index(d)])}
+                      for u, d, s in scored.top(args.top)]}
+    found = circuit(model, pairs, edges=scored, top=args.top, positions=args.positions, batch_size=args.batch_size,
+                    progress=not args.quiet)
     out["circuit"] = found.summary()  # evaluated at the edges' level (heads as nodes at --level head)
     return out
 
 
 def _show(result: dict[str, Any]) -> None:
-    print(f"top edges ({result['method']}, {result['mode']}; mean margin effect, reward units; "
-          "edges into 'reward' exact, the rest first-order estimates):")
+    verified = f"; the top {result['verify']} by exact path patching" if result["verify"] else ""
+    print(f"top edges ({result['method']}{verified}, {result['mode']}, {result['positions']} positions; mean margin "
+          "effect, reward units; exact: into 'reward' or path-patched, est.: a first-order estimate):")
     print(table(["upstream", "downstream", "score", "exact"],
                 [[e["upstream"], e["downstream"], f"{e['score']:+.4f}", "yes" if e["exact"] else "est."]
                  for e in result["top_edges"]]))
     c = result["circuit"]
-    print(f"\n{c['level']}-level circuit of {len(c['kept'])} edges carries {c['share']:.1%} of the mean clean "
-          f"margin {c['clean_margin']:+.4f} (no edge: {c['empty_margin']:+.4f})")
+    n_exact = sum(k["exact"] for k in c["kept"])
+    print(f"\n{c['level']}-level circuit of {len(c['kept'])} edges carries {c['share']:.1%} of the mean clean margin "
+          f"{c['clean_margin']:+.4f} (no edge: {c['empty_margin']:+.4f}); {n_exact} of its edge scores are exact")
     print(table(["edges", "share of clean margin"], [[p["edges"], f"{p['share']:.3f}"] for p in c["curve"]]))
 
-COMMANDS = [Command("circuit", "edge attribution (EAP, EAP-IG) and the circuit of the top edges", _add_arguments,
-                    _run, _show)]
+COMMANDS = [Command("circuit", "edge attribution (EAP, EAP-IG), verified by path patching, and the circuit of the "
+                    "top edges", _add_arguments, _run, _show, check=_check)]
