@@ -4,6 +4,7 @@ import copy
 import html
 import json
 import re
+from html.parser import HTMLParser
 
 import numpy as np
 import pytest
@@ -216,3 +217,58 @@ def test_the_loops_cache_keys_name_the_organisms_version(monkeypatch):
     monkeypatch.setattr(_train, "ORGANISM_VERSION", "v-next")
     after = (Recipe().key(organism="list", rm="original", seed=0), Recipe().start_key("list"))
     assert before[0] != after[0] and before[1] != after[1]
+
+
+HOSTILE = '"><img src=x onerror=alert(1)><b class="x'
+
+
+class _Tags(HTMLParser):
+    """The page as a browser's parser reads it: every start tag with its attributes, and the text."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tags: list[tuple[str, dict[str, str | None]]] = []
+        self.text: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append((tag, dict(attrs)))
+
+    def handle_data(self, data):
+        self.text.append(data)
+
+
+def test_a_hostile_organism_name_stays_text_in_every_attribute(small_loop):
+    """Before, the organism name went into `data-organism` and `id` unescaped: a quote ended the attribute."""
+    import dataclasses
+
+    from rewardlens.loop._page import page
+
+    hostile = dataclasses.replace(small_loop, loops=tuple(dataclasses.replace(lp, organism=HOSTILE, concept=HOSTILE)
+                                                          for lp in small_loop.loops))
+    parsed = _Tags()
+    parsed.feed(page(hostile))
+    names = {tag for tag, _ in parsed.tags}
+    assert "img" not in names and "b" not in names  # no element the name could have opened
+    charts = [attrs for tag, attrs in parsed.tags if tag == "svg"]
+    assert len(charts) == 2 and all(a["data-organism"] == HOSTILE for a in charts)
+    assert [a["id"] for tag, a in parsed.tags if tag == "section" and a.get("class") == "organism"] == [HOSTILE]
+    assert sum(HOSTILE in t for t in parsed.text) >= 3  # the heading and both charts' titles show it as text
+
+
+@pytest.mark.parametrize("flag, path, words", [
+    ("--out", "/proc/x.html", "cannot write to --out page: /proc/x.html"),
+    ("--save", "/proc/x.json", "cannot write to --save file: /proc/x.json"),
+    ("--save", ".", "--save file is a folder, not a file: ."),
+])
+def test_verify_edit_checks_its_outputs_before_training(monkeypatch, capsys, flag, path, words):
+    """Before, the training ran for minutes and the write failed after it, with a raw OSError."""
+    import rewardlens.loop as loop
+
+    def trained(*_args, **_kwargs):
+        raise AssertionError("verify_edit ran before its outputs were checked")
+
+    monkeypatch.setattr(loop, "verify_edit", trained)
+    assert main(["verify-edit", "--organism", "list", flag, path]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"rewardlens: error: {words}" + (" (/proc takes no new files: No such file or directory)"
+                                                     if path.startswith("/proc") else "")]

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 from typing import Any
 
-from ._common import Command, positive, quiet_hub, table
+from ._common import Command, check_out_file, positive, quiet_hub, table
 
 LOOP_ORGANISMS = ("keyword", "length", "list", "quality_list", "sycophancy")
 """The organisms whose planted direction the loop knows (`rewardlens.loop._organisms.PLANTED`; written here so
@@ -27,6 +28,14 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--save", metavar="FILE", default=None, help="also write the full result as JSON here")
 
 
+def _check(args: argparse.Namespace) -> None:
+    """Where the page and the JSON go, checked before the training runs (minutes) rather than after it."""
+    if args.out is not None:
+        check_out_file(args.out, "--out page")
+    if args.save is not None:
+        check_out_file(args.save, "--save file")
+
+
 def _verify(args: argparse.Namespace) -> dict[str, Any]:
     from ..loop import Recipe, loop_report, verify_edit
 
@@ -38,8 +47,8 @@ def _verify(args: argparse.Namespace) -> dict[str, Any]:
         loop_report(res, args.out)
     text = res.to_json()
     if args.save:
-        with open(args.save, "w", encoding="utf-8") as f:
-            f.write(text)
+        Path(args.save).parent.mkdir(parents=True, exist_ok=True)  # as the page's folder is: _check allowed it
+        Path(args.save).write_text(text, encoding="utf-8")
     full = json.loads(text)
     return {"summary": full["summary"], "warnings": full["warnings"], "notes": full["notes"], "page": args.out}
 
@@ -67,4 +76,4 @@ def _show(result: dict[str, Any]) -> None:
 
 COMMANDS = [Command("verify-edit", "edit an organism's planted bias out, retrain a tiny policy against the original "
                     "and the edited reward model, and measure the behaviour gap and the monitor's early warning",
-                    _arguments, _verify, _show)]
+                    _arguments, _verify, _show, check=_check)]

@@ -24,6 +24,11 @@ W, H, PAD = 420, 200, 36
 COLOURS = {"original": "#c0392b", "edited": "#2471a3"}
 
 
+def _e(x: object) -> str:
+    """`x` as text inside an element or a quoted attribute: every value that reaches the page passes here."""
+    return html.escape(str(x), quote=True)
+
+
 def _xy(x: np.ndarray, y: np.ndarray, lo: float, hi: float, n: int) -> list[tuple[float, float]]:
     span = hi - lo if hi > lo else 1.0
     return [(PAD + (W - 2 * PAD) * float(a) / max(n - 1, 1), H - PAD - (H - 2 * PAD) * (float(b) - lo) / span)
@@ -36,19 +41,19 @@ def _chart(lp: OrganismLoop, what: str, label: str) -> str:
     steps = lp.traces["original"][0].steps
     allv = np.concatenate(list(series.values()))
     lo, hi = (0.0, 1.0) if what == "rate" else (float(allv.min()), float(allv.max()))
-    out = [f'<svg class="chart" data-organism="{lp.organism}" data-what="{what}" width="{W}" height="{H}" '
+    out = [f'<svg class="chart" data-organism="{_e(lp.organism)}" data-what="{_e(what)}" width="{W}" height="{H}" '
            f'xmlns="http://www.w3.org/2000/svg"><rect width="{W}" height="{H}" fill="white"/>',
-           f'<text x="{PAD}" y="16" font-size="12">{html.escape(lp.organism)}: {label}</text>']
+           f'<text x="{PAD}" y="16" font-size="12">{_e(lp.organism)}: {_e(label)}</text>']
     for k, y in series.items():
         pts = " ".join(f"{a:.1f},{b:.1f}" for a, b in _xy(steps, y, lo, hi, len(steps)))
         dash = ' stroke-dasharray="5,3"' if k == "edited" else ""
-        out.append(f'<polyline class="series" data-name="{k}" fill="none" stroke="{COLOURS[k]}" stroke-width="2"'
+        out.append(f'<polyline class="series" data-name="{_e(k)}" fill="none" stroke="{COLOURS[k]}" stroke-width="2"'
                    f'{dash} points="{pts}"/>')
     for k in KINDS:
         for t in lp.traces[k]:
             hit = np.flatnonzero(t.alarms["monitor (planted)"])
             for (a, b), i in zip(_xy(steps[hit], series[k][hit], lo, hi, len(steps)), hit):
-                out.append(f'<circle class="alarm" data-rm="{k}" data-step="{int(t.steps[i])}" cx="{a:.1f}" '
+                out.append(f'<circle class="alarm" data-rm="{_e(k)}" data-step="{int(t.steps[i])}" cx="{a:.1f}" '
                            f'cy="{b:.1f}" r="3" fill="{COLOURS[k]}"/>')
     out.append(f'<text x="{PAD}" y="{H - 8}" font-size="9">steps 0–{int(steps[-1])}, y {lo:.2f}–{hi:.2f}; solid: '
                "original RM, dashed: edited RM, dots: planted alarms</text></svg>")
@@ -59,17 +64,17 @@ def _table(frame: pd.DataFrame, cls: str) -> str:
     def cell(v: object) -> str:
         if isinstance(v, float):
             return "—" if not np.isfinite(v) else f"{v:.2f}"
-        return html.escape(str(v))
-    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in frame.columns)
+        return _e(v)
+    head = "".join(f"<th>{_e(c)}</th>" for c in frame.columns)
     body = "".join("<tr>" + "".join(f"<td>{cell(v)}</td>" for v in row) + "</tr>"
                    for row in frame.itertuples(index=False))
-    return f'<div style="overflow-x:auto"><table class="{cls}"><tr>{head}</tr>{body}</table></div>'
+    return f'<div style="overflow-x:auto"><table class="{_e(cls)}"><tr>{head}</tr>{body}</table></div>'
 
 
 def page(result: ClosedLoop) -> str:
     """The page's HTML."""
-    charts = "".join(f'<section class="organism" id="{lp.organism}"><h2>{html.escape(lp.organism)} '
-                     f"(planted: {html.escape(lp.planted)}; edit concept: {html.escape(lp.concept)})</h2>"
+    charts = "".join(f'<section class="organism" id="{_e(lp.organism)}"><h2>{_e(lp.organism)} '
+                     f"(planted: {_e(lp.planted)}; edit concept: {_e(lp.concept)})</h2>"
                      f"{_chart(lp, 'rate', 'behaviour rate')}{_chart(lp, 'reward', 'mean reward')}</section>"
                      for lp in result.loops)
     notes: Sequence[str] = result.notes or ("none",)
@@ -78,7 +83,7 @@ def page(result: ClosedLoop) -> str:
             "td,th{border:1px solid #ccc;padding:2px 6px}</style></head><body><h1>Edit → retrain → verify</h1>"
             f"{charts}<section id='summary'><h2>Behaviour gap</h2>{_table(result.summary(), 'summary')}</section>"
             f"<section id='warnings'><h2>Early warning</h2>{_table(result.warnings(), 'warnings')}</section>"
-            "<section id='notes'><h2>Notes</h2><ul>" + "".join(f"<li>{html.escape(n)}</li>" for n in notes)
+            "<section id='notes'><h2>Notes</h2><ul>" + "".join(f"<li>{_e(n)}</li>" for n in notes)
             + "</ul></section></body></html>")
 
 
