@@ -185,6 +185,8 @@ def test_neuron_sweeps_are_refused_by_name_with_the_fix(tiny_root, pairs):
             patch(model, pairs, level="neuron", neurons=neurons)
     with pytest.raises(ValueError, match="pass level='neuron' with it"):
         patch(model, pairs, level="head", neurons=["mlp_L0_N1"])
+    with pytest.raises(ValueError, match=r"faithfulness patches every part exactly.*patch\(neurons=\.\.\.\)"):
+        rl.faithfulness(model, pairs, level="neuron")
     moe = rl.load(str(tiny_root["mixtral"]))
     with pytest.raises(ValueError, match="mixture-of-experts block, which has no neurons"):
         attribution_patch(moe, pairs, level="neuron", neurons=["mlp_L0_N1"])

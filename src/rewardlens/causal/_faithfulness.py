@@ -253,6 +253,10 @@ def faithfulness(
     None is `patch`'s default (noising, or zero ablation where a set of reads has no read-to-read map).
     """
     with counting("faithfulness", progress):
+        if level == "neuron":  # before any forward: exact patching of every neuron is one run per neuron
+            raise ValueError("faithfulness patches every part exactly, and level='neuron' would be one patched run "
+                             "per MLP neuron; use level='head' or 'sublayer', or rank the neurons with "
+                             "attribution_patch(..., level='neuron') and patch the top ones with patch(neurons=...)")
         if seed_positions is not None and seed_positions not in SEED_POSITIONS:
             raise ValueError(f"seed_positions must be None, 'all' or 'read', got {seed_positions!r}")
         if traced is None:

@@ -75,14 +75,22 @@ def rank_parts(names: Sequence[str], effect: np.ndarray, margin: np.ndarray, top
 def patch_summary(model: RewardModel, pairs: Sequence[Pair], *, mode: Mode | None = None, ablation: Ablation = "zero",
                   positions: Positions | Spans = "read", level: PatchLevel = "sublayer", estimand: Estimand = "total",
                   divergence: bool = False, atp: bool = False, top: int = 10, all_parts: bool = False,
-                  batch_size: int = 8, progress: bool = False) -> dict[str, Any]:
-    """The JSON-ready result of `rewardlens patch` (also a section of `rewardlens audit`)."""
+                  batch_size: int = 8, progress: bool = False, neurons: list[str] | int | None = None,
+                  ) -> dict[str, Any]:
+    """The JSON-ready result of `rewardlens patch` (also a section of `rewardlens audit`). `neurons` (level
+    'neuron'): the neurons to patch, or a count k: the k neurons attribution patching ranks first."""
     from ..causal import agreement, attribution_patch, patch
 
     if atp and estimand != "total":
         raise ValueError("--atp estimates total effects; drop --estimand direct")
+    chosen_by = None
+    if isinstance(neurons, int):  # first order proposes (one backward), exact patching then scores
+        ranked = attribution_patch(model, pairs, batch_size=batch_size, mode=mode, ablation=ablation,
+                                   positions=positions, level="neuron", progress=progress)
+        neurons = [name for name, _ in ranked.top(len(ranked.names)) if "_N" in name][:neurons]
+        chosen_by = f"the top {len(neurons)} neurons by attribution patching's mean |effect|"
     res = patch(model, pairs, estimand=estimand, divergence=divergence, batch_size=batch_size, mode=mode,
-                ablation=ablation, positions=positions, level=level, progress=progress)
+                ablation=ablation, positions=positions, level=level, progress=progress, neurons=neurons)
 
     out: dict[str, Any] = {
         "mode": res.mode, "ablation": ablation if res.mode == "ablation" else None, "positions": res.positions,
@@ -92,6 +100,7 @@ def patch_summary(model: RewardModel, pairs: Sequence[Pair], *, mode: Mode | Non
                      flagged=res.flagged if divergence else None),
         "reliability": {k: finite(v) for k, v in res.reliability().items()} if divergence else None,
         "attribution_patching_agreement": None,
+        "neurons_chosen_by": chosen_by,
         "pairs": [
             {"id": pid, "margin": float(m), "effects": dict(zip(res.names, map(float, e)))}
             for pid, m, e in zip(res.pair_ids, res.margin, res.effect)
@@ -99,7 +108,7 @@ def patch_summary(model: RewardModel, pairs: Sequence[Pair], *, mode: Mode | Non
     }
     if atp:
         approx = attribution_patch(model, pairs, batch_size=batch_size, mode=mode, ablation=ablation,
-                                   positions=positions, level=level, progress=progress)
+                                   positions=positions, level=level, progress=progress, neurons=neurons)
         out["attribution_patching_agreement"] = {k: finite(v) for k, v in agreement(res, approx, top).items()}
     return out
 
@@ -109,7 +118,7 @@ def _patch(args: argparse.Namespace) -> dict[str, Any]:
     return patch_summary(load_model(args), pairs, mode=args.mode, ablation=args.ablation or "zero",
                          positions=args.positions, level=args.level, estimand=args.estimand,
                          divergence=args.divergence, atp=args.atp, top=args.top, all_parts=args.all_parts,
-                         batch_size=args.batch_size, progress=not args.quiet)
+                         batch_size=args.batch_size, progress=not args.quiet, neurons=args.neurons)
 
 
 def show_patch(result: dict[str, Any]) -> None:
@@ -121,6 +130,8 @@ def show_patch(result: dict[str, Any]) -> None:
     rows = [(t["part"], num(t["mean_abs_effect"], ".4f"), num(t["mean_effect"], "+.4f"),
              num(t["share_of_mean_margin"], "+.3f"), num(t["flagged_share"], ".2f")) for t in result["top_parts"]]
     print(table(["part", "mean |effect|", "mean effect", "mean effect / mean margin", "OOD share"], rows))
+    if result.get("neurons_chosen_by"):
+        print(f"\nneurons patched: {result['neurons_chosen_by']}")
     if result["share_note"]:
         print(f"\nmean effect / mean margin is undefined (-): {result['share_note']}")
     if result["near_zero_margin_pairs"]:
@@ -167,7 +178,25 @@ def _show_faithfulness(result: dict[str, Any]) -> None:
     print("\nseed paper, same statistic: ρ = −0.256 (Skywork-Reward-Llama-3.1-8B), −0.027 (ArmoRM)")
 
 
+def neuron_choice(text: str) -> list[str] | int:
+    """`--neurons`: 'mlp_L1_N17,mlp_L3_N2' (names, checked against the model by `patch`) or 'top:K'."""
+    if text.startswith("top:"):
+        count = text[4:]
+        if not count.isdigit() or int(count) < 1:
+            raise argparse.ArgumentTypeError(f"'top:K' takes a count K >= 1, got {text!r}")
+        return int(count)
+    names = [name.strip() for name in text.split(",")]
+    if not all(names):
+        raise argparse.ArgumentTypeError(f"expected neuron names like 'mlp_L1_N17,mlp_L3_N2' or 'top:20', got {text!r}")
+    return names
+
+
 def _check_patch(args: argparse.Namespace) -> None:
+    if (args.level == "neuron") != (args.neurons is not None):
+        raise ArgumentError(
+            f"--neurons {'needs --level neuron' if args.neurons is not None else 'is needed with --level neuron'}: "
+            "exact patching of every neuron is one run per neuron; pass --level neuron --neurons "
+            "mlp_L1_N17,... or --neurons top:20 (the top 20 by attribution patching, then patched exactly)")
     if args.atp and args.estimand != "total":
         raise ArgumentError("--atp estimates total effects; drop --estimand direct")
     if args.ablation is not None and args.mode != "ablation":
@@ -185,8 +214,14 @@ def _options(kind: str) -> Callable[[argparse.ArgumentParser], None]:
                        help="default: noising, or zero ablation for a reward read at a set of positions whose two "
                             "sides have no read-to-read map (PRM answers of different step counts, DPO responses of "
                             "different lengths), as the library does")
-        p.add_argument("--level", choices=["sublayer", "head"], default="sublayer")
+        levels = ["sublayer", "head", "neuron"] if kind == "patch" else ["sublayer", "head"]
+        p.add_argument("--level", choices=levels, default="sublayer",
+                       help="neuron: the MLP neurons chosen by --neurons" if kind == "patch" else None)
         if kind == "patch":
+            p.add_argument("--neurons", type=neuron_choice, default=None,
+                           help="with --level neuron: 'mlp_L1_N17,mlp_L3_N2' (as attribute --level neuron names them), "
+                                "or 'top:K', the K neurons attribution patching ranks first (one backward), then "
+                                "patched exactly")
             p.add_argument("--ablation", choices=["zero", "mean"], default=None,
                            help="with --mode ablation: write zeros (default) or the mean activation")
             p.add_argument("--positions", type=positions, default="read",
