@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
-from ._common import Command, check_input, table
+from ._common import ArgumentError, Command, check_input, check_out_file, table
 
 
 def _arguments(p: argparse.ArgumentParser) -> None:
@@ -14,7 +15,16 @@ def _arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _check(args: argparse.Namespace) -> None:
+    """LOG a readable file; the page (--out, else LOG with .html) a file that can be written, its missing
+    folders created as the audit creates its own."""
     check_input(args.log, "LOG")
+    if Path(args.log).expanduser().is_dir():
+        raise ArgumentError(f"LOG is a folder, not a file: {args.log}; pass the JSON-lines file a policy monitor "
+                            "wrote (monitored_reward(log=...))")
+    if args.out is not None:
+        check_out_file(args.out, "--out page")
+    else:
+        check_out_file(str(Path(args.log).with_suffix(".html")), "page (LOG with .html; choose another with --out)")
 
 
 def _report(args: argparse.Namespace) -> dict[str, Any]:
