@@ -109,7 +109,7 @@ def results(model, pairs, organisms, small_loop):
     probes = rl.probe(rl.load(str(organisms[("sycophancy", 1.0)])), axes=["length", "hedging", "emoji"], n_boot=100)
     edited = rl.edit(model, *POLITE["polite"])
     subset_pairs = [replace(p, subset=s) for p, s in zip(pairs, ["alpacaeval-easy", "refusals-dangerous"] * len(pairs))]
-    benched = bench(model, subset_pairs, against=model, n_boot=20)
+    benched = bench(model, subset_pairs, against=model, n_boot=40)
     assert benched.comparison is not None
     report = feature_report(model, sae, features, [p.chosen for p in pairs], top=3, n_contexts=2, window=3)
     top = [int(f) for f, _ in features.top(3, by="margin")]

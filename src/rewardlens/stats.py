@@ -87,6 +87,13 @@ def percentile_interval(draws: np.ndarray, n: int, level: float) -> tuple[float,
     return float(np.quantile(draws, tail)), float(np.quantile(draws, 1 - tail))
 
 
+def min_boot(level: float) -> int:
+    """The fewest bootstrap draws whose percentile interval at `level` is one: `⌈2 / (1 − level)⌉` (40 at
+    95%), so that each tail, a share `(1 − level) / 2` of the draws, holds at least one draw. With fewer,
+    the bounds are the extreme draws (or one draw twice), whatever the level says."""
+    return math.ceil(round(2 / (1 - level), 9))
+
+
 def ranked(score: np.ndarray, k: int | None = None) -> np.ndarray:
     """Indices of `score` [P] from largest to smallest, NaN last, ties in their given order; the first `k`.
 
@@ -216,12 +223,14 @@ def standardized(differences: np.ndarray) -> float:
     return float(d.mean() / sd) if sd > 0 else float("nan")
 
 
-def wilson(successes: int, n: int, level: float = 0.95) -> tuple[float, float]:
+def wilson(successes: float, n: int, level: float = 0.95) -> tuple[float, float]:
     """Wilson score interval for a proportion `successes / n` (NaN, NaN when n = 0).
 
     `p̂ = k/n`, `z` the two-sided normal quantile: centre `(p̂ + z²/2n) / (1 + z²/n)`, half-width
     `z √(p̂(1−p̂)/n + z²/4n²) / (1 + z²/n)`. Unlike p̂ ± z·se it stays inside [0, 1] and is not empty
-    at k = 0 or k = n, which per-subset accuracies on a few dozen pairs hit often.
+    at k = 0 or k = n, which per-subset accuracies on a few dozen pairs hit often. `successes` may be a
+    sum of scores in [0, 1] (a best-of-N record tied at the top scores 1/k): such a score's variance is at
+    most p̂(1−p̂), the binomial one the interval assumes.
     """
     if not 0 <= successes <= n:
         raise ValueError(f"successes must be in [0, n], got {successes} of {n}")
@@ -250,7 +259,7 @@ def wilson_sum(successes: np.ndarray, n: np.ndarray, coef: np.ndarray, level: fl
     if not used.any() or np.isnan(c).any() or np.any(m[used] <= 0):
         return float("nan"), float("nan")
     k, m, c = k[used], m[used], c[used]
-    bounds = np.array([wilson(int(a), int(b), level) for a, b in zip(k, m)])  # [S, 2]
+    bounds = np.array([wilson(float(a), int(b), level) for a, b in zip(k, m)])  # [S, 2]
     return mover(k / m, bounds, c)
 
 

@@ -14,6 +14,7 @@ from rewardlens.bench import Bench, bench
 from rewardlens.data import Pair, load_pairs, sample_path
 from rewardlens.errors import DataError, NonFiniteError
 from rewardlens.stats import wilson, wilson_sum
+from tests.helpers import rewardbench
 
 matplotlib.use("Agg")
 
@@ -111,7 +112,7 @@ def test_rewardbench_weighting_is_the_default_and_matches_a_hand_computation():
 
 def test_prior_sets_weigh_half_a_section_in_the_overall_score():
     pairs, model = crafted([("alpacaeval-easy", [1, -1]), ("anthropic_helpful", [1, 1, -1, -1]), ("shp", [1])])
-    b = bench(model, pairs, n_boot=20)  # type: ignore[arg-type]
+    b = bench(model, pairs, n_boot=40)  # type: ignore[arg-type]
     prior = (2 / 4 + 1) / 2  # the leaderboard's nanmean of the prior sets present: unweighted
     assert b.sections == pytest.approx({"Chat": 0.5, "Prior Sets": prior})
     assert b.overall == pytest.approx((2 * 0.5 + 1 * prior) / 3)  # np.ma.average(..., weights=[2, 2, 2, 2, 1])
@@ -127,7 +128,7 @@ def test_an_unknown_weighting_is_refused():
 
 def test_math_prm_alone_keeps_its_own_count():
     pairs, model = crafted([("math-prm", [1, -1, -1, -1]), ("refusals-offensive", [1])])
-    b = bench(model, pairs, n_boot=20)  # type: ignore[arg-type]
+    b = bench(model, pairs, n_boot=40)  # type: ignore[arg-type]
     assert b.sections == pytest.approx({"Safety": 1.0, "Reasoning": 1 / 4})
     assert b.overall == pytest.approx((1.0 + 1 / 4) / 2)
 
@@ -136,17 +137,17 @@ def test_rewardbench2_best_of_n_matches_a_hand_count():
     records = [json.loads(x) for x in sample_path("rewardbench2").read_text(encoding="utf-8").splitlines()]
     rng = np.random.default_rng(3)
     reward = {t: float(rng.normal()) for r in records for t in r["chosen"] + r["rejected"]}
-    reward[records[0]["chosen"][0]] = max(reward[t] for t in records[0]["rejected"])  # a tie with the best: right
+    reward[records[0]["chosen"][0]] = max(reward[t] for t in records[0]["rejected"])  # a tie with the best: 1/2
     first, *others = records[1]["rejected"]
     reward[records[1]["chosen"][0]] = reward[first] - 0.5  # beats at most two of three: wrong
     reward.update({t: reward[first] - 1.0 for t in others})
     b = bench(Table(reward), load_pairs(sample_path("rewardbench2")), n_boot=50)  # type: ignore[arg-type]
 
-    right = [reward[r["chosen"][0]] >= max(reward[t] for t in r["rejected"]) for r in records]  # by hand
-    assert right[0] and not right[1]
+    right = [rewardbench.best_of_n([reward[t] for t in r["chosen"] + r["rejected"]]) for r in records]  # 0.1.4's rule
+    assert right[0] == 0.5 and right[1] == 0
     assert b.correct.tolist() == right
     assert list(b.item_ids) == [r["id"] for r in records]
-    per_subset: dict[str, list[bool]] = {}
+    per_subset: dict[str, list[float]] = {}
     for r, ok in zip(records, right):
         per_subset.setdefault(r["subset"], []).append(ok)
     assert {s.subset: s.accuracy for s in b.subsets} == pytest.approx({k: np.mean(v) for k, v in per_subset.items()})
@@ -199,8 +200,8 @@ def test_paired_comparison_finds_the_better_model():
 
 def test_compare_refuses_other_pairs():
     pairs, model = crafted(SPEC)
-    a = bench(model, pairs, n_boot=10)  # type: ignore[arg-type]
-    b = bench(model, pairs[:-1], n_boot=10)  # type: ignore[arg-type]
+    a = bench(model, pairs, n_boot=40)  # type: ignore[arg-type]
+    b = bench(model, pairs[:-1], n_boot=40)  # type: ignore[arg-type]
     with pytest.raises(DataError, match="scored different pairs"):
         a.compare(b)
 
@@ -227,7 +228,7 @@ def test_results_are_json_safe_frames_and_plots():
     import matplotlib.pyplot as plt
 
     pairs, model = crafted(SPEC)
-    b = bench(model, pairs, against=model, n_boot=20, weighting="items")  # type: ignore[arg-type]
+    b = bench(model, pairs, against=model, n_boot=40, weighting="items")  # type: ignore[arg-type]
     assert isinstance(b, Bench) and rl.bench is bench
     out = json.loads(json.dumps(b.to_dict(), allow_nan=False))
     assert out["rewardbench2"]["value"] is None and out["missing_sections"] == ["Chat Hard"]
@@ -330,14 +331,14 @@ def test_ties_is_scored_by_rewardbench_2s_rule(tmp_path):
     tied_acc, ref_acc = 2 / 4, 1 / 3
     preferred = 1 / 3        # gap_tied > spread: prompt 1 only (5 > 0.5); prompt 0: 0.5 < 1; prompt 3: 0 = 0
     hard = 0.0               # min(gap_ref, gap_tied) > spread: 0.5 < 1, 0 < 0.5, 0 = 0
-    margin_term = (np.tanh(0.5 / 1 - 1) + np.tanh(0 / 0.5 - 1) + 0.0) / 3  # 0/0 counts 0
+    margin_term = (np.tanh(0.5 / 1 - 1) + np.tanh(0 / 0.5 - 1)) / 2  # 0.1.4: over prompts with spread > 0 only
     expected = 0.30 * tied_acc + 0.30 * ref_acc + 0.20 * preferred + 0.20 * hard + 0.01 * margin_term
     assert b.ties is not None
     assert (b.ties.tied_accuracy, b.ties.ref_accuracy, b.ties.correctness_preferred,
             b.ties.correctness_preferred_hard) == pytest.approx((tied_acc, ref_acc, preferred, hard))
     assert b.ties.margin_score == pytest.approx(margin_term)
     assert b.ties.score == pytest.approx(expected)
-    assert expected == pytest.approx(0.15 + 0.1 + 0.2 / 3 - 0.0040790, abs=1e-6)  # the sum, term by term
+    assert expected == pytest.approx(0.15 + 0.1 + 0.2 / 3 - 0.0061186, abs=1e-6)  # the sum, term by term
     assert (b.ties.n_ref, b.ties.n_tied, b.ties.n_matched) == (3, 4, 3)
     row = {s.subset: s for s in b.subsets}["Ties"]
     assert (row.kind, row.n, row.correct, row.accuracy, row.section) == ("ties rule", 7, 3, b.ties.score,
@@ -366,7 +367,7 @@ def test_no_subset_and_mixed_benchmarks_are_named(tmp_path):
     model.reward |= {"x": 1.0, "y": 0.0}
     group = [Pair("g", "good", f"bad {k}", id=f"g/{k}", subset="Math", group="g") for k in range(2)]
     model.reward |= {"good": 1.0, "bad 0": 0.0, "bad 1": 0.5}
-    b = bench(model, pairs + group, n_boot=20)  # type: ignore[arg-type]
+    b = bench(model, pairs + group, n_boot=40)  # type: ignore[arg-type]
     assert ("subset", "(no subset)") in b.estimates and b.sections == pytest.approx({"Chat": 0.5})
     assert b.rewardbench2 == 1.0
     assert any("3 RewardBench 1 pairs and 1 RewardBench 2 groups are scored apart" in n for n in b.notes)

@@ -72,12 +72,12 @@ def test_nan_pairs_are_named_in_the_table_and_null_in_json(capsys, tiny_root, to
     nan_model = str(finite.nan_word_model(tiny_root["llama"], tmp_path / "injected", tokenizer))
     pairs = finite.pairs(6, bad={3, 5}, subsets=["alpacaeval-easy"] * 3 + ["mt-bench-easy"] * 3)
     path = str(save_pairs(pairs, tmp_path / "pairs.jsonl"))
-    assert main(["bench", nan_model, "--pairs", path, "--n-boot", "20"]) == 0
+    assert main(["bench", nan_model, "--pairs", path, "--n-boot", "40"]) == 0
     out = capsys.readouterr().out
     assert "note: 2 pairs with non-finite rewards excluded: p3, p5" in out
     body = out.split("\n", 1)[1]  # after the model line (its path holds the test name)
     assert "accuracy over 4 of 6 items" in body and "MOVER-Wilson" in body and "nan" not in body
-    assert main(["bench", nan_model, "--pairs", path, "--n-boot", "20", "--json"]) == 0
+    assert main(["bench", nan_model, "--pairs", path, "--n-boot", "40", "--json"]) == 0
     got = json.loads(capsys.readouterr().out, parse_constant=lambda token: pytest.fail(f"{token} is not JSON"))
     right = margin(rl.load(nan_model).score(pairs)) > 0
     assert got["excluded"] == ["p3", "p5"] and got["counted_items"] == 4
@@ -86,7 +86,7 @@ def test_nan_pairs_are_named_in_the_table_and_null_in_json(capsys, tiny_root, to
 
 
 def test_weighting_option_switches_to_the_items_scored(capsys, llama):
-    argv = ["bench", llama, "--pairs", str(sample_path("rewardbench")), "--n-boot", "20", "--json"]
+    argv = ["bench", llama, "--pairs", str(sample_path("rewardbench")), "--n-boot", "40", "--json"]
     assert main([*argv, "--weighting", "items"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["weighting"] == "items"
@@ -103,10 +103,10 @@ def test_ties_records_are_scored_in_the_table(capsys, llama, tmp_path):
              "subset": "Ties"}]
     path = tmp_path / "ties.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    assert main(["bench", llama, "--pairs", str(path), "--n-boot", "20"]) == 0
+    assert main(["bench", llama, "--pairs", str(path), "--n-boot", "40"]) == 0
     out = capsys.readouterr().out
     assert "ties rule" in out and "prompts with both a ref and a tied record" in out
-    assert main(["bench", llama, "--pairs", str(path), "--n-boot", "20", "--json"]) == 0
+    assert main(["bench", llama, "--pairs", str(path), "--n-boot", "40", "--json"]) == 0
     got = json.loads(capsys.readouterr().out)
     assert got["ties_subset"]["n_matched"] == 1
     assert got["rewardbench2"]["value"] == pytest.approx(got["ties_subset"]["score"])  # Ties is the only subset
@@ -125,7 +125,7 @@ def test_json_items_and_frames_carry_every_field_of_the_record(capsys, llama, tm
     ]
     path = tmp_path / "extra.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
-    assert main(["bench", llama, "--pairs", str(path), "--n-boot", "20", "--json"]) == 0
+    assert main(["bench", llama, "--pairs", str(path), "--n-boot", "40", "--json"]) == 0
     items = {i["id"]: i for i in json.loads(capsys.readouterr().out)["items"]}
     assert items.keys() == {"a", "b", "g"}
     assert [items[k]["source"] for k in "abg"] == ["web", "book", "rb2"]
@@ -133,7 +133,7 @@ def test_json_items_and_frames_carry_every_field_of_the_record(capsys, llama, tm
     pairs = load_pairs(path)
     right = margin(rl.load(llama).score(pairs)) > 0  # the yardstick: best-of-N by hand, the group right when both are
     assert [items[k]["correct"] for k in "abg"] == [bool(right[0]), bool(right[1]), bool(right[2] and right[3])]
-    b = rl.bench(rl.load(llama), pairs, n_boot=20)
+    b = rl.bench(rl.load(llama), pairs, n_boot=40)
     frame = b.pair_frame()
     assert list(frame["id"]) == ["a", "b", "g/0", "g/1"] and list(frame["source"]) == ["web", "book", "rb2", "rb2"]
     assert frame["meta"][0] == '{"rater": 3}' and frame["meta"][1:].isna().all()  # nested: JSON text in a table

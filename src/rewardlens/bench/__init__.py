@@ -2,11 +2,13 @@
 
 Per-subset accuracy with Wilson intervals, RewardBench's four sections and prior sets with its
 fixed `EXAMPLE_COUNTS` weighting (math-prm weighs as much as all code subsets; `weighting="items"`
-weighs the items scored), the overall score, RewardBench 2's best-of-N accuracy and its Ties score
-by its own rule, and a paired bootstrap to compare two models on the same items. See docs/bench.md.
+weighs the items scored), the overall score, RewardBench 2's best-of-N accuracy (a tie at the top scores 1/k,
+as rewardbench 0.1.4 scores it; `best_of_n_ties="argmax"` keeps the earlier rule) and its Ties score by its
+own rule, and a paired bootstrap to compare two models on the same items. See docs/bench.md.
 """
 
 from ._bench import bench as bench
+from ._best_of_n import BEST_OF_N_TIES as BEST_OF_N_TIES
 from ._items import NO_SUBSET as NO_SUBSET
 from ._result import TIES_RULE as TIES_RULE
 from ._result import Bench as Bench
@@ -22,5 +24,6 @@ from ._sections import WEIGHTINGS as WEIGHTINGS
 from ._sections import section_weights as section_weights
 from ._ties import TiesScore as TiesScore
 
-__all__ = ["CODE", "EXAMPLE_COUNTS", "NO_SUBSET", "PRIOR_SETS", "RB2_SUBSETS", "SECTIONS", "SECTION_OF", "TIES_RULE",
-           "WEIGHTINGS", "Bench", "BenchComparison", "SubsetScore", "TiesScore", "bench", "section_weights"]
+__all__ = ["BEST_OF_N_TIES", "CODE", "EXAMPLE_COUNTS", "NO_SUBSET", "PRIOR_SETS", "RB2_SUBSETS", "SECTIONS",
+           "SECTION_OF", "TIES_RULE", "WEIGHTINGS", "Bench", "BenchComparison", "SubsetScore", "TiesScore", "bench",
+           "section_weights"]

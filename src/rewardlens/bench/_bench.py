@@ -7,28 +7,31 @@ from dataclasses import replace
 
 import numpy as np
 
-from ..data import Pair, margin
+from ..data import Pair
 from ..errors import DataError, warn
 from ..model import RewardModel, dtype_name, score_pairs
 from ..stats import mover, wilson
-from ._items import NO_SUBSET, Items, SubsetLayout, checksum, correct, counted, items, layout, ties_mask
+from ._best_of_n import check_rule
+from ._items import NO_SUBSET, Items, SubsetLayout, checksum, counted, credit, items, layout, ties_mask
 from ._result import Bench, SubsetScore
 from ._sections import RB2, RB2_SUBSETS, SECTION_OF, section_weights
-from ._stats import Key, intervals, rb2_share, scores, support
+from ._stats import Key, check_n_boot, intervals, rb2_share, scores, support
 from ._ties import TiesRecords, TiesScore, is_ties, records
 from ._ties import score as ties_score
 
 
 def bench(model: RewardModel, pairs: Sequence[Pair], *, against: RewardModel | None = None, batch_size: int = 16,
-          n_boot: int = 2000, seed: int = 0, level: float = 0.95, weighting: str = "rewardbench") -> Bench:
+          n_boot: int = 2000, seed: int = 0, level: float = 0.95, weighting: str = "rewardbench",
+          best_of_n_ties: str = "shared") -> Bench:
     """Score `pairs` with `model` and report them as RewardBench does; with `against`, compare two models.
 
     Every pair is scored once, in length-sorted batches of `batch_size` (`RewardModel.score`: the
     model's own reward, fp32 head). An item is a pair, or the pairs of one RewardBench 2 record
-    (`Pair.group`: one chosen against its rejected responses, best-of-N: right only when the chosen
-    beats every rejected one). A margin of exactly 0 counts as RewardBench counts it: wrong for a
-    RewardBench 1 pair (`chosen > rejected`), right for a RewardBench 2 group (its `argmax` takes the
-    first maximum, and the chosen response comes first).
+    (`Pair.group`: one chosen against its rejected responses, best-of-N: right when the chosen
+    response has the top reward). A margin of exactly 0 counts as rewardbench 0.1.4 counts it: wrong
+    for a RewardBench 1 pair (`chosen > rejected`); a RewardBench 2 record whose chosen reward shares
+    the top with k − 1 others scores 1/k (`reroll_and_score_dataset`). `best_of_n_ties="argmax"`
+    keeps the earlier rule (`utils_v2.py`): such a record is right (`rewardlens.bench._best_of_n`).
 
     Reported: each subset's accuracy with a Wilson interval; each RewardBench section present
     (Chat, Chat Hard, Safety, Reasoning, and the prior sets) as `Σ w_s a_s / Σ w_s` over its
@@ -54,37 +57,41 @@ def bench(model: RewardModel, pairs: Sequence[Pair], *, against: RewardModel | N
     `against`: a second model scored on the same pairs; the result's `comparison` holds every
     score's difference (model − against) over the items both count, with its paired bootstrap
     interval (`n_boot` draws within subsets, seeded by `seed`) and the two-sided p-value of a paired
-    randomization test over items (`Bench.compare`, `BenchComparison`).
+    randomization test over items (`Bench.compare`, `BenchComparison`). `n_boot` must be at least
+    `2 / (1 − level)` (40 at 95%), so that each tail of a percentile interval holds a draw.
 
-    Raises `DataError` for pairs that cannot be counted (a group split apart or mixing prompts, a
-    subset mixing pairs and groups, a Ties record without a `ref:N`/`tied:N` id).
+    Raises `DataError` for pairs that cannot be counted (a group split apart, mixing prompts or not
+    chosen-major, a subset mixing pairs and groups, a Ties record without a `ref:N`/`tied:N` id), and
+    `ValueError` for an unknown `weighting` or `best_of_n_ties`, or `n_boot` under `2 / (1 − level)`.
     """
     pairs = list(pairs)
     if not pairs:
         raise DataError("bench got no pairs. Fix: pass at least one rewardlens.Pair (e.g. from load_pairs).")
     if not 0 < level < 1:
         raise ValueError(f"level must be in (0, 1), got {level}")
-    section_weights({}, weighting)  # a bad weighting is refused before any forward pass
+    section_weights({}, weighting)  # a bad weighting, rule or n_boot is refused before any forward pass
+    check_rule(best_of_n_ties)
+    check_n_boot(n_boot, level)
     found = items(pairs)  # refuse what cannot be counted before any forward pass
     unknown = _unknown(found)
     if unknown:  # warned here, so the warning points at the caller's line
         warn(unknown)
-    first = _run(model, pairs, found, batch_size, n_boot, seed, level, weighting)
+    first = _run(model, pairs, found, batch_size, n_boot, seed, level, weighting, best_of_n_ties)
     if against is None:
         return first
-    second = _run(against, pairs, found, batch_size, n_boot, seed, level, weighting)
+    second = _run(against, pairs, found, batch_size, n_boot, seed, level, weighting, best_of_n_ties)
     return replace(first, comparison=first.compare(second))
 
 
 def _run(model: RewardModel, pairs: list[Pair], found: Items, batch_size: int, n_boot: int, seed: int,
-         level: float, weighting: str) -> Bench:
+         level: float, weighting: str, best_of_n_ties: str) -> Bench:
     reward = model.score(pairs, batch_size=batch_size)
     ids = tuple(p.id if p.id is not None else str(i) for i, p in enumerate(pairs))
     finite, acc = score_pairs(reward, ids, dtype=dtype_name(model))  # raises when no pair is finite
     keep = counted(found, finite.finite)
     tie = ties_mask(found.subsets, found.grouped) & keep
     plain = keep & ~tie  # Ties has a rule of its own: it stays out of the pass/fail scores
-    right = correct(found, margin(reward)) & keep
+    right = np.where(keep, credit(found, reward, best_of_n_ties), 0.0)  # an item's score in [0, 1]
     lay = layout(found.subsets, found.grouped, plain, weighting)
     kept = right[plain]
     estimates = {k: float(v) for k, v in scores(kept, lay).items()}
@@ -104,13 +111,14 @@ def _run(model: RewardModel, pairs: list[Pair], found: Items, batch_size: int, n
         item_subsets=found.subsets, grouped=found.grouped, correct=right, counted=keep,
         excluded=finite.excluded, saturated=acc.saturated, notes=acc.notes + _mixed(found),
         subsets=subsets, estimates=estimates, intervals=ints, support=sup,
-        checksum=checksum(pairs), n_boot=n_boot, seed=seed, level=level, weighting=weighting, ties=ties,
+        checksum=checksum(pairs), n_boot=n_boot, seed=seed, level=level, weighting=weighting,
+        best_of_n_ties=best_of_n_ties, ties=ties,
         pairs=tuple(pairs))
 
 
 def _ties_row(ties: TiesScore, rec: TiesRecords) -> SubsetScore:
     """The Ties subset's row: its score in the accuracy column (it is not a proportion), its bootstrap interval."""
-    return SubsetScore(ties.subset, RB2, "ties rule", len(rec.tied), int(rec.accurate.sum()), ties.score, ties.ci,
+    return SubsetScore(ties.subset, RB2, "ties rule", len(rec.tied), float(rec.accurate.sum()), ties.score, ties.ci,
                        float("nan"))
 
 
@@ -154,7 +162,7 @@ def _mixed(found: Items) -> tuple[str, ...]:
 
 
 def _subsets(lay: SubsetLayout, size: np.ndarray, right: np.ndarray, level: float) -> tuple[SubsetScore, ...]:
-    """One score per subset of the counted items: `size` [k] pairs per item, `right` [k] per item."""
+    """One score per subset of the counted items: `size` [k] pairs per item, `right` [k] each item's score."""
     out = []
     for subset, ix, grouped in zip(lay.subsets, lay.index, lay.grouped):
         section = (RB2 if subset in RB2_SUBSETS else None) if grouped else SECTION_OF.get(subset or NO_SUBSET)
@@ -165,7 +173,7 @@ def _subsets(lay: SubsetLayout, size: np.ndarray, right: np.ndarray, level: floa
         sizes = sorted(set((size[ix] + 1).tolist()))
         kind = "pairwise" if not grouped else f"best-of-{sizes[0]}" if len(sizes) == 1 else \
             f"best-of-{sizes[0]}..{sizes[-1]}"
-        wins = int(right[ix].sum())
+        wins = float(right[ix].sum())
         out.append(SubsetScore(subset, section, kind, len(ix), wins, wins / len(ix), wilson(wins, len(ix), level),
                                weight))
     return tuple(out)

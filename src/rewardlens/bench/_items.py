@@ -3,16 +3,15 @@
 A pair without a `group` is an item of its own. The pairs sharing a `group` (one RewardBench 2
 record: its chosen response against each rejected one) form one item, scored best-of-N. The
 checks here refuse what would make a count wrong: a group whose pairs are not adjacent (two records
-sharing an id, or a list reordered), a group mixing prompts or subsets, a subset holding both plain
+sharing an id, or a list reordered), a group mixing prompts or subsets, a group that is not each
+chosen response against the same rejected ones (`_best_of_n.n_chosen`), a subset holding both plain
 pairs and groups (two scoring rules under one name), and RewardBench 2 Ties records its rule
 cannot score (`_ties.check`).
 
 Ties are counted as RewardBench counts them. RewardBench 1 (`scripts/run_rm.py`) scores a pair
-right when `chosen > rejected`, so a margin of exactly 0 is wrong. RewardBench 2
-(`rewardbench/utils_v2.py`, `reroll_and_score_dataset`) scores a prompt right when `np.argmax` of
-its scores, chosen first, is the chosen one; `argmax` returns the first maximum, so a chosen
-response tied with the best rejected one is right: a group is right when every margin is ≥ 0 (with
-several chosen responses, each of them must reach every rejected one).
+right when `chosen > rejected`, so a margin of exactly 0 is wrong. A RewardBench 2 record scores by
+`_best_of_n` (rewardbench 0.1.4's rule by default: a chosen response tied at the top with k − 1
+others scores 1/k), so an item's `credit` is a number in [0, 1], not a yes or no.
 """
 
 from __future__ import annotations
@@ -26,6 +25,8 @@ import numpy as np
 
 from ..data import Pair
 from ..errors import DataError
+from ._best_of_n import credit as record_credit
+from ._best_of_n import n_chosen
 from ._sections import SECTION_OF, section_weights
 from ._ties import check as check_ties
 from ._ties import is_ties
@@ -38,12 +39,14 @@ NO_SUBSET = "(no subset)"
 class Items:
     """The m items of n pairs. `of_pair` [n]: each pair's item (non-decreasing: groups are
     adjacent); `ids` [m]: the group, else the pair's id, else its index; `subsets` [m];
-    `grouped` [m] whether the item is a RewardBench 2 group (best-of-N)."""
+    `grouped` [m] whether the item is a RewardBench 2 group (best-of-N); `chosen` [m] its number of
+    chosen responses (1 for a pair; `_best_of_n.n_chosen` for a group)."""
 
     ids: tuple[str, ...]
     subsets: tuple[str | None, ...]
     grouped: np.ndarray
     of_pair: np.ndarray
+    chosen: np.ndarray
 
     @property
     def starts(self) -> np.ndarray:
@@ -89,10 +92,13 @@ def items(pairs: Sequence[Pair]) -> Items:
         ids.append(pair.group if pair.group is not None else pair.id if pair.id is not None else str(i))
         subsets.append(pair.subset)
         grouped.append(pair.group is not None)
-    found = Items(tuple(ids), tuple(subsets), np.array(grouped, dtype=bool), of_pair)
+    starts = [i for i in range(len(pairs)) if i == 0 or of_pair[i] != of_pair[i - 1]]  # each item's first pair
+    spans = zip(starts, [*starts[1:], len(pairs)])
+    chosen = np.array([n_chosen(pairs[a:b]) if g else 1 for (a, b), g in zip(spans, grouped)], dtype=np.int64)
+    found = Items(tuple(ids), tuple(subsets), np.array(grouped, dtype=bool), of_pair, chosen)
     _one_rule_per_subset(found)
     tie = np.flatnonzero(ties_mask(found.subsets, found.grouped))
-    check_ties([found.ids[i] for i in tie], [{p.chosen for p, k in zip(pairs, of_pair) if k == i} for i in tie])
+    check_ties([found.ids[i] for i in tie], [int(found.chosen[i]) for i in tie])
     return found
 
 
@@ -137,10 +143,14 @@ def layout(subsets: Sequence[str | None], grouped: np.ndarray, keep: np.ndarray 
     return SubsetLayout(tuple(order), index, kind, section_weights(counts, weighting))
 
 
-def correct(found: Items, margin: np.ndarray) -> np.ndarray:
-    """Whether each item is right [m] from the pairs' chosen − rejected margins [n] (ties: module docstring)."""
-    worst = np.minimum.reduceat(np.asarray(margin, dtype=np.float64), found.starts)
-    return np.where(found.grouped, worst >= 0, worst > 0)
+def credit(found: Items, reward: np.ndarray, best_of_n_ties: str) -> np.ndarray:
+    """Each item's score [m] in [0, 1] from the pairs' rewards [2n] (chosen, rejected alternating): a
+    pair 1 when `chosen > rejected` else 0, a group its best-of-N score by `best_of_n_ties` (`_best_of_n`)."""
+    r = np.asarray(reward, dtype=np.float64)
+    out = (r[0::2] > r[1::2]).astype(np.float64)[found.starts] if len(found.ids) else np.zeros(0)
+    for i in np.flatnonzero(found.grouped):
+        out[i] = record_credit(r, int(found.starts[i]), int(found.size[i]), int(found.chosen[i]), best_of_n_ties)
+    return out
 
 
 def counted(found: Items, finite: np.ndarray) -> np.ndarray:

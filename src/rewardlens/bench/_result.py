@@ -11,21 +11,21 @@ import numpy as np
 from ..data import Pair, margin, record_columns, record_fields
 from ..errors import DataError, NonFiniteError
 from ..stats import json_ready, percentile_interval
+from ._best_of_n import RULES
 from ._items import layout, ties_mask
 from ._sections import OVERALL, RB2, SECTIONS
-from ._stats import ALL_ITEMS, Key, coefficients, picks, rb2_share, scores, sign_flip, support
+from ._stats import ALL_ITEMS, Key, check_n_boot, coefficients, picks, rb2_share, scores, sign_flip, support
 from ._ties import RULE as TIES_SCORE_RULE
 from ._ties import WEIGHTS as TIES_WEIGHTS
-from ._ties import TiesScore, defined, draws, estimated, records
+from ._ties import TiesScore, draws, estimated, records
 
 if TYPE_CHECKING:
     import pandas as pd
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-TIES_RULE = ("RewardBench 1 pairs: right when chosen > rejected (a margin of exactly 0 is wrong); "
-             "RewardBench 2 groups: right when the chosen reward is >= every rejected one (a tie is right)")
-"""How a margin of exactly 0 counts (as RewardBench counts it; see `rewardlens.bench`)."""
+TIES_RULE = RULES["shared"]
+"""How a margin of exactly 0 counts by default (as rewardbench 0.1.4 counts it; `best_of_n_ties="argmax"`: `RULES`)."""
 INTERVALS = ("subsets and all items: Wilson; sections, overall and RewardBench 2: MOVER-Wilson, the subsets' "
              "Wilson intervals combined with the weights the score gives them (Zou & Donner 2008); Ties: "
              "percentile bootstrap over prompts, joined into RewardBench 2 by MOVER")
@@ -34,19 +34,19 @@ INTERVALS = ("subsets and all items: Wilson; sections, overall and RewardBench 2
 
 @dataclass(frozen=True)
 class SubsetScore:
-    """One subset: `n` items, `correct` of them right, `accuracy` = correct / n with its Wilson
-    interval `ci`. `section` is its RewardBench section, `RewardBench 2` for a RewardBench 2
-    subset, or None (then it enters only the accuracy over all items). `weight` is its share of
-    its section's score (RewardBench's count weighting, math-prm upweighted; NaN outside a
-    section). `kind` is `pairwise` or `best-of-N` (`best-of-3..5` when groups differ in size), or
-    `ties rule` for RewardBench 2's Ties subset, whose `accuracy` is then its Ties score (not a
-    proportion; `Bench.ties`), `correct` its strictly right records and `ci` a bootstrap over prompts."""
+    """One subset: `n` items, `correct` the sum of their scores (the items right, a RewardBench 2 record tied at
+    the top counting 1/k), `accuracy` = correct / n with its Wilson interval `ci`. `section` is its RewardBench
+    section, `RewardBench 2` for a RewardBench 2 subset, or None (then it enters only the accuracy over all
+    items). `weight` is its share of its section's score (RewardBench's count weighting, math-prm upweighted;
+    NaN outside a section). `kind` is `pairwise` or `best-of-N` (`best-of-3..5` when groups differ in size), or
+    `ties rule` for RewardBench 2's Ties subset, whose `accuracy` is then its Ties score (not a proportion;
+    `Bench.ties`), `correct` its strictly right records and `ci` a bootstrap over prompts."""
 
     subset: str | None
     section: str | None
     kind: str
     n: int
-    correct: int
+    correct: float
     accuracy: float
     ci: tuple[float, float]
     weight: float
@@ -114,7 +114,9 @@ class Bench:
 
     `reward` [2n] rows alternate chosen, rejected (`rewardlens.data` layout); `item_of_pair` [n]
     the item of each pair; `item_ids`, `item_subsets`, `grouped` [m] (a RewardBench 2 group,
-    scored best-of-N) and `correct` [m] per item (ties: `TIES_RULE`). `subsets` holds each subset's
+    scored best-of-N) and `correct` [m] each item's score in [0, 1]: 1 right, 0 wrong, 1/k for a
+    RewardBench 2 record whose chosen reward shares the top with k − 1 others (`best_of_n_ties`:
+    `RULES`; a Ties record 1 when strictly right). `subsets` holds each subset's
     accuracy with its Wilson interval. `estimates[(level, name)]` is every score: each subset,
     each RewardBench section present and the prior sets (`section`, weighted by `weighting`:
     RewardBench's fixed `EXAMPLE_COUNTS` or the items scored), and (`score`) `overall` (sections at
@@ -155,6 +157,7 @@ class Bench:
     seed: int
     level: float
     weighting: str = "rewardbench"
+    best_of_n_ties: str = "shared"
     ties: TiesScore | None = None
     comparison: BenchComparison | None = field(default=None)
 
@@ -197,12 +200,16 @@ class Bench:
         `n_boot`, `seed` and `level` default to this result's. Only the items both count (finite
         rewards in both) enter, so `a` and `b` are each model's scores over those items. The Ties
         score (and RewardBench 2's with it) gets a paired bootstrap over prompts and no p-value."""
+        if other.best_of_n_ties != self.best_of_n_ties:
+            raise DataError(f"the two results count best-of-N ties by different rules ({self.best_of_n_ties!r} and "
+                            f"{other.best_of_n_ties!r}). Fix: bench both models with the same best_of_n_ties.")
         if other.checksum != self.checksum:
             raise DataError(f"the two results scored different pairs (checksums {self.checksum} and "
                             f"{other.checksum}); a paired comparison needs the same items. Fix: bench both models "
                             f"on the same pairs, e.g. bench(model, pairs, against=other_model).")
         n_boot, seed = n_boot or self.n_boot, self.seed if seed is None else seed
         level = self.level if level is None else level
+        check_n_boot(n_boot, level)
         keep = self.counted & other.counted
         if not keep.any():
             raise NonFiniteError("the two models count no item in common (each item has a non-finite reward in one "
@@ -220,7 +227,7 @@ class Bench:
         diff = [da[k] - db[k] for k in keys]
         ci = np.array([percentile_interval(d, m, level) for d, m in zip(diff, n)]).reshape(-1, 2)
         a, b = (np.array([float(e[k]) for k in keys]) for e in (ea, eb))
-        p = sign_flip(ca.astype(float) - cb.astype(float), coefficients(lay, keys), n, n_boot, seed)
+        p = sign_flip(ca - cb, coefficients(lay, keys), n, n_boot, seed)
         if tie.any():
             keys, n, a, b, ci, p = self._with_ties(other, tie, rb2_share(lay), (keys, n, a, b, ci, p),
                                                    (da, db), n_boot, seed, level)
@@ -240,14 +247,14 @@ class Bench:
         name = self.ties.subset if self.ties is not None else ""
         keys, n = [*keys, ("subset", name)], np.append(n, len(recs[0].tied))
         a, b = np.append(a, est[0]), np.append(b, est[1])
-        ci = np.vstack([ci, percentile_interval(defined(parts[0] - parts[1]), len(recs[0].prompts), level)])
+        ci = np.vstack([ci, percentile_interval(parts[0] - parts[1], len(recs[0].prompts), level)])
         p = np.append(p, np.nan)
         rb2 = ("score", RB2)
         if share > 0 and rb2 in keys:
             r = keys.index(rb2)
             a[r], b[r] = share * a[r] + (1 - share) * est[0], share * b[r] + (1 - share) * est[1]
             mixed = share * (lin[0][rb2] - lin[1][rb2]) + (1 - share) * (parts[0] - parts[1])
-            ci[r] = percentile_interval(defined(mixed), int(n[r]) + len(recs[0].tied), level)
+            ci[r] = percentile_interval(mixed, int(n[r]) + len(recs[0].tied), level)
             n[r], p[r] = n[r] + len(recs[0].tied), np.nan
         elif share == 0:
             keys, n = [*keys, rb2], np.append(n, len(recs[0].tied))
@@ -301,7 +308,7 @@ class Bench:
         firsts = np.flatnonzero(np.r_[True, np.diff(self.item_of_pair) != 0]).tolist()
         sizes = np.bincount(self.item_of_pair, minlength=len(self.item_ids)).tolist()
         own = ("pairs", "correct", "counted")
-        return [{**record_fields(self.pairs[f], iid, taken=own), "pairs": size, "correct": bool(ok),
+        return [{**record_fields(self.pairs[f], iid, taken=own), "pairs": size, "correct": float(ok),
                  "counted": bool(kept)}
                 for f, iid, size, ok, kept in zip(firsts, self.item_ids, sizes, self.correct.tolist(),
                                                   self.counted.tolist())]
@@ -313,7 +320,8 @@ class Bench:
 
         return json_ready({
             "model": self.model, "n_pairs": len(self.pair_ids), "n_items": len(self.item_ids),
-            "checksum": self.checksum, "ties": TIES_RULE, "intervals": INTERVALS, "weighting": self.weighting,
+            "checksum": self.checksum, "ties": RULES[self.best_of_n_ties], "best_of_n_ties": self.best_of_n_ties,
+            "intervals": INTERVALS, "weighting": self.weighting,
             "counted_items": int(self.counted.sum()), "excluded": list(self.excluded), "saturated": self.saturated,
             "notes": list(self.notes),
             "subsets": [{"subset": s.subset, "section": s.section, "kind": s.kind, "n": s.n, "correct": s.correct,

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..stats import wilson, wilson_sum
+from ..stats import min_boot, wilson, wilson_sum
 from ._items import NO_SUBSET, SubsetLayout
 from ._sections import GROUPS, OVERALL, RB2, RB2_SUBSETS, overall, rb2_score, section_scores
 
@@ -85,13 +85,13 @@ def combine(acc: dict[str | None, np.ndarray], lay: SubsetLayout) -> dict[Key, n
 def intervals(correct: np.ndarray, lay: SubsetLayout, keys: list[Key], level: float) -> dict[Key, tuple[float, float]]:
     """Each score's interval at `level` from per-item correctness [m] (module docstring): Wilson for
     subsets and all items, MOVER-Wilson over the subsets' Wilson intervals for the weighted scores."""
-    c = np.asarray(correct, dtype=bool)
-    wins = np.array([int(c[ix].sum()) for ix in lay.index])
+    c = np.asarray(correct, dtype=np.float64)  # an item's score in [0, 1]: a tied best-of-N record counts 1/k
+    wins = np.array([float(c[ix].sum()) for ix in lay.index])
     n = np.array([len(ix) for ix in lay.index])
     coef = coefficients(lay, keys)  # [K, m]: a subset's weight is spread evenly over its items
     per_subset = np.stack([coef[:, ix].sum(1) for ix in lay.index], axis=1) if lay.index else coef[:, :0]
-    own = {subset_key(s): (int(w), int(k)) for s, w, k in zip(lay.subsets, wins, n)}
-    own[("score", ALL_ITEMS)] = (int(wins.sum()), int(n.sum()))
+    own = {subset_key(s): (float(w), int(k)) for s, w, k in zip(lay.subsets, wins, n)}
+    own[("score", ALL_ITEMS)] = (float(wins.sum()), int(n.sum()))
     return {k: wilson(*own[k], level) if k in own else wilson_sum(wins, n, row, level)
             for k, row in zip(keys, per_subset)}
 
@@ -108,6 +108,14 @@ def support(lay: SubsetLayout, keys: list[Key]) -> np.ndarray:
     return np.array([n[k] for k in keys])
 
 
+def check_n_boot(n_boot: int, level: float) -> None:
+    """Refuse `n_boot` below `min_boot(level)` (a `ValueError`, one line with the fix)."""
+    if n_boot < min_boot(level):
+        raise ValueError(f"n_boot is {n_boot}, under {min_boot(level)}: a {level:.0%} percentile interval needs "
+                         f"at least 2 / (1 - level) = {min_boot(level)} bootstrap draws to hold one in each tail. "
+                         f"Fix: pass n_boot >= {min_boot(level)} (the default 2000 is what a reported interval wants).")
+
+
 def picks(lay: SubsetLayout, n_boot: int, seed: int) -> list[np.ndarray]:
     """Resampled positions within each subset [B, n_s], one array per subset, seeded."""
     if n_boot < 1:
@@ -119,9 +127,9 @@ def picks(lay: SubsetLayout, n_boot: int, seed: int) -> list[np.ndarray]:
 def sign_flip(difference: np.ndarray, coef: np.ndarray, n: np.ndarray, n_boot: int, seed: int) -> np.ndarray:
     """Two-sided p-value of each score's paired difference [K] (module docstring).
 
-    `difference` [m] per item a − b (−1, 0, 1); `coef` [K, m] from `coefficients`; `n` [K] items
-    behind each score (NaN below two). Only the items a score weighs and where the models differ
-    are flipped: all their sign patterns up to `EXACT` of them, else `n_boot` seeded draws."""
+    `difference` [m] per item a − b (in [−1, 1]: an item scores 1/k when tied at the top); `coef` [K, m] from
+    `coefficients`; `n` [K] items behind each score (NaN below two). Only the items a score weighs and where the
+    models differ are flipped: all their sign patterns up to `EXACT` of them, else `n_boot` seeded draws."""
     d = np.asarray(difference, dtype=np.float64)
     rng = np.random.default_rng([seed, 1])
     out = np.full(len(coef), np.nan)

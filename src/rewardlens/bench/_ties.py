@@ -1,24 +1,29 @@
-"""RewardBench 2's Ties subset, scored by its own rule (allenai/reward-bench, `rewardbench/utils.py`,
-`process_single_model` and `_compute_prompt_stats`, called from `scripts/run_v2.py`).
+"""RewardBench 2's Ties subset, scored by its own rule (rewardbench 0.1.4, `rewardbench/utils.py`,
+`process_single_model` and `sample_stats`, called from `scripts/run_v2.py`).
 
 A Ties record's id is `ref:<prompt>` (a reference prompt with one correct answer) or
-`tied:<prompt>` (the same prompt's tied version, with several correct answers). Per record, from
-the rewards of its correct (chosen) and incorrect (rejected) responses:
+`tied:<prompt>` (the same prompt's tied version, with several correct answers, which may be one
+text listed twice: `num_correct` counts the list, not the distinct texts). Per record, from the
+rewards of its correct (chosen) and incorrect (rejected) responses:
 
 - accurate: `min(correct) − max(incorrect) > 0` (strict: a tie is wrong here, unlike the other
   RewardBench 2 subsets);
 - `d` (tied records only): `max(correct) − min(correct)`, the spread among the correct answers;
 - `g`: `min(correct) − max(incorrect)`, the gap from the correct answers to the best wrong one.
 
-Over the prompts with both a ref and a tied record (`M`), with `h = min(g_ref, g_tied)`:
+Over the prompts with both a ref and a tied record (`M`), with `h = min(g_ref, g_tied)`, and `M⁺`
+those of `M` with `d > 0`:
 
     score = 0.30 · acc(tied) + 0.30 · acc(ref) + 0.20 · mean_M[g_tied > d] + 0.20 · mean_M[h > d]
-            + 0.01 · mean_M tanh(h / d − 1)        (0/0 → 0, as RewardBench's `nan_to_num`)
+            + 0.01 · mean_M⁺ tanh(h / d − 1)
 
-An accuracy over no record is 0 (RewardBench's `else 0.0`); with no prompt in M the score is NaN
-(RewardBench's `np.mean([])`). The score is not a proportion, so its interval is a percentile
-bootstrap over prompts (a prompt brings its ref and tied records together), not a Wilson one; a
-draw with no prompt having both records has no score and is left out (`defined`).
+An accuracy over no record is 0, and so is each mean over no prompt (0.1.4's `else 0`): with no
+prompt in M the score is `0.30 · acc(tied) + 0.30 · acc(ref)`. A prompt whose correct answers tie
+(`d = 0`, e.g. one text listed twice) counts in the two `> d` terms and not in the margin term.
+(rewardbench's later `_compute_prompt_stats` rewrite on its main branch differs in these corners:
+NaN with no prompt in M, and `tanh(±∞) = ±1` averaged over all of M when `d = 0 < |h|`.) The score
+is not a proportion, so its interval is a percentile bootstrap over prompts (a prompt brings its ref
+and tied records together), not a Wilson one.
 """
 
 from __future__ import annotations
@@ -37,8 +42,9 @@ KINDS = ("ref", "tied")
 WEIGHTS = np.array([0.30, 0.30, 0.20, 0.20, 0.01])
 """Weights of (tied accuracy, ref accuracy, correctness preferred, correctness preferred hard, margin score)."""
 RULE = ("Ties (RewardBench 2): 0.30 tied accuracy + 0.30 ref accuracy + 0.20 P(gap > spread) + 0.20 "
-        "P(min(ref gap, tied gap) > spread) + 0.01 mean tanh(min gap / spread − 1), over prompts "
-        "(run_v2.py, process_single_model); its interval: percentile bootstrap over prompts")
+        "P(min(ref gap, tied gap) > spread) + 0.01 mean tanh(min gap / spread − 1) over the prompts with "
+        "spread > 0, each mean over the prompts with both records, 0 over none (rewardbench 0.1.4, "
+        "process_single_model); its interval: percentile bootstrap over prompts")
 """How the Ties score is made, for tables and JSON."""
 
 
@@ -124,32 +130,31 @@ def parts(rec: TiesRecords, counts: np.ndarray) -> np.ndarray:
     spread = np.full(len(rec.prompts), np.nan)
     spread[at[rec.tied]] = (rec.high - rec.low)[rec.tied]
     both = (per_prompt[0] * per_prompt[1]).astype(bool)
+    spread_ok = both & (spread > 0)  # the margin term's prompts: 0.1.4 skips d = 0, where h / d is not a ratio
     c = np.asarray(counts, dtype=np.float64)
     with np.errstate(invalid="ignore", divide="ignore"):
-        acc = [np.where(c @ per_prompt[r] > 0, (c @ per_prompt[r + 2]) / (c @ per_prompt[r]), 0.0) for r in (1, 0)]
+        acc = [_mean(c @ per_prompt[r + 2], c @ per_prompt[r]) for r in (1, 0)]
         hard = np.minimum(gap[0], gap[1])
-        terms = [gap[1] > spread, hard > spread, np.nan_to_num(np.tanh(hard / spread - 1), nan=0.0)]
-        matched = c @ both
-        means = [(c @ np.where(both, t, 0.0)) / matched for t in terms]  # NaN with no matched prompt
-    return np.stack([*acc, *means], axis=-1)
+        preferred = [_mean(c @ np.where(both, t, 0.0), c @ both) for t in (gap[1] > spread, hard > spread)]
+        ratio = np.where(spread_ok, np.tanh(hard / np.where(spread_ok, spread, 1.0) - 1), 0.0)
+        margin = _mean(c @ ratio, c @ spread_ok)
+    return np.stack([*acc, *preferred, margin], axis=-1)
+
+
+def _mean(total: np.ndarray, count: np.ndarray) -> np.ndarray:
+    """`total / count`, 0 where `count` is 0 (rewardbench 0.1.4: a mean over nothing counts 0)."""
+    return np.where(count > 0, total / np.where(count > 0, count, 1.0), 0.0)
 
 
 def score(rec: TiesRecords, subset: str, n_boot: int, seed: int, level: float) -> TiesScore:
     """The Ties score of `rec` and its percentile bootstrap interval over prompts (`n_boot` seeded draws)."""
     estimate = estimated(rec)
     value = float(estimate @ WEIGHTS)
-    ci = percentile_interval(defined(draws(rec, n_boot, seed) @ WEIGHTS), len(rec.prompts), level)
+    ci = percentile_interval(draws(rec, n_boot, seed) @ WEIGHTS, len(rec.prompts), level)
     both = np.intersect1d(rec.prompt[rec.tied], rec.prompt[~rec.tied])
     tied_acc, ref_acc, preferred, hard, margin = (float(x) for x in estimate)
     return TiesScore(subset, value, ci, tied_acc, ref_acc, preferred, hard, margin, int((~rec.tied).sum()),
                      int(rec.tied.sum()), len(both))
-
-
-def defined(scores: np.ndarray) -> np.ndarray:
-    """The bootstrap draws [B] whose score is defined: a draw without a prompt having both records
-    has no score (RewardBench's `np.mean([])`) and is left out; all of them NaN when most are."""
-    ok = np.isfinite(scores)
-    return scores[ok] if ok.mean() >= 0.5 else np.full(len(scores), np.nan)
 
 
 def estimated(rec: TiesRecords) -> np.ndarray:
@@ -161,22 +166,23 @@ def draws(rec: TiesRecords, n_boot: int, seed: int) -> np.ndarray:
     """The five parts of `n_boot` bootstrap draws of the prompts [B, 5], seeded."""
     p = len(rec.prompts)
     if p == 0:
-        return np.full((n_boot, 5), np.nan)
+        return np.zeros((n_boot, 5))  # no record: every part is a mean over nothing
     counts = np.random.default_rng([seed, 2]).multinomial(p, np.full(p, 1 / p), size=n_boot)
     return parts(rec, counts)
 
 
-def check(ids: list[str], chosen: list[set[str]]) -> None:
+def check(ids: list[str], chosen: list[int]) -> None:
     """Refuse Ties records that the rule cannot score: an id not `ref:N`/`tied:N`, a tied record with
-    one correct answer (RewardBench needs two for the spread), two records of one kind and prompt."""
+    one correct response (`chosen` [r] counts each record's correct responses, identical texts included:
+    the spread needs two), two records of one kind and prompt."""
     seen: set[tuple[str, int]] = set()
-    for record_id, texts in zip(ids, chosen):
+    for record_id, n in zip(ids, chosen):
         kind, number = parse_id(record_id)
         if (kind, number) in seen:
             raise DataError(f"two Ties records are {kind}:{number}; RewardBench 2 has one ref and one tied record "
                             f"per prompt. Fix: give each record its own id, as in the dataset.")
         seen.add((kind, number))
-        if kind == "tied" and len(texts) < 2:
+        if kind == "tied" and n < 2:
             raise DataError(f"Ties record {record_id!r} is a tied prompt with one correct answer; RewardBench 2 "
                             f"compares the spread among a tied prompt's correct answers (two or more). Fix: keep "
                             f"all of the record's correct answers in 'chosen'.")

@@ -5,7 +5,17 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ._common import Command, add_model_options, add_pairs_options, check_model, load_model, positive, read_pairs, table
+from ._common import (
+    ArgumentError,
+    Command,
+    add_model_options,
+    add_pairs_options,
+    check_model,
+    load_model,
+    positive,
+    read_pairs,
+    table,
+)
 
 
 def _arguments(p: argparse.ArgumentParser) -> None:
@@ -14,14 +24,25 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--against", metavar="MODEL2", default=None,
                    help="a second model (folder or hub id, loaded with the same options): paired differences")
     p.add_argument("--n-boot", type=positive(int), default=2000,
-                   help="with --against: paired bootstrap resamples for the differences' intervals")
+                   help="bootstrap resamples for the Ties score's interval and, with --against, the differences' "
+                        "intervals; at least 40 (each tail of a 95%% interval must hold a draw)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--weighting", choices=("rewardbench", "items"), default="rewardbench",
                    help="section weights: RewardBench's fixed EXAMPLE_COUNTS (default: the benchmark's own, "
                         "stratified estimate on a sample) or the items scored per subset")
+    p.add_argument("--best-of-n-ties", choices=("shared", "argmax"), default="shared",
+                   help="a RewardBench 2 record whose chosen reward ties others at the top: 'shared' scores 1/k "
+                        "among the k tied (rewardbench 0.1.4, the default); 'argmax' counts it right (the earlier "
+                        "utils_v2.py rule)")
 
 
 def _check(args: argparse.Namespace) -> None:
+    from ..stats import min_boot
+
+    if args.n_boot < min_boot(0.95):  # the command's intervals are 95%
+        raise ArgumentError(f"--n-boot {args.n_boot} is under {min_boot(0.95)}: a 95% percentile interval needs at "
+                            f"least 2 / (1 - 0.95) = {min_boot(0.95)} bootstrap draws to hold one in each tail; pass "
+                            f"--n-boot {min_boot(0.95)} or more (the default 2000 is what a reported interval wants)")
     if args.against is not None:
         check_model(args.against)
 
@@ -33,7 +54,7 @@ def _bench(args: argparse.Namespace) -> dict[str, Any]:
     first = load_model(args)
     second = load_model(argparse.Namespace(**{**vars(args), "model": args.against})) if args.against else None
     result = bench(first, pairs, against=second, batch_size=args.batch_size, n_boot=args.n_boot, seed=args.seed,
-                   weighting=args.weighting)
+                   weighting=args.weighting, best_of_n_ties=args.best_of_n_ties)
     out = result.to_dict()
     out["paths"] = {"model": args.model, "against": args.against}
     return out
@@ -59,7 +80,7 @@ def _show(result: dict[str, Any]) -> None:
               "non-finite reward on any of its pairs is left out, never counted wrong\n")
     elif result["notes"]:
         print()
-    rows = [(s["subset"] or NO_SUBSET, s["kind"], s["n"], s["correct"], _pct(s["accuracy"]), _ci(s["ci"]),
+    rows = [(s["subset"] or NO_SUBSET, s["kind"], s["n"], f"{s['correct']:g}", _pct(s["accuracy"]), _ci(s["ci"]),
              s["section"] or "-", "-" if s["weight"] is None else f"{s['weight']:.3f}") for s in result["subsets"]]
     print(table(["subset", "kind", "n", "right", "accuracy", "95% Wilson CI", "section", "weight"], rows))
     level = f"{result['bootstrap']['level']:.0%}"
