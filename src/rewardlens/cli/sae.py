@@ -61,7 +61,15 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     a.add_argument("--contexts", type=int, default=3, help="top-activating token windows per feature (0: none)")
     a.add_argument("--sae-any-model", action="store_true",
                    help="accept an SAE whose recorded base model is not this model (a renamed copy, a fine-tune)")
+    _add_rank(a)
     _add_report(sub)
+
+
+def _add_rank(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--rank", choices=["direct", "total_approx"], default="direct",
+                   help="rank features by their exact direct margin contribution (default) or by the first-order "
+                        "total effect of ablating each (one backward per batch; finds features that act through "
+                        "later layers)")
 
 
 def _add_report(sub: Any) -> None:
@@ -74,26 +82,32 @@ def _add_report(sub: Any) -> None:
     r.add_argument("--contexts", type=positive(int), default=5, help="top-activating token windows per feature")
     r.add_argument("--sae-any-model", action="store_true",
                    help="accept an SAE whose recorded base model is not this model's name (a renamed copy, fine-tune)")
+    _add_rank(r)
 
 
 def _report(args: argparse.Namespace) -> dict[str, Any]:
-    from ..sae import attribute_features, feature_report, load_sae_for, write_feature_page
+    from ..sae import attribute_features, feature_report, feature_totals, load_sae_for, write_feature_page
 
     pairs = read_pairs(args)
     model = load_model(args)
     sae, layer = load_sae_for(model, args.sae, args.layer, trust_base_model=args.sae_any_model)
     att = attribute_features(model, sae, pairs, layer=layer, batch_size=args.batch_size)
+    ranking = (feature_totals(model, sae, pairs, layer=layer, batch_size=args.batch_size)
+               if args.rank == "total_approx" else None)
     report = feature_report(model, sae, att, pairs, top=args.top, n_contexts=args.contexts,
-                            batch_size=args.batch_size)
+                            batch_size=args.batch_size, ranking=ranking)
     page = write_feature_page(report, args.out, title=f"SAE features at layer {layer}: {sae.folder}")
     return {"command": "report", "page": str(page), "sae": str(sae.folder), "layer": layer, "pairs": len(pairs),
-            "features": [c.summary() for c in report.cards], "fidelity": _fit(att.fidelity)}
+            "score_kind": report.score_kind, "features": [c.summary() for c in report.cards],
+            "fidelity": _fit(att.fidelity)}
 
 
 def _show_report(result: dict[str, Any]) -> None:
-    rows = [(f["feature"], f["margin"], f["difference"], f["top_context"]) for f in result["features"]]
+    kind = result["score_kind"]
+    rows = [(f["feature"], f[kind], f["difference"], f["top_context"]) for f in result["features"]]
     print(f"SAE {result['sae']} at the residual after layer {result['layer']}, {result['pairs']} pairs")
-    print(table(["feature", "mean margin", "chosen − rejected activation", "strongest context"], rows))
+    score = "mean margin" if kind == "margin" else "mean margin, total_approx"
+    print(table(["feature", score, "chosen − rejected activation", "strongest context"], rows))
     if result["fidelity"]:
         print(result["fidelity"]["summary"])
     print(f"\nwrote {len(rows)} feature cards to {result['page']}")
@@ -152,18 +166,21 @@ def _attribute(args: argparse.Namespace) -> dict[str, Any]:
     import numpy as np
 
     from ..data import margin
-    from ..sae import attribute_features, feature_report, load_sae_for
+    from ..sae import attribute_features, feature_report, feature_totals, load_sae_for
 
     pairs = read_pairs(args)
     model = load_model(args)
     sae, layer = load_sae_for(model, args.sae, args.layer, trust_base_model=args.sae_any_model)
     att = attribute_features(model, sae, pairs, layer=layer, batch_size=args.batch_size)
+    ranking = (feature_totals(model, sae, pairs, layer=layer, batch_size=args.batch_size)
+               if args.rank == "total_approx" else None)
+    top = att.top(args.top, by="margin") if ranking is None else ranking.top(args.top, by="margin")
     freq: dict[int, float] = {}
     contexts: dict[int, list[dict[str, Any]]] = {}
     report = None
     if args.contexts > 0:
         report = feature_report(model, sae, att, pairs, top=args.top, n_contexts=args.contexts,
-                                batch_size=args.batch_size)
+                                batch_size=args.batch_size, ranking=ranking)
         freq = {int(f): float(q) for f, q in zip(report.features, report.frequency)}
         contexts = {int(f): [{"text": c.text, "activation": c.activation, "input": c.input} for c in ctx]
                     for f, ctx in zip(report.features, report.contexts)}
@@ -178,12 +195,13 @@ def _attribute(args: argparse.Namespace) -> dict[str, Any]:
         "corpus": None if report is None else {
             "explained_variance": report.explained_variance, "l0": report.l0, "dead_fraction": report.dead_fraction,
             "activations": report.n_activations},
-        "mean_margin": mean_margin, "fidelity": _fit(att.fidelity),
+        "mean_margin": mean_margin, "fidelity": _fit(att.fidelity), "rank": args.rank,
         "top_features": [
-            {"feature": f, "mean_margin": s, "alignment": float(att.alignment[col[f]]),
+            {"feature": f, "mean_margin": float(att.margin[:, col[f]].mean()),
+             "total_approx": None if ranking is None else s, "alignment": float(att.alignment[col[f]]),
              "pairs_positive": float(np.mean(att.margin[:, col[f]] > 0)), "frequency": freq.get(f),
              "contexts": contexts.get(f, [])}
-            for f, s in att.top(args.top, by="margin")
+            for f, s in top
         ],
     }
 
@@ -213,10 +231,14 @@ def _show(result: dict[str, Any]) -> None:
         print(f"\nsaved to {result['folder']}")
         return
     print(f"SAE {result['sae']} at the residual after layer {result['layer']}, {result['pairs']} pairs")
-    features = [(t["feature"], t["mean_margin"], t["alignment"], f"{t['pairs_positive']:.2f}",
-                 t["contexts"][0]["text"] if t["contexts"] else "") for t in result["top_features"]]
-    print("top features by mean chosen − rejected contribution (exact, reward units):")
-    print(table(["feature", "mean margin", "cos(d, u)", "share > 0", "strongest context"], features))
+    approx = result["rank"] == "total_approx"
+    features = [(t["feature"], t["mean_margin"], *([t["total_approx"]] if approx else []), t["alignment"],
+                 f"{t['pairs_positive']:.2f}", t["contexts"][0]["text"] if t["contexts"] else "")
+                for t in result["top_features"]]
+    print("top features by the first-order total effect of ablating each (total_approx, an estimate; reward units):"
+          if approx else "top features by mean chosen − rejected contribution (exact, reward units):")
+    print(table(["feature", "mean margin", *(["total_approx"] if approx else []), "cos(d, u)", "share > 0",
+                 "strongest context"], features))
     m = result["mean_margin"]
     print(f"\nmean margin {m['total']:+.4f} = features {m['features']:+.4f} + decoder bias {m['decoder_bias']:+.4f} "
           f"+ SAE error {m['error']:+.4f} + later layers {m['rest']:+.4f} + constant {m['constant']:+.4f}")

@@ -30,6 +30,8 @@ from ._report import FeatureReport as FeatureReport
 from ._report import feature_report as feature_report
 from ._steer import FeatureSteer as FeatureSteer
 from ._steer import feature_steer as feature_steer
+from ._total import FeatureTotals as FeatureTotals
+from ._total import feature_totals as feature_totals
 from ._train import Source as Source
 from ._train import TrainConfig as TrainConfig
 from ._train import TrainResult as TrainResult
@@ -50,6 +52,7 @@ __all__ = [
     "MIN_REWARD_RECOVERED",
     "Provenance",
     "FeatureSteer",
+    "FeatureTotals",
     "SAEConfig",
     "SAEOutput",
     "Source",
@@ -64,6 +67,7 @@ __all__ = [
     "feature_report",
     "fidelity",
     "feature_steer",
+    "feature_totals",
     "hookpoint",
     "load_sae",
     "load_sae_for",

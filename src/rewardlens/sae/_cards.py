@@ -33,6 +33,10 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 
+ScoreKind = Literal["margin", "mean", "total_approx"]
+"""What a card's score is: the direct margin or mean contribution, or the first-order total effect (`FeatureTotals`)."""
+
+
 @dataclass(frozen=True)
 class Context:
     """Where a feature fired: the token window `text` (the firing token in «»), the `activation`,
@@ -57,9 +61,10 @@ class Context:
 class FeatureCard:
     """What feature `feature` at `layer` rewards (see the module docstring for each number).
 
-    `score`: the attribution's ranking score (`score_kind`: mean chosen − rejected contribution, or
-    mean contribution; reward units). `write`: `u_l · d_i` averaged over the attribution's inputs
-    where the feature fired at the read position. `chosen`, `rejected`: mean activation at the read
+    `score`: the ranking score (`score_kind`: 'margin', the mean chosen − rejected direct contribution;
+    'mean', the mean contribution; 'total_approx', the first-order total effect of ablating the feature,
+    `FeatureTotals`, chosen − rejected for pairs; reward units). `write`: `u_l · d_i` averaged over the
+    attribution's inputs where the feature fired at the read position. `chosen`, `rejected`: mean activation at the read
     position; `difference`: mean of chosen − rejected per pair, `difference_ci` its 95% interval
     (NaN without pairs). `correlations`: axis name → Spearman ρ (NaN where undefined).
     `note` says why a card is empty (no context).
@@ -68,7 +73,7 @@ class FeatureCard:
     feature: int
     layer: int
     score: float
-    score_kind: Literal["margin", "mean"]
+    score_kind: ScoreKind
     alignment: float
     write: float
     frequency: float

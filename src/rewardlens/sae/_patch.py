@@ -12,13 +12,16 @@ preference):
 - total: the margin change with every later layer recomputing (the model's own forward, edited);
 - direct: the change read straight through the frozen read-out `u_l` (docs/sae.md): the
   feature's direct attribution difference, `(f_i − f'_i)(u_l · d_i)` per side;
-- indirect = total − direct: what the layers after `l` add in response.
+- indirect = total − direct: what the layers after `l` add in response;
+- total_approx: the first-order estimate of total, `−Σ_i (f'_i − f_i)(g · d_i)` per side with `g = ∂r/∂x`
+  at `t*` (attribution patching over features, `_total.py`: one backward per batch for every edit).
 
 A *group* `g` of features is edited jointly, in one copy: its edit at the read token is
 `Σ_{i ∈ g} (f_i − f'_i) d_i`. Its direct effect is the sum of its members' direct effects and its
 attribution the sum of theirs (both exact: the read-out is linear in `x`); its total effect is
 measured, so total − direct is what the later layers add in response to the joint edit. A rule
-split over co-firing features is only removed by removing them together.
+split over co-firing features is only removed by removing them together. The empty group edits
+nothing: its rewards are the clean ones, its effects 0 (the identity the splice rests on).
 
 Modes: 'ablate' (`f' = 0`, both sides), 'clamp' (`f' = value`, both sides) and 'noising' (the
 chosen run takes the rejected side's activation of the feature at *its* read token, the one token
@@ -45,6 +48,7 @@ from ..stats import bootstrap_ci, rowwise_spearman, top_parts
 from ._attribution import FeatureAttribution, attribute_with_readout, check_width
 from ._autoencoder import TopKSAE
 from ._splice import check_single_read, clean_rewards, each_edit_batch, edited_rewards
+from ._total import FeatureTotals, feature_totals
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -52,13 +56,17 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 FeatureMode = Literal["ablate", "clamp", "noising"]
+FeatureRank = Literal["direct", "total_approx"]
 DEFAULT_FEATURES = 16
-"""Features patched when none are named: the top ones by mean |margin contribution|."""
+"""Features patched when none are named: the top ones by mean |margin contribution| (direct, or first-order total)."""
+EMPTY_GROUP = "none"
+"""The empty group's name: the edit of no feature."""
 
 
 def group_name(members: Sequence[int]) -> str:
-    """A group's column name: its latent ids joined by '+' in the order given ('173+88+12'; '173' alone)."""
-    return "+".join(str(int(i)) for i in members)
+    """A group's column name: its latent ids joined by '+' in the order given ('173+88+12'; '173' alone;
+    `EMPTY_GROUP` for none)."""
+    return "+".join(str(int(i)) for i in members) or EMPTY_GROUP
 
 
 @dataclass(frozen=True)
@@ -67,14 +75,15 @@ class FeaturePatch:
     group of features edited jointly (`groups=`).
 
     `features` [F]: each column's latent id for a call by features; for a call by groups, the first
-    member of each group (`groups` and `names` say what a column is). `groups`: each column's member
-    ids (one-member groups for a call by features); `grouped`: whether the call was by groups.
+    member of each group, −1 for the empty group (`groups` and `names` say what a column is). `groups`:
+    each column's member ids (one-member groups for a call by features); `grouped`: whether the call was by groups.
     `attribution`: the column's direct contribution to the clean margin (`FeatureAttribution.margin`,
     summed over a group's members); `total`, `direct`: clean margin − patched margin, with later
     layers recomputing and through the frozen read-out; `indirect` = total − direct. `clean`
     [2·n_pairs] the model's own rewards (interleaved chosen, rejected); `patched` [2·n_pairs, F] the
     rewards with one column edited (the side a mode leaves alone keeps its clean reward). `mode`,
-    `value` say what `f'` was.
+    `value` say what `f'` was. `total_approx` [n_pairs, F]: the first-order estimate of `total`
+    (module docstring; None when not asked for).
     """
 
     layer: int
@@ -91,6 +100,7 @@ class FeaturePatch:
     grouped: bool = False
     n_boot: int = 2000
     seed: int = 0
+    total_approx: np.ndarray | None = None
 
     @property
     def names(self) -> list[str]:
@@ -126,15 +136,16 @@ class FeaturePatch:
         return [(self._label(int(i)), float(self.total[:, i].mean())) for i in top_parts(self.total, k)]
 
     def to_frame(self) -> pd.DataFrame:
-        """Long table: one row per (pair, column) with attribution, total, direct and indirect effect; `feature`
-        is the latent id (a call by features) or the group's name (a call by groups)."""
+        """Long table: one row per (pair, column) with attribution, total, direct and indirect effect (and
+        total_approx); `feature` is the latent id (a call by features) or the group's name (a call by groups)."""
         import pandas as pd
 
         n, f = self.total.shape
         labels = np.array(self.names if self.grouped else self.features)
+        approx = {} if self.total_approx is None else {"total_approx": self.total_approx.ravel()}
         return pd.DataFrame({"pair": np.repeat(self.pair_ids, f), "feature": np.tile(labels, n),
                              "attribution": self.attribution.ravel(), "total": self.total.ravel(),
-                             "direct": self.direct.ravel(), "indirect": self.indirect.ravel()})
+                             "direct": self.direct.ravel(), "indirect": self.indirect.ravel(), **approx})
 
     def plot(self, n: int = 20, ax: Axes | None = None) -> Figure:
         """Mean total and direct effect of the top `n` features (by mean |total|), side by side; into
@@ -172,16 +183,14 @@ def _check_features(sae: TopKSAE, features: Sequence[int], what: str = "features
 
 
 def _check_groups(sae: TopKSAE, groups: Sequence[Sequence[int]]) -> tuple[tuple[int, ...], ...]:
-    """Each group's member ids: at least one group, none empty, members in range and named once per group
-    (one latent may sit in several groups: each group is its own edit)."""
+    """Each group's member ids: at least one group, members in range and named once per group (one latent may
+    sit in several groups: each group is its own edit; the empty group is the edit of nothing)."""
     if isinstance(groups, (str, bytes)) or not len(groups):
         raise DataError(f"groups= is a list of groups of latent ids, got {groups!r}; pass e.g. groups=[[3, 17], [5]]")
     out = []
     for j, group in enumerate(groups):
         if isinstance(group, (str, bytes)) or not isinstance(group, Sequence | np.ndarray):
             raise DataError(f"group {j} must be a list of latent ids, got {group!r}; pass e.g. groups=[[3, 17], [5]]")
-        if not len(group):
-            raise DataError(f"group {j} is empty: a group edits its latents jointly, so name at least one")
         out.append(tuple(int(i) for i in _check_features(sae, group, what=f"group {j}")))
     return tuple(out)
 
@@ -229,64 +238,81 @@ def _rewards(model: RewardModel, pairs: Sequence[Pair], layer: int, delta: np.nd
              W: torch.Tensor, member: np.ndarray, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
     """(clean rewards [n], rewards with one column edited [n, G]): the edit `Σ_u member[g, u] delta[r, u] W[u]`
     [d] added at `t*` of row r for column g (`member` [G, U] 0/1 over the latents `W` [U, d]). Rows not
-    `edited` keep their clean reward (they are not run)."""
+    `edited`, and columns of no member (the empty group), keep their clean reward (they are not run)."""
     seqs, _ = model.encode(pairs)
     clean = np.zeros(len(seqs))
     for rows, batch in model.batches(seqs, batch_size):
         clean[rows] = clean_rewards(model, batch).double().cpu().numpy()
     patched = np.repeat(clean[:, None], len(member), 1)
+    live = np.flatnonzero(member.any(1))  # the columns that edit something
     step = torch.as_tensor(delta, dtype=torch.float32, device=model.device)
-    mask = torch.as_tensor(member, dtype=torch.float32, device=model.device)
-    for rows, big, part in each_edit_batch(model, seqs, np.flatnonzero(edited), len(member), batch_size):
+    mask = torch.as_tensor(member[live], dtype=torch.float32, device=model.device)
+    for rows, big, part in each_edit_batch(model, seqs, np.flatnonzero(edited), len(live), batch_size):
         # [b, g, U] @ [U, d]: a one-member group adds exact zeros, so it is the single-feature edit bit for bit.
         add = (step[torch.as_tensor(rows, device=model.device)][:, None] * mask[part][None]) @ W  # [b, g, d]
         got = edited_rewards(model, big, layer, add.flatten(0, 1)).double().cpu().numpy()
-        patched[rows[:, None], np.arange(part.start, part.stop)[None]] = got.reshape(len(rows), -1)
+        patched[rows[:, None], live[part][None]] = got.reshape(len(rows), -1)
     return clean, patched
 
 
-def _columns(sae: TopKSAE, att: FeatureAttribution, features: Sequence[int] | None,
+def _columns(sae: TopKSAE, ranking: FeatureAttribution | FeatureTotals, features: Sequence[int] | None,
              groups: Sequence[Sequence[int]] | None) -> tuple[tuple[int, ...], ...]:
     """Each column's member ids: the groups given, or one-member groups of `features` (default: the top
-    `DEFAULT_FEATURES` by mean |margin contribution|)."""
+    `DEFAULT_FEATURES` of `ranking` by mean |margin|)."""
     if groups is not None:
         if features is not None:
             raise DataError("pass features= (one edit per feature) or groups= (one joint edit per group), not both")
         return _check_groups(sae, groups)
     if features is None:
-        features = [latent for latent, _ in att.top(DEFAULT_FEATURES, by="margin")]
+        features = [latent for latent, _ in ranking.top(DEFAULT_FEATURES, by="margin")]
+    elif not len(features):
+        raise DataError("features=[] names no latent, so there is no column to patch; pass latent ids, "
+                        "features=None for the top 16, or groups=[[]] for the empty edit (the clean reward)")
     return tuple((int(i),) for i in _check_features(sae, features))
 
 
 def feature_patch(model: RewardModel, sae: TopKSAE, pairs: Sequence[Pair], *, layer: int,
                   features: Sequence[int] | None = None, groups: Sequence[Sequence[int]] | None = None,
-                  mode: FeatureMode = "ablate", value: float | None = None, batch_size: int = 16,
-                  n_boot: int = 2000, seed: int = 0) -> FeaturePatch:
+                  mode: FeatureMode = "ablate", value: float | None = None, rank: FeatureRank = "direct",
+                  approx: bool = True, batch_size: int = 16, n_boot: int = 2000, seed: int = 0) -> FeaturePatch:
     """Edit each SAE feature (or each group of features, jointly) at the residual after `layer` and measure
     the margin's total, direct and indirect change (module docstring); error term kept.
 
     `features`: latent ids, one edit each (default: the `DEFAULT_FEATURES` with the largest mean
-    |margin contribution|). `groups`: instead, lists of latent ids, each list one joint edit (its
-    column named e.g. '173+88+12'). `mode`: 'ablate', 'clamp' (with a finite `value`, every member
-    set to it) or 'noising'. `batch_size`: rows per forward (inputs × edits); 1 runs every edit on
-    its own. One attribution pass (for `f`, `u_l` and the attribution), then the edited forwards.
+    |margin| by `rank`: 'direct', the margin contribution, or 'total_approx', the first-order total
+    effect of ablating it, which finds features that act through later layers). `groups`: instead,
+    lists of latent ids, each list one joint edit (its column named e.g. '173+88+12'; `[]` the empty
+    edit). `mode`: 'ablate', 'clamp' (with a finite `value`, every member set to it) or 'noising'.
+    `approx`: also the first-order estimate `total_approx` of every column (one backward per batch).
+    `batch_size`: rows per forward (inputs × edits); 1 runs every edit on its own. One attribution pass
+    (for `f`, `u_l` and the attribution), then the edited forwards.
     """
     _check(model, sae, pairs, layer, mode, value)
+    if rank not in get_args(FeatureRank):
+        raise DataError(f"rank must be 'direct' or 'total_approx', got {rank!r}")
     att, readout = attribute_with_readout(model, sae, pairs, layer=layer, batch_size=batch_size)
-    cols = _columns(sae, att, features, groups)
+    by_totals = rank == "total_approx" and features is None and groups is None
+    totals = feature_totals(model, sae, pairs, layer=layer, batch_size=batch_size) if approx or by_totals else None
+    cols = _columns(sae, totals if by_totals and totals is not None else att, features, groups)
     ids = np.array(sorted({i for g in cols for i in g}), dtype=np.int64)  # every member once [U]
     member = np.array([np.isin(ids, g) for g in cols], dtype=np.float64).reshape(len(cols), len(ids))  # [G, U]
     acts, vals = _dense(att, ids)
     new, edited = _targets(acts, mode, value)
     W = sae.W_dec.detach().to(model.device, torch.float32)[torch.as_tensor(ids, device=model.device)]  # [U, d]
-    writes = readout.astype(np.float64) @ W.double().cpu().numpy().T  # u_l · d_i [n, U]
+    Wd = W.double().cpu().numpy()
     delta = np.where(edited[:, None], new - acts, 0.0)
-    direct_rows = (delta * writes) @ member.T  # change of each side's direct contribution, summed per group
+    # Change of each side's reward read through the frozen read-out u_l (direct), or to first order through
+    # the gradient g (total_approx), summed per group.
+    direct_rows = (delta * (readout.astype(np.float64) @ Wd.T)) @ member.T
+    approx_rows = None
+    if approx and totals is not None:
+        approx_rows = (delta * (totals.gradient.astype(np.float64) @ Wd.T)) @ member.T
     clean, patched = _rewards(model, pairs, layer, delta, edited, W, member, batch_size)
     margin = lambda r: r[0::2] - r[1::2]  # noqa: E731 - chosen − rejected, the pairs' own convention
     return FeaturePatch(
-        layer=layer, features=np.array([g[0] for g in cols], dtype=np.int64), mode=mode,
+        layer=layer, features=np.array([g[0] if g else -1 for g in cols], dtype=np.int64), mode=mode,
         value=None if value is None else float(value), pair_ids=pair_ids(pairs), attribution=margin(vals) @ member.T,
         total=margin(clean)[:, None] - margin(patched), direct=-margin(direct_rows), clean=clean, patched=patched,
         groups=cols, grouped=groups is not None, n_boot=n_boot, seed=seed,
+        total_approx=None if approx_rows is None else -margin(approx_rows),
     )

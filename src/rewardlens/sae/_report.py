@@ -20,13 +20,15 @@ import torch
 from torch import Tensor
 
 from ..data import Inputs
+from ..errors import DataError
 from ..model import RewardModel, TraceKey
 from ..stats import to_json
 from ..types import SaePositions
 from ._activations import Activations, ActivationSource
 from ._attribution import FeatureAttribution, check_width
 from ._autoencoder import TopKSAE
-from ._cards import Context, FeatureCard, FeatureCards, check_axes, correlations, direct_write, read_sides
+from ._cards import Context, FeatureCard, FeatureCards, ScoreKind, check_axes, correlations, direct_write, read_sides
+from ._total import FeatureTotals
 from ._train import evaluate
 
 if TYPE_CHECKING:
@@ -50,7 +52,7 @@ class FeatureReport:
     """
 
     layer: int
-    score_kind: Literal["margin", "mean"]
+    score_kind: ScoreKind
     cards: FeatureCards
     fvu: float
     l0: float
@@ -238,12 +240,33 @@ def _contexts(stream: _Stream, j: int, tokenizer: PreTrainedTokenizerBase, n_con
     return tuple(ctx.values())
 
 
+def _ranked(attribution: FeatureAttribution, ranking: FeatureTotals | None,
+            top: int) -> tuple[ScoreKind, list[tuple[int, float]]]:
+    """(score kind, the `top` (latent, score) pairs): by the attribution's direct margin (mean for non-pairs), or
+    by `ranking`'s first-order total effect, which must come from the attribution's own inputs and layer."""
+    by: Literal["margin", "mean"] = "margin" if attribution.is_pairs else "mean"
+    if ranking is None:
+        return by, attribution.top(top, by=by)
+    ranked = ranking.top(top, by=by)
+    fired = set(attribution.features.tolist())
+    if (ranking.layer != attribution.layer or ranking.rows != attribution.rows
+            or any(f not in fired for f, _ in ranked)):
+        raise DataError(f"ranking= is a FeatureTotals of {len(ranking.rows)} inputs at layer {ranking.layer}, the "
+                        f"attribution one of {len(attribution.rows)} at layer {attribution.layer}, firing other "
+                        "features; compute both on the same inputs and layer (feature_totals(model, sae, inputs, "
+                        "layer=...))")
+    return "total_approx", ranked
+
+
 def feature_report(model: RewardModel, sae: TopKSAE, attribution: FeatureAttribution, corpus: Inputs, *,
                    top: int = 10, n_contexts: int = 5, window: int = 8, positions: SaePositions = "all",
-                   batch_size: int = 8, axes: Mapping[str, Any] | None = None) -> FeatureReport:
-    """Report the `top` features of `attribution` (by |mean margin| for pairs, else |mean contribution|),
-    each with a `FeatureCard`: its `n_contexts` strongest distinct token windows (`window` tokens before,
-    2 after) in `corpus`, with the activation on each token, and the numbers of `_cards.py`.
+                   batch_size: int = 8, axes: Mapping[str, Any] | None = None,
+                   ranking: FeatureTotals | None = None) -> FeatureReport:
+    """Report the `top` features of `attribution` (by |mean margin| for pairs, else |mean contribution|; with
+    `ranking`, a `feature_totals` of the same inputs, by its first-order total effect instead, which finds
+    features that act through later layers), each with a `FeatureCard`: its `n_contexts` strongest distinct
+    token windows (`window` tokens before, 2 after) in `corpus`, with the activation on each token, and the
+    numbers of `_cards.py`.
 
     `corpus`: strings, conversations or Pairs (pairs' chosen and rejected responses; probe items'
     texts), read at `positions` ('all' non-pad tokens or 'read'), `batch_size` sequences per forward.
@@ -252,8 +275,7 @@ def feature_report(model: RewardModel, sae: TopKSAE, attribution: FeatureAttribu
     of the chosen − rejected peak, per pair). `text_axes` builds them from tests on text.
     """
     check_width(model, sae, attribution.layer)
-    kind: Literal["margin", "mean"] = "margin" if attribution.is_pairs else "mean"
-    ranked = attribution.top(top, by=kind)
+    kind, ranked = _ranked(attribution, ranking, top)
     features = np.array([f for f, _ in ranked], dtype=np.int64)
     enc = sae if sae.b_dec.device == model.device else copy.deepcopy(sae).to(model.device)  # never move the caller's
     source = ActivationSource(model, corpus, TraceKey.resid(attribution.layer), positions=positions,
