@@ -12,6 +12,8 @@ from rewardlens.calibrate._circuits import grade_circuits, two_part_edges
 from rewardlens.zoo.organisms import ORGANISMS, forward_margins
 
 DIM = 16  # head dimension of the organisms
+HOPS = (("two_step", "attn_L0_H1 -> attn_L1_H2"), ("circuit", "embed -> attn_L1_H2"))
+"""Each organism's planted first hop: the path's sender into its receiver; the embeddings into the one head."""
 
 
 @pytest.fixture(scope="module")
@@ -42,6 +44,14 @@ def test_circuit_rows_appear_and_pass(card):
         ("circuit", "circuit", "parts besides embed and reward in the smallest circuit reaching 0.8 of the mean "
                                "margin"),
         ("circuit", "circuit", "attn_L1_H2 is a part of that circuit"),
+        *((organism, "circuit", f"the circuit of the top 10 edges (EAP-IG, every position noised) holds the planted "
+                                f"first hop {hop}") for organism, hop in HOPS),
+        *((organism, "verified edges", "share of the 10 kept edges scored exactly (verify=10)")
+          for organism, _ in HOPS),
+        *((organism, "verified edges", "largest |kept edge score - its own path_patch effect| over the mean margin "
+                                       "(verify=10)") for organism, _ in HOPS),
+        *((organism, "verified edges", f"rank of the planted edge {hop} by mean EAP-IG score verified by path "
+                                       "patching (verify=10) (of 36 edges)") for organism, hop in HOPS),
     }
     assert card.passed, card.failures
     assert not any(r.known for r in card.rows)
@@ -86,4 +96,30 @@ def test_a_wrong_planted_path_fails(organisms, monkeypatch):
                       "mean path effect of attn_L0_H0 -> attn_L1_H2 over the mean margin",
                       "rank of the planted edge attn_L0_H0 -> attn_L1_H2 by mean EAP-IG score (of 36 edges)",
                       "share of the mean margin kept by the two-part circuit (6 edges among embed, attn_L0_H0, "
-                      "attn_L1_H2, reward)"}
+                      "attn_L1_H2, reward)",
+                      "the circuit of the top 10 edges (EAP-IG, every position noised) holds the planted first hop "
+                      "attn_L0_H0 -> attn_L1_H2",
+                      "rank of the planted edge attn_L0_H0 -> attn_L1_H2 by mean EAP-IG score verified by path "
+                      "patching (verify=10) (of 36 edges)"}
+
+
+def test_the_verified_rows_fail_when_verify_scores_nothing(organisms, monkeypatch):
+    """The yardstick is each kept edge's own path_patch run: with verification a no-op, the first-order
+    scores of the kept edges are neither exact nor equal to it."""
+    from rewardlens.causal import Edges
+
+    monkeypatch.setattr(Edges, "verify", lambda self, *args, **kwargs: self)
+    rows = grade_circuits(OrganismBench(organisms=["two_step"], n_pairs=40))
+    failed = {r.check for r in rows if not r.passed}
+    assert failed == {"share of the 10 kept edges scored exactly (verify=10)",
+                      "largest |kept edge score - its own path_patch effect| over the mean margin (verify=10)"}
+
+
+def test_at_the_read_token_alone_the_first_hop_is_not_in_the_circuit(organisms):
+    """Why the first-hop row noises every position: at the read token the planted sender changes nothing
+    there, so the circuit of the same 10 edges by EAP-IG misses it (the command line's old default)."""
+    import rewardlens as rl
+
+    bench = OrganismBench(organisms=["two_step"], n_pairs=40)
+    found = rl.circuit(bench.model("two_step"), bench.pairs("two_step"), level="head", top=10)
+    assert ORGANISMS["two_step"].planted_path not in [(u, d) for u, d, _ in found.kept]

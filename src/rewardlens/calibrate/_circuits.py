@@ -1,6 +1,6 @@
-"""Grader of the circuit instruments on planted paths: path patching, edge attribution (EAP, EAP-IG)
-and circuits on the `two_step` organism, whose rule needs two heads in series, and on the `circuit`
-organism, whose rule lives in one head."""
+"""Grader of the circuit instruments on planted paths: path patching, edge attribution (EAP, EAP-IG),
+verified edges and circuits on the `two_step` organism, whose rule needs two heads in series, and on the
+`circuit` organism, whose rule lives in one head (its first hop: the embeddings into that head)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import dataclasses
 
 import numpy as np
 
-from ..causal import Edges, circuit, edges, path_patch
+from ..causal import Edges, circuit, edges, encode_pairs, path_patch
 from ..data import Pair
 from ..errors import CircuitError
 from ..exact import attribute
@@ -26,6 +26,10 @@ CIRCUIT_PAIRS = 40
 CIRCUIT_SHARE = 0.8
 """The two-part circuit must keep, and the `circuit` organism's recovered circuit reach, this share of the
 mean clean margin (edge ablation)."""
+VERIFY = 10
+"""Edges scored by exact path patching (`verify=`), and edges kept, in the verified circuit checks."""
+EXACT_TOLERANCE = 1e-5
+"""A verified edge's mean score may differ from its own `path_patch` run by this share of the mean margin."""
 
 
 def grade_circuits(bench: OrganismBench) -> list[Grade]:
@@ -47,6 +51,7 @@ def grade_circuits(bench: OrganismBench) -> list[Grade]:
         rows += _edge_rank(edges(model, pairs, method="eap", level="head", positions="all"), name, path)
         rows += _edge_rank(scored, name, path)
         rows += _two_part(model, pairs, scored, name, path)
+        rows += _hops(model, pairs, scored, name, path)
     for name in circuits(bench):
         part = ORGANISMS[name].planted_part
         assert part is not None  # circuits() keeps the organisms with a planted part
@@ -56,7 +61,39 @@ def grade_circuits(bench: OrganismBench) -> list[Grade]:
         rows += localisation("path patching", name, senders, pp.effect.mean(0)[:, 0], part, "head",
                              by="mean path effect into reward")
         rows += _one_node(model, pairs, name, part)
+        aligned = _aligned(model, bench.pairs(name))[:CIRCUIT_PAIRS]  # positions='all' needs token-aligned sides
+        rows += _hops(model, aligned, edges(model, aligned, method="eap-ig", level="head", positions="all"), name,
+                      ("embed", part))
     return rows
+
+
+def _aligned(model: RewardModel, pairs: list[Pair]) -> list[Pair]:
+    """The pairs whose two sides have as many tokens (28 of 100 held-out `circuit` pairs at seed 0)."""
+    seqs = encode_pairs(model, pairs)
+    return [p for k, p in enumerate(pairs) if len(seqs[2 * k].ids) == len(seqs[2 * k + 1].ids)]
+
+
+def _hops(model: RewardModel, pairs: list[Pair], scored: Edges, name: str, path: tuple[str, str]) -> list[Grade]:
+    """Every position noised (`positions='all'`, what `rewardlens circuit --positions all` runs): the circuit
+    of the top edges by EAP-IG holds the planted first hop (at the read token alone it cannot: that hop
+    changes nothing there); verified (`verify=10`), each kept edge's score is its own `path_patch` run's
+    mean effect (checked edge by edge) and the planted edge ranks first among path patching's candidates."""
+    edge = f"{path[0]} -> {path[1]}"
+    found = circuit(model, pairs, edges=scored, top=VERIFY, sizes=[VERIFY], positions="all")
+    checked = scored.verify(model, pairs, VERIFY, positions="all")
+    exact = circuit(model, pairs, edges=checked, top=VERIFY, sizes=[VERIFY], positions="all")
+    margin = abs(float(checked.margin.mean()))
+    off = max(abs(s - float(path_patch(model, pairs, senders=[u], receivers=[d], positions="all").effect.mean()))
+              for u, d, s in exact.kept)
+    rank = _edge_rank(checked, name, path)[0]
+    return [Grade.of("circuit", name, f"the circuit of the top {VERIFY} edges (EAP-IG, every position noised) holds "
+                     f"the planted first hop {edge}", float(path in [(u, d) for u, d, _ in found.kept]), 1, "=="),
+            Grade.of("verified edges", name, f"share of the {VERIFY} kept edges scored exactly (verify={VERIFY})",
+                     float(np.mean(exact.exact[:len(exact.kept)])), 1, "=="),
+            Grade.of("verified edges", name, f"largest |kept edge score - its own path_patch effect| over the mean "
+                     f"margin (verify={VERIFY})", off / margin, EXACT_TOLERANCE, "<="),
+            dataclasses.replace(rank, instrument="verified edges", check=rank.check.replace(
+                "EAP-IG score", f"EAP-IG score verified by path patching (verify={VERIFY})"))]
 
 
 def _parts(model: RewardModel, below: int) -> list[str]:
