@@ -19,6 +19,7 @@ import copy
 
 import numpy as np
 import torch
+from torch import nn
 
 from ..causal import attribution_patch, patch
 from ..model import Part, RewardModel, wrap
@@ -43,25 +44,32 @@ def plant_neurons(host: RewardModel, head: str) -> tuple[RewardModel, list[str]]
     assert part.head is not None  # the host organism plants its rule in one head
     hf = copy.deepcopy(host.model)
     layer = host.layers[part.layer]
-    o_proj, mlp = host.layer_module(part.layer, host.arch.attn_out), get_module(layer, "mlp")
-    u = (host.head.weight[0] * get_module(host.model, host.arch.final_norm or "").weight.float()).detach().cpu()
+    o_proj, mlp = _weight(host.layer_module(part.layer, host.arch.attn_out)), get_module(layer, "mlp")
+    u = (host.head.weight[0].cpu() * _weight(get_module(host.model, host.arch.final_norm or "")).detach().float().cpu())
     u_hat = u / u.norm()
     p = torch.randn(u.shape[0], generator=torch.Generator().manual_seed(0))
     p = p - (p @ u_hat) * u_hat
     p = p / p.norm()
-    size = o_proj.weight.shape[1] // host.n_heads
+    size = o_proj.shape[1] // host.n_heads
     cols = slice(part.head * size, (part.head + 1) * size)
     copy_of = dict(zip(host.model.parameters(), hf.parameters()))  # host parameter → the copy's
-    g = get_module(layer, "post_attention_layernorm").weight.detach().float().cpu()
+    g = _weight(get_module(layer, "post_attention_layernorm")).detach().float().cpu()
     with torch.no_grad():
-        w_o = copy_of[o_proj.weight]
+        w_o = copy_of[o_proj]
         w_o[:, cols] = torch.outer(p, u_hat @ w_o[:, cols].float().cpu()).to(w_o)
-        up, gate, down = (copy_of[get_module(mlp, name).weight] for name in ("up_proj", "gate_proj", "down_proj"))
+        up, gate, down = (copy_of[_weight(get_module(mlp, name))] for name in ("up_proj", "gate_proj", "down_proj"))
         for n, c in zip(NEURONS, DOWN):
             up[n] = (UP * p / g).to(up)
             gate[n] = (GATE * p / g).to(gate)
             down[:, n] = (c * u_hat).to(down)
     return wrap(hf, host.tokenizer), [Part.mlp(part.layer, n).name for n in NEURONS]
+
+
+def _weight(module: nn.Module) -> nn.Parameter:
+    """A module's `weight` parameter (the organisms' Llama: every projection and norm has one)."""
+    weight = module.weight
+    assert isinstance(weight, nn.Parameter), f"{type(module).__name__} has no weight parameter"
+    return weight
 
 
 def grade_neurons(bench: OrganismBench) -> list[Grade]:
@@ -78,7 +86,7 @@ def grade_neurons(bench: OrganismBench) -> list[Grade]:
     name = f"{HOST}+neurons"
     full = forward_margins(model.model, model.tokenizer, pairs)[:, 0]
     removed = copy.deepcopy(model.model)
-    down = model.layer_module(Part.parse(planted[0]).layer, model.arch.mlp_out).weight
+    down = _weight(model.layer_module(Part.parse(planted[0]).layer, model.arch.mlp_out))
     with torch.no_grad():
         dict(zip(model.model.parameters(), removed.parameters()))[down][:, list(NEURONS)] = 0
     cut = forward_margins(removed, model.tokenizer, pairs)[:, 0]

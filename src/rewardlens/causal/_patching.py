@@ -226,7 +226,7 @@ def patch(
         if sweep is not None and neurons is not None:
             raise ValueError("pass the parts to patch either as sweep= or as neurons=, not both")
         sweep = level_sites(model, level, neurons) if sweep is None else list(sweep)
-        fine = {"heads": level == "head", "neurons": neuron_layers(sweep)}  # what the clean trace keeps
+        heads, neurons_at = level == "head", neuron_layers(sweep)  # what the clean trace keeps
         if model.reads.multi:  # a reward read at a set of positions is patched at that set
             check_reads_options(mode, ablation, positions, divergence)
             engine = direct_reads if estimand == "direct" else patch_reads
@@ -242,7 +242,7 @@ def patch(
                   and suffix_possible(model, seqs))
         only = sources_only(model, mode, len(seqs)) if (copies or suffix) and not divergence else None
         if clean is None:
-            clean = Clean.run(model, seqs, batch_size=batch_size, only=only, **fine)
+            clean = Clean.run(model, seqs, heads=heads, batch_size=batch_size, only=only, neurons=neurons_at)
         else:  # every side is traced already; the read-position engine rewrites its targets' clean
             only = None  # rewards, so the caller's are kept intact
             clean = dataclasses.replace(clean, reward=clean.reward.clone())
@@ -271,7 +271,7 @@ def patch(
                 clean_reward, rewards, streams = out
                 clean.reward[targets] = clean_reward.to(clean.reward.dtype)
             elif only is not None:  # full forwards after all: they need the targets' clean runs too
-                clean, only = Clean.run(model, seqs, batch_size=batch_size, **fine), None
+                clean, only = Clean.run(model, seqs, heads=heads, batch_size=batch_size, neurons=neurons_at), None
         if rewards is None:
             clean, rewards, streams = _any_positions(model, seqs, clean, plan, sweep, suffix=suffix,
                                                      traced_all=only is None, heads=level == "head",
