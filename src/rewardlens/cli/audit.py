@@ -101,6 +101,7 @@ def _run(args: argparse.Namespace, state: dict[str, Any]) -> dict[str, Any]:
     model, pairs = _inputs(args)  # a bad pairs file is refused before anything heavy is imported
     if not pairs:
         raise ValueError("no pairs to audit")
+    sae = _sae(args, model)  # an SAE that does not fit the model is refused before any pair is computed
     from ..audit import Decided, Plan, audit, resume_status
     from ..audit.report import AuditResult, plain, summary, write_report
 
@@ -112,7 +113,7 @@ def _run(args: argparse.Namespace, state: dict[str, Any]) -> dict[str, Any]:
     state.update(model=model, pairs=pairs, plan=plan, store=main_path, rank=rank, world=world, decided=decided)
     before = resume_status(main_path, model, pairs, plan, decided).kept if world == 1 else None
     try:
-        result = audit(model, pairs, store=main_path, plan=plan, sae=_sae(args, model), progress=not args.quiet,
+        result = audit(model, pairs, store=main_path, plan=plan, sae=sae, progress=not args.quiet,
                        data=args.pairs or "the built-in audit pairs (rewardlens.zoo.AUDIT_PAIRS)",
                        command_line=args.command_line, rank=rank, world_size=world, hold=[out], decided=decided)
     finally:
@@ -140,11 +141,14 @@ def _kept(args: argparse.Namespace, state: dict[str, Any]) -> str:
 
 
 def _sae(args: argparse.Namespace, model: RewardModel) -> TopKSAE | None:
+    """The SAE of `--sae`, found and checked as `sae attribute` and `sae report` do (`load_sae_for`: the
+    folder or its hook-point subfolder for `--sae-layer`; its width, layer, hook kind and base model)."""
     if args.sae is None:
         return None
-    from ..sae import load_sae
+    from ..sae import load_sae_for
 
-    return load_sae(args.sae, device=model.device)
+    sae, _ = load_sae_for(model, args.sae, args.sae_layer, trust_base_model=args.sae_any_model)
+    return sae.to(model.device)
 
 
 def _show(shown: dict[str, Any]) -> None:
@@ -254,8 +258,8 @@ def _check(args: argparse.Namespace) -> None:
         check_folder(args.sae, "SAE folder")
         if args.sae_layer is None:
             raise ArgumentError("--sae PATH needs --sae-layer L (the residual layer the SAE was trained on)")
-    elif args.sae_layer is not None:
-        raise ArgumentError("--sae-layer needs --sae PATH")
+    elif args.sae_layer is not None or args.sae_any_model:
+        raise ArgumentError(f"{'--sae-layer' if args.sae_layer is not None else '--sae-any-model'} needs --sae PATH")
 
 
 def _options(p: argparse.ArgumentParser) -> None:
@@ -279,6 +283,8 @@ def _options(p: argparse.ArgumentParser) -> None:
     add_probe_items_option(p, "probes and concepts")
     p.add_argument("--sae", default=None, help="an SAE folder: add SAE feature attribution")
     p.add_argument("--sae-layer", type=int, default=None, help="residual layer the SAE reads")
+    p.add_argument("--sae-any-model", action="store_true",
+                   help="accept an SAE recorded for another base model (a renamed copy or a fine-tune of it)")
     p.add_argument("--fraction", type=fraction, default=0.5, help="crystallization threshold (share of final margin)")
     p.add_argument("--top", type=positive(int), default=10, help="how many parts to list")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
