@@ -190,3 +190,30 @@ def test_neuron_sweeps_are_refused_by_name_with_the_fix(tiny_root, pairs):
     moe = rl.load(str(tiny_root["mixtral"]))
     with pytest.raises(ValueError, match="mixture-of-experts block, which has no neurons"):
         attribution_patch(moe, pairs, level="neuron", neurons=["mlp_L0_N1"])
+
+
+def test_a_reward_read_at_a_set_of_positions_patches_neurons_too(tokenizer):
+    """A DPO reward (read at every response token): zero ablation is linear in a bias-free down projection, so
+    the first-order estimates of a layer's neurons sum to its MLP sublayer's (whose output is W_down a), and the
+    exact patch of chosen neurons runs on the set-of-reads engine; a last-layer neuron's direct and total
+    effects agree."""
+    from tests.causal.test_dpo_attribution_patching import BETA, PAIRS
+    from tests.model.test_rm_kinds import build
+
+    rm = rl.wrap_dpo(build(tokenizer, "llama", "lm", seed=0), build(tokenizer, "llama", "lm", seed=1), tokenizer,
+                     beta=BETA)
+    with pytest.warns(rl.errors.RewardLensWarning, match="zero ablation at every read"):
+        fine = attribution_patch(rm, PAIRS, level="neuron")
+    with pytest.warns(rl.errors.RewardLensWarning, match="zero ablation at every read"):
+        coarse = attribution_patch(rm, PAIRS)
+    for layer in range(rm.n_layers):
+        cols = [i for i, n in enumerate(fine.names) if n.startswith(f"mlp_L{layer}_N")]
+        np.testing.assert_allclose(fine.effect[:, cols].sum(1), coarse.effect[:, coarse.names.index(f"mlp_L{layer}")],
+                                   rtol=1e-4, atol=1e-5)
+    last = [f"mlp_L{rm.n_layers - 1}_N{n}" for n in (3, 40)]
+    with pytest.warns(rl.errors.RewardLensWarning):
+        total = patch(rm, PAIRS, level="neuron", neurons=last)
+    with pytest.warns(rl.errors.RewardLensWarning):
+        direct = patch(rm, PAIRS, level="neuron", neurons=last, estimand="direct")
+    assert total.names == last and np.abs(total.effect).max() > 1e-5
+    np.testing.assert_allclose(direct.effect, total.effect, atol=2e-5)
