@@ -217,3 +217,18 @@ def test_a_reward_read_at_a_set_of_positions_patches_neurons_too(tokenizer):
         direct = patch(rm, PAIRS, level="neuron", neurons=last, estimand="direct")
     assert total.names == last and np.abs(total.effect).max() > 1e-5
     np.testing.assert_allclose(direct.effect, total.effect, atol=2e-5)
+
+
+def test_a_neuron_level_trace_serves_both_and_a_coarser_one_is_refused(tiny_root, pairs):
+    from rewardlens.causal import trace_pairs
+
+    model = rl.load(str(tiny_root["llama"]))
+    traced = trace_pairs(model, pairs, level="neuron", record="noising")
+    shared = patch(model, pairs, level="neuron", neurons=CHOSEN, clean=traced.clean)
+    np.testing.assert_allclose(shared.effect, patch(model, pairs, level="neuron", neurons=CHOSEN).effect, atol=2e-6)
+    estimate = attribution_patch(model, pairs, level="neuron", clean=traced.clean)
+    np.testing.assert_allclose(estimate.effect, attribution_patch(model, pairs, level="neuron").effect, atol=1e-6)
+    coarse = trace_pairs(model, pairs, level="head").clean
+    for run in (patch, attribution_patch):
+        with pytest.raises(ValueError, match=r"clean= holds no mlp_act_0 .*trace_pairs\(model, pairs, level='neuron'"):
+            run(model, pairs, level="neuron", neurons=CHOSEN, clean=coarse)

@@ -43,7 +43,7 @@ from ..stats import rank_agreement
 from ..types import Ablation, Mode, PatchLevel, Positions, Spans
 from ._engine import Site, head_slice, site_point
 from ._layerwise import ProbeContext, Recorded, layerwise_grads
-from ._neurons import Neurons, level_sites, neuron_layers
+from ._neurons import Neurons, check_traced, level_sites, neuron_layers
 from ._patching import Patching, assemble
 from ._plan import Clean, PatchPlan, pair_seqs
 from ._reads_patch import ReadChunks, check_reads_options, mode_for
@@ -215,6 +215,7 @@ def attribution_patch(
                             estimand="total", approximate=True, min_margin=min_margin)
         if clean is None:
             clean = Clean.run(model, seqs, heads=level == "head", batch_size=batch_size, neurons=neuron_layers(sweep))
+        check_traced(clean, sweep)
         ref_seqs = None if reference is None else model.encode(reference)[0]
         plan = PatchPlan.make(model, clean, sweep, mode, ablation, positions, ref_seqs, batch_size)
         cols, valid, values = plan.at_columns(clean)

@@ -13,11 +13,15 @@ projection of one activation), so its layer is refused by name.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from ..model import Part, RewardModel
 from ..model.internal import is_moe_layer, projection_inputs
 from ..types import PatchLevel
 from ._engine import Site, sites
+
+if TYPE_CHECKING:
+    from ._plan import Clean  # the plan reads `neuron_layers` from here
 
 Neurons = Sequence[str | Part]
 """Chosen neurons: part names (`mlp_L1_N17`) or `Part`s with a neuron."""
@@ -96,3 +100,13 @@ def level_sites(model: RewardModel, level: PatchLevel, neurons: Neurons | None, 
 def neuron_layers(sweep: Sequence[Part]) -> list[int]:
     """The layers whose MLP neurons `sweep` patches: the layers a clean trace must keep the neurons of."""
     return sorted({s.layer for s in sweep if s.neuron is not None})
+
+
+def check_traced(clean: Clean, sweep: Sequence[Site]) -> None:
+    """ValueError naming the fix when the caller's clean runs (`clean=`) lack an activation `sweep` patches:
+    heads and neurons are kept only by a trace at their level."""
+    missing = sorted({s.key for s in sweep if s.key not in clean.captured}, key=str)
+    if missing:
+        level = "neuron" if any(k.kind == "mlp_act" for k in missing) else "head"
+        raise ValueError(f"clean= holds no {missing[0]} activations to patch (its pairs were traced at a coarser "
+                         f"level); trace them with trace_pairs(model, pairs, level={level!r}), or leave clean= out")

@@ -29,7 +29,7 @@ from ._direct import direct_rewards
 from ._divergence import NaturalFit, score_patched, scorer
 from ._engine import Site, batched_sweep, read_sweep
 from ._margins import PatchedMargins
-from ._neurons import Neurons, level_sites, neuron_layers
+from ._neurons import Neurons, check_traced, level_sites, neuron_layers
 from ._plan import Clean, PatchPlan, pair_seqs, sources_only
 from ._reads_patch import check_reads_options, direct_reads, mode_for, patch_reads
 from ._spec import MODES as MODES
@@ -245,6 +245,7 @@ def patch(
             clean = Clean.run(model, seqs, heads=heads, batch_size=batch_size, only=only, neurons=neurons_at)
         else:  # every side is traced already; the read-position engine rewrites its targets' clean
             only = None  # rewards, so the caller's are kept intact
+            check_traced(clean, sweep)
             clean = dataclasses.replace(clean, reward=clean.reward.clone())
         ref_seqs = None if reference is None else model.encode(reference)[0]
         plan = PatchPlan.make(model, clean, sweep, mode, ablation, positions, ref_seqs, batch_size, ids=pair_ids(pairs))
