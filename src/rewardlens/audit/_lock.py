@@ -66,12 +66,13 @@ _GUARD = threading.Lock()
 
 
 @contextmanager
-def run_lock(out: str | Path, *, wait: float = 0.0) -> Iterator[RunLock]:
+def run_lock(out: str | Path, *, wait: float = 0.0, fix: str = "give this run another --out") -> Iterator[RunLock]:
     """Hold the run lock of the folder `out` (created if missing) for the `with` block.
 
     Another process (or thread) holding it: wait up to `wait` seconds for it, then raise
-    `RunLockedError` naming the holder's pid, host and start time. The same thread taking the lock
-    it already holds nests. The lock file is removed when the outermost block exits.
+    `RunLockedError` naming the holder's pid, host and start time, and `fix` (what else than waiting
+    frees this run: the option that put it in `out`, e.g. a shared store's `--store`). The same thread
+    taking the lock it already holds nests. The lock file is removed when the outermost block exits.
     """
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
@@ -82,7 +83,7 @@ def run_lock(out: str | Path, *, wait: float = 0.0) -> Iterator[RunLock]:
     if held is not None and held[0] == threading.get_ident():
         yield held[1]  # the outer block releases it
         return
-    fd, stale = _acquire(path, wait)
+    fd, stale = _acquire(path, wait, fix)
     me = Holder(os.getpid(), socket.gethostname(), datetime.now().astimezone().isoformat(timespec="seconds"))
     lock = RunLock(path, me, stale)
     try:
@@ -103,7 +104,7 @@ def run_lock(out: str | Path, *, wait: float = 0.0) -> Iterator[RunLock]:
         os.close(fd)
 
 
-def _acquire(path: Path, wait: float) -> tuple[int, Holder | None]:
+def _acquire(path: Path, wait: float, fix: str) -> tuple[int, Holder | None]:
     """Take the lock, polling up to `wait` seconds; returns the descriptor and a stale holder."""
     deadline = time.monotonic() + wait
     while True:
@@ -117,8 +118,7 @@ def _acquire(path: Path, wait: float) -> tuple[int, Holder | None]:
             waited = f" (waited {wait:g} s)" if wait > 0 else ""
             raise RunLockedError(
                 f"another run is writing into {path.parent}: {who}{waited}. Wait for it to finish, or "
-                f"give this run another --out. The lock ({path}) is released when that process exits, "
-                "even if it is killed")
+                f"{fix}. The lock ({path}) is released when that process exits, even if it is killed")
         time.sleep(min(left, 0.1))
 
 

@@ -1,11 +1,14 @@
-"""The record codec: a stored row's bytes, written and read back, sealed by a checksum.
+"""The record codec: a stored row's bytes, written and read back, sealed by a checksum bound to where they belong.
 
 A record is a dict: numpy arrays go into an `.npz` blob (exact bytes, no pickle), everything else into
 JSON (tuples are kept as tuples). Every record, and every run's metadata, is sealed (`sealed`): its text
-carries a checksum over its JSON and its blob, so a row whose bytes changed after it was written reads
-as *damaged* (`damage`, `read_record`, `read_meta` say why), never as other numbers. SQLite's text is
-read through `sqlite_text`, so a byte that is not UTF-8 fails a checksum (or `sound_key`, for a run key)
-instead of raising inside sqlite3.
+carries a checksum over its run's key, its unit, its JSON and its blob, so a row whose bytes changed after
+it was written, or that sits under another run or unit than it was written for (rows swapped, re-keyed or
+moved by a tool), reads as *damaged* (`state`, `read_record`, `read_meta` say why), never as other numbers.
+A row written before records were bound to their key (`UNBOUND`: the older envelope, whose checksum covers
+its bytes only, or none at all) opens, but its key cannot be verified, so it is never read as numbers either:
+the audit computes it again. SQLite's text is read through `sqlite_text`, so a byte that is not UTF-8 fails a
+checksum (or `sound_key`, for a run key) instead of raising inside sqlite3.
 """
 
 from __future__ import annotations
@@ -22,47 +25,64 @@ from ._keys import digest
 if TYPE_CHECKING:
     from ._keys import RunKey
 
-_PREFIX, _MIDDLE, _SUM = '{"__sha256__": "', '", "__record__": ', 24
-"""A sealed record's text is `{"__sha256__": "<24 hex>", "__record__": <the record's JSON>}`."""
-_MARKS = ('"__sha256__"', '"__record__"')
-"""Either one in a text that does not start as a sealed one: its envelope's head is damaged."""
+_BOUND, _OLDER, _MIDDLE, _SUM = '{"__bound__": "', '{"__sha256__": "', '", "__record__": ', 24
+"""A sealed record's text is `{"__bound__": "<24 hex>", "__record__": <the record's JSON>}`; one written before
+records were bound to their key has `__sha256__` in its place, a checksum over its bytes only."""
+_MARKS = ('"__bound__"', '"__sha256__"', '"__record__"')
+"""Any one in a text that does not start as a sealed one: its envelope's head is damaged."""
+UNBOUND = "it was written before records were bound to their key, so its key cannot be verified"
+"""`state` of a row that is intact but unbound (an older rewardlens wrote it): not damaged, and not trusted."""
+_MOVED = "its checksum does not match its bytes, or the run and unit it is filed under"
 
 
-def _seal(inner: bytes, blob: bytes | None) -> str:
-    return digest([inner, b"-" if blob is None else b"+" + blob])
+def _where(key: RunKey, unit: str | None) -> list[bytes]:
+    """What a seal binds besides the bytes: the run's key, and the unit (None: the run's metadata). A unit's
+    name read from a damaged file may hold bytes that are not UTF-8 (`sqlite_text`): kept, so they differ."""
+    place = [b"unit", unit.encode("utf-8", "surrogateescape")] if unit is not None else [b"meta"]
+    return [b"rewardlens record", *(str(p).encode() for p in vars(key).values()), *place]
 
 
-def sealed(inner: str, blob: bytes | None) -> str:
-    """`inner` (a record's JSON text) in its checksum envelope, the checksum over the exact bytes of `inner`
-    and of `blob`.
+def _seal(inner: bytes, blob: bytes | None, where: list[bytes]) -> str:
+    return digest([*where, inner, b"-" if blob is None else b"+" + blob])
+
+
+def sealed(inner: str, blob: bytes | None, key: RunKey, unit: str | None) -> str:
+    """`inner` (a record's JSON text) in its checksum envelope: the checksum over `key`'s four parts, `unit`
+    (None for a run's metadata) and the exact bytes of `inner` and of `blob`.
 
     Why an envelope in the record's own column, not a checksum column: the tables keep their columns
-    (`COLUMNS` in audit/_store.py), so a store written before checksums opens as it is, with no migration
-    (no write lock on open, no race between processes migrating one file, nothing to do on a read-only file
-    system), and an older rewardlens still opens a store this one wrote. A record without an envelope (written before
-    checksums) is read as it was then."""
-    return f"{_PREFIX}{_seal(inner.encode(), blob)}{_MIDDLE}{inner}}}"
+    (`COLUMNS` in audit/_sqlite.py), so an older store opens as it is, with no migration (no write lock on open,
+    no race between processes migrating one file, nothing to do on a read-only file system). An older
+    rewardlens still opens a store this one wrote, and reads its rows as damaged (another envelope), so it
+    computes them again rather than misreading them."""
+    return f"{_BOUND}{_seal(inner.encode(), blob, _where(key, unit))}{_MIDDLE}{inner}}}"
 
 
-def _unsealed(text: object, blob: object) -> tuple[str | None, bool, str]:
-    """A stored row's record JSON: (inner, True, '') when its checksum holds, (text, False, '') for a record
-    written before checksums, (None, False, why) when the row is damaged."""
+def _unsealed(text: object, blob: object, key: RunKey, unit: str | None) -> tuple[str | None, str]:
+    """A stored row's record JSON and its state: (inner, '') when its checksum holds for `key` and `unit`,
+    (inner, UNBOUND) for a record written before records were bound to their key (its older checksum, if any,
+    holding), (None, why) when the row is damaged."""
     if not isinstance(text, str):
-        return None, False, "its record is not text"
+        return None, "its record is not text"
     if blob is not None and not isinstance(blob, bytes):
-        return None, False, "its arrays are not a blob"
-    if not text.startswith(_PREFIX):
+        return None, "its arrays are not a blob"
+    prefix = next((p for p in (_BOUND, _OLDER) if text.startswith(p)), None)
+    if prefix is None:
         if any(mark in text for mark in _MARKS):
-            return None, False, "its checksum envelope is damaged"
-        return text, False, ""
-    head = len(_PREFIX) + _SUM
-    stored, inner = text[len(_PREFIX):head], text[head + len(_MIDDLE):-1]
+            return None, "its checksum envelope is damaged"
+        return text, UNBOUND  # written before checksums
+    head = len(prefix) + _SUM
+    stored, inner = text[len(prefix):head], text[head + len(_MIDDLE):-1]
     if text[head:head + len(_MIDDLE)] != _MIDDLE or not text.endswith("}"):
-        return None, False, "its checksum envelope is damaged"
+        return None, "its checksum envelope is damaged"
     # surrogateescape gives back the exact bytes SQLite holds, valid UTF-8 or not (`sqlite_text`)
-    if _seal(inner.encode("utf-8", "surrogateescape"), blob) != stored:
-        return None, False, "its checksum does not match its bytes"
-    return inner, True, ""
+    raw = inner.encode("utf-8", "surrogateescape")
+    if prefix == _OLDER:
+        ok = _seal(raw, blob, []) == stored  # the older checksum: over the bytes alone
+        return (inner, UNBOUND) if ok else (None, "its checksum does not match its bytes")
+    if _seal(raw, blob, _where(key, unit)) != stored:
+        return None, _MOVED
+    return inner, ""
 
 
 def sqlite_text(raw: bytes) -> str:
@@ -71,8 +91,8 @@ def sqlite_text(raw: bytes) -> str:
     return raw.decode("utf-8", "surrogateescape")
 
 
-def encode_record(record: Mapping[str, Any]) -> tuple[str, bytes | None]:
-    """A record as (sealed JSON text, `.npz` blob of its arrays or None)."""
+def encode_record(record: Mapping[str, Any], key: RunKey, unit: str) -> tuple[str, bytes | None]:
+    """A record as (JSON text sealed for `key` and `unit`, `.npz` blob of its arrays or None)."""
     arrays: dict[str, np.ndarray] = {}
 
     def pack(value: Any, path: str) -> Any:
@@ -91,11 +111,11 @@ def encode_record(record: Mapping[str, Any]) -> tuple[str, bytes | None]:
 
     text = json.dumps(pack(dict(record), "r"))
     if not arrays:
-        return sealed(text, None), None
+        return sealed(text, None, key, unit), None
     buf = io.BytesIO()
     np.savez(buf, allow_pickle=True, **arrays)  # numpy's default, named so the stub does not read **arrays as it
     blob = buf.getvalue()
-    return sealed(text, blob), blob
+    return sealed(text, blob, key, unit), blob
 
 
 def _decode(text: str, blob: bytes | None) -> dict[str, Any]:
@@ -118,38 +138,42 @@ def _decode(text: str, blob: bytes | None) -> dict[str, Any]:
     return record
 
 
-def read_record(text: object, blob: object) -> tuple[dict[str, Any] | None, str]:
-    """A stored row's record, or (None, why) when it is damaged: its checksum fails, or its text or blob
-    does not decode (bad JSON, a bad zip or CRC, a missing array)."""
-    inner, _, why = _unsealed(text, blob)
+def read_record(text: object, blob: object, key: RunKey, unit: str) -> tuple[dict[str, Any] | None, str]:
+    """A stored row's record, filed under `key` and `unit`; (None, why) when it is damaged: its checksum fails
+    (for its bytes or for where it is filed), or its text or blob does not decode (bad JSON, a bad zip or CRC,
+    a missing array); (None, UNBOUND) when it is intact but was written before records were bound to their key."""
+    inner, why = _unsealed(text, blob, key, unit)
     if inner is None:
         return None, why
     try:
         inner.encode("utf-8")  # a lone surrogate: bytes that were never UTF-8 (`sqlite_text`)
-        return _decode(inner, blob if isinstance(blob, bytes) else None), ""
+        record = _decode(inner, blob if isinstance(blob, bytes) else None)
     except Exception as exc:  # damaged bytes fail each parser (json, zip, npy) its own way: all mean damaged
         return None, f"it does not decode: {type(exc).__name__}: {' '.join(str(exc).split())}"
+    return (None, why) if why else (record, "")
 
 
-def damage(text: object, blob: object) -> str:
-    """Why a stored row is damaged ('' when it is sound). A sealed row is vouched for by its checksum (the
-    bytes are the ones written, which decoded); one written before checksums is decoded to tell."""
-    inner, checked, why = _unsealed(text, blob)
-    if inner is None or checked:
+def state(text: object, blob: object, key: RunKey, unit: str) -> str:
+    """'' when a stored row is sound where it is filed (`key`, `unit`), `UNBOUND` when it is intact but
+    unbound, else why it is damaged. A bound row is vouched for by its checksum (the bytes are the ones
+    written there, which decoded); an unbound one is decoded to tell."""
+    inner, why = _unsealed(text, blob, key, unit)
+    if inner is None or not why:
         return why
-    return read_record(text, blob)[1]
+    return read_record(text, blob, key, unit)[1]
 
 
-def read_meta(text: object) -> tuple[dict[str, Any] | None, str]:
-    """A run's metadata, or (None, why) when it is damaged (sealed like a record, with no blob)."""
-    inner, _, why = _unsealed(text, None)
+def read_meta(text: object, key: RunKey) -> tuple[dict[str, Any] | None, str]:
+    """The metadata of the run `key`: (meta, '') when sound, (meta, UNBOUND) when written before metadata was
+    bound to its run's key, (None, why) when damaged (sealed like a record, with no blob)."""
+    inner, why = _unsealed(text, None, key, None)
     if inner is None:
         return None, why
     try:
         meta = json.loads(inner)
     except ValueError as exc:
         return None, f"it does not decode: {exc}"
-    return (meta, "") if isinstance(meta, dict) else (None, "it is not a JSON object")
+    return (meta, why) if isinstance(meta, dict) else (None, "it is not a JSON object")
 
 
 def sound_key(key: RunKey) -> bool:

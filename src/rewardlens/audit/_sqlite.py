@@ -1,4 +1,9 @@
-"""SQLite's errors told apart, each said in the results store's words (the guarantees: audit/_store.py).
+"""The results store's schema, and SQLite's errors told apart, each said in the store's words (the guarantees:
+audit/_store.py).
+
+A file holding both tables (`COLUMNS`) is a results store; one holding neither is new; one holding another
+program's tables is left untouched; one holding a single table of the two lost the other, and is damaged
+(`schema`: both are created in one transaction).
 
 A busy or locked database is a transient state, never a broken file (`is_lock`, `locked`). Of the rest
 (`unreadable`): "not a database" is a file that is no results store, left untouched; a page SQLite cannot
@@ -54,3 +59,43 @@ def unreadable(path: Path, exc: sqlite3.Error | UnicodeDecodeError) -> StoreErro
                           "or point --store at a new file")
     return StoreError(f"{path} cannot be read as a results store (SQLite: {said}); the file was "
                       "left untouched — check the path and its permissions, or point --store at a new file")
+
+
+SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS runs (
+    run_id INTEGER PRIMARY KEY,
+    model TEXT NOT NULL, data TEXT NOT NULL, instrument TEXT NOT NULL, version TEXT NOT NULL,
+    meta TEXT NOT NULL DEFAULT '{}',
+    UNIQUE (model, data, instrument, version)
+)""",
+    """CREATE TABLE IF NOT EXISTS units (
+    run_id INTEGER NOT NULL REFERENCES runs(run_id),
+    unit TEXT NOT NULL, position INTEGER NOT NULL, record TEXT NOT NULL, arrays BLOB,
+    PRIMARY KEY (run_id, unit)
+)""",
+)
+"""The two tables, each statement on its own: they are run inside one explicit transaction."""
+COLUMNS = {"runs": ("run_id", "model", "data", "instrument", "version", "meta"),
+           "units": ("run_id", "unit", "position", "record", "arrays")}
+"""Each table's columns, in order: what tells a results store from another program's database."""
+
+
+def schema(db: sqlite3.Connection, path: Path) -> bool:
+    """Whether the file already holds both tables (False: neither, a new file); `StoreError` when it holds
+    another program's tables, or one of ours without the other (a store that lost a table)."""
+    tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    foreign = sorted(t for t in tables if t not in COLUMNS and not t.startswith("sqlite_"))
+    wrong = [t for t in COLUMNS if t in tables
+             and tuple(r[1] for r in db.execute(f"PRAGMA table_info({t})")) != COLUMNS[t]]
+    if wrong or (foreign and not set(COLUMNS) <= tables):
+        found = ", ".join(wrong + foreign)
+        damaged = "" if foreign else ", or a results store whose schema is damaged"
+        raise StoreError(f"{path} is not a rewardlens results store (it holds another program's "
+                         f"tables: {found}){damaged}; the file was left untouched — point --store at a new file")
+    gone = [t for t in COLUMNS if t not in tables]
+    if len(gone) == 1:  # both are created in one transaction: one alone is a store that lost the other
+        lost = "its units cannot be matched to their runs" if gone[0] == "runs" else "its results are gone"
+        raise StoreError(f"{path} is damaged: its table {gone[0]!r} is missing, so {lost}; it was left as "
+                         "it is — move it aside (or restore it from a copy) and run again, or point --store at "
+                         "a new file")
+    return not gone

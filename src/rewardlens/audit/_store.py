@@ -7,12 +7,13 @@ so a process killed at any moment leaves every finished unit intact and no half-
 resumed run asks `done` and skips what is there. Shards written by separate processes merge with
 `merge`, which refuses two different answers for the same unit instead of keeping either.
 
-Records are dicts: numpy arrays go into an `.npz` blob (exact bytes, no pickle), everything else
-into JSON (tuples are kept as tuples). Every record, and every run's metadata, carries a checksum
-over its JSON text and its blob (the codec: audit/_records.py): a unit whose bytes changed after it
-was written (a bad disk, a torn copy, a flipped bit) reads as *damaged*, never as other numbers.
-`done` leaves a damaged unit out, so a rerun computes it again, and `write` may replace it (and only
-it); `records` refuses it by name (`StoreError`); `merge` refuses to copy it.
+Records are dicts (the codec: audit/_records.py). Every record, and every run's metadata, carries a
+checksum over its run's key, its unit, its JSON text and its blob: a unit whose bytes changed after it was
+written (a bad disk, a torn copy, a flipped bit), or that sits under another run or unit than it was written
+for (rows swapped, re-keyed or moved by a tool), reads as *damaged*, never as other numbers. `done` leaves a
+damaged unit out, so a rerun computes it again, and `write` may replace it (and only it, or an unbound one);
+`records` refuses it by name (`StoreError`); `merge` refuses to copy it. A unit written before records were
+bound to their key is *unbound*: it opens, but is neither done nor read nor merged; a rerun rewrites it.
 
 Any number of processes may open (and create) one store at once, e.g. torchrun ranks. SQLite's
 "database is locked" is a transient state, never a broken file: switching to WAL can report it
@@ -20,7 +21,7 @@ without waiting on the busy timeout, so each step of opening is retried with a b
 until the store's timeout, and only then fails, as `StoreLockedError`. "Not a results store" is
 said only of a file SQLite cannot read as a database or one holding another program's tables, and
 such a file is never touched. "Damaged" is said of a unit whose checksum fails, and of the whole
-file only when SQLite itself cannot read its pages ("database disk image is malformed").
+file when SQLite itself cannot read its pages ("database disk image is malformed") or a table is missing.
 """
 
 from __future__ import annotations
@@ -38,29 +39,10 @@ from typing import Any, TypeVar
 
 from ..errors import RewardLensWarning, StoreError
 from ._keys import RunKey
-from ._records import damage, encode_record, read_meta, read_record, sealed, sound_key, sqlite_text
-from ._sqlite import is_lock, locked, unreadable
+from ._records import UNBOUND, encode_record, read_meta, read_record, sealed, sound_key, sqlite_text, state
+from ._sqlite import SCHEMA, is_lock, locked, schema, unreadable
 
 _T = TypeVar("_T")
-
-SCHEMA = (
-    """CREATE TABLE IF NOT EXISTS runs (
-    run_id INTEGER PRIMARY KEY,
-    model TEXT NOT NULL, data TEXT NOT NULL, instrument TEXT NOT NULL, version TEXT NOT NULL,
-    meta TEXT NOT NULL DEFAULT '{}',
-    UNIQUE (model, data, instrument, version)
-)""",
-    """CREATE TABLE IF NOT EXISTS units (
-    run_id INTEGER NOT NULL REFERENCES runs(run_id),
-    unit TEXT NOT NULL, position INTEGER NOT NULL, record TEXT NOT NULL, arrays BLOB,
-    PRIMARY KEY (run_id, unit)
-)""",
-)
-"""The two tables, each statement on its own: they are run inside one explicit transaction."""
-COLUMNS = {"runs": ("run_id", "model", "data", "instrument", "version", "meta"),
-           "units": ("run_id", "unit", "position", "record", "arrays")}
-"""Each table's columns, in order: what tells a results store from another program's database."""
-
 
 _SLICE = 500
 """Units asked for in one statement (SQLite caps the variables of a statement at 999 in old builds)."""
@@ -68,13 +50,24 @@ _SLICE = 500
 
 @dataclass(frozen=True)
 class Units:
-    """What a store holds of one run's units: the sound ones, and the damaged ones with why."""
+    """What a store holds of one run's units: the sound ones, the damaged ones with why, the unbound ones."""
 
     done: frozenset[str] = frozenset()
     """Units stored and sound: a rerun reads them."""
     damaged: Mapping[str, str] = field(default_factory=dict)
-    """Unit → why it is damaged (its checksum fails, it does not decode, its run's metadata is damaged): a
-    rerun computes it again and replaces it."""
+    """Unit → why it is damaged (its checksum fails, for its bytes or for the run and unit it is filed under;
+    it does not decode; its run's metadata is damaged): a rerun computes it again and replaces it."""
+    unbound: frozenset[str] = frozenset()
+    """Units intact but written before records were bound to their key (an older rewardlens), or under such a
+    run's metadata: their key cannot be verified, so a rerun computes them again and rewrites them, bound."""
+
+
+def _verdict(key: RunKey, unit: str, why_meta: str, text: object, blob: object) -> str:
+    """'' when a row of the run `key` is sound, `UNBOUND` when it is intact but unbound (or its run's metadata
+    is: `why_meta`, the metadata's own `read_meta` state), else why it is damaged."""
+    if why_meta not in ("", UNBOUND):
+        return f"its run's metadata is damaged: {why_meta}"
+    return state(text, blob, key, unit) or why_meta
 
 
 class Store:
@@ -107,17 +100,8 @@ class Store:
             raise
 
     def _schema(self) -> bool:
-        """Whether the file already holds both tables; `StoreError` when it holds another program's."""
-        tables = {r[0] for r in self._db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-        foreign = sorted(t for t in tables if t not in COLUMNS and not t.startswith("sqlite_"))
-        wrong = [t for t in COLUMNS if t in tables
-                 and tuple(r[1] for r in self._db.execute(f"PRAGMA table_info({t})")) != COLUMNS[t]]
-        if wrong or (foreign and not set(COLUMNS) <= tables):
-            found = ", ".join(wrong + foreign)
-            damaged = "" if foreign else ", or a results store whose schema is damaged"
-            raise StoreError(f"{self.path} is not a rewardlens results store (it holds another program's "
-                             f"tables: {found}){damaged}; the file was left untouched — point --store at a new file")
-        return set(COLUMNS) <= tables
+        """Whether the file already holds both tables (`schema`)."""
+        return schema(self._db, self.path)
 
     def _create(self) -> None:
         """Both tables in one transaction; IF NOT EXISTS makes a concurrent creator harmless. A
@@ -170,12 +154,17 @@ class Store:
             raise (locked(self.path, self.timeout) if is_lock(exc) else unreadable(self.path, exc)) from exc
 
     def _damaged(self, key: RunKey, unit: str, why: str, where: Path | None = None) -> str:
+        if why == UNBOUND:
+            return (f"unit {unit!r} of {key.instrument} in {where or self.path} was written before records were "
+                    "bound to their key (by an older rewardlens), so its key cannot be verified; run the audit "
+                    "again with this store: it computes the unit again and rewrites it")
         return (f"unit {unit!r} of {key.instrument} in {where or self.path} is damaged ({why}); run the audit "
                 "again with this store: it computes a damaged unit again and replaces it")
 
     def _damaged_meta(self, key: RunKey, why: str) -> str:
-        return (f"the metadata of {key.instrument} in {self.path} is damaged ({why}); run the audit again with "
-                "this store: it computes that run's units again and rewrites its metadata")
+        said = "was written before records were bound to their key" if why == UNBOUND else f"is damaged ({why})"
+        return (f"the metadata of {key.instrument} in {self.path} {said}; run the audit again with this store: it "
+                "computes that run's units again and rewrites its metadata")
 
     def close(self) -> None:
         """Close the connection (every write is committed already)."""
@@ -199,16 +188,21 @@ class Store:
         self._db.execute("COMMIT")
 
     def _run_id(self, db: sqlite3.Connection, key: RunKey, meta: Mapping[str, Any] | None = None) -> tuple[int, bool]:
-        """The run's id (the run added when new) and whether its metadata was damaged and is now `meta`: then
-        every unit of the run was damaged with it, and may be replaced."""
-        text = sealed(json.dumps(meta or {}), None)
+        """The run's id (the run added when new) and whether its metadata was damaged or unbound and is now
+        `meta`: then every unit of the run was damaged (or unbound) with it, and may be replaced.
+
+        A new run takes an id no row of `units` holds: rows left under the id of a run whose row is gone (deleted
+        by a tool) are never adopted by another run, and stay where they are."""
+        text = sealed(json.dumps(meta or {}), None, key, None)
         row = self._find(key)
         if row is None:
-            cur = db.execute("INSERT INTO runs (model, data, instrument, version, meta) VALUES (?, ?, ?, ?, ?)",
+            cur = db.execute("INSERT INTO runs (run_id, model, data, instrument, version, meta) VALUES ("
+                             "1 + max(coalesce((SELECT max(run_id) FROM runs), 0), coalesce((SELECT max(run_id) FROM "
+                             "units WHERE typeof(run_id) = 'integer'), 0)), ?, ?, ?, ?, ?)",
                              (key.model, key.data, key.instrument, key.version, text))
             assert cur.lastrowid is not None  # an INSERT sets it
             return cur.lastrowid, False
-        if read_meta(row[1])[0] is not None:
+        if read_meta(row[1], key)[1] == "":
             return row[0], False
         db.execute("UPDATE runs SET meta=? WHERE run_id=?", (text, row[0]))
         return row[0], True
@@ -247,47 +241,50 @@ class Store:
                     self._db.execute("SELECT model, data, instrument, version FROM runs ORDER BY run_id")]
 
     def runs(self) -> list[tuple[RunKey, dict[str, Any]]]:
-        """Every run in the store with its metadata; `StoreError` naming a run whose metadata is damaged."""
+        """Every run in the store with its metadata as stored (that of a run written before metadata was bound
+        to its key included: `meta` refuses it); `StoreError` naming a run whose metadata is damaged."""
         with self._guarded():
             rows = self._db.execute("SELECT model, data, instrument, version, meta FROM runs ORDER BY run_id")
             listed = [(RunKey(*r[:4]), r[4]) for r in rows]
         out = []
         for key, text in listed:
-            meta, why = read_meta(text)
+            meta, why = read_meta(text, key)
             if meta is None:
                 raise StoreError(self._damaged_meta(key, why))
             out.append((key, meta))
         return out
 
     def meta(self, key: RunKey) -> dict[str, Any] | None:
-        """The run's metadata (None when it has no run here); `StoreError` when it is damaged."""
+        """The run's metadata (None when it has no run here); `StoreError` when it is damaged, or written before
+        metadata was bound to its run's key."""
         with self._guarded():
             found = self._find(key)
         if found is None:
             return None
-        meta, why = read_meta(found[1])
-        if meta is None:
+        meta, why = read_meta(found[1], key)
+        if meta is None or why:
             raise StoreError(self._damaged_meta(key, why))
         return meta
 
     def status(self, key: RunKey, units: Collection[str] | None = None) -> Units:
-        """Which of `key`'s stored units (of `units` only, when given) are sound and which damaged. Every
-        unit's checksum is verified (one written before checksums is decoded); a run whose metadata is
-        damaged has every unit damaged."""
+        """Which of `key`'s stored units (of `units` only, when given) are sound, which damaged and which
+        unbound. Every unit's checksum is verified for its bytes and for the run and unit it is filed under (an
+        unbound one is decoded); a run whose metadata is damaged has every unit damaged, and one whose
+        metadata is unbound every intact unit unbound."""
         with self._guarded():
             found = self._find(key)
             rows = [] if found is None else self._rows(found[0], units)
         if found is None:
             return Units()
-        why_meta = read_meta(found[1])[1]
-        why = {str(unit): f"its run's metadata is damaged: {why_meta}" if why_meta else damage(text, blob)
-               for unit, _, text, blob in rows}
-        damaged = {u: w for u, w in why.items() if w}
-        self._seen.update((key, u) for u in damaged)
-        return Units(frozenset(u for u, w in why.items() if not w), damaged)
+        why_meta = read_meta(found[1], key)[1]
+        why = {str(unit): _verdict(key, str(unit), why_meta, text, blob) for unit, _, text, blob in rows}
+        damaged = {u: w for u, w in why.items() if w and w != UNBOUND}
+        unbound = frozenset(u for u, w in why.items() if w == UNBOUND)
+        self._seen.update((key, u) for u in why if why[u])
+        return Units(frozenset(u for u, w in why.items() if not w), damaged, unbound)
 
     def done(self, key: RunKey, units: Collection[str] | None = None) -> set[str]:
-        """Units of `key` stored and sound (of `units` only, when given); a damaged one is not done."""
+        """Units of `key` stored and sound (of `units` only, when given); a damaged or unbound one is not done."""
         return set(self.status(key, units).done)
 
     def write(self, entries: Iterable[tuple[RunKey, str, int, Mapping[str, Any]]],
@@ -295,10 +292,10 @@ class Store:
         """Store `(key, unit, position, record)` entries in one transaction: all or none.
 
         `position` orders a run's units when read back. Writing a unit that is already stored and
-        sound is a bug in the caller (a resumed run must skip it) and raises; a damaged one is replaced
-        (one this connection's `status` found damaged, or one that reads damaged now).
+        sound is a bug in the caller (a resumed run must skip it) and raises; a damaged or unbound one is
+        replaced (one this connection's `status` found so, or one that reads so now), and written bound.
         """
-        encoded = [(key, unit, pos, *encode_record(rec)) for key, unit, pos, rec in entries]
+        encoded = [(key, unit, pos, *encode_record(rec, key, unit)) for key, unit, pos, rec in entries]
         with self._guarded(), self._transaction() as db:
             runs: dict[RunKey, tuple[int, bool]] = {}
             for key, unit, pos, text, blob in encoded:
@@ -321,7 +318,7 @@ class Store:
                               (run, unit)).fetchone()
         if have is None or have[0] != unit:  # the unique index holds it, the table does not (or by another name)
             raise sqlite3.IntegrityError(f"the index of units holds {unit!r}, the table does not")
-        if not replace and (key, unit) not in self._seen and not damage(*have[1:]):
+        if not replace and (key, unit) not in self._seen and not state(have[1], have[2], key, unit):
             raise StoreError(f"unit {unit!r} of {key.instrument} is already stored in {self.path}; "
                              "a resumed run must skip finished units")
         db.execute("UPDATE units SET position=?, record=?, arrays=? WHERE run_id=? AND unit=?",
@@ -335,10 +332,10 @@ class Store:
             rows = [] if found is None else self._rows(found[0], units)
         if found is None:
             return []
-        why_meta = read_meta(found[1])[1]
-        meta_damage, out = f"its run's metadata is damaged: {why_meta}", []
+        why_meta, out = read_meta(found[1], key)[1], []
         for unit, _, text, blob in rows:
-            record, why = (None, meta_damage) if why_meta else read_record(text, blob)
+            why = _verdict(key, str(unit), why_meta, text, blob)
+            record, why = (None, why) if why else read_record(text, blob, key, str(unit))
             if record is None:
                 raise StoreError(self._damaged(key, str(unit), why))
             out.append((str(unit), record))
@@ -346,33 +343,51 @@ class Store:
 
     def merge(self, other: str | Path | Store) -> int:
         """Copy every unit of `other` (another process's shard) into this store; returns how many were new
-        (or replaced a damaged one). A unit present in both must hold the same bytes, else `StoreError`;
-        a damaged unit of `other` is refused by name, and nothing is merged."""
+        (or replaced a damaged or unbound one). A unit present in both must hold the same bytes, else
+        `StoreError`; a damaged unit of `other` is refused by name, and nothing is merged. An unbound unit of
+        `other` (or every unit of a run whose metadata is unbound) is not copied, with a warning: its key cannot
+        be verified, and copying it would vouch for it; a rerun computes it again."""
         src = other if isinstance(other, Store) else Store(other)
         try:
             runs = src.runs()
             with self._guarded(), self._transaction() as db:
-                return sum(self._merge_run(db, src, key, meta) for key, meta in runs)
+                got = [self._merge_run(db, src, key, meta) for key, meta in runs]
         finally:
             if src is not other:
                 src.close()
+        passed, unbound = [n for _, p, _ in got for n in p], [n for _, _, u in got for n in u]
+        if passed:
+            warnings.warn(f"{src.path}: {len(passed)} damaged unit(s) were not merged; {self.path} holds them sound "
+                          f"already: {', '.join(passed[:8])}", RewardLensWarning, stacklevel=2)
+        if unbound:
+            warnings.warn(f"{src.path}: {len(unbound)} unit(s) written before records were bound to their key were "
+                          f"not merged (their key cannot be verified; a rerun computes them again): "
+                          f"{', '.join(unbound[:8])}", RewardLensWarning, stacklevel=2)
+        return sum(added for added, _, _ in got)
 
-    def _merge_run(self, db: sqlite3.Connection, src: Store, key: RunKey, meta: dict[str, Any]) -> int:
-        """One run of `src` into this store, inside the caller's transaction; returns the units new or replaced."""
+    def _merge_run(self, db: sqlite3.Connection, src: Store, key: RunKey, meta: dict[str, Any]
+                   ) -> tuple[int, list[str], list[str]]:
+        """One run of `src` into this store, inside the caller's transaction; returns the units new or replaced,
+        and the damaged units passed over (this store holds them sound) and the unbound ones left out, named."""
         if not sound_key(key):
             raise StoreError(f"a run key in {src.path} is damaged ({key}); nothing was merged — run the audit "
                              "again with this store: the rank computes its pairs again into a sound run")
-        run, repaired = self._run_id(db, key, meta)
         found = src._find(key)
         assert found is not None  # listed by `src.runs()` a moment ago, in a shard no other process writes
-        added, passed = 0, []
-        for unit, pos, text, blob in src._rows(found[0], None):
+        rows, why_meta = src._rows(found[0], None), read_meta(found[1], key)[1]
+        if why_meta:  # unbound (`runs` refuses a damaged one): neither it nor its units are vouched for here
+            return 0, [], [f"{key.instrument} unit {unit!r}" for unit, *_ in rows]
+        run, repaired = self._run_id(db, key, meta)
+        added, passed, unbound = 0, [], []
+        for unit, pos, text, blob in rows:
             have = db.execute("SELECT record, arrays FROM units WHERE run_id=? AND unit=?", (run, unit)).fetchone()
-            sound = have is not None and not repaired and not damage(*have)
-            why = damage(text, blob)
-            if why and not sound:
+            sound = have is not None and not repaired and not state(have[0], have[1], key, str(unit))
+            why = state(text, blob, key, str(unit))
+            if why == UNBOUND:  # copied, it would read as vouched for; this store may hold it sound already
+                unbound += [] if sound else [f"{key.instrument} unit {unit!r}"]
+            elif why and not sound:
                 raise StoreError(f"{self._damaged(key, str(unit), why, src.path)}; nothing was merged")
-            if why:  # this store holds the unit sound already: the damaged copy would add nothing
+            elif why:  # this store holds the unit sound already: the damaged copy would add nothing
                 passed.append(f"{key.instrument} unit {unit!r}")
             elif sound and have != (text, blob):
                 raise StoreError(f"unit {unit!r} of {key.instrument} differs between {src.path} and "
@@ -380,7 +395,4 @@ class Store:
             elif have != (text, blob):
                 self._put(db, key, run, (unit, pos, text, blob), replace=True)
                 added += 1
-        if passed:
-            warnings.warn(f"{src.path}: {len(passed)} damaged unit(s) were not merged; {self.path} holds them sound "
-                          f"already: {', '.join(passed[:8])}", RewardLensWarning, stacklevel=4)
-        return added
+        return added, passed, unbound

@@ -10,7 +10,7 @@ store is bit-for-bit a single process's (docs/audit.md, Sharding).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -87,16 +87,16 @@ def resume_status(store: str | Path, model: RewardModel, pairs: Sequence[Pair], 
 
 
 @contextlib.contextmanager
-def _locks(folders: Sequence[Path], rank: int, world_size: int) -> Iterator[None]:
-    """Rank 0 holds the run lock of every folder this run writes (docs/audit.md, Concurrency), so a second
-    run into one refuses, naming this one; the other ranks learn of a refusal from rank 0 instead of
-    waiting at a barrier for a rank that stopped."""
+def _locks(folders: Mapping[Path, str], rank: int, world_size: int) -> Iterator[None]:
+    """Rank 0 holds the run lock of every folder this run writes (docs/audit.md, Concurrency), each with the
+    fix its refusal names, so a second run into one refuses, naming this one; the other ranks learn of a
+    refusal from rank 0 instead of waiting at a barrier for a rank that stopped."""
     with contextlib.ExitStack() as held:
         refusal = None
         if rank == 0:
             try:
-                for folder in dict.fromkeys(f.resolve() for f in folders):
-                    held.enter_context(run_lock(folder))
+                for folder, fix in folders.items():
+                    held.enter_context(run_lock(folder, fix=fix))
             except RunLockedError as exc:
                 refusal = str(exc)
         if world_size > 1:
@@ -171,7 +171,9 @@ def audit(model: RewardModel, pairs: Sequence[Pair], *, store: Store | str | Pat
     if world_size > 1 and path is None:
         raise ValueError(f"a sharded audit (world_size={world_size}) writes a shard beside its store: pass store= "
                          "a path, not an in-memory store or a Store object")
-    folders = [Path(f) for f in hold] + ([] if path is None else [path.parent])
+    folders = {Path(f).resolve(): "give this run another --out" for f in hold}
+    if path is not None:  # a store outside every `hold` folder: a shared one, given by --store (`store=`)
+        folders.setdefault(path.parent.resolve(), f"give this run a --store outside that folder (its store: {path})")
     with _locks(folders, rank, world_size):
         db = store if isinstance(store, Store) else Store(path if path is not None else ":memory:")
         try:
