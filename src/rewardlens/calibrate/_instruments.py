@@ -16,6 +16,7 @@ from ..types import Level, PatchLevel
 from ..zoo.organisms import ORGANISMS, ablated, forward_margins
 from ._core import ACCURACY, Grade, OrganismBench, circuits, localisation, strength_response, sublayer_of
 from ._sae import TRUTH, ground_truth, train_for
+from ._upstream import upstream
 
 if TYPE_CHECKING:
     from ..sae import TopKSAE
@@ -121,13 +122,16 @@ def grade_sae(bench: OrganismBench) -> list[Grade]:
     (`_sae.train_for`). On 'list': the features that write the most reward on held-out pairs detect
     the bullet list on pairs where a coin put it on either side (AUROC), and do not detect which side
     was chosen (AUROC near 0.5). On both: the ground-truth rows of `_sae.ground_truth` (reward
-    feature #1's contexts, ablation and probe-axis label against the planted rule)."""
+    feature #1's contexts, ablation and probe-axis label against the planted rule), and `_upstream`'s (a
+    second SAE at layer 0: the most effective latent, a planted upstream one included, is the first-order
+    total ranking's #1)."""
     rows = []
     for name in [n for n in TRUTH if n in bench.organisms]:
         model, layer, sae = train_for(bench, name)
         if name == "list":
             rows += _detects_list(bench, model, layer, sae)
         rows += ground_truth(bench, name, model, layer, sae)
+        rows += upstream(bench, name)
     return rows
 
 

@@ -64,13 +64,14 @@ AFTER_THE_WORD = ("a feature read at the read token fires after the planted word
 """The known limitation behind the keyword's strict context row."""
 
 
-def train_for(bench: OrganismBench, name: str) -> tuple[RewardModel, int, TopKSAE]:
-    """(model, layer, SAE): a TopK SAE (×4, k=8) on every token of `name`'s last layer over 200 pairs of a
-    stream neither training nor the bench's pairs use, 3 epochs, seeded by the bench."""
+def train_for(bench: OrganismBench, name: str, layer: int | None = None) -> tuple[RewardModel, int, TopKSAE]:
+    """(model, layer, SAE): a TopK SAE (×4, k=8) on every token of `name`'s residual after `layer` (default: the
+    last layer) over 200 pairs of a stream neither training nor the bench's pairs use, 3 epochs, seeded by the
+    bench."""
     from ..sae import ActivationSource, SAEConfig, TrainConfig, train_sae
 
     spec, model = ORGANISMS[name], bench.model(name)
-    layer = model.n_layers - 1
+    layer = model.n_layers - 1 if layer is None else layer
     source = ActivationSource(model, spec.pairs(n=200, seed=bench.seed + 2, strength=1.0), TraceKey.resid(layer),
                               positions="all")
     with torch.random.fork_rng():  # seeded training without resetting the caller's random state

@@ -9,6 +9,7 @@ from ._activations import hookpoint as hookpoint
 from ._activations import load_sae_for as load_sae_for
 from ._attribution import FeatureAttribution as FeatureAttribution
 from ._attribution import attribute_features as attribute_features
+from ._attribution import attribute_with_readout as attribute_with_readout
 from ._autoencoder import SAEConfig as SAEConfig
 from ._autoencoder import SAEOutput as SAEOutput
 from ._autoencoder import TopKSAE as TopKSAE
@@ -60,6 +61,7 @@ __all__ = [
     "TrainConfig",
     "TrainResult",
     "attribute_features",
+    "attribute_with_readout",
     "cache_activations",
     "evaluate",
     "feature_page",
