@@ -41,9 +41,9 @@ from ..model.internal import (
 )
 from ..stats import rank_agreement
 from ..types import Ablation, Mode, PatchLevel, Positions, Spans
-from ._engine import Site, head_slice, site_point
+from ._engine import Site, head_slice, neuron_layers, site_point
 from ._layerwise import ProbeContext, Recorded, layerwise_grads
-from ._neurons import Neurons, check_traced, level_sites, neuron_layers
+from ._neurons import Neurons, check_traced, level_sites
 from ._patching import Patching, assemble
 from ._plan import Clean, PatchPlan, pair_seqs
 from ._reads_patch import ReadChunks, check_reads_options, mode_for

@@ -103,6 +103,11 @@ def sites(model: RewardModel, level: PatchLevel) -> list[Site]:
     return out
 
 
+def neuron_layers(sweep: Sequence[Part]) -> list[int]:
+    """The layers whose MLP neurons `sweep` patches: the layers a clean trace must keep the neurons of."""
+    return sorted({s.layer for s in sweep if s.neuron is not None})
+
+
 def site_point(model: RewardModel, site: Site, cols: Tensor) -> Point:
     """Where a site's activation lives: layer 0's input, or a sublayer output projection's output
     (its input, for heads)."""

@@ -13,15 +13,12 @@ projection of one activation), so its layer is refused by name.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from ..model import Part, RewardModel
 from ..model.internal import is_moe_layer, projection_inputs
 from ..types import PatchLevel
 from ._engine import Site, sites
-
-if TYPE_CHECKING:
-    from ._plan import Clean  # the plan reads `neuron_layers` from here
+from ._plan import Clean
 
 Neurons = Sequence[str | Part]
 """Chosen neurons: part names (`mlp_L1_N17`) or `Part`s with a neuron."""
@@ -95,11 +92,6 @@ def level_sites(model: RewardModel, level: PatchLevel, neurons: Neurons | None, 
     if level == "neuron" and every:
         return every_neuron(model)
     return sites(model, level)
-
-
-def neuron_layers(sweep: Sequence[Part]) -> list[int]:
-    """The layers whose MLP neurons `sweep` patches: the layers a clean trace must keep the neurons of."""
-    return sorted({s.layer for s in sweep if s.neuron is not None})
 
 
 def check_traced(clean: Clean, sweep: Sequence[Site]) -> None:

@@ -27,9 +27,9 @@ from ..types import Ablation, Estimand, Mode, PatchLevel, Positions, Spans
 from ._cached import cached_read_sweep
 from ._direct import direct_rewards
 from ._divergence import NaturalFit, score_patched, scorer
-from ._engine import Site, batched_sweep, read_sweep
+from ._engine import Site, batched_sweep, neuron_layers, read_sweep
 from ._margins import PatchedMargins
-from ._neurons import Neurons, check_traced, level_sites, neuron_layers
+from ._neurons import Neurons, check_traced, level_sites
 from ._plan import Clean, PatchPlan, pair_seqs, sources_only
 from ._reads_patch import check_reads_options, direct_reads, mode_for, patch_reads
 from ._spec import MODES as MODES

@@ -20,9 +20,8 @@ from ..errors import DataError, RewardLensWarning, TokenizationError
 from ..model import RewardModel, Trace, TraceKey, trace
 from ..model.internal import Batch, Tokenized, sequence_label
 from ..types import Ablation, Mode, Positions, Spans
-from ._engine import Site, site_point
+from ._engine import Site, neuron_layers, site_point
 from ._layerwise import Recorded
-from ._neurons import neuron_layers
 
 
 @dataclass
@@ -152,7 +151,12 @@ def resolve_positions(
         else:
             ct = _span_cols(positions, read[t])
             cs = ct if s is None else _span_cols(positions, read[s])
-            if len(cs) != len(ct) or not ct:
+            if not ct:
+                raise TokenizationError(
+                    f"the spans {list(positions)} select no position in {sequence_label(t, True)}, whose read token "
+                    f"is position {read[t]}: a span (start, stop) slices the positions 0 to {read[t]}; pass spans "
+                    "inside them, e.g. counted back from the read token such as [(-4, None)]")
+            if len(cs) != len(ct):
                 raise TokenizationError(
                     f"the spans {list(positions)} select {len(ct)} positions in {sequence_label(t, True)} but "
                     f"{len(cs)} in {sequence_label(s, True) if s is not None else 'its source'}; count them back "
