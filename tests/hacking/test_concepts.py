@@ -305,6 +305,14 @@ def test_cli_json_matches_the_api_and_table_prints(tiny_root, tmp_path, capsys):
         main(["concepts", path, "--concept", "no-files"])
 
 
+def test_cli_refuses_a_negative_layer_as_the_other_layer_flags_do(tiny_root, capsys):
+    """Before, `--layer -1` was read from the end, unlike `sae --layer` and `audit --sae-layer` (from 0)."""
+    assert main(["concepts", str(tiny_root["llama"]), "--layer", "-1"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "rewardlens: error: --layer -1 is not a layer index: layers count from 0 (0: the first layer's output; "
+        "'embed': its input); pass the index, or leave --layer out for the last layer")
+
+
 @pytest.mark.parametrize("arch,positions,forwards", [("llama", "all", 1), ("armorm", "read", 1), ("armorm", "all", 2)])
 def test_the_default_dose_reuses_the_read_of_its_inputs_unless_the_gate_moves(tiny_root, monkeypatch, arch,
                                                                                positions, forwards):

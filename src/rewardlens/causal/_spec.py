@@ -91,5 +91,21 @@ def _positions(positions: Positions | Spans) -> Positions | Spans:
         if not ok:
             raise ValueError(f"a span is (start, stop) with ints or None, counted like a slice of the positions up "
                              f"to the read token (negative: back from it), got {span!r} in positions={positions!r}")
-        spans.append((span[0], span[1]))  # type: ignore[arg-type]  # checked just above: ints or None
+        start, stop = span[0], span[1]
+        if _empty(start, stop):
+            one = 0 if start is None else start
+            raise ValueError(
+                f"the span ({start}, {stop}) selects no position in any sequence: a span (start, stop) takes the "
+                "positions start to stop-1, like a slice of those up to the read token (negative: back from it), "
+                f"so stop must lie past start; pass e.g. ({one}, {one + 1 or None}) for one position, or "
+                "(-4, None) for the last four up to the read token")
+        spans.append((start, stop))  # type: ignore[arg-type]  # checked just above: ints or None
     return tuple(spans)
+
+
+def _empty(start: int | None, stop: int | None) -> bool:
+    """Whether the slice [start:stop] of any sequence's positions 0..t* is empty (t* ≥ 0): a stop of 0, or a
+    stop at or before a start counted from the same end."""
+    if stop is None:
+        return False
+    return stop == 0 or (start is not None and (start >= 0) == (stop >= 0) and stop <= start)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, Any
 
-from ._common import Command, add_model_options, check_input, finite, load_model, positive, table
+from ._common import ArgumentError, Command, add_model_options, check_input, finite, load_model, positive, table
 
 if TYPE_CHECKING:
     from ..hacking import ConceptSets
@@ -24,14 +24,13 @@ def concept_option(text: str) -> tuple[str, str, str]:
 
 
 def layer_option(text: str) -> int | str:
-    """Parse `--layer`: a layer index (negative from the end) or 'embed'."""
+    """Parse `--layer`: a layer index or 'embed' (a negative index is refused by `_check`, in one line)."""
     if text == "embed":
         return text
     try:
         return int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a layer index (negative from the end) or 'embed', "
-                                         f"got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected a layer index (from 0) or 'embed', got {text!r}") from None
 
 
 def alphas_option(text: str) -> list[float]:
@@ -98,6 +97,11 @@ def _options(p: argparse.ArgumentParser) -> None:
 
 
 def _check(args: argparse.Namespace) -> None:
+    # Layers count from 0 on the command line, as `sae --layer` and `audit --sae-layer` count them; Python's
+    # `concepts(dose_layer=-1)` counts from the end, but a flag that read -1 as "last" would be the only one.
+    if isinstance(args.layer, int) and args.layer < 0:
+        raise ArgumentError(f"--layer {args.layer} is not a layer index: layers count from 0 (0: the first layer's "
+                            "output; 'embed': its input); pass the index, or leave --layer out for the last layer")
     for _, pos, neg in args.concept or ():
         check_input(pos, "concept file")
         check_input(neg, "concept file")
