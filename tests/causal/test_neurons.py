@@ -119,9 +119,10 @@ def test_neuron_attribution_patching_of_chosen_neurons_is_the_same_estimate(tiny
     np.testing.assert_allclose(chosen.effect, every.effect[:, [every.names.index(n) for n in CHOSEN]], atol=1e-7)
 
 
-def _naive_neurons(model, pairs, names: list[str], mode: str) -> np.ndarray:
+def _naive_neurons(model, pairs, names: list[str], mode: str, every: bool = False) -> np.ndarray:
     """Patched margins [n, len(names)] by brute force: per (pair, neuron), one unpadded forward of the patched
-    side with that neuron's activation at the read token replaced by the other side's (noising) or zero."""
+    side with that neuron's activation at the read token (at every position: `every`, token-aligned pairs)
+    replaced by the other side's (noising) or zero."""
     seqs, _ = model.encode(pairs)
     read = _reads(model, seqs)
     acts = [_activations(model, s) for s in seqs]
@@ -133,11 +134,12 @@ def _naive_neurons(model, pairs, names: list[str], mode: str) -> np.ndarray:
             side = {2 * i: clean[2 * i], 2 * i + 1: clean[2 * i + 1]}
             targets = [(2 * i, 2 * i + 1)] if mode == "noising" else [(2 * i, None), (2 * i + 1, None)]
             for t, s in targets:
-                value = 0.0 if s is None else float(acts[s][layer][read[s], n])
+                at = slice(None) if every else read[t]
+                value = torch.tensor(0.0) if s is None else acts[s][layer][slice(None) if every else read[s], n]
 
-                def put(x, t=t, n=n, value=value):
+                def put(x, at=at, n=n, value=value):
                     x = x.clone()
-                    x[0, read[t], n] = value
+                    x[0, at, n] = value.to(x.dtype)
                     return x
 
                 with _on_input(_down(model, layer), put):
@@ -158,6 +160,22 @@ def test_patching_chosen_neurons_equals_one_hooked_forward_per_neuron(tiny_root,
     np.testing.assert_allclose(got.patched_chosen - got.patched_rejected, want, atol=2e-5, rtol=1e-5)
     clean = got.chosen - got.rejected
     assert np.abs(clean[:, None] - want).max() > 1e-5, "every neuron's effect is zero: the check would be empty"
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_patching_chosen_neurons_at_every_position_equals_the_hooked_forwards(tiny_root, arch):
+    model = rl.load(str(tiny_root[arch]))
+    candidates = [rl.Pair("Say a number.", "The number is 7.", "The number is 9."),
+                  rl.Pair("Is it hot?", "It is hot.", "It is not."), rl.Pair("Answer.", "Yes", "No!")]
+    seqs, _ = model.encode(candidates)
+    aligned = [p for i, p in enumerate(candidates) if len(seqs[2 * i].ids) == len(seqs[2 * i + 1].ids)]
+    assert len(aligned) >= 2, "the test needs token-aligned pairs"
+    ranked = [n for n, _ in attribution_patch(model, aligned, level="neuron", positions="all").top(20) if "_N" in n]
+    chosen = ranked[:3] + [n for n in CHOSEN if n not in ranked[:3]]
+    got = patch(model, aligned, level="neuron", neurons=chosen, positions="all", batch_size=2)
+    want = _naive_neurons(model, aligned, chosen, "noising", every=True)
+    np.testing.assert_allclose(got.patched_chosen - got.patched_rejected, want, atol=2e-5, rtol=1e-5)
+    assert np.abs((got.chosen - got.rejected)[:, None] - want).max() > 1e-5
 
 
 def test_a_last_layer_neurons_direct_effect_is_its_total_effect(tiny_root, pairs):

@@ -1,6 +1,7 @@
 """The patching engine: many patched runs per batched forward, each equal to its own full forward.
 
-A *site* is a patchable part (embeddings, an attention or MLP sublayer, one attention head); an
+A *site* is a patchable part (embeddings, an attention or MLP sublayer, one attention head, one MLP
+neuron: a head or a neuron is its columns of the output projection's input); an
 *edit* overwrites a site's activation on some rows, at some positions, with given values. Two
 sweeps run edits:
 
