@@ -147,7 +147,7 @@ class FeatureAttribution:
         return finish(ax, made)
 
 
-def _densify(idx: np.ndarray, acts: np.ndarray, vals: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def densify(idx: np.ndarray, acts: np.ndarray, vals: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Top-k codes [n, k] (latent ids, activations, contributions) → the latents that fired
     anywhere [F] and dense [n, F] activations and contributions (a published SAE has 10⁵ latents;
     a few hundred inputs fire a small share of them)."""
@@ -237,7 +237,7 @@ def attribute_with_readout(model: RewardModel, sae: TopKSAE, inputs: Inputs, *, 
         s1 += x.double().sum(0)
         s2 += float(x.double().pow(2).sum())
     assert rest_mask is not None  # set by the first batch; model.encode refuses empty inputs
-    features, dense_acts, dense_vals = _densify(idx_all, acts_all, vals_all)
+    features, dense_acts, dense_vals = densify(idx_all, acts_all, vals_all)
     direction = (u_sum / u_sum.norm().clamp_min(1e-30)).float()
     latent_alignment = ((W @ direction) / W.norm(dim=1).clamp_min(1e-30)).cpu().numpy()
     total_var = s2 - float(s1.pow(2).sum()) / n

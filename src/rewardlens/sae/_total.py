@@ -38,7 +38,7 @@ from ..model import RewardModel, TraceKey, verify
 from ..model.internal import Batch, eval_mode, points, rewriting
 from ..stats import ranked
 from ..types import PaddingSide
-from ._attribution import _densify, check_width
+from ._attribution import check_width, densify
 from ._autoencoder import TopKSAE
 from ._splice import check_single_read
 
@@ -137,6 +137,6 @@ def feature_totals(model: RewardModel, sae: TopKSAE, inputs: Inputs, *, layer: i
         idx_all[rows], acts_all[rows] = idx.cpu().numpy(), acts.cpu().numpy()
         vals_all[rows] = (acts * torch.einsum("bd,bkd->bk", g, W[idx])).cpu().numpy()
         grads[rows], reward[rows] = g.cpu().numpy(), r.cpu().numpy()
-    features, dense_acts, dense_vals = _densify(idx_all, acts_all, vals_all)
+    features, dense_acts, dense_vals = densify(idx_all, acts_all, vals_all)
     return FeatureTotals(layer=layer, features=features, activations=dense_acts, total_approx=dense_vals,
                          gradient=grads, reward=reward, rows=row_labels(n, is_pairs), is_pairs=is_pairs)
