@@ -94,7 +94,9 @@ OWN = {
     "attribute": {"--level": st.sampled_from(["sublayer", "head", "neuron", "x"]), "--top": INTS, "--all-parts": FLAG},
     "tokens": {"--top": INTS, "--baseline": st.sampled_from(["zero", "pad", "x"]), "--no-approx": FLAG},
     "patch": {"--mode": st.sampled_from(["noising", "denoising", "ablation", "x"]),
-              "--ablation": st.sampled_from(["zero", "mean", "x"]), "--level": st.sampled_from(["sublayer", "head"]),
+              "--ablation": st.sampled_from(["zero", "mean", "x"]),
+              "--level": st.sampled_from(["sublayer", "head", "neuron"]),
+              "--neurons": st.sampled_from(["mlp_L0_N1", "top:2", "top:0", "x,,y", ""]),
               "--positions": st.sampled_from(["read", "all", "prefix", "-4:", "0:3,-2:", "x", "1:2:3", ":", ""]),
               "--estimand": st.sampled_from(["total", "direct"]), "--divergence": FLAG, "--atp": FLAG, "--top": INTS},
     "faithfulness": {"--mode": st.sampled_from(["noising", "ablation"]), "--boot": INTS, "--paper-statistic": FLAG},
@@ -158,6 +160,7 @@ def assert_checked_before_load(argv: list[str]) -> None:
         assert all(getattr(args, k, None) is None for k in ("prm_separator", "judge_tokens", "dpo_reference")), argv
     if args.command == "patch":
         assert args.ablation is None or args.mode == "ablation", argv
+        assert (args.level == "neuron") == (args.neurons is not None), argv
     if args.command == "audit" and args.probe_items is not None:
         assert args.probe_items >= 2 and not (args.no_probes and args.no_concepts), argv
 
