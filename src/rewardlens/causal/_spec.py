@@ -2,7 +2,7 @@
 
 A patch is five choices (docs/design.md §5): the mode (noising, denoising, ablation), what an ablation
 inserts (zeros or a reference mean), the positions (the read token, all, the shared prefix, or spans
-counted back from the read token), the level (sublayers or heads) and the estimand (total, or the
+counted back from the read token), the level (sublayers, heads or MLP neurons) and the estimand (total, or the
 path-frozen direct effect). `patch`, `attribution_patch`, `faithfulness`, the engines' plan and the
 audit's run key all take this one value, so the choices are checked in one place and named in one way.
 """
@@ -33,7 +33,8 @@ class PatchSpec:
     positions: Positions | Spans = "read"
     """'read', 'all', 'prefix', or spans `[(start, stop), ...]` of the positions up to the read token."""
     level: PatchLevel = "sublayer"
-    """The parts patched: embeddings and sublayers, or embeddings, heads and MLPs ('head')."""
+    """The parts patched: embeddings and sublayers, or embeddings, heads and MLPs ('head'), or MLP neurons
+    ('neuron': those chosen by `patch(neurons=)`, or every one by attribution patching)."""
     estimand: Estimand = "total"
     """'total' (the patch flows through every later layer) or 'direct' (later parts held at clean)."""
 
