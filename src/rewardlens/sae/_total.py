@@ -25,7 +25,7 @@ measures the real thing; its `total_approx` sits beside `total`).
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -96,15 +96,16 @@ def read_gradient(model: RewardModel, batch: Batch, layer: int) -> tuple[Tensor,
         kept["delta"], kept["x"] = delta, x[rows, read].detach()
         return x.index_put((rows, read), x[rows, read] + delta)  # out of place: the graph keeps `delta`
 
-    def keeper(key: TraceKey, cols: Tensor) -> object:
-        def keep(x: Tensor) -> None:
+    def keeper(key: TraceKey, cols: Tensor) -> Callable[[Tensor], Tensor | None]:
+        def keep(x: Tensor) -> Tensor | None:
             kept[key] = x[torch.arange(x.shape[0], device=x.device), cols.to(x.device)].float()
+            return None  # leaves the value as it is
         return keep
 
     # `touch` first: where the read-out's point is this layer's own output, `keep` sees the touched value.
     hooks = [(point.module, point.where, touch),
              *((p.module, p.where, keeper(key, p.cols)) for key, p in finals.items())]
-    with torch.enable_grad(), eval_mode(model.model), rewriting(hooks):  # type: ignore[arg-type]
+    with torch.enable_grad(), eval_mode(model.model), rewriting(hooks):
         model.backbone(**model.batch_kwargs(batch))
         captured: Mapping[TraceKey, Tensor] = {
             k: v if k == TraceKey.final() else v.detach() for k, v in kept.items() if isinstance(k, TraceKey)}
