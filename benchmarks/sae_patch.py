@@ -119,12 +119,13 @@ def main() -> None:
         print(f"SAE at layer {layer}: {sae.n_latents} latents, k {args.k}; {len(feats)} features ablated one at a "
               f"time on {len(pairs)} pairs ({lengths.min()}-{lengths.max()} tokens), batch size {args.batch_size}\n")
         calls: dict[str, Callable[[], object]] = {
+            # approx=False: the edits alone, as the naive loop (total_approx adds one forward + backward per batch)
             "engine": lambda: feature_patch(model, sae, pairs, layer=layer, features=feats,
-                                            batch_size=args.batch_size, n_boot=1),
+                                            batch_size=args.batch_size, n_boot=1, approx=False),
             "naive": lambda: naive(model, sae, pairs, layer, feats),
             "forward": plain_forward(model, pairs, min(args.batch_size, 2 * len(pairs))),
         }
-        feature_patch(model, sae, pairs[:1], layer=layer, features=feats[:2], n_boot=1)  # warm-up
+        feature_patch(model, sae, pairs[:1], layer=layer, features=feats[:2], n_boot=1, approx=False)  # warm-up
         times: dict[str, list[float]] = {name: [] for name in calls}
         outs: dict[str, object] = {}
         for _ in range(args.rounds):
