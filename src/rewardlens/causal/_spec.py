@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import get_args
+from typing import cast, get_args
 
 from ..types import Ablation, Estimand, Mode, PatchLevel, Positions, Spans
 
@@ -92,7 +92,7 @@ def _positions(positions: Positions | Spans) -> Positions | Spans:
         if not ok:
             raise ValueError(f"a span is (start, stop) with ints or None, counted like a slice of the positions up "
                              f"to the read token (negative: back from it), got {span!r} in positions={positions!r}")
-        start, stop = span[0], span[1]
+        start, stop = cast("tuple[int | None, int | None]", (span[0], span[1]))  # checked just above
         if _empty(start, stop):
             one = 0 if start is None else start
             raise ValueError(
@@ -100,7 +100,7 @@ def _positions(positions: Positions | Spans) -> Positions | Spans:
                 "positions start to stop-1, like a slice of those up to the read token (negative: back from it), "
                 f"so stop must lie past start; pass e.g. ({one}, {one + 1 or None}) for one position, or "
                 "(-4, None) for the last four up to the read token")
-        spans.append((start, stop))  # type: ignore[arg-type]  # checked just above: ints or None
+        spans.append((start, stop))
     return tuple(spans)
 
 
