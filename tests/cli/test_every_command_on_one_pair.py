@@ -45,7 +45,7 @@ def _argv(name: str, model: str, other: str, f: dict[str, str], out: Path) -> li
         "score": ["score", model, *one], "lens": ["lens", model, *one], "attribute": ["attribute", model, *one],
         "parity": ["parity", model, *one],
         "circuit": ["circuit", model, *one, "--top", "3"],
-        "bench": ["bench", model, *one, "--against", other, "--n-boot", "20"],
+        "bench": ["bench", model, *one, "--against", other, "--n-boot", "40"],
         "tokens": ["tokens", model, *one, "--top", "3"],
         "audit": ["audit", model, *one, "--out", str(out / "audit"), "--probe-items", "2", "--no-concepts", "--quiet"],
         "patch": ["patch", model, *one, "--atp", "--top", "3"],
