@@ -37,7 +37,8 @@ def build(name: str, strength: float = 1.0, seed: int = 0) -> Path:
 
     `rewardlens.load(path)` opens the folder (multi-objective organisms need `readout=`).
     Deterministic: the same arguments give the same data and the same weights on a given
-    torch build. Takes 5–20 s on one CPU core the first time.
+    torch build and CPU (its float kernels: AVX-512 and AVX2 give weights ~11 % apart). Takes
+    5–20 s on one CPU core the first time.
     """
     if name not in ORGANISMS and name not in KINDS:
         raise ValueError(f"no organism named {name!r}; choose one of {sorted(ORGANISMS)} or {sorted(KINDS)}")
