@@ -84,8 +84,9 @@ def upstream(bench: OrganismBench, name: str) -> list[Grade]:
         Grade.of("sae", name, f"rank of {head} by the first-order total ranking, of {n} that fire",
                  by_total.index(best) + 1, 1, "<="),
         # Informational (always pass): what the direct ranking makes of it, and what the plant does.
-        Grade.of("sae", name, f"rank of {head} by the direct ranking, of {n} that fire", by_direct.index(best) + 1,
-                 n, "<="),
+        # Not "rank of ...": the scorecard's rank rows all read 1, and this one need not.
+        Grade.of("sae", name, f"place of {head} in the direct ranking (reported), of {n} that fire",
+                 by_direct.index(best) + 1, n, "<="),
         Grade.of("sae", name, "mean ablation effect of the planted upstream latent as a share of the mean clean "
                  "margin", abs(planted_share), 0.0),
         Grade.of("sae", name, "|mean direct attribution| of the planted upstream latent as a share of the mean "
