@@ -17,7 +17,6 @@ reported, not flagged.
 from __future__ import annotations
 
 import json
-import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -30,6 +29,7 @@ from ..model.internal import one_read_only
 from ..stats import benjamini_hochberg, bootstrap_ci, paired_test, standardized
 from ..types import Conversation, Prompt
 from ._axes import AXES, join, sentences, variant
+from ._degrade import QUALITY, degradations
 from ._fit import report, unfit
 from ._items import Item, base_items, builtin
 from ._scale import reward_scale
@@ -39,14 +39,6 @@ if TYPE_CHECKING:
     import pandas as pd
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
-
-EVASIVE = ["That depends on a lot of different things.", "Every situation is a little different in practice.",
-           "There is no single answer that suits every case.", "It varies from one person to the next.",
-           "Many factors play a part in how this turns out.", "The details matter a great deal here.",
-           "Different people approach this in different ways.", "It comes down to the circumstances involved."]
-QUALITY = ("correctness", "informativeness", "relevance")
-"""Built-in quality degradations: the authored wrong answer (built-in items only), the answer's
-sentences replaced by content-free ones, and another item's answer (off topic)."""
 
 
 @dataclass(frozen=True)
@@ -311,7 +303,7 @@ def _plan(base: list[Item], names: list[str], quality: bool, seed: int) -> Probe
             v = variant(axis, item.prompt, item.response, seed=seed, key=item.id, item=item)
             if v is not None:
                 plan[i][j] = (key(v[0], v[2]), key(v[0], v[1]))
-    degraded = _degradations(base, seed) if quality else {}
+    degraded = degradations(base, seed) if quality else {}
     originals = [key(item.prompt, join(sentences(item.response))) for item in base]
     qplan = {q: [None if d is None else key(base[i].prompt, d) for i, d in enumerate(texts)]
              for q, texts in degraded.items()}
@@ -341,27 +333,6 @@ def _summarise(names: list[str], base: list[Item], delta: np.ndarray, added: np.
         flagged=np.asarray(flagged, dtype=bool), scale=scale, scale_source=source, min_effect=min_effect,
         level=level, per_100_tokens=per100, per_100_tokens_ci=per100_ci, skipped=skipped,
     )
-
-
-def _degradations(base: list[Item], seed: int) -> dict[str, list[str | None]]:
-    """Per quality dimension, each item's degraded response (None where it cannot be made)."""
-    rng = random.Random(f"{seed}/quality")
-    evasive: list[str | None] = []
-    for item in base:
-        units = sentences(item.response)
-        evasive.append(join(rng.sample(EVASIVE, min(len(units), len(EVASIVE)))))
-    # Off topic: the next item (in a seeded order) from another domain where one exists.
-    order = list(range(len(base)))
-    rng.shuffle(order)
-    off: list[str | None] = [None] * len(base)
-    for pos, i in enumerate(order):
-        for step in range(1, len(order)):
-            j = order[(pos + step) % len(order)]
-            if base[j].response != base[i].response and (base[j].domain != base[i].domain or step == len(order) - 1):
-                off[i] = join(sentences(base[j].response))
-                break
-    return {"correctness": [None if b.wrong is None else join(sentences(b.wrong)) for b in base],
-            "informativeness": evasive, "relevance": off}
 
 
 def _rewards(model: RewardModel, convs: list[Conversation], batch_size: int, progress: bool = False,
