@@ -100,3 +100,29 @@ def test_attribution_carries_the_fit_and_warns_on_a_poor_sae(llama, pairs):
         att = attribute_features(llama, _bias_only(llama.d_model, seed=3), pairs, layer=1, fit="read")
     assert att.fidelity is not None and att.fidelity.poor and att.fidelity.positions == "read"
     assert attribute_features(llama, _identity(llama.d_model), pairs, layer=1, fit=None).fidelity is None
+
+
+def test_a_poor_sae_trained_on_this_model_here_is_told_to_train_more_not_to_train_one_on_this_model(llama, pairs):
+    from dataclasses import replace
+
+    from rewardlens.sae._provenance import trained_provenance
+
+    source = ActivationSource(llama, pairs, "resid_1", positions="read")
+    ours = _bias_only(llama.d_model, seed=4)
+    ours.provenance = trained_provenance(ours.provenance, source.origin())  # what train_sae records
+    with pytest.warns(RewardLensWarning, match="POOR FIT") as got:
+        fidelity(llama, ours, pairs, "resid_1", positions="read")
+    text = str(got[0].message)
+    assert "use an SAE trained on this model" not in text
+    assert "trained on this model at resid_1 (positions='read'), so it needs more training" in text
+    assert "--epochs" in text and "--latents" in text and "more data" in text
+    # Trained here but measured at other positions: say so, rather than "train more".
+    with pytest.warns(RewardLensWarning, match="POOR FIT") as got:
+        fidelity(llama, ours, pairs, "resid_1", positions="all")
+    assert "but at positions='read', and is measured at positions='all'" in str(got[0].message)
+    # Another model's SAE (another fingerprint), or one at another point, keeps the advice to use one trained here.
+    for other in (replace(ours.provenance, model_fingerprint="0" * 16), replace(ours.provenance, point="resid_0")):
+        ours.provenance = other
+        with pytest.warns(RewardLensWarning, match="POOR FIT") as got:
+            fidelity(llama, ours, pairs, "resid_1", positions="read")
+        assert "use an SAE trained on this model at resid_1 (positions='read'" in str(got[0].message)

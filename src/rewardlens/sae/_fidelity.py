@@ -30,6 +30,7 @@ from ..model import RewardModel, TraceKey
 from ..model.internal import Batch, rewriting
 from ._activations import Activations, ActivationSource, point_at, token_mask
 from ._autoencoder import TopKSAE
+from ._provenance import base_name, model_fingerprint, model_name
 from ._train import evaluate
 
 MIN_EXPLAINED_VARIANCE = 0.5
@@ -106,10 +107,35 @@ def fidelity(model: RewardModel, sae: TopKSAE, inputs: Inputs, point: TraceKey |
     if fit.poor:
         warn(f"{fit.summary()}: under the floors (explained variance {MIN_EXPLAINED_VARIANCE}, reward recovered "
              f"{MIN_REWARD_RECOVERED}): the reconstruction misses what this model computes there, so its "
-             f"features' numbers describe the SAE more than the model; train longer or wider, or use an SAE trained "
-             f"on this model at "
-             f"{fit.point} (positions={where!r}; rewardlens sae train)")
+             f"features' numbers describe the SAE more than the model; {poor_fit_advice(model, sae, fit)}")
     return fit
+
+
+def trained_here(model: RewardModel, sae: TopKSAE, point: str) -> bool:
+    """Whether the SAE's provenance says it was trained on this model at `point`: the same hook point and, by
+    fingerprint when recorded (rewardlens' SAEs), else by `base_name`, the same model."""
+    p = sae.provenance
+    if p.point != point or p.base_model is None:
+        return False
+    if p.model_fingerprint is not None:
+        return p.model_fingerprint == model_fingerprint(model)
+    return base_name(p.base_model) == base_name(model_name(model))
+
+
+def poor_fit_advice(model: RewardModel, sae: TopKSAE, fit: Fidelity) -> str:
+    """What to do about a poor fit, by the SAE's provenance: an SAE trained on this model at this point
+    needs more training (or the positions it was trained on); any other needs one that was."""
+    p = sae.provenance
+    if not trained_here(model, sae, fit.point):
+        return (f"train longer or wider, or use an SAE trained on this model at {fit.point} "
+                f"(positions={fit.positions!r}; rewardlens sae train)")
+    if p.positions is not None and p.positions != fit.positions:
+        return (f"this SAE was trained on this model at {fit.point} but at positions={p.positions!r}, and is measured "
+                f"at positions={fit.positions!r}: measure it where it was trained (positions='auto'), or train one at "
+                f"positions={fit.positions!r} (rewardlens sae train --positions {fit.positions})")
+    return (f"this SAE was trained on this model at {fit.point} (positions={fit.positions!r}), so it needs more "
+            "training, not another model's: more epochs (--epochs), more latents or a larger k (--latents, "
+            "--expansion-factor, --k), or more data (a larger --pairs file, --positions all)")
 
 
 def _runs(model: RewardModel, sae: TopKSAE, source: ActivationSource, rewards: np.ndarray) -> Iterator[Activations]:
