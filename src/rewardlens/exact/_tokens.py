@@ -16,6 +16,10 @@ biases. A token's `T(s)` is a *direct* effect: what reaches the reward through o
 from `s` to `t*`; what `s` does to later layers' inputs at `t*` is in the MLPs and heads there, and
 what it does at other positions is in their values. `total_approx` is a first-order estimate of the
 total effect (gradient × (embedding − baseline)) for comparison, and says so in its name.
+
+Each token also has a role, the template's, the prompt's or the response's (model/_roles.py), and the
+content view (`content`, `groups`; exact/_token_view.py) groups the template's tokens into one row
+so that the words of the prompt and the response can be read apart from the scaffolding.
 """
 
 from __future__ import annotations
@@ -30,12 +34,13 @@ from torch import Tensor
 from ..data import Inputs, counting, pair_of, row_labels
 from ..errors import ArchitectureError
 from ..model import Part, RewardModel, Trace, TraceKey, trace, verify
-from ..model.internal import Batch, out_projection
+from ..model.internal import ROLES, Batch, flatten_inputs, out_projection, roles_of
 from ..stats import ranked, spearman, topk_overlap
 from ..types import PaddingSide
 from ._attention_rows import rows_at_read
 from ._decompose import decompose_trace, part_names, readout_vectors
 from ._token_grad import total_effect_approx
+from ._token_view import content_frame, group_values
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -61,7 +66,9 @@ class TokenAttribution:
     head and readout): `reward == values[i].sum() + at_read[i] + constant[i]` to float precision
     (`residual_error`). `total_approx[i]` [T_i] (None when not asked) is a first-order estimate of
     each token's *total* effect, `∂r/∂e_s · (e_s − e_baseline)` on the input embedding `e_s`, with
-    `baseline` 'zero' (e = 0) or 'pad' (the pad token's embedding): an approximation.
+    `baseline` 'zero' (e = 0) or 'pad' (the pad token's embedding): an approximation. `roles[i]` [T_i]
+    int8 each token's role code, `ROLES[code]` ('template', 'prompt', 'response'; model/_roles.py), None
+    for an attribution stored before roles existed: the content view needs them.
     """
 
     rows: list[str]
@@ -77,6 +84,7 @@ class TokenAttribution:
     total_approx: list[np.ndarray] | None = None
     baseline: Baseline | None = None
     by_layer: list[np.ndarray] = field(default_factory=list)
+    roles: list[np.ndarray] | None = None
 
     def __post_init__(self) -> None:
         if not self.by_layer:  # built by hand with the per-head split only: sum its heads
@@ -103,13 +111,40 @@ class TokenAttribution:
             raise ValueError("no per-head split was kept: call rewardlens.tokens(..., heads=True)")
         return self.per_head[row][:, layer, head]
 
-    def top(self, row: int, k: int = 10) -> list[tuple[int, str, float]]:
-        """The `k` tokens of `row` with the largest |value|: (position, token text, value), largest first."""
-        vals = self.values[row]
-        return [(int(i), self.tokens[row][i], float(vals[i])) for i in ranked(np.abs(vals), k)]
+    def top(self, row: int, k: int = 10, role: str | None = None) -> list[tuple[int, str, float]]:
+        """The `k` tokens of `row` with the largest |value|: (position, token text, value), largest first;
+        `role` ('response', 'prompt' or 'template') keeps that role's tokens only."""
+        vals, keep = self.values[row], np.arange(len(self.values[row]))
+        if role is not None:
+            keep = np.flatnonzero(self._roles(row) == ROLES.index(role)) if role in ROLES else _bad_role(role)
+        return [(int(keep[i]), self.tokens[row][keep[i]], float(vals[keep[i]])) for i in ranked(np.abs(vals[keep]), k)]
+
+    def _roles(self, row: int) -> np.ndarray:
+        if self.roles is None:
+            raise ValueError("this token attribution has no token roles (stored before they existed): compute it "
+                             "again with rewardlens.tokens(model, inputs)")
+        return self.roles[row]
+
+    def role_names(self, row: int) -> list[str]:
+        """Each token's role in `row`: 'template', 'prompt' or 'response' (docs/tokens.md, the content view)."""
+        return [ROLES[int(c)] for c in self._roles(row)]
+
+    def groups(self, row: int) -> dict[str, float]:
+        """The exact direct split of `row` grouped: Σ response tokens, Σ prompt tokens, Σ template tokens,
+        `at_read` and `constant`; the five sum to the reward (to float precision)."""
+        return group_values(self.values[row], self._roles(row), float(self.at_read[row]), float(self.constant[row]))
+
+    def content(self, row: int) -> pd.DataFrame:
+        """The content view of `row`: each response token, each prompt token, then one row each for the
+        template's tokens, `at_read` and `constant` (`role`, `position` (−1 on a grouped row), `token`, `value`,
+        `total_approx` when computed, `share` = value / reward); `value` sums to the reward."""
+        approx = None if self.total_approx is None else self.total_approx[row]
+        return content_frame(self.tokens[row], self.values[row], self._roles(row), approx,
+                             float(self.at_read[row]), float(self.constant[row]))
 
     def table(self, row: int) -> pd.DataFrame:
-        """One row's tokens in order: position, token, value (and total_approx), `is_read` marks `t*`."""
+        """One row's tokens in order: position, token, value (and total_approx), `is_read` marks `t*`, `role`
+        each token's role (when known)."""
         import pandas as pd
 
         data: dict[str, object] = {
@@ -118,6 +153,8 @@ class TokenAttribution:
         if self.total_approx is not None:
             data["total_approx"] = self.total_approx[row]
         data["is_read"] = np.arange(len(self.values[row])) == self.read_index[row]
+        if self.roles is not None:
+            data["role"] = self.role_names(row)
         return pd.DataFrame(data)
 
     def pair(self, i: int) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -241,12 +278,16 @@ def tokens(
     (gradient × (embedding − `baseline`), 'zero' or 'pad'). `heads=False` keeps the per-layer split
     but drops the per-head one (L·H floats per token). `reward == Σ_s values + at_read + constant`
     to float precision; a gap above tolerance raises `ArchitectureError`. `progress`: a bar of batches.
+    Every token's role (template, prompt or response) is found from the text (model/_roles.py) for the
+    content view (`TokenAttribution.content`).
     """
     if baseline not in BASELINES:
         raise ValueError(f"baseline must be one of {BASELINES}, got {baseline!r}")
     if not model.verified:
         verify(model)
     seqs, is_pairs = model.encode(inputs)
+    roles = roles_of(model.tokenizer, flatten_inputs(inputs)[0], [s.ids for s in seqs], encoder=model.encoder,
+                     question=model.judge)
     n, n_layers = len(seqs), model.n_layers
     labels = row_labels(n, is_pairs)
     by_layer: list[np.ndarray] = [np.zeros(0)] * n
@@ -276,5 +317,9 @@ def tokens(
         values=[b.sum(1) for b in by_layer], by_layer=by_layer, per_head=per_head if heads else None,
         read_index=read_index, at_read=at_read,
         constant=constant, reward=reward, total_approx=approx_rows if approx else None,
-        baseline=baseline if approx else None,
+        baseline=baseline if approx else None, roles=roles,
     )
+
+
+def _bad_role(role: str) -> np.ndarray:
+    raise ValueError(f"role must be one of {ROLES}, got {role!r}")

@@ -42,6 +42,8 @@ from ._placement import execution_device as execution_device
 from ._placement import onloaded as onloaded
 from ._reads import ReadSet as ReadSet
 from ._reads import one_read_only as one_read_only
+from ._roles import ROLES as ROLES
+from ._roles import roles_of as roles_of
 from ._stepping import LayerTaps as LayerTaps
 from ._stepping import Recording as Recording
 from ._stepping import stepped_readout as stepped_readout
@@ -70,6 +72,7 @@ __all__ = [
     "OOM_ERRORS",
     "PAD_SLACK",
     "Point",
+    "ROLES",
     "ReadSet",
     "Recording",
     "TokenMemo",
@@ -118,6 +121,7 @@ __all__ = [
     "projection_inputs",
     "read_values",
     "rewriting",
+    "roles_of",
     "sequence_label",
     "sublayer_part",
     "tokenize",
