@@ -40,7 +40,7 @@ from ..types import PaddingSide
 from ._attention_rows import rows_at_read
 from ._decompose import decompose_trace, part_names, readout_vectors
 from ._token_grad import total_effect_approx
-from ._token_view import content_frame, group_values
+from ._token_view import content_frame, group_values, ill_conditioned
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -133,6 +133,10 @@ class TokenAttribution:
         """The exact direct split of `row` grouped: Σ response tokens, Σ prompt tokens, Σ template tokens,
         `at_read` and `constant`; the five sum to the reward (to float precision)."""
         return group_values(self.values[row], self._roles(row), float(self.at_read[row]), float(self.constant[row]))
+
+    def ill_conditioned(self, row: int) -> bool:
+        """Whether `row`'s reward is under 10 % of Σ|groups|, so that shares of it swing: read the values."""
+        return ill_conditioned(self.groups(row))
 
     def content(self, row: int) -> pd.DataFrame:
         """The content view of `row`: each response token, each prompt token, then one row each for the
