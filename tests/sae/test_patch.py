@@ -270,3 +270,29 @@ def test_steering_slope_on_a_linear_read_out_equals_the_hand_computation(tmp_pat
     assert res.slope == pytest.approx(np.mean(hand), rel=1e-3)
     lo, hi = res.slope_ci
     assert lo <= res.slope <= hi and abs(res.slope) > 0
+
+
+def test_a_nan_faithfulness_says_why_and_what_to_do(models, pairs):
+    from rewardlens.errors import RewardLensWarning
+
+    model = models["llama"]
+    sae = _sae(model)
+    fired = attribute_features(model, sae, pairs, layer=1, fit=None)
+    never = sorted(set(range(sae.n_latents)) - {int(i) for i in fired.features})[:2]
+    busy = [latent for latent, _ in fired.top(3, by="margin")]
+    cases = [  # (patch, words the reason must hold): one column; columns that never fire; one pair with a ρ
+        (feature_patch(model, sae, pairs, layer=1, features=busy[:1], approx=False), "there is 1, so it is undefined"),
+        (feature_patch(model, sae, pairs, layer=1, features=never, approx=False), "features that never fired"),
+        (feature_patch(model, sae, pairs[:1], layer=1, features=busy, approx=False), "a bootstrap interval over pairs"),
+    ]
+    for res, words in cases:
+        assert words in res.faithfulness_note
+        with pytest.warns(RewardLensWarning, match="feature_patch faithfulness: .*(patch|pass) "):
+            mean, lo, hi = res.faithfulness()
+        assert math.isnan(lo) and math.isnan(hi)
+        # Spearman's definition: a pair's ρ exists where neither its attribution nor its total row is constant.
+        by_hand = [res.total.shape[1] > 1 and np.ptp(a) > 0 and np.ptp(t) > 0
+                   for a, t in zip(res.attribution, res.total)]
+        assert [math.isfinite(r) for r in res.rho] == by_hand and math.isnan(mean) == (not any(by_hand))
+    good = feature_patch(model, sae, pairs, layer=1, features=busy, approx=False)
+    assert np.isfinite(good.rho).sum() >= 2 and good.faithfulness_note == ""

@@ -42,7 +42,7 @@ import numpy as np
 import torch
 
 from ..data import Pair, pair_ids
-from ..errors import DataError
+from ..errors import DataError, warn
 from ..model import RewardModel
 from ..stats import bootstrap_ci, rowwise_spearman, top_parts
 from ._attribution import FeatureAttribution, attribute_with_readout, check_width
@@ -123,12 +123,37 @@ class FeaturePatch:
         return rowwise_spearman(self.attribution, self.total)
 
     def faithfulness(self) -> tuple[float, float, float]:
-        """(mean ρ over the pairs with a defined ρ, bootstrap interval low, high); NaN if none is defined."""
+        """(mean ρ over the pairs with a defined ρ, bootstrap interval low, high); NaN if none is defined, the
+        interval NaN with one. Either NaN comes with a `RewardLensWarning` giving `faithfulness_note`."""
         rho = self.rho[np.isfinite(self.rho)]
+        if self.faithfulness_note:
+            warn(f"feature_patch faithfulness: {self.faithfulness_note}")
         if not len(rho):
             return math.nan, math.nan, math.nan
         lo, hi = bootstrap_ci(rho, n_boot=self.n_boot, seed=self.seed)
         return float(rho.mean()), lo, hi
+
+    @property
+    def faithfulness_note(self) -> str:
+        """Why `faithfulness()` is NaN (its mean, or only its interval), with the fix; '' when it is defined.
+
+        ρ ranks the columns, so it needs two; a pair's ρ is undefined where its attribution or its total
+        effect is the same in every column (features that never fired there: both 0); the interval
+        resamples pairs, so it needs two with a defined ρ."""
+        n, f = self.total.shape
+        if f < 2:
+            return (f"ρ(attribution, total) ranks the patched columns and there is {f}, so it is undefined (NaN); "
+                    "patch at least 2 features or groups (features=None patches the top 16)")
+        defined = int(np.isfinite(self.rho).sum())
+        if defined == 0:
+            flat = "attribution or total effect is the same for every column (features that never fired: both 0)"
+            return (f"on all {n} pair(s) the {flat}, so ρ is undefined on every pair and the mean is NaN; patch "
+                    "features that fire on these pairs (features=None picks the top 16 by |margin contribution|)")
+        if defined < 2:
+            return (f"ρ is defined on {defined} of {n} pair(s) (on the others attribution or total is the same in "
+                    "every column), and a bootstrap interval over pairs needs 2, so the interval is NaN; pass more "
+                    "pairs")
+        return ""
 
     def top(self, k: int = 10) -> list[tuple[int | str, float]]:
         """`k` (latent id, or group name for a call by groups; mean total effect) with the largest mean
