@@ -80,3 +80,10 @@ class Stored:
     derived: tuple[str, ...] = ()
     """Fields not stored: rebuilt when the result is read back (row labels, pair ids) or kept elsewhere."""
 
+
+
+SEED_PAPER = "Nadaf, reward-lens: A Mechanistic Interpretability Library for Reward Models (arXiv:2604.26130)"
+"""The paper rewardlens started from (the first reward-lens release), named with its arXiv id wherever its
+statistic, its rules or its numbers are quoted ("the seed paper")."""
+SEED_PAPER_RHO = {"Skywork-Reward-Llama-3.1-8B": -0.256, "ArmoRM": -0.027}
+"""The seed paper's reported statistic (mean per-pair Spearman ρ of |attribution| against |noising effect|)."""
