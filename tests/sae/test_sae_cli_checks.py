@@ -63,3 +63,13 @@ def test_the_page_goes_into_missing_folders_and_a_folder_is_named(capsys, tmp_pa
                             top=1, n_contexts=1)
     with pytest.raises(DataError, match=r"path .* is a folder; name an HTML file in it, e\.g\. .*features\.html"):
         write_feature_page(report, tmp_path)
+
+
+@pytest.mark.parametrize("value", ["-3", "nan", "inf", "0.5", "1"])
+def test_a_bad_max_norm_ratio_is_refused_by_name_before_the_model_loads(capsys, no_loading, tmp_path, tiny_root,
+                                                                        value):
+    pairs_file = str(save_pairs(DEMO_PAIRS[:2], tmp_path / "p.jsonl"))
+    line = _one_line(capsys, "sae", "train", str(tiny_root["llama"]), "--layer", "0", "--pairs", pairs_file,
+                     "--out", str(tmp_path / "saes"), f"--max-norm-ratio={value}")
+    assert line.startswith(f"rewardlens: error: --max-norm-ratio {float(value)} is not a multiple of the median norm")
+    assert "or 0 to keep every activation" in line

@@ -197,7 +197,7 @@ def _attribute(args: argparse.Namespace) -> dict[str, Any]:
             "activations": report.n_activations},
         "mean_margin": mean_margin, "fidelity": _fit(att.fidelity), "rank": args.rank,
         "top_features": [
-            {"feature": f, "mean_margin": float(att.margin[:, col[f]].mean()),
+            {"feature": f, "ranked_by": abs(s), "mean_margin": float(att.margin[:, col[f]].mean()),
              "total_approx": None if ranking is None else s, "alignment": float(att.alignment[col[f]]),
              "pairs_positive": float(np.mean(att.margin[:, col[f]] > 0)), "frequency": freq.get(f),
              "contexts": contexts.get(f, [])}
@@ -232,12 +232,13 @@ def _show(result: dict[str, Any]) -> None:
         return
     print(f"SAE {result['sae']} at the residual after layer {result['layer']}, {result['pairs']} pairs")
     approx = result["rank"] == "total_approx"
-    features = [(t["feature"], t["mean_margin"], *([t["total_approx"]] if approx else []), t["alignment"],
-                 f"{t['pairs_positive']:.2f}", t["contexts"][0]["text"] if t["contexts"] else "")
+    features = [(t["feature"], t["ranked_by"], t["mean_margin"], *([t["total_approx"]] if approx else []),
+                 t["alignment"], f"{t['pairs_positive']:.2f}", t["contexts"][0]["text"] if t["contexts"] else "")
                 for t in result["top_features"]]
-    print("top features by the first-order total effect of ablating each (total_approx, an estimate; reward units):"
-          if approx else "top features by mean chosen − rejected contribution (exact, reward units):")
-    print(table(["feature", "mean margin", *(["total_approx"] if approx else []), "cos(d, u)", "share > 0",
+    print("top features by |mean first-order total effect| of ablating each (total_approx, an estimate; reward units):"
+          if approx else "top features by |mean chosen − rejected contribution| (exact, reward units):")
+    ranked_by = "|mean total_approx|" if approx else "|mean margin|"
+    print(table(["feature", ranked_by, "mean margin", *(["total_approx"] if approx else []), "cos(d, u)", "share > 0",
                  "strongest context"], features))
     m = result["mean_margin"]
     print(f"\nmean margin {m['total']:+.4f} = features {m['features']:+.4f} + decoder bias {m['decoder_bias']:+.4f} "
@@ -264,6 +265,10 @@ def _check(args: argparse.Namespace) -> None:
         if not (math.isfinite(args.auxk_alpha) and args.auxk_alpha >= 0):
             raise ArgumentError(f"--auxk-alpha {args.auxk_alpha} is not a loss weight (a finite number >= 0); pass "
                                 "e.g. 0.03125 (the default, 1/32), or 0 to train without the dead-latent AuxK loss")
+        ratio = args.max_norm_ratio
+        if not (ratio == 0 or (math.isfinite(ratio) and ratio > 1)):
+            raise ArgumentError(f"--max-norm-ratio {ratio} is not a multiple of the median norm above 1 (a finite "
+                                "number > 1, or 0); pass e.g. 10 (the default), or 0 to keep every activation")
     else:
         check_folder(args.sae, "SAE folder")
     if args.sae_command == "attribute" and args.contexts < 0:
