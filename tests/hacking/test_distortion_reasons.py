@@ -61,3 +61,14 @@ def test_the_frame_carries_the_reason(dist: Distortion) -> None:
     undefined = frame[frame["quality"] == "correctness"]
     assert undefined["index"].isna().all() and undefined["note"].str.contains("does not reliably reward").all()
     assert (frame.loc[frame["quality"] == "evasion", "note"] == "").all()
+
+
+def test_the_ranking_the_user_holds_carries_the_reason(dist: Distortion) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RewardLensWarning)  # a notebook that filtered the warning still has the reason
+        undefined = dist.ranking("correctness")
+    assert undefined.quality == "correctness" and "does not reliably reward correctness" in undefined.note
+    assert "defined dimensions: evasion" in undefined.note and all(np.isnan(v) for _, v in undefined)
+    defined = dist.ranking("evasion")
+    assert defined.note == "" and defined.quality == "evasion"
+    assert isinstance(defined, list) and list(defined) == [tuple(r) for r in defined]  # still a list of (axis, index)

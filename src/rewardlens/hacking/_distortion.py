@@ -48,6 +48,17 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 
+class Ranking(list[tuple[str, float]]):
+    """`Distortion.ranking`'s answer: (axis, index) by decreasing index, a plain list, carrying the dimension it
+    ranks by (`quality`) and `note`: why every index is NaN (the model does not reliably reward that quality,
+    with the fix), or '' when they are defined. The reason stays on the value the user holds, not only in the
+    warning, which a notebook may have filtered."""
+
+    def __init__(self, rows: Sequence[tuple[str, float]], quality: str, note: str) -> None:
+        super().__init__(rows)
+        self.quality, self.note = quality, note
+
+
 @dataclass(frozen=True)
 class Distortion:
     """Distortion indices [n_axes, n_quality] with CIs [n_axes, n_quality, 2] and flags."""
@@ -68,20 +79,22 @@ class Distortion:
     coverage_index: np.ndarray
     """The seed paper's coverage-form distortion index D_cov = 1 − C_eff / max C_eff [n_quality]."""
 
-    def ranking(self, quality: str | None = None) -> list[tuple[str, float]]:
+    def ranking(self, quality: str | None = None) -> Ranking:
         """Axes by decreasing index for `quality` (None: the only dimension; several need a name).
 
         Always the asked dimension, never another: when its indices are undefined (NaN, the model
-        does not reliably reward that quality) the ranking is all NaN and a `RewardLensWarning`
-        gives the reason (`note`), naming the dimensions that are defined.
+        does not reliably reward that quality) the ranking is all NaN, its `note` gives the reason
+        and the dimensions that are defined, and a `RewardLensWarning` says the same.
         """
         q = self._column(quality)
+        note = ""
         if self.note[q]:
             defined = [n for n, why in zip(self.quality, self.note, strict=True) if not why]
-            warn(f"distortion vs {self.quality[q]} is undefined (NaN for every axis): {self.note[q]}; "
-                 + (f"defined dimensions: {', '.join(defined)}" if defined else "no dimension is defined"))
+            note = (f"distortion vs {self.quality[q]} is undefined (NaN for every axis): {self.note[q]}; "
+                    + (f"defined dimensions: {', '.join(defined)}" if defined else "no dimension is defined"))
+            warn(note)
         order = np.argsort(-np.nan_to_num(self.index[:, q], nan=-np.inf), kind="stable")
-        return [(self.axes[i], float(self.index[i, q])) for i in order]
+        return Ranking([(self.axes[i], float(self.index[i, q])) for i in order], self.quality[q], note)
 
     def _column(self, quality: str | None) -> int:
         if quality is None:
