@@ -106,18 +106,69 @@ def ranked(score: np.ndarray, k: int | None = None) -> np.ndarray:
     return order if k is None else order[:k]
 
 
-def top_parts(values: np.ndarray, k: int | None = None) -> np.ndarray:
-    """Indices of the columns of `values` [n, P] by mean |value| over rows (NaN last, ties stable).
-
-    The ranking rule of every table of top parts (docs/design.md §4): the mean of |effect|, not
-    |mean effect|, so a part that moves the margin a lot with a sign that flips between pairs is
-    large, and stays in the list."""
+def mean_abs(values: np.ndarray) -> np.ndarray:
+    """The ranking statistic of every table of top parts: `mean_i |values[i, p]|` [P] over the rows of
+    `values` [n, P] (0 for every column when there are no rows). Tables print it as the "mean |effect|"
+    (or "mean |score|") column beside the signed mean, so the reader sees what the rows are sorted by."""
     v = np.asarray(values, dtype=np.float64)
     if v.ndim != 2:
         raise ValueError(f"top_parts ranks the columns of an [n, P] array, got shape {v.shape}")
-    if not v.shape[0]:  # no rows: nothing to average, every part ties and keeps its order
-        return ranked(np.zeros(v.shape[1]), k)
-    return ranked(np.abs(v).mean(0), k)
+    return np.abs(v).mean(0) if v.shape[0] else np.zeros(v.shape[1])
+
+
+def top_parts(values: np.ndarray, k: int | None = None) -> np.ndarray:
+    """Indices of the columns of `values` [n, P] by `mean_abs` (mean |value| over rows), largest first,
+    NaN last, ties stable; the first `k`.
+
+    The ranking rule of every table of top parts (docs/design.md §4): the mean of |effect|, not
+    |mean effect|, so a part that moves the margin a lot with a sign that flips between pairs is
+    large, and stays in the list. Every ranked table shows `mean_abs` as a column beside the signed
+    mean (which need not be sorted)."""
+    return ranked(mean_abs(values), k)
+
+
+SMALL_MEAN_MARGIN = 0.5
+"""A share of the mean margin is ill-conditioned when `|mean margin| < SMALL_MEAN_MARGIN × mean |margin|`:
+the pairs disagree in sign enough that the mean cancels to under half of their typical size."""
+
+
+def margin_share(values: np.ndarray, margins: np.ndarray, min_margin: float = 1e-4) -> np.ndarray:
+    """Each column of `values` [n, P] (or [n]) as a share of each pair's own clean margin `margins` [n], pooled:
+
+        share = Σ_i sign(m_i) · v_i / Σ_i |m_i|,
+
+    the |m_i|-weighted mean of the per-pair shares `v_i / m_i` (1: the part or circuit carries every pair's
+    own margin, whichever side the pair prefers). Its denominator is the mean |margin|, which pairs that
+    disagree in sign cannot cancel, unlike the share of the mean margin `Σ v_i / Σ m_i`; a pair with a
+    near-zero margin weighs nearly nothing instead of blowing up. NaN when the mean |margin| is under
+    `min_margin` (no margin to share) or there are no pairs."""
+    v, m = np.asarray(values, dtype=np.float64), np.asarray(margins, dtype=np.float64)
+    scale = float(np.abs(m).mean()) if len(m) else float("nan")
+    if not np.isfinite(scale) or scale < min_margin:
+        return np.full(v.shape[1:], np.nan)
+    sign = np.sign(m).reshape(-1, *([1] * (v.ndim - 1)))
+    return (sign * v).mean(0) / scale  # type: ignore[no-any-return]
+
+
+def share_warning(margins: np.ndarray, min_margin: float = 1e-4) -> str | None:
+    """One line when a share of the mean margin `Σ v_i / Σ m_i` is ill-conditioned on these clean
+    margins [n] (`|mean| < SMALL_MEAN_MARGIN × mean |margin|`, or every margin near zero), saying what to
+    read instead; None when it is well-conditioned. The one check every command and the report run."""
+    m = np.asarray(margins, dtype=np.float64)
+    m = m[np.isfinite(m)]
+    if not len(m):
+        return None
+    mean, scale = float(m.mean()), float(np.abs(m).mean())
+    if scale < min_margin:
+        return (f"warning: every pair's margin is near zero (mean |margin| {scale:.3g} < {min_margin:g}): no share "
+                "of it is defined; audit pairs the model separates")
+    if abs(mean) >= SMALL_MEAN_MARGIN * scale:
+        return None
+    against = int((np.sign(m) != np.sign(mean)).sum())
+    return (f"warning: the pairs' margins disagree in sign ({against} of {len(m)} against the mean): the mean "
+            f"margin {mean:+.3g} is {abs(mean) / scale:.0%} of the mean |margin| {scale:.3g}, so a share of the mean "
+            "margin is ill-conditioned; read the share of each pair's own |margin|, or split the pairs by the "
+            "sign of their margin")
 
 
 def topk_overlap(a: np.ndarray, b: np.ndarray, k: int) -> float:

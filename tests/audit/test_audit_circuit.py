@@ -78,7 +78,8 @@ def test_the_page_shows_the_circuit_section(run, direct, tmp_path):
     assert f"{direct.share:.3g}" in section and direct.kept[0][0] in section
     numbers = json.loads((tmp_path / "numbers.json").read_text())
     assert numbers["circuit"]["share"] == pytest.approx(direct.share, abs=1e-6)
-    assert len(numbers["tables"]["circuit"]["columns"]) == 3  # the result's own frame: edges, margin, share
+    # the result's own frame: edges, margin, share (of each pair's own margin), share of the mean margin
+    assert numbers["tables"]["circuit"]["columns"] == ["edges", "margin", "share", "share_of_mean_margin"]
 
 
 def test_without_the_flag_the_section_names_it(llama, data, tmp_path):

@@ -2,8 +2,12 @@
 
 Edges are ranked by mean |score| over pairs (`stats.top_parts`). A circuit of the k first edges is
 evaluated by edge ablation (`_circuit_run`): every edge outside it carries its upstream part's
-corrupted write, and the faithfulness is `mean margin(C) / mean clean margin` (1 for every edge;
-`empty` is the margin with no edge kept). The curve runs over circuit sizes. Sublayer or head level
+corrupted write, and the faithfulness (`share`) is each pair's circuit margin against its own clean
+margin, pooled with weights |m_i| (`stats.margin_share`: `Σ sign(m_i)·m_i(C) / Σ |m_i|`; 1 for every
+edge; `empty` is the margin with no edge kept), which pairs whose margins disagree in sign cannot send
+through a near-zero denominator. The ratio of means `mean margin(C) / mean clean margin` is kept as
+`share_of_mean_margin`, and `warning` (`stats.share_warning`) says when it is ill-conditioned. The curve
+runs over circuit sizes. Sublayer or head level
 (heads as parts, each head's input, or its q/k/v inputs apart, as nodes), as the edges were scored.
 With `verify=n` the cheap scores only propose: the estimated edges among the first n are path-patched
 (`Edges.verify`) and the ranking is by those exact scores; `exact` marks, per ranked edge, which are.
@@ -22,7 +26,7 @@ from ..data import Inputs, Pair, counting
 from ..errors import ArchitectureError, CircuitError
 from ..model import RewardModel
 from ..model.internal import collate, each_batch
-from ..stats import to_json, top_parts
+from ..stats import margin_share, mean_abs, share_warning, to_json, top_parts
 from ..types import Ablation, Mode, Positions, Spans
 from ._circuit_run import check_heads, circuit_rewards, corrupted_writes
 from ._edge_nodes import Level, check_model, nodes
@@ -44,7 +48,9 @@ class Circuit:
     """A circuit (`kept`: edges (upstream, downstream, mean score), best first) and its curve: `sizes`
     [S] circuits of the first k ranked edges with margins `margins` [S, n_pairs]; `clean` and `empty`
     [n_pairs] the margins with every edge and with none. `exact` [len(ranked)]: whether each ranked
-    edge's score is exact (into 'reward', or path-patched: `verified` of them), not a first-order estimate."""
+    edge's score is exact (into 'reward', or path-patched: `verified` of them), not a first-order estimate.
+    `mean_abs` [len(ranked)]: each ranked edge's mean |score| over pairs, the statistic it is ranked by
+    (`stats.top_parts`; empty on a result made before it was kept)."""
 
     kept: list[tuple[str, str, float]]
     ranked: list[tuple[str, str, float]]
@@ -57,43 +63,73 @@ class Circuit:
     level: str = "sublayer"
     exact: list[bool] = field(default_factory=list)
     verified: int = 0
+    mean_abs: list[float] = field(default_factory=list)
 
     @property
     def shares(self) -> np.ndarray:
-        """Faithfulness [S]: mean circuit margin / mean clean margin."""
-        return self.margins.mean(1) / self.clean.mean()
+        """Faithfulness [S]: each pair's circuit margin against its own clean margin, |margin|-weighted
+        (`stats.margin_share`: `Σ_i sign(m_i)·m_i(C) / Σ_i |m_i|`); NaN when every margin is near zero."""
+        return margin_share(self.margins.T, self.clean)
+
+    @property
+    def pair_shares(self) -> np.ndarray:
+        """Per pair [S, n_pairs]: circuit margin / clean margin (NaN where |clean margin| < 1e-4)."""
+        with np.errstate(divide="ignore", invalid="ignore"):
+            out = self.margins / self.clean
+        return np.where(np.abs(self.clean) < 1e-4, np.nan, out)
+
+    @property
+    def shares_of_mean_margin(self) -> np.ndarray:
+        """[S] mean circuit margin / mean clean margin: ill-conditioned when the pairs disagree (`warning`)."""
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return self.margins.mean(1) / self.clean.mean()  # type: ignore[no-any-return]
 
     @property
     def share(self) -> float:
-        """Faithfulness of the kept circuit."""
+        """Faithfulness of the kept circuit (`shares`)."""
         return float(self.shares[self.sizes.index(len(self.kept))])
+
+    @property
+    def share_of_mean_margin(self) -> float:
+        """The kept circuit's mean margin / mean clean margin (`shares_of_mean_margin`)."""
+        return float(self.shares_of_mean_margin[self.sizes.index(len(self.kept))])
+
+    @property
+    def warning(self) -> str | None:
+        """One line when the share of the mean margin is ill-conditioned on these pairs (`stats.share_warning`)."""
+        return share_warning(self.clean)
 
     def smallest(self, target: float) -> list[tuple[str, str, float]]:
         """The smallest evaluated circuit whose faithfulness reaches `target`; CircuitError otherwise."""
         hit = [k for k, s in zip(self.sizes, self.shares) if s >= target]
         if not hit:
-            raise CircuitError(f"no evaluated circuit reaches a share of {target:g} of the clean margin (best "
+            raise CircuitError(f"no evaluated circuit reaches a share of {target:g} of the clean margins (best "
                                f"{np.nanmax(self.shares):.3g} at {self.sizes[int(np.nanargmax(self.shares))]} edges); "
                                "lower the target or evaluate larger circuits (sizes=)")
         return self.ranked[:min(hit)]
 
     def to_frame(self) -> pd.DataFrame:
-        """One row per circuit size: edges kept, mean margin, faithfulness."""
+        """One row per circuit size: edges kept, mean margin, faithfulness (`share`) and the ratio of means."""
         import pandas as pd
 
-        return pd.DataFrame({"edges": self.sizes, "margin": self.margins.mean(1), "share": self.shares})
+        return pd.DataFrame({"edges": self.sizes, "margin": self.margins.mean(1), "share": self.shares,
+                             "share_of_mean_margin": self.shares_of_mean_margin})
 
     def to_json(self) -> str:
         return to_json(self.summary())
 
     def summary(self) -> dict[str, Any]:
         exact = self.exact or [d == "reward" for _, d, _ in self.ranked]  # a result made before `exact` existed
+        size = self.mean_abs or [float("nan")] * len(self.ranked)  # a result made before `mean_abs` was kept
         return {"method": self.method, "mode": self.mode, "level": self.level, "share": self.share,
+                "share_of_mean_margin": self.share_of_mean_margin, "warning": self.warning,
                 "verified": self.verified,
-                "kept": [{"upstream": u, "downstream": d, "score": s, "exact": bool(x)}
-                         for (u, d, s), x in zip(self.kept, exact)],
-                "curve": [{"edges": k, "share": float(s)} for k, s in zip(self.sizes, self.shares)],
-                "clean_margin": float(self.clean.mean()), "empty_margin": float(self.empty.mean())}
+                "kept": [{"upstream": u, "downstream": d, "mean_abs_score": a, "score": s, "exact": bool(x)}
+                         for (u, d, s), a, x in zip(self.kept, size, exact)],
+                "curve": [{"edges": k, "share": float(s), "share_of_mean_margin": float(o)}
+                          for k, s, o in zip(self.sizes, self.shares, self.shares_of_mean_margin)],
+                "clean_margin": float(self.clean.mean()), "mean_abs_clean_margin": float(np.abs(self.clean).mean()),
+                "empty_margin": float(self.empty.mean())}
 
     def plot(self, ax: Axes | None = None) -> Figure:
         """The kept circuit as a layered graph: parts by depth, edges by width (|score|) and colour
@@ -111,7 +147,7 @@ class Circuit:
             ax.annotate(n, (x, y), ha="center", fontsize=8, bbox={"boxstyle": "round", "fc": "white"})
         ax.set_ylabel("depth (half-layers; the read-out on top)")
         ax.set_xticks([])
-        ax.set_title(f"circuit of {len(self.kept)} edges: {self.share:.0%} of the clean margin")
+        ax.set_title(f"circuit of {len(self.kept)} edges: {self.share:.0%} of each pair's clean margin")
         return finish(ax, made)
 
 
@@ -168,6 +204,7 @@ def circuit(
         flat, names, exact = edges.flat(), edges.names, edges.exact[edges.valid]
         order = top_parts(flat)
         ranked = [(*names[i], float(flat[:, i].mean())) for i in order]
+        size = mean_abs(flat)
         n_keep = _how_many(flat[:, order], top, share)
         want = sorted({*(sizes or _doubling(len(ranked))), n_keep, 0, len(ranked)})
         ups, downs = _nodes(model, edges)
@@ -188,7 +225,7 @@ def circuit(
         reward = clean.reward.cpu().numpy()
         return Circuit(ranked[:n_keep], ranked, want, m, reward[0::2] - reward[1::2], m[0], edges.method, edges.mode,
                        edges.level, [bool(exact[i]) for i in order],
-                       0 if edges.verified is None else int(edges.verified.sum()))
+                       0 if edges.verified is None else int(edges.verified.sum()), [float(size[i]) for i in order])
 
 
 def _nodes(model: RewardModel, edges: Edges) -> tuple[list[Site], list[Receiver]]:

@@ -174,13 +174,14 @@ def _show(shown: dict[str, Any]) -> None:
           f"normed {num(depth['normed'])} [{num(iqr['normed'][0])}, {num(iqr['normed'][1])}]")
     print(f"largest |reward − (Σ parts + constant)|: {result['closure_error']['max']:.2e}\n")
     _show_subsets(result["subsets"], ci)
-    print("top parts by |total effect, noising, read positions| next to their exact direct attribution "
-          "(OOD: patched runs out of distribution):")
+    print("top parts by mean |total effect| (noising, read positions) next to their signed mean effects and exact "
+          "direct attribution (OOD: patched runs out of distribution):")
     runs = result["n_pairs"]
     ood = lambda t: "-" if t["out_of_distribution_runs"] is None else f"{t['out_of_distribution_runs']}/{runs}"
-    print(table(["part", "attribution", "total effect", "direct effect", "indirect effect", "OOD runs"],
-                [(t["part"], t["attribution"], t["total_effect"], t["direct_effect"], t["indirect_effect"], ood(t))
-                 for t in result["top_parts"]]))
+    print(table(["part", "mean |total effect|", "total effect", "attribution", "direct effect", "indirect effect",
+                 "OOD runs"],
+                [(t["part"], t["mean_abs_total_effect"], t["total_effect"], t["attribution"], t["direct_effect"],
+                  t["indirect_effect"], ood(t)) for t in result["top_parts"]]))
     fa = result["faithfulness"]
     print(f"\nattribution vs patching, mean per-pair Spearman ρ: direct {ci(fa['pooled']['direct'])}, "
           f"total {ci(fa['pooled']['total'])}; seed-paper statistic {ci(fa['seed_statistic'])}")
@@ -238,7 +239,11 @@ def _show_more(result: AuditSummary) -> None:
         print(f"conflicting head terms: {', '.join(bad) or 'none'}")
     if result["circuit"] is not None:
         c = result["circuit"]
-        print(f"circuit of the top {len(c['kept'])} sublayer edges carries {c['share']:.1%} of the mean clean margin")
+        pct = lambda x: "-" if x is None else f"{x:.1%}"  # None: non-finite (a mean margin of 0)
+        print(f"circuit of the top {len(c['kept'])} sublayer edges carries {pct(c['share'])} of each pair's own clean "
+              f"margin (|margin|-weighted; of the mean clean margin: {pct(c.get('share_of_mean_margin'))})")
+        if c.get("warning"):  # a summary stored before the warning was kept has none
+            print(c["warning"])
 
 
 def _check_probe_items(args: argparse.Namespace) -> None:

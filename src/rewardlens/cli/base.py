@@ -77,13 +77,16 @@ def _attribute(model: RewardModel, pairs: list[Pair], args: argparse.Namespace) 
     import numpy as np
 
     from ..exact import attribute
+    from ..stats import mean_abs, top_parts
 
     att = attribute(model, pairs, level=args.level, batch_size=args.batch_size)
     margin = att.margin
+    size = mean_abs(margin)  # what the table is ranked by (`stats.top_parts`), beside the signed mean
     return {
         "level": att.level,
         "max_abs_residual_error": float(np.abs(att.residual_error).max()),
-        "top_parts": [{"part": n, "mean_margin": v} for n, v in att.top(args.top, by="margin")],
+        "top_parts": [{"part": att.names[i], "mean_abs_margin": float(size[i]),
+                       "mean_margin": float(margin[:, i].mean())} for i in top_parts(margin, args.top)],
         "pairs": [
             {"id": pair_id(p, i), "margin": float(att.reward[2 * i] - att.reward[2 * i + 1]),
              "parts": dict(zip(att.names, map(float, margin[i])))}
@@ -113,8 +116,10 @@ def _show_lens(result: dict[str, Any]) -> None:
 
 
 def _show_attribute(result: dict[str, Any]) -> None:
-    print(f"top parts by mean chosen − rejected contribution ({result['level']} level, exact):")
-    print(table(["part", "mean margin"], [(t["part"], t["mean_margin"]) for t in result["top_parts"]]))
+    print(f"top parts by mean |chosen − rejected contribution| over pairs ({result['level']} level, exact), with the "
+          "signed mean:")
+    print(table(["part", "mean |margin|", "mean margin"],
+                [(t["part"], t["mean_abs_margin"], t["mean_margin"]) for t in result["top_parts"]]))
     print(f"\nlargest |reward − (Σ parts + constant)|: {result['max_abs_residual_error']:.2e}")
 
 

@@ -46,25 +46,30 @@ def positions(text: str) -> Positions | Spans:
 
 def rank_parts(names: Sequence[str], effect: np.ndarray, margin: np.ndarray, top: int, *, min_margin: float = 1e-4,
                flagged: np.ndarray | None = None) -> dict[str, Any]:
-    """The `top` parts by mean |effect| over pairs [n, P], with the signed mean effect beside it and the
-    share of the margin as a ratio of means (mean effect / mean margin), None with a reason when undefined.
-    Ranked by `stats.top_parts` (NaN last, ties in part order), the rule `Patching.top` and the audit use."""
+    """The `top` parts by mean |effect| over pairs [n, P], with the signed mean effect beside it, the share of
+    each pair's own margin (`stats.margin_share`, |margin|-weighted) and the share of the margin as a ratio of
+    means (mean effect / mean margin), None with a reason when undefined; `share_warning` says when the ratio
+    of means is ill-conditioned (`stats.share_warning`). Ranked by `stats.top_parts` (mean |effect|, NaN last,
+    ties in part order), the rule `Patching.top` and the audit use."""
     import numpy as np
 
-    from ..stats import top_parts
+    from ..stats import margin_share, mean_abs, share_warning, top_parts
 
     n = effect.shape[0]
     if n == 0:
-        return {"mean_margin": None, "share_note": "no pairs: nothing to average", "top_parts": []}
-    mean_abs, mean = np.abs(effect).mean(0), effect.mean(0)
+        return {"mean_margin": None, "share_note": "no pairs: nothing to average", "share_warning": None,
+                "top_parts": []}
+    size, mean, share = mean_abs(effect), effect.mean(0), margin_share(effect, margin, min_margin)
     mean_margin = float(margin.mean())
     note = None
     if not math.isfinite(mean_margin) or abs(mean_margin) < min_margin:
         note = f"mean margin {mean_margin:.3g} is under {min_margin:g}: a share of it is undefined"
     return {
-        "mean_margin": finite(mean_margin), "share_note": note,
+        "mean_margin": finite(mean_margin), "mean_abs_margin": finite(float(np.abs(margin).mean())),
+        "share_note": note, "share_warning": share_warning(margin, min_margin),
         "top_parts": [
-            {"part": names[i], "mean_abs_effect": finite(float(mean_abs[i])), "mean_effect": finite(float(mean[i])),
+            {"part": names[i], "mean_abs_effect": finite(float(size[i])), "mean_effect": finite(float(mean[i])),
+             "share": finite(float(share[i])),
              "share_of_mean_margin": None if note else finite(float(mean[i]) / mean_margin),
              "flagged_share": None if flagged is None else float(flagged[:, i].mean())}
             for i in top_parts(effect, top)
@@ -125,11 +130,15 @@ def show_patch(result: dict[str, Any]) -> None:
     """Print `patch_summary`'s result as the table `rewardlens patch` shows (also a section of the audit's)."""
     what = f"{result['estimand']} effect, {result['mode']}, {result['positions']} positions, {result['level']} level"
     print(f"top parts by mean |effect| over {result['n_pairs']} pairs on the chosen − rejected margin ({what}; exact),")
-    print("with the signed mean effect and the mean effect / mean margin:")
+    print("with the signed mean effect, its share of each pair's own margin (|margin|-weighted) and the mean "
+          "effect / mean margin:")
     num = lambda v, spec: "-" if v is None else format(v, spec)
-    rows = [(t["part"], num(t["mean_abs_effect"], ".4f"), num(t["mean_effect"], "+.4f"),
+    rows = [(t["part"], num(t["mean_abs_effect"], ".4f"), num(t["mean_effect"], "+.4f"), num(t.get("share"), "+.3f"),
              num(t["share_of_mean_margin"], "+.3f"), num(t["flagged_share"], ".2f")) for t in result["top_parts"]]
-    print(table(["part", "mean |effect|", "mean effect", "mean effect / mean margin", "OOD share"], rows))
+    print(table(["part", "mean |effect|", "mean effect", "share of own margins", "mean effect / mean margin",
+                 "OOD share"], rows))
+    if result.get("share_warning"):
+        print(f"\n{result['share_warning']}")
     if result.get("neurons_chosen_by"):
         print(f"\nneurons patched: {result['neurons_chosen_by']}")
     if result["share_note"]:

@@ -57,19 +57,22 @@ def _check(args: argparse.Namespace) -> None:
 
 def _run(args: argparse.Namespace) -> dict[str, Any]:
     from ..causal import circuit, edges
+    from ..stats import mean_abs, top_parts
 
     pairs = read_pairs(args)  # a bad pairs file is named before the model loads
     model = load_model(args)
     scored = edges(model, pairs, method=args.method, steps=args.steps, level=args.level,
                    qkv=args.receivers == "qkv", mode=args.mode, positions=args.positions, verify=args.verify,
                    batch_size=args.batch_size, progress=not args.quiet)
-    exact = scored.exact
+    exact, flat, names = scored.exact, scored.flat(), scored.names
+    size = mean_abs(flat)  # the statistic `Edges.top` ranks by (`stats.top_parts`), printed beside the signed mean
     out: dict[str, Any] = {
         "method": scored.method, "level": scored.level, "mode": scored.mode,
         "positions": args.positions if isinstance(args.positions, str) else "spans", "verify": args.verify,
-        "top_edges": [{"upstream": u, "downstream": d, "score": s,
-                       "exact": bool(exact[scored.upstream.index(u), scored.downstream.index(d)])}
-                      for u, d, s in scored.top(args.top)]}
+        "top_edges": [{"upstream": names[i][0], "downstream": names[i][1], "mean_abs_score": float(size[i]),
+                       "score": float(flat[:, i].mean()),
+                       "exact": bool(exact[scored.upstream.index(names[i][0]), scored.downstream.index(names[i][1])])}
+                      for i in top_parts(flat, args.top)]}
     found = circuit(model, pairs, edges=scored, top=args.top, positions=args.positions, batch_size=args.batch_size,
                     progress=not args.quiet)
     out["circuit"] = found.summary()  # evaluated at the edges' level (heads as nodes at --level head)
@@ -78,16 +81,22 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
 
 def _show(result: dict[str, Any]) -> None:
     verified = f"; the top {result['verify']} by exact path patching" if result["verify"] else ""
-    print(f"top edges ({result['method']}{verified}, {result['mode']}, {result['positions']} positions; mean margin "
-          "effect, reward units; exact: into 'reward' or path-patched, est.: a first-order estimate):")
-    print(table(["upstream", "downstream", "score", "exact"],
-                [[e["upstream"], e["downstream"], f"{e['score']:+.4f}", "yes" if e["exact"] else "est."]
-                 for e in result["top_edges"]]))
+    print(f"top edges by mean |score| over pairs ({result['method']}{verified}, {result['mode']}, "
+          f"{result['positions']} positions; margin effect, reward units; exact: into 'reward' or path-patched, "
+          "est.: a first-order estimate):")
+    print(table(["upstream", "downstream", "mean |score|", "mean score", "exact"],
+                [[e["upstream"], e["downstream"], f"{e['mean_abs_score']:.4f}", f"{e['score']:+.4f}",
+                  "yes" if e["exact"] else "est."] for e in result["top_edges"]]))
     c = result["circuit"]
     n_exact = sum(k["exact"] for k in c["kept"])
-    print(f"\n{c['level']}-level circuit of {len(c['kept'])} edges carries {c['share']:.1%} of the mean clean margin "
-          f"{c['clean_margin']:+.4f} (no edge: {c['empty_margin']:+.4f}); {n_exact} of its edge scores are exact")
-    print(table(["edges", "share of clean margin"], [[p["edges"], f"{p['share']:.3f}"] for p in c["curve"]]))
+    print(f"\n{c['level']}-level circuit of {len(c['kept'])} edges carries {c['share']:.1%} of each pair's own clean "
+          f"margin (|margin|-weighted; mean |margin| {c['mean_abs_clean_margin']:.4f}); of the mean clean margin "
+          f"{c['clean_margin']:+.4f} (no edge: {c['empty_margin']:+.4f}): {c['share_of_mean_margin']:.1%}; "
+          f"{n_exact} of its edge scores are exact")
+    print(table(["edges", "share of own margins", "share of mean margin"],
+                [[p["edges"], f"{p['share']:.3f}", f"{p['share_of_mean_margin']:.3f}"] for p in c["curve"]]))
+    if c["warning"]:
+        print(f"\n{c['warning']}")
 
 COMMANDS = [Command("circuit", "edge attribution (EAP, EAP-IG), verified by path patching, and the circuit of the "
                     "top edges", _add_arguments, _run, _show, check=_check)]

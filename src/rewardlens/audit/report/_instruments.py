@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from ...stats import mean_abs
 from .._runner import Audit
 from .._whole import TOKEN_PAIRS, shown_pairs
 from ._groups import TOP_PARTS, counted, top_parts
@@ -20,14 +21,17 @@ from ._schema import TopPart
 
 
 def estimands(audit: Audit) -> list[dict[str, Any]]:
-    """Per top part (largest mean |total effect|, `Faithfulness.top`): mean attribution, direct, indirect and
-    total effect, and the indirect share mean|indirect| / (mean|direct| + mean|indirect|) (NaN when both are zero)."""
+    """Per top part (largest mean |total effect| over the counted pairs, `Faithfulness.top`, shown as
+    `mean_abs_total`): mean attribution, direct, indirect and total effect, and the indirect share
+    mean|indirect| / (mean|direct| + mean|indirect|) (NaN when both are zero)."""
     f = audit.faithfulness
+    ranking = mean_abs(f.total[counted(audit).finite])
     out = []
     for i in top_parts(audit):
         direct, indirect = f.direct[:, i], f.indirect[:, i]
         size = float(np.abs(direct).mean() + np.abs(indirect).mean())
-        out.append({"part": f.names[i], "attribution": float(f.attribution[:, i].mean()),
+        out.append({"part": f.names[i], "mean_abs_total": float(ranking[i]),
+                    "attribution": float(f.attribution[:, i].mean()),
                     "direct": float(direct.mean()), "indirect": float(indirect.mean()),
                     "total": float(f.total[:, i].mean()),
                     "indirect_share": float(np.abs(indirect).mean()) / size if size > 0 else float("nan")})
@@ -41,7 +45,9 @@ def top_parts_table(audit: Audit, k: int = TOP_PARTS) -> list[TopPart]:
     f, d, ok = audit.faithfulness, audit.divergence, counted(audit).finite
     flagged = {} if d is None else dict(zip(d.names, d.flagged.sum(0).tolist()))
     att, total, direct = f.attribution[ok].mean(0), f.total[ok].mean(0), f.direct[ok].mean(0)
-    return [{"part": f.names[i], "attribution": float(att[i]), "total_effect": float(total[i]),
+    ranking = mean_abs(f.total[ok])  # what `top_parts` ranks by, shown beside the signed means
+    return [{"part": f.names[i], "mean_abs_total_effect": float(ranking[i]), "attribution": float(att[i]),
+             "total_effect": float(total[i]),
              "direct_effect": float(direct[i]), "indirect_effect": float(total[i] - direct[i]),
              "out_of_distribution_runs": flagged.get(f.names[i])} for i in top_parts(audit, k)]
 

@@ -15,19 +15,24 @@ from typing import Any
 
 import numpy as np
 
+from ...stats import mean_abs, top_parts
+from ...types import SEED_PAPER, SEED_PAPER_RHO
 from .._runner import Audit
 from . import _figures as figures
 from . import _html
 from . import _sections as more
 from ._circuit import circuit_section
+from ._findings import findings_html
 from ._html import TOP_ROWS, Html, e, figure, how, kv, notrun, num, rho, subset_picker, table
 from ._pairs import scores
 from ._schema import AuditSummary
 from ._steps import steps_section
 
-SECTIONS = ("summary", "scores", "subsets", "steps", "lens", "crystallization", "attribution", "patching", "estimands",
-            "divergence", "circuit", "tokens", "probes", "distortion", "cascades", "concepts", "conflicts", "features")
-TITLES = {"summary": "Summary", "scores": "Scores", "subsets": "By subset", "steps": "Steps", "lens": "Reward lens",
+SECTIONS = ("findings", "summary", "scores", "subsets", "steps", "lens", "crystallization", "attribution", "patching",
+            "estimands", "divergence", "circuit", "tokens", "probes", "distortion", "cascades", "concepts", "conflicts",
+            "features")
+TITLES = {"findings": "Findings", "summary": "Summary", "scores": "Scores", "subsets": "By subset", "steps": "Steps",
+          "lens": "Reward lens",
           "crystallization": "Crystallization depth", "attribution": "Attribution",
           "patching": "Patching and faithfulness", "estimands": "Direct, indirect and total effects",
           "divergence": "Divergence of patched states", "circuit": "Circuit of the top edges", "tokens": "Tokens",
@@ -94,7 +99,7 @@ def _summary(a: Audit, s: AuditSummary) -> Html:
         ("attribution vs direct effect, pooled ρ [95% CI]", rho(**_rho(faith["pooled"]["direct"]))),
         ("attribution vs total effect, pooled ρ [95% CI]", rho(**_rho(faith["pooled"]["total"]))),
         (f"seed statistic |attribution| vs |{seed['mode']}, {seed['positions']}|",
-         f"{rho(seed['rho'], seed['lo'], seed['hi'])} (paper: {paper})"),
+         f"{rho(seed['rho'], seed['lo'], seed['hi'])} (the seed paper, {SEED_PAPER}: {paper})"),
         ("flagged probe axes", flagged),
         ("score parity, rewardlens against the model's own forward",
          s["parity_line"] or s["parity_note"] or "not run"),
@@ -110,8 +115,9 @@ def _more_summary(s: AuditSummary) -> list[tuple[str, str]]:
         ("patched runs out of distribution (divergence > 1)",
          "not run" if div is None else f"{num(div['flagged_share'], 2)} of runs, carrying "
                                        f"{num(div['effect_share_flagged'], 2)} of the total |effect|"),
-        ("share of the mean clean margin the circuit carries", "not run" if circ is None else
-         f"{num(circ['share'], 3)} with {len(circ['kept'])} {circ['level']} edges"),
+        ("share of each pair's own clean margin the circuit carries", "not run" if circ is None else
+         f"{num(circ['share'], 3)} with {len(circ['kept'])} {circ['level']} edges"
+         + (f" ({circ['warning']})" if circ.get("warning") else "")),
         ("flagged distortion indices", "not run" if dist is None else ", ".join(dist["flagged"]) or "none"),
         ("cascade clusters", "not run" if casc is None else "; ".join(" + ".join(g) for g in casc["clusters"])
          or "none"),
@@ -146,7 +152,8 @@ def _attribution(a: Audit, s: AuditSummary) -> Html:
     sub = a.sublayers
     rows = [(name, num(m), num(v)) for name, m, v in
             zip(sub.names, sub.margin.mean(0), np.abs(sub.values).mean(0))]
-    top = a.heads.top(10, by="margin")
+    heads = a.heads.margin
+    size, top = mean_abs(heads), top_parts(heads, 10)  # the one ranking rule, its statistic shown as a column
     text = Html("<p class=\"how\">Each part's exact direct contribution to the reward (the final norm's scale "
                 "frozen); the "
                 f"parts plus a constant equal the reward: max |reward − Σ parts − constant| is "
@@ -161,8 +168,9 @@ def _attribution(a: Audit, s: AuditSummary) -> Html:
     return Html(text + Html("<h3>Sublayers</h3>")
                 + table(["part", "mean margin contribution", "mean |contribution|"], rows, top=shown)
                 + more.subset_parts(s)
-                + Html("<h3>Top heads and MLPs by mean margin contribution</h3>")
-                + table(["part", "mean margin contribution"], [(n, num(v)) for n, v in top]) + fig)
+                + Html("<h3>Top heads and MLPs by mean |margin contribution|</h3>")
+                + table(["part", "mean |margin contribution| (ranked by)", "mean margin contribution"],
+                        [(a.heads.names[i], num(size[i]), num(heads[:, i].mean())) for i in top]) + fig)
 
 
 def _patching(a: Audit, s: AuditSummary) -> Html:
@@ -180,8 +188,9 @@ def _patching(a: Audit, s: AuditSummary) -> Html:
                 "recomputed) — the causal version of attribution. <b>Total</b>: activation patching at the read "
                 "position. <b>Indirect</b> = total − direct. Spearman ρ is computed per pair across parts, then "
                 f"pooled as a mean with a bootstrap interval over pairs ({e(f['level'])} level, "
-                f"{e(f['mode'])}). The seed paper reported ρ = −0.256 (Skywork-Reward-Llama-3.1-8B) and "
-                "−0.027 (ArmoRM) for its statistic.</p>")
+                f"{e(f['mode'])}). The seed paper, {e(SEED_PAPER)}, reported ρ = "
+                f"{e(', '.join(f'{v:+.3f}'.replace('-', '−') + f' ({k})' for k, v in SEED_PAPER_RHO.items()))} for its "
+                "statistic.</p>")
     atp = kv([(k.replace("_", " "), num(v)) for k, v in agree.items()])
     fig = figure("scatter", figures.fig_scatter(a),
                  "Attribution (chosen − rejected contribution, reward units) against the direct (left) and total "
@@ -249,6 +258,7 @@ def _features(a: Audit, s: AuditSummary) -> Html:
 
 
 RENDER: dict[str, Callable[[Audit, AuditSummary], Html]] = {
+    "findings": lambda _a, s: Html(findings_html(s["findings"])),
     "summary": _summary, "lens": _lens, "attribution": _attribution, "patching": _patching,
     "probes": _probes, "concepts": _concepts, "features": _features, "subsets": more.subsets,
     "scores": scores,
@@ -277,6 +287,8 @@ figcaption{color:#555;font-size:12.5px;margin-top:4px}
 .notrun{color:#7a5b00;background:#fff8e1;border-left:3px solid #e0b000;padding:8px 12px}
 code{background:#f2f2f2;padding:0 3px;border-radius:3px}footer{color:#666;font-size:12px}
 .how{color:#333;background:#f4f8fc;border-left:3px solid #1f3a5f;padding:6px 12px}.note{color:#7a5b00}
+.finding .strength{font-size:11px;background:#e8eef5;border-radius:3px;padding:0 4px;color:#1f3a5f}
+.finding[data-strength="too few pairs"] .strength,.finding[data-strength=fragile] .strength{background:#fff1d6}
 .tokpair h3{margin:16px 0 4px}.sides{display:grid;grid-template-columns:1fr 1fr;gap:12px}.sides h4{margin:2px 0;
 font-size:12.5px;font-weight:500;color:#333}.toks{white-space:pre-wrap;word-break:break-word;font:12px/1.75
 ui-monospace,Menlo,Consolas,monospace;border:1px solid #e6e6e6;border-radius:4px;padding:6px;max-height:360px;

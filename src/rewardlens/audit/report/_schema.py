@@ -89,6 +89,8 @@ class TopPart(TypedDict):
     """One of the top parts (`Faithfulness.top`): its mean attribution and effects over pairs."""
 
     part: str
+    mean_abs_total_effect: float
+    """The statistic the parts are ranked by (`stats.top_parts`): mean |total effect| over the counted pairs."""
     attribution: float
     total_effect: float
     direct_effect: float
@@ -129,6 +131,9 @@ class AuditSummary(TypedDict):
     parity_line: str | None
     circuit: dict[str, Any] | None
     """`Circuit.summary()` of the audit's circuit (`Plan(circuit=True)`), None when not run."""
+    findings: dict[str, Any] | None
+    """The audit's claims (`_findings.findings_summary`): the organism sentence, `min_pairs`, what each strength
+    means, and each claim with its number, interval, pairs and strength; None only while `summary` builds it."""
 
 
 class AuditResult(AuditSummary):

@@ -106,12 +106,12 @@ def estimands(a: Audit, s: AuditSummary) -> Html:
                "direct path only, so it tracks the direct effect; a part with a large indirect share looks small to "
                "attribution yet matters to patching. That is why attribution and patching rank parts differently: "
                "they answer different questions, and neither is wrong.")
-    rows = [(r["part"], num(r["attribution"]), num(r["direct"]), num(r["indirect"]), num(r["total"]),
-             num(r["indirect_share"], 2)) for r in s["estimands"]]
+    rows = [(r["part"], num(r["mean_abs_total"]), num(r["total"]), num(r["attribution"]), num(r["direct"]),
+             num(r["indirect"]), num(r["indirect_share"], 2)) for r in s["estimands"]]
     fig = figure("estimands", figures.fig_estimands(a),
                  "Mean direct (blue), indirect (orange) and total (grey) effect on the margin of the parts with the "
                  "largest mean |total effect| (reward units); black tick: mean attribution.", "estimand split")
-    return Html(text + table(["part", "attribution", "direct", "indirect", "total",
+    return Html(text + table(["part", "mean |total| (ranked by)", "total", "attribution", "direct", "indirect",
                               "indirect share |ind| / (|dir| + |ind|)"], rows) + fig)
 
 
