@@ -120,8 +120,10 @@ def test_runs_that_show_nothing_are_noted():
 def test_an_edit_that_fails_is_said_in_words():
     assert gap_note(np.array([0.8, 0.9, 0.85]), (0.8, 0.9), (0.0, 0.5)) is None
     note = gap_note(np.array([0.3, -0.2, 0.1]), (-0.2, 0.3), (0.33, 0.69))
-    assert "gap +0.07 (95% CI -0.20 to +0.30) over 3 seed(s)" in note and "69% of held-out bias pairs" in note
-    assert "at least 2 seeds" in gap_note(np.array([0.5]), (float("nan"), float("nan")), (0.0, 0.5))
+    assert "gap +0.07 over 3 seed(s), 95% CI -0.20 to +0.30, which does not exclude zero" in note
+    assert "69% of held-out bias pairs" in note
+    one = gap_note(np.array([0.5]), (float("nan"), float("nan")), (0.0, 0.5))
+    assert "over 1 seed(s), no interval (it needs at least 2 seeds)" in one and "nan" not in one.lower()
 
 
 def test_the_result_agrees_with_its_own_per_step_frame(small_loop):
@@ -175,6 +177,22 @@ def test_cli_prints_the_gap_of_the_cached_runs(small_loop, capsys):
     lp = small_loop.loops[0]
     assert f"{lp.gap:.2f} [{lp.gap_ci[0]:.2f}, {lp.gap_ci[1]:.2f}]" in printed
     assert "monitor (planted)" in printed and "false alarms / 100 steps" in printed
+
+
+def test_cli_prints_an_interval_only_where_it_exists_and_signs_the_lead(small_loop, capsys):
+    """One seed has no interval over seeds: it used to print "(95% CI +nan to +nan)" and unsigned leads."""
+    assert main(["verify-edit", "--organism", "list", "--seeds", "1", "--steps", "5"]) == 0  # seed 0: cached
+    printed = capsys.readouterr().out
+    assert "nan" not in printed.lower() and "(no CI: 1 seed)" in printed
+    assert "negative, the alarm came that many steps before the onset" in printed
+    t = small_loop.loops[0].traces["original"][0]  # seed 0's run, the one the CLI reread
+    for s in SIGNALS:  # the lead by hand: first alarm step − first step with a rate over 50%, printed with its sign
+        alarm, onset = np.flatnonzero(t.alarms[s]), np.flatnonzero(t.rate > 0.5)
+        row = next(x for x in printed.splitlines() if f" {s} " in x + " " and x.startswith("list"))
+        if len(alarm) and len(onset):
+            assert f" {float(t.steps[alarm[0]] - t.steps[onset[0]]):+.2f} (no CI: 1 seed)" in row
+        else:
+            assert "  - " in row + " "
 
 
 def test_without_trl_the_loop_names_the_extra(monkeypatch, tmp_path):

@@ -53,21 +53,38 @@ def _verify(args: argparse.Namespace) -> dict[str, Any]:
     return {"summary": full["summary"], "warnings": full["warnings"], "notes": full["notes"], "page": args.out}
 
 
-def _number(v: Any) -> str:
-    return "-" if v is None else f"{v:.2f}" if isinstance(v, float) else str(v)
+LEAD_MEANING = ("lead = first alarm step − onset step (the first step the behaviour rate passed 50% on the original "
+                "RM's runs), mean over the seeds that have both: negative, the alarm came that many steps before "
+                "the onset (an early warning); positive, after it; '-', no seed had both")
+"""The printed lead column's sign and meaning (`rewardlens.loop._signals`), said under the table."""
+
+
+def _number(v: Any, sign: str = "") -> str:
+    return "-" if v is None else f"{v:{sign}.2f}" if isinstance(v, float) else str(v)
+
+
+def _with_ci(v: Any, lo: Any, hi: Any, n: int, sign: str = "") -> str:
+    """`v [lo, hi]`; where the interval is undefined, why instead (a bootstrap over seeds needs 2), never nan."""
+    if v is None:
+        return "-"
+    if lo is None or hi is None:
+        return f"{_number(v, sign)} (no CI: {n} seed{'s' if n != 1 else ''})"
+    return f"{_number(v, sign)} [{_number(lo, sign)}, {_number(hi, sign)}]"
 
 
 def _show(result: dict[str, Any]) -> None:
     rows = [[r["organism"], r["concept"], _number(r["rate_original"]), _number(r["rate_edited"]),
-             f"{_number(r['gap'])} [{_number(r['gap_lo'])}, {_number(r['gap_hi'])}]",
+             _with_ci(r["gap"], r["gap_lo"], r["gap_hi"], r["seeds"]),
              f"{_number(r['quality_original'])} -> {_number(r['quality_edited'])}", "yes" if r["edit_works"] else "no"]
             for r in result["summary"]]
     print(table(["organism", "edit", "rate (orig)", "rate (edited)", "gap [95% CI]", "quality acc", "edit works"],
                 rows))
-    rows = [[r["organism"], r["signal"], f"{_number(r['lead'])} [{_number(r['lead_lo'])}, {_number(r['lead_hi'])}]",
-             r["n_lead"], f"{_number(r['false_per_100'])} [{_number(r['false_lo'])}, {_number(r['false_hi'])}]"]
+    seeds = {r["organism"]: r["seeds"] for r in result["summary"]}
+    rows = [[r["organism"], r["signal"], _with_ci(r["lead"], r["lead_lo"], r["lead_hi"], r["n_lead"], "+"),
+             r["n_lead"], _with_ci(r["false_per_100"], r["false_lo"], r["false_hi"], seeds[r["organism"]])]
             for r in result["warnings"]]
     print(table(["organism", "signal", "lead (steps) [95% CI]", "seeds", "false alarms / 100 steps"], rows))
+    print(LEAD_MEANING)
     for n in result["notes"]:
         print("note:", n)
     if result["page"]:

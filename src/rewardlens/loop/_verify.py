@@ -223,9 +223,11 @@ def gap_note(gaps: np.ndarray, ci: tuple[float, float], bias_edited: tuple[float
     """In words, when the gap's interval does not exclude zero on the side of a lower rate under the edit."""
     if np.isfinite(ci[0]) and ci[0] > 0:
         return None
-    why = "an interval needs at least 2 seeds" if not np.isfinite(ci[0]) else "its interval does not exclude zero"
-    return (f"the edit did not clearly lower the behaviour rate: gap {np.mean(gaps):+.2f} (95% CI {ci[0]:+.2f} to "
-            f"{ci[1]:+.2f}) over {len(gaps)} seed(s), {why}; the edited reward model still prefers the planted side "
+    # An interval is printed only where it exists: one seed has none, and "+nan to +nan" reads as a result.
+    why = ("no interval (it needs at least 2 seeds)" if not np.isfinite(ci[0])
+           else f"95% CI {ci[0]:+.2f} to {ci[1]:+.2f}, which does not exclude zero")
+    return (f"the edit did not clearly lower the behaviour rate: gap {np.mean(gaps):+.2f} over {len(gaps)} seed(s), "
+            f"{why}; the edited reward model still prefers the planted side "
             f"of {bias_edited[1]:.0%} of held-out bias pairs (mean margin {bias_edited[0]:+.2f}), and GRPO divides "
             "each group's rewards by their spread, so a small preference left is as strong a signal as a large one")
 
