@@ -115,3 +115,32 @@ def test_rows_that_are_not_the_audits_pairs_are_refused():
     t = attribution(TEXTS, VALUES)
     with pytest.raises(RewardLensError, match="6 rows but the audit names 2 pairs"):
         token_section(t, ["p0", "p1"], np.array([1.0, 2.0]))
+
+
+def test_content_view_greys_the_template_scales_by_the_content_and_states_its_share():
+    """With token roles (0 template, 1 prompt, 2 response) the template's tokens are grey, the colour scale is set
+    by the prompt's and response's tokens alone, and each header splits Σ tokens by role with shares."""
+    from dataclasses import replace
+
+    roles = [[0, 1, 0, 2, 0], [2, 0, 0], [1, 2], [2], [1, 2], [0, 2]]
+    t = replace(attribution(TEXTS, VALUES), roles=[np.array(r, dtype=np.int8) for r in roles])
+    html = token_section(t, ["p0", "p1", "p2"], np.array([-3.0, 0.0, 1.0]))
+    content = [abs(v) for vs, rs in zip(VALUES, roles) for v, r in zip(vs, rs) if r]
+    vmax = max(content)
+    assert vmax == 1.0  # the template's ±4 and 2 do not set the scale
+    page = Tokens(html)
+    rows = {"p0": (0, 1), "p1": (2, 3), "p2": (4, 5)}
+    for pid, sides in page.pairs:
+        for side, row in zip(sides, rows[pid]):
+            for pos, (cls, style, title, _) in enumerate(side):
+                value, template = VALUES[row][pos], roles[row][pos] == 0
+                assert ("tpl" in cls.split()) == template
+                want = "background:#ececec;color:#8a8a8a" if template else \
+                    f"background:{rgb(value, vmax) if value else 'rgb(255,255,255)'}"
+                assert style == want and f"{value:+.4g} reward units" in title
+    # chosen of p0: reward 1.25 = response 0 + prompt -1 + template (0.5 + 2 - 0.5) + at read 0.5 + constant -0.25
+    reward = sum(VALUES[0]) + AT_READ + CONSTANT
+    template = VALUES[0][0] + VALUES[0][2] + VALUES[0][4]
+    assert f"template (3 tokens) {template:g} ({100 * template / reward:+.1f} %)" in html
+    assert f"prompt {VALUES[0][1]:g} ({100 * VALUES[0][1] / reward:+.1f} %)" in html
+    assert "Content view:" in html and "exact direct split" in html and "total ≈" in html

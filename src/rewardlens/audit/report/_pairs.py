@@ -44,9 +44,20 @@ def _tokens(a: Audit, i: int) -> Html:
                     "the largest |margin|); <code>rewardlens tokens</code> attributes any pair.</p>")
     j = a.token_pairs.index(i)  # the token rows hold the attributed pairs in `token_pairs` order
     row = {pair_of(r): r for r in range(len(t.rows))}
-    rows = [(s, pos, text, num(v)) for s in SIDES for pos, text, v in t.top(row[j, s], DRILL_TOKENS)]
-    return Html("<h4>Tokens adding most to each side's reward (reward units; all of them in the Tokens "
-                "section)</h4>" + table(["side", "position", "token", "value"], rows))
+    if t.roles is None:  # stored before token roles: every token, template included
+        rows = [(s, pos, text, num(v)) for s in SIDES for pos, text, v in t.top(row[j, s], DRILL_TOKENS)]
+        return Html("<h4>Tokens adding most to each side's reward (reward units; all of them in the Tokens "
+                    "section)</h4>" + table(["side", "position", "token", "value"], rows))
+    cells: list[tuple[object, ...]] = []
+    for s in SIDES:  # the content view: the response's and prompt's own tokens, the template's as one row
+        r = row[j, s]
+        cells += [(s, role, pos, text, num(v)) for role in ("response", "prompt")
+                  for pos, text, v in t.top(r, DRILL_TOKENS, role)]
+        cells.append((s, "template", "—", f"{t.role_names(r).count('template')} tokens, summed",
+                      num(t.groups(r)["template"])))
+    return Html("<h4>Response and prompt tokens adding most to each side's reward, the template's summed (exact "
+                "direct split, reward units; all of them in the Tokens section)</h4>"
+                + table(["side", "role", "position", "token", "value"], cells))
 
 
 def drill(a: Audit, i: int) -> Html:
