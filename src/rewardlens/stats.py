@@ -147,7 +147,7 @@ def margin_share(values: np.ndarray, margins: np.ndarray, min_margin: float = 1e
     if not np.isfinite(scale) or scale < min_margin:
         return np.full(v.shape[1:], np.nan)
     sign = np.sign(m).reshape(-1, *([1] * (v.ndim - 1)))
-    return (sign * v).mean(0) / scale  # type: ignore[no-any-return]
+    return (sign * v).mean(0) / scale
 
 
 def share_warning(margins: np.ndarray, min_margin: float = 1e-4) -> str | None:

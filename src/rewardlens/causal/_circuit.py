@@ -82,7 +82,7 @@ class Circuit:
     def shares_of_mean_margin(self) -> np.ndarray:
         """[S] mean circuit margin / mean clean margin: ill-conditioned when the pairs disagree (`warning`)."""
         with np.errstate(divide="ignore", invalid="ignore"):
-            return self.margins.mean(1) / self.clean.mean()  # type: ignore[no-any-return]
+            return self.margins.mean(1) / self.clean.mean()
 
     @property
     def share(self) -> float:
