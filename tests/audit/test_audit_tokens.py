@@ -38,6 +38,10 @@ def test_the_audit_attributes_the_tokens_of_the_pairs_with_the_largest_margins(t
     monkeypatch.setattr(importlib.import_module("rewardlens.audit._whole"), "tokens", boom)
     again = audit(model, pairs, store=tmp_path / "results.sqlite", plan=PLAN)
     assert again.token_pairs == want
+    # the token roles come back from the store, so the report's content view needs no rerun
+    assert again.tokens.roles is not None and len(again.tokens.roles) == len(direct.roles)
+    for got, exp in zip(again.tokens.roles, direct.roles):
+        np.testing.assert_array_equal(got, exp)
 
 
 def test_without_tokens_the_audit_says_so(tiny_root):
