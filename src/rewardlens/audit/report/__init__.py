@@ -2,10 +2,15 @@
 
 `rewardlens.audit.report.figures` holds the figures as plain functions (`fig_lens(audit)`, ...) for other
 faces to reuse; `summary`, `tables` and `margins` the summary numbers and tables behind the page;
-`token_section` the token section's HTML for any `TokenAttribution` of pairs.
+`token_section` the token section's HTML for any `TokenAttribution` of pairs; `findings` the audit's claims
+(`Finding`: sentence, number, interval, pairs, strength) that open the page and `findings_text` their lines
+as `rewardlens audit` prints them.
 """
 
 from . import _figures as figures
+from ._findings import Finding as Finding
+from ._findings import findings as findings
+from ._findings import findings_text as findings_text
 from ._numbers import margins as margins
 from ._numbers import plain as plain
 from ._numbers import summary as summary
@@ -15,5 +20,5 @@ from ._schema import AuditSummary as AuditSummary
 from ._tokens import token_section as token_section
 from ._write import write_report as write_report
 
-__all__ = ["AuditResult", "AuditSummary", "figures", "margins", "plain", "summary", "tables", "token_section",
-           "write_report"]
+__all__ = ["AuditResult", "AuditSummary", "Finding", "figures", "findings", "findings_text", "margins", "plain",
+           "summary", "tables", "token_section", "write_report"]

@@ -18,17 +18,16 @@ from ...data import chosen, margin, pair_of, rejected
 from ...errors import RewardLensError
 from ...model import score_pairs
 from ...stats import json_ready, to_json
+from ...types import SEED_PAPER, SEED_PAPER_RHO
 from .._runner import Audit
 from . import _instruments as more
+from ._findings import findings_summary
 from ._groups import TOP_PARTS, counted, labels, parts, spread, subsets, subsets_frame
 from ._schema import AuditSummary, FaithfulnessSummary, Interval, PairScore, ParityRow
 from ._steps import steps_summary
 
 if TYPE_CHECKING:
     import pandas as pd
-
-SEED_PAPER = {"Skywork-Reward-Llama-3.1-8B": -0.256, "ArmoRM": -0.027}
-"""The seed paper's reported statistic (mean Spearman |attribution| vs |noising effect|)."""
 
 
 def check(audit: Audit) -> None:
@@ -127,7 +126,9 @@ def summary(audit: Audit, top: int = TOP_PARTS) -> AuditSummary:
         "parity": _parity(audit), "parity_note": audit.parity_note or None,
         "parity_line": None if audit.parity is None else f"on {audit.parity_pairs} pairs: {audit.parity.line()}",
         "circuit": None if audit.circuit is None else audit.circuit.summary(),  # the result's own numbers
+        "findings": None,
     }
+    out["findings"] = findings_summary(audit, out)  # the claims quote the numbers above
     return out
 
 
@@ -159,7 +160,7 @@ def _faithfulness(audit: Audit) -> FaithfulnessSummary:
     return {
         "level": f.level, "mode": f.mode, "n_parts": len(f.names), "pooled": pooled,
         "seed_statistic": {"rho": rho, "lo": lo, "hi": hi, "pairs": pairs, "positions": f.seed_positions,
-                           "mode": f.seed_mode, "paper": SEED_PAPER},
+                           "mode": f.seed_mode, "paper": SEED_PAPER_RHO, "paper_name": SEED_PAPER},
         "paper_statistic": paper,
         "attribution_patching_agreement": f.agreement(),
     }
