@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
+from ..types import SEED_PAPER
 from ._common import (
     ArgumentError,
     Command,
@@ -62,6 +63,11 @@ def _inputs(args: argparse.Namespace) -> tuple[RewardModel, list[Pair]]:
                   "A sycophantic model prefers the rejected side: expect negative margins and low accuracy.")
         print()
     return load_model(args), pairs
+
+
+DEMO_DATA = ("the built-in audit pairs (rewardlens.zoo.AUDIT_PAIRS: each user states a mistaken view; chosen "
+             "corrects it, rejected agrees)")
+"""What the demo's pairs are, as its report's provenance says (the demo organism prefers the agreeing side)."""
 
 
 def _rank() -> tuple[int, int, int]:
@@ -114,7 +120,7 @@ def _run(args: argparse.Namespace, state: dict[str, Any]) -> dict[str, Any]:
     before = resume_status(main_path, model, pairs, plan, decided).kept if world == 1 else None
     try:
         result = audit(model, pairs, store=main_path, plan=plan, sae=sae, progress=not args.quiet,
-                       data=args.pairs or "the built-in audit pairs (rewardlens.zoo.AUDIT_PAIRS)",
+                       data=args.pairs or DEMO_DATA,
                        command_line=args.command_line, rank=rank, world_size=world, hold=[out], decided=decided)
     finally:
         if world > 1:
@@ -161,6 +167,9 @@ def _show(shown: dict[str, Any]) -> None:
     ci = lambda d: "-" if d["rho"] is None else f"{d['rho']:+.3f} [{bound(d['lo'])}, {bound(d['hi'])}]"
     prov = result["provenance"]
     print(f"{result['model']}\nmodel: {prov['model_path']} · data: {prov['data']}\n")
+    from ..audit.report import findings_text  # imported by the run already
+
+    print(findings_text(result["findings"]) + "\n")  # the page's opening paragraph, the same sentences
     cell = lambda x: "non-finite" if x is None else x  # noqa: E731  (NaN and inf are None once plain)
     print(table(["pair", "chosen", "rejected", "margin"],
                 [(p["id"], cell(p["chosen"]), cell(p["rejected"]), cell(p["margin"])) for p in result["pairs"]]))
@@ -184,7 +193,8 @@ def _show(shown: dict[str, Any]) -> None:
                   t["indirect_effect"], ood(t)) for t in result["top_parts"]]))
     fa = result["faithfulness"]
     print(f"\nattribution vs patching, mean per-pair Spearman ρ: direct {ci(fa['pooled']['direct'])}, "
-          f"total {ci(fa['pooled']['total'])}; seed-paper statistic {ci(fa['seed_statistic'])}")
+          f"total {ci(fa['pooled']['total'])}; seed-paper statistic {ci(fa['seed_statistic'])} (the seed paper: "
+          f"{SEED_PAPER})")
     if fa.get("paper_statistic") is not None:
         print(f"seed-paper statistic the paper's way (prefix noising, attention and MLP sublayers): "
               f"{ci(fa['paper_statistic'])}")

@@ -184,7 +184,10 @@ def _show_faithfulness(result: dict[str, Any]) -> None:
     fmt = lambda v: "nan" if v is None else f"{v:+.3f}"
     print(table(["comparison", "mean ρ", "CI low", "CI high", "pairs"],
                 [(r["comparison"], fmt(r["rho"]), fmt(r["lo"]), fmt(r["hi"]), r["pairs"]) for r in result["summary"]]))
-    print("\nseed paper, same statistic: ρ = −0.256 (Skywork-Reward-Llama-3.1-8B), −0.027 (ArmoRM)")
+    from ..types import SEED_PAPER, SEED_PAPER_RHO
+
+    reported = ", ".join(f"{v:+.3f}".replace("-", "−") + f" ({k})" for k, v in SEED_PAPER_RHO.items())
+    print(f"\nseed paper ({SEED_PAPER}), same statistic: ρ = {reported}")
 
 
 def neuron_choice(text: str) -> list[str] | int:
