@@ -164,11 +164,10 @@ def share_warning(margins: np.ndarray, min_margin: float = 1e-4) -> str | None:
                 "of it is defined; audit pairs the model separates")
     if abs(mean) >= SMALL_MEAN_MARGIN * scale:
         return None
-    against = int((np.sign(m) != np.sign(mean)).sum())
-    return (f"warning: the pairs' margins disagree in sign ({against} of {len(m)} against the mean): the mean "
-            f"margin {mean:+.3g} is {abs(mean) / scale:.0%} of the mean |margin| {scale:.3g}, so a share of the mean "
-            "margin is ill-conditioned; read the share of each pair's own |margin|, or split the pairs by the "
-            "sign of their margin")
+    return (f"warning: the pairs' margins disagree in sign ({int((m < 0).sum())} of {len(m)} pairs prefer the "
+            f"rejected side): the mean margin {mean:+.3g} is {abs(mean) / scale:.0%} of the mean |margin| {scale:.3g}, "
+            "so a share of the mean margin is ill-conditioned; read the share of each pair's own |margin|, or split "
+            "the pairs by the sign of their margin")
 
 
 def topk_overlap(a: np.ndarray, b: np.ndarray, k: int) -> float:

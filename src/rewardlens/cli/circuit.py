@@ -90,9 +90,9 @@ def _show(result: dict[str, Any]) -> None:
     c = result["circuit"]
     n_exact = sum(k["exact"] for k in c["kept"])
     print(f"\n{c['level']}-level circuit of {len(c['kept'])} edges carries {c['share']:.1%} of each pair's own clean "
-          f"margin (|margin|-weighted; mean |margin| {c['mean_abs_clean_margin']:.4f}); of the mean clean margin "
-          f"{c['clean_margin']:+.4f} (no edge: {c['empty_margin']:+.4f}): {c['share_of_mean_margin']:.1%}; "
-          f"{n_exact} of its edge scores are exact")
+          f"margin (|margin|-weighted; mean |margin| {c['mean_abs_clean_margin']:.4f}) and "
+          f"{c['share_of_mean_margin']:.1%} of the mean clean margin {c['clean_margin']:+.4f} (a ratio of means; no "
+          f"edge: {c['empty_margin']:+.4f}); {n_exact} of its edge scores are exact")
     print(table(["edges", "share of own margins", "share of mean margin"],
                 [[p["edges"], f"{p['share']:.3f}", f"{p['share_of_mean_margin']:.3f}"] for p in c["curve"]]))
     if c["warning"]:
