@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 from typing import Any
 
 from ._common import (
@@ -19,6 +20,10 @@ from ._common import (
     read_pairs,
     table,
 )
+
+DEFAULT_MEMORY_GB = 2.0
+"""`sae train --memory-gb`'s default: `rewardlens.sae._memory.DEFAULT_MEMORY_GB`, written here so the CLI starts
+without importing torch (tests/sae/test_memory.py checks the two agree)."""
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -53,6 +58,10 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                         "0 keeps all")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--cache", default=None, help="activation cache folder (safetensors shards), reused if present")
+    t.add_argument("--memory-gb", type=float, default=DEFAULT_MEMORY_GB,
+                   help="without --cache, hold the activations in memory when they fit this many GB (tokens × "
+                        "width × 4 bytes), so the model runs once rather than once per epoch "
+                        f"(default {DEFAULT_MEMORY_GB:g}; 0 always reruns the model)")
     a = sub.add_parser("attribute", help="split each pair's reward margin over an SAE's features")
     _common(a)
     a.add_argument("--sae", required=True, help="SAE folder (cfg.json + sae.safetensors) or a parent of several")
@@ -128,7 +137,6 @@ def _train(args: argparse.Namespace) -> dict[str, Any]:
         ActivationSource,
         SAEConfig,
         TrainConfig,
-        cache_activations,
         evaluate,
         fidelity,
         hookpoint,
@@ -140,7 +148,8 @@ def _train(args: argparse.Namespace) -> dict[str, Any]:
     point = TraceKey.resid(args.layer)
     source = ActivationSource(model, pairs, point, positions=args.positions, batch_size=args.batch_size,
                               skip_first=args.skip_first, progress=not args.quiet)
-    data = cache_activations(source, args.cache) if args.cache else source
+    data, held = _held(source, args)
+    print(held, file=sys.stderr)  # before the passes, so the user knows which wait is coming
     cfg = TrainConfig(
         sae=SAEConfig(k=args.k, expansion_factor=args.expansion_factor, num_latents=args.latents),
         batch_size=args.sae_batch_size, epochs=args.epochs, lr=args.lr, auxk_alpha=args.auxk_alpha, seed=args.seed,
@@ -158,8 +167,22 @@ def _train(args: argparse.Namespace) -> dict[str, Any]:
         "activations_per_second": result.activations_per_second,
         "fvu": stats.fvu, "explained_variance": stats.explained_variance, "l0": stats.l0,
         "dead_fraction": stats.dead_fraction, "max_norm": result.max_norm, "dropped": stats.n_dropped,
-        "fidelity": _fit(fit),
+        "fidelity": _fit(fit), "activations_held": held,
     }
+
+
+def _held(source: Any, args: argparse.Namespace) -> tuple[Any, str]:
+    """(what `sae train` trains on, one line saying which): the shard cache with --cache, else the activations in
+    memory when they fit --memory-gb (`hold_activations`), else the model rerun on every epoch."""
+    from ..sae import cache_activations, hold_activations
+
+    if args.cache:
+        return cache_activations(source, args.cache), (f"activations cached on disk in {args.cache} (--cache): "
+                                                       "the model runs at most once")
+    data, line = hold_activations(source, args.memory_gb)
+    if data is source and args.epochs > 1:
+        line += f" ({args.epochs} epochs: raise --memory-gb, or pass --cache DIR to keep them on disk)"
+    return data, line
 
 
 def _attribute(args: argparse.Namespace) -> dict[str, Any]:
@@ -262,6 +285,9 @@ def _check(args: argparse.Namespace) -> None:
         check_out_folder(args.out, "--out folder")
         if args.cache:
             check_out_folder(args.cache, "--cache folder")
+        if not (math.isfinite(args.memory_gb) and args.memory_gb >= 0):
+            raise ArgumentError(f"--memory-gb {args.memory_gb} is not a memory budget (a finite number of GB >= 0); "
+                                f"pass e.g. {DEFAULT_MEMORY_GB:g} (the default), or 0 to rerun the model every epoch")
         if not (math.isfinite(args.auxk_alpha) and args.auxk_alpha >= 0):
             raise ArgumentError(f"--auxk-alpha {args.auxk_alpha} is not a loss weight (a finite number >= 0); pass "
                                 "e.g. 0.03125 (the default, 1/32), or 0 to train without the dead-latent AuxK loss")

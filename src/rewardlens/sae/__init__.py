@@ -22,6 +22,10 @@ from ._fidelity import MIN_EXPLAINED_VARIANCE as MIN_EXPLAINED_VARIANCE
 from ._fidelity import MIN_REWARD_RECOVERED as MIN_REWARD_RECOVERED
 from ._fidelity import Fidelity as Fidelity
 from ._fidelity import fidelity as fidelity
+from ._memory import DEFAULT_MEMORY_GB as DEFAULT_MEMORY_GB
+from ._memory import MemoryActivations as MemoryActivations
+from ._memory import activation_bytes as activation_bytes
+from ._memory import hold_activations as hold_activations
 from ._page import feature_page as feature_page
 from ._page import write_feature_page as write_feature_page
 from ._patch import FeaturePatch as FeaturePatch
@@ -43,6 +47,7 @@ __all__ = [
     "ActivationSource",
     "Activations",
     "Context",
+    "DEFAULT_MEMORY_GB",
     "FeatureCard",
     "FeatureCards",
     "FeatureAttribution",
@@ -51,6 +56,7 @@ __all__ = [
     "Fidelity",
     "MIN_EXPLAINED_VARIANCE",
     "MIN_REWARD_RECOVERED",
+    "MemoryActivations",
     "Provenance",
     "FeatureSteer",
     "FeatureTotals",
@@ -61,6 +67,7 @@ __all__ = [
     "TrainConfig",
     "TrainResult",
     "attribute_features",
+    "activation_bytes",
     "attribute_with_readout",
     "cache_activations",
     "evaluate",
@@ -70,6 +77,7 @@ __all__ = [
     "fidelity",
     "feature_steer",
     "feature_totals",
+    "hold_activations",
     "hookpoint",
     "load_sae",
     "load_sae_for",

@@ -133,9 +133,10 @@ def poor_fit_advice(model: RewardModel, sae: TopKSAE, fit: Fidelity) -> str:
         return (f"this SAE was trained on this model at {fit.point} but at positions={p.positions!r}, and is measured "
                 f"at positions={fit.positions!r}: measure it where it was trained (positions='auto'), or train one at "
                 f"positions={fit.positions!r} (rewardlens sae train --positions {fit.positions})")
+    wider = ", --positions all" if fit.positions == "read" else ""
     return (f"this SAE was trained on this model at {fit.point} (positions={fit.positions!r}), so it needs more "
             "training, not another model's: more epochs (--epochs), more latents or a larger k (--latents, "
-            "--expansion-factor, --k), or more data (a larger --pairs file, --positions all)")
+            f"--expansion-factor, --k), or more data (a larger --pairs file{wider})")
 
 
 def _runs(model: RewardModel, sae: TopKSAE, source: ActivationSource, rewards: np.ndarray) -> Iterator[Activations]:

@@ -48,7 +48,8 @@ class TrainConfig:
     batch_size: int = 4096
     """Activations per optimizer step."""
     epochs: int = 1
-    """Passes over the activation source (each reruns the model, or rereads the shard cache)."""
+    """Passes over the activation source (each reruns the model, or rereads the shard cache or the activations
+    `hold_activations` keeps in memory)."""
     lr: float | None = None
     """Adam learning rate; None: `2e-4 / sqrt(n_latents / 2**14)` (sparsify's rule)."""
     lr_warmup_steps: int = 100
