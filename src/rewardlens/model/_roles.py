@@ -179,6 +179,8 @@ def token_roles(tokenizer: PreTrainedTokenizerBase, item: Text, ids: list[int], 
     """Each token's role code [len(ids)] (`ROLES`: template, prompt, response) in the sequence `ids` the
     model reads for `item` (a judge asked `question`), by the rule in this module's docstring; None
     when the contents cannot be located (the caller falls back to `by_special_ids`)."""
+    if not isinstance(item, str) and not all(isinstance(m.get("content"), str) for m in item):
+        return None  # contents given as parts (images, lists): no text to locate
     try:
         make, spans = _layout(tokenizer, item, encoder, question)
         if spans is None:
