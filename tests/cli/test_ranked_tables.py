@@ -5,14 +5,17 @@ them. circuit, patch and attribute rank by `stats.top_parts` (mean |value| over 
 
 from __future__ import annotations
 
+import html
 import json
 import math
+import re
 
 import numpy as np
 import pytest
 
 from rewardlens.cli import main
 from rewardlens.data import save_pairs
+from rewardlens.zoo import DEMO_PAIRS
 from tests.helpers.tiny import PAIRS
 
 
@@ -98,12 +101,36 @@ def test_attribute_table_is_sorted_by_mean_abs_margin(capsys, tiny_root, pairs_f
     np.testing.assert_allclose(got, want, atol=1e-4)
 
 
-def test_audit_top_parts_table_is_sorted_by_mean_abs_total_effect(capsys, tiny_root, pairs_file, tmp_path):
-    out = _run(capsys, ["audit", str(tiny_root["llama"]), "--pairs", pairs_file, "--out", str(tmp_path / "audit"),
-                        "--no-probes", "--no-concepts", "--no-divergence", "--no-tokens", "--quiet"])
+def html_tables(page: str) -> list[tuple[list[str], list[list[str]]]]:
+    """Every table of the report page: (headers, rows of cell texts)."""
+    out = []
+    for head, body in re.findall(r"<table><thead><tr>(.*?)</tr></thead><tbody>(.*?)</tbody></table>", page, re.S):
+        headers = [html.unescape(h) for h in re.findall(r"<th[^>]*>(.*?)</th>", head, re.S)]
+        rows = [[html.unescape(c) for c in re.findall(r"<td[^>]*>(.*?)</td>", r, re.S)]
+                for r in re.findall(r"<tr[^>]*>(.*?)</tr>", body, re.S)]
+        out.append((headers, rows))
+    return out
+
+
+def test_audit_top_parts_table_and_the_reports_ranked_tables_are_sorted(capsys, tiny_root, tmp_path):
+    pairs = str(save_pairs(DEMO_PAIRS[:4], tmp_path / "pairs.jsonl"))  # divergence needs 4 pairs
+    out = _run(capsys, ["audit", str(tiny_root["llama"]), "--pairs", pairs, "--out", str(tmp_path / "audit"),
+                        "--circuit", "--no-probes", "--no-concepts", "--no-tokens", "--quiet"])
     rows = parse(out, "mean |total effect|")
     assert len(rows) > 3
     assert_sorted(rows, "mean |total effect|", "total effect")
+    # the page: every table marked "(ranked by)" is sorted by that column, which sits before the signed mean
+    page = (tmp_path / "audit" / "report.html").read_text(encoding="utf-8")
+    ranked = [(h, r) for h, r in html_tables(page) if any("(ranked by)" in x for x in h)]
+    seen = set()
+    for headers, body in ranked:
+        k = next(i for i, x in enumerate(headers) if "(ranked by)" in x)
+        seen.add(headers[k])
+        got = [_number(r[k]) for r in body]
+        assert got and all(a >= b for a, b in zip(got, got[1:])), (headers, got)
+    # the circuit's kept edges, the estimands, the top heads and the divergence table
+    assert {"mean |score| (ranked by)", "mean |total| (ranked by)", "mean |margin contribution| (ranked by)",
+            "mean |total effect| (ranked by)"} <= seen, seen
 
 
 def test_sae_attribute_table_is_sorted_by_its_ranking_column(capsys, tiny_root, pairs_file, tmp_path):

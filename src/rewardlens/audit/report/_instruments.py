@@ -60,11 +60,13 @@ def divergence(audit: Audit) -> dict[str, Any] | None:
     f = audit.faithfulness
     shared = [n for n in f.names if n in d.names]
     gap = np.abs(d.effect[:, [d.names.index(n) for n in shared]] - f.total[:, [f.names.index(n) for n in shared]])
+    ranking = mean_abs(f.total[counted(audit).finite])  # the rows' order (`top_parts`), shown as a column
     parts = []
     for i in top_parts(audit):
         j = d.names.index(f.names[i])
         flagged, effect = d.flagged[:, j], d.effect[:, j]
-        parts.append({"part": f.names[i], "runs": int(len(effect)), "flagged_runs": int(flagged.sum()),
+        parts.append({"part": f.names[i], "mean_abs_total": float(ranking[i]), "runs": int(len(effect)),
+                      "flagged_runs": int(flagged.sum()),
                       "max_score": float(np.max(d.divergence[:, j])), "mean_effect": float(effect.mean()),
                       "mean_effect_in_distribution": float(effect[~flagged].mean()) if (~flagged).any()
                       else float("nan")})

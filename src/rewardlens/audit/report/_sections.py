@@ -132,11 +132,11 @@ def divergence(_a: Audit, s: AuditSummary) -> Html:  # RENDER's signature (calle
     for p in d["parts"]:
         ood = p["flagged_runs"] > 0
         mark = f"out of distribution in {p['flagged_runs']} of {p['runs']} runs" if ood else "in distribution"
-        rows.append((p["part"], num(p["mean_effect"]), mark, num(p["max_score"], 2),
+        rows.append((p["part"], num(p.get("mean_abs_total")), num(p["mean_effect"]), mark, num(p["max_score"], 2),
                      num(p["mean_effect_in_distribution"])))
         marks.append("bad" if ood else "")
-    return Html(text + facts + table(["part", "mean total effect", "patched states", "largest score",
-                                      "mean effect, in-distribution runs only"], rows, marks))
+    return Html(text + facts + table(["part", "mean |total effect| (ranked by)", "mean total effect", "patched states",
+                                      "largest score", "mean effect, in-distribution runs only"], rows, marks))
 
 
 def tokens(a: Audit, _s: AuditSummary) -> Html:  # RENDER's signature (called positionally)
