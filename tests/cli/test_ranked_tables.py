@@ -128,9 +128,9 @@ def test_audit_top_parts_table_and_the_reports_ranked_tables_are_sorted(capsys, 
         seen.add(headers[k])
         got = [_number(r[k]) for r in body]
         assert got and all(a >= b for a, b in zip(got, got[1:])), (headers, got)
-    # the circuit's kept edges, the estimands, the top heads and the divergence table
+    # the circuit's kept edges, the estimands, the top heads, the divergence table and a pair's drill-down
     assert {"mean |score| (ranked by)", "mean |total| (ranked by)", "mean |margin contribution| (ranked by)",
-            "mean |total effect| (ranked by)"} <= seen, seen
+            "mean |total effect| (ranked by)", "|total| (ranked by)"} <= seen, seen
 
 
 def test_sae_attribute_table_is_sorted_by_its_ranking_column(capsys, tiny_root, pairs_file, tmp_path):

@@ -30,10 +30,10 @@ def _parts(a: Audit, i: int) -> Html:
     f = a.faithfulness
     one = np.zeros(len(f.total), dtype=bool)
     one[i] = True
-    rows = [(f.names[j], num(f.attribution[i, j]), num(f.direct[i, j]), num(f.indirect[i, j]), num(f.total[i, j]))
-            for j in f.top(DRILL_PARTS, rows=one)]
+    rows = [(f.names[j], num(abs(f.total[i, j])), num(f.total[i, j]), num(f.attribution[i, j]), num(f.direct[i, j]),
+             num(f.indirect[i, j])) for j in f.top(DRILL_PARTS, rows=one)]
     return Html(f"<h4>Top parts of this pair by |total effect| ({e(f.mode)}, reward units)</h4>"
-                + table(["part", "attribution", "direct", "indirect", "total"], rows))
+                + table(["part", "|total| (ranked by)", "total", "attribution", "direct", "indirect"], rows))
 
 
 def _tokens(a: Audit, i: int) -> Html:
