@@ -28,6 +28,7 @@ from ..types import Mode
 from ._keys import RunKey, checksum, fingerprint
 from ._natural import NaturalStates
 from ._plan import VERSION, Decided, PairUnits, Plan, lens_key, skipped_key
+from ._scored import probe_memo
 from ._store import Store
 
 DIVERGENCE = "divergence/head/noising"
@@ -96,6 +97,19 @@ def run_whole(model: RewardModel, pairs: Sequence[Pair], store: Store, plan: Pla
     # The probes' sequences are the concepts' contrast sets: each read once, at every depth the concepts need;
     # without concepts the probes score alone (no depths to keep).
     cache = ReadCache(model) if plan.concepts else None
+    memo = probe_memo(model, store, plan)  # the scored sequences, stored chunk by chunk: a killed run resumes mid-probe
+    ran: list[Probes] = []
+
+    def probes() -> Probes:
+        ran.append(probe(model, items, reference=reference(), batch_size=2 * plan.batch_size, progress=progress,
+                         cache=cache, stages=plan.stages(), memo=memo))
+        return ran[-1]
+
+    def concepts_() -> Concepts:
+        if cache is not None and plan.probes and not ran:  # the probes were stored: their chunks fill the cache
+            probes()  # (read back, every depth included: no sequence is read again, and the reads are the same)
+        return concepts(model, items=plan.concept_items(probes_record()), batch_size=2 * plan.batch_size,
+                        progress=progress, cache=cache)
 
     def token_pairs() -> _Tokens:
         res = tokens(model, [every[i] for i in chosen], heads=False, approx=False, batch_size=plan.batch_size)
@@ -114,11 +128,8 @@ def run_whole(model: RewardModel, pairs: Sequence[Pair], store: Store, plan: Pla
          plan.divergence and len(pairs) >= 4),
         (CONFLICT, lambda: conflict(model, pairs, batch_size=2 * plan.batch_size),
          model.head.n_objectives > 1 and len(pairs) >= 3 and not model.reads.multi),  # conflicts read one token
-        (plan.probes_name(), lambda: probe(model, items, reference=reference(), batch_size=2 * plan.batch_size,
-                                           progress=progress, cache=cache, stages=plan.stages()), plan.probes),
-        (lambda: plan.concepts_name(probes_record()),
-         lambda: concepts(model, items=plan.concept_items(probes_record()), batch_size=2 * plan.batch_size,
-                          progress=progress, cache=cache), plan.concepts),
+        (plan.probes_name(), probes, plan.probes),
+        (lambda: plan.concepts_name(probes_record()), concepts_, plan.concepts),
         (sae_name(sae, plan), features, sae is not None),
     )
     jobs = [(named, fn) for named, fn, wanted in whole if wanted]

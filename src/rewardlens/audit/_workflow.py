@@ -25,6 +25,7 @@ from ._lock import run_lock
 from ._natural import NaturalStates
 from ._plan import VERSION, Decided, PairUnits, Plan, run_keys, skipped_key
 from ._runner import Audit, collect, plan_for_model, run_pairs
+from ._scored import stored_chunks
 from ._store import Store
 from ._whole import run_whole
 
@@ -50,6 +51,8 @@ class ResumeStatus:
     """Pairs a rerun reads from the store instead of computing (0 when the store does not exist)."""
     whole: int
     """Whole-model results (probes, concepts, ...) stored for this model and data."""
+    chunks: int = 0
+    """Chunks of probe sequences stored for this model and the plan's read (`probe_memo`): a rerun reads them."""
 
     @staticmethod
     def reused(kept: int, n_pairs: int) -> str:
@@ -61,6 +64,7 @@ class ResumeStatus:
         if not self.path.is_file():
             return f"rewardlens: interrupted before this run stored anything; start it again with: {command_line}"
         also = f" and {self.whole} whole-model result{'s' * (self.whole != 1)}" if self.whole else ""
+        also += f" and {self.chunks} chunk{'s' * (self.chunks != 1)} of probe sequences" if self.chunks else ""
         return (f"rewardlens: interrupted; {self.path} keeps {self.kept} of {self.n_pairs} pairs{also} (a rerun "
                 f"reuses them, found by content); resume with: {command_line}")
 
@@ -81,9 +85,10 @@ def resume_status(store: str | Path, model: RewardModel, pairs: Sequence[Pair], 
         done |= db.done(skipped_key(model), set(units))
         same = (keys["lens"].model, checksum(pairs), VERSION)  # the whole-model runs: keyed by the pair set
         whole = sum("all" in db.done(k, ["all"]) for k in db.keys() if (k.model, k.data, k.version) == same)
+        chunks = stored_chunks(model, db, plan) if plan.probes and not model.reads.multi else 0
     finally:
         db.close()
-    return ResumeStatus(path, len(pairs), sum(unit in done for unit in units), whole)
+    return ResumeStatus(path, len(pairs), sum(unit in done for unit in units), whole, chunks)
 
 
 @contextlib.contextmanager

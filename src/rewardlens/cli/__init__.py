@@ -7,8 +7,11 @@ instruments are imported only once they are all good (inside each command's run 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import signal
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
 
 from ..errors import RewardLensError
 from . import (
@@ -72,10 +75,41 @@ def one_line(message: str) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command (`argv`, default `sys.argv[1:]`) and return its exit code: 2 for bad input (one line
-    naming it), 130 on Ctrl-C, else the command's own."""
+    naming it), 130 on Ctrl-C, 143 on SIGTERM (handled as Ctrl-C: what was kept, and how to resume), else the
+    command's own."""
     args = build_parser().parse_args(argv)
     args.command_line = command_line(argv)  # what to run again (a resumable audit says it)
     command = _commands()[args.command]
+    with _terminated_as_interrupt() as received:
+        return _run(args, command, received)
+
+
+@contextlib.contextmanager
+def _terminated_as_interrupt() -> Iterator[list[int]]:
+    """SIGTERM raised as KeyboardInterrupt while the command runs, so `timeout`, a scheduler's kill or a closed
+    session stop it as Ctrl-C does (a store's transaction rolled back, the resume line printed); the signals
+    received are listed in what it yields. Off the main thread (where no handler can be set) nothing changes."""
+    received: list[int] = []
+
+    def stop(signum: int, _frame: object) -> None:
+        if received:  # a second SIGTERM while the first unwinds: the resume line is still to be printed
+            return
+        received.append(signum)
+        raise KeyboardInterrupt
+
+    if threading.current_thread() is not threading.main_thread():
+        yield received
+        return
+    before = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield received
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
+def _run(args: argparse.Namespace, command: Command, received: list[int]) -> int:
+    """`main` once the command is parsed; `received`: the signals `_terminated_as_interrupt` turned into
+    KeyboardInterrupt (the exit code is 128 + the signal's number, 130 for Ctrl-C)."""
     try:
         # Bad input (a model path, a pairs file, an option): one line that names it, no traceback.
         check_common(args)
@@ -86,7 +120,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt as exc:
         print(str(exc) if isinstance(exc, Interrupted) else "rewardlens: interrupted", file=sys.stderr)
-        return 130
+        return 128 + (received[0] if received else signal.SIGINT)
     if args.json:
         print_json(result)  # strict JSON: NaN and inf as null
     else:

@@ -32,6 +32,7 @@ from ._items import base_items as base_items
 from ._items import items as items
 from ._probes import Probes as Probes
 from ._probes import probe as probe
+from ._scored import Chunks as Chunks
 from ._stages import STAGES as STAGES
 
 __all__ = [
@@ -40,6 +41,7 @@ __all__ = [
     "AXES",
     "Axis",
     "Cascades",
+    "Chunks",
     "ConceptSets",
     "Concepts",
     "Conflicts",

@@ -33,6 +33,7 @@ from ._degrade import QUALITY, degradations
 from ._fit import report, unfit
 from ._items import Item, base_items, builtin
 from ._scale import reward_scale
+from ._scored import Chunks, read_rewards
 from ._stages import INTERIM_SHARE, UNDECIDED, budget, decide, stage_items
 
 if TYPE_CHECKING:
@@ -175,6 +176,7 @@ def probe(
     progress: bool = False,
     cache: ReadCache | None = None,
     stages: Sequence[int] | None = None,
+    memo: Chunks | None = None,
 ) -> Probes:
     """Run the probe axes on base items and test each effect; returns `Probes`.
 
@@ -201,6 +203,8 @@ def probe(
     interim level with its CI beyond the flag floor, or negligible: its CI inside ±min_effect × scale),
     else at the last. The result holds the statistics of the stopping stage's items, exactly those of
     `probe` on them; `Probes.stage`, `stopped_because` and `decided` say where and why. None: one fixed set.
+    `memo`: where the scored sequences are kept chunk by chunk as they finish (`Chunks`, hacking/_scored.py; the
+    audit's results store), so a killed run resumes without scoring a kept sequence again.
     """
     if model.reads.multi:  # before the items are tokenized: they carry no step separators
         raise one_read_only("the probes")
@@ -219,7 +223,7 @@ def probe(
     for k, pool in enumerate(pools, 1):
         last = k == len(pools)
         res = _stage(model, pool, names, quality, seed, scored, batch_size, progress, cache, given, last,
-                     (min_effect, level, n_boot))
+                     (min_effect, level, n_boot), memo)
         if stages is None:
             assert res is not None  # the one stage is the last: it raises rather than return None
             return res
@@ -234,7 +238,8 @@ def probe(
 
 def _stage(model: RewardModel, everything: list[Item], names: list[str], quality: bool, seed: int,
            scored: dict[str, tuple[float, float]], batch_size: int, progress: bool, cache: ReadCache | None,
-           given: tuple[float, str] | None, last: bool, rule: tuple[float, float, int]) -> Probes | None:
+           given: tuple[float, str] | None, last: bool, rule: tuple[float, float, int], memo: Chunks | None = None
+           ) -> Probes | None:
     """`probe` on the items `everything`, scoring only the conversations `scored` does not hold (and adding
     them); None when no item fits at a stage before the last (the last one raises, as `probe` does)."""
     kept = list(range(len(everything)))  # indices into `everything`
@@ -255,7 +260,7 @@ def _stage(model: RewardModel, everything: list[Item], names: list[str], quality
 
     keys = list(convs)
     new = [k for k in keys if k not in scored]
-    got, got_length = _rewards(model, [convs[k] for k in new], batch_size, progress, cache)
+    got, got_length = _rewards(model, [convs[k] for k in new], batch_size, progress, cache, memo)
     scored.update(zip(new, zip(got.tolist(), got_length.tolist())))
     reward = np.array([scored[k][0] for k in keys])
     length = np.array([scored[k][1] for k in keys])
@@ -336,20 +341,14 @@ def _summarise(names: list[str], base: list[Item], delta: np.ndarray, added: np.
 
 
 def _rewards(model: RewardModel, convs: list[Conversation], batch_size: int, progress: bool = False,
-             cache: ReadCache | None = None) -> tuple[np.ndarray, np.ndarray]:
+             cache: ReadCache | None = None, memo: Chunks | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Reward [n] and token count [n] of each conversation: `model.score`'s loop (the same batches,
-    fp32 head and readout), or the read loop through `cache`; one bar step per scored sequence."""
+    fp32 head and readout), or the read loop through `cache`, chunk by chunk through `memo` when given (a kept
+    chunk read back); one bar step per scored sequence."""
     if not convs:  # a later stage whose sequences an earlier one scored
         return np.zeros(0), np.zeros(0)
     seqs, _ = model.encode(convs)
-    reward = np.zeros(len(seqs), dtype=np.float32)
     with progress_bar(len(seqs), "probe: scoring", progress, unit="seq") as bar:
-        if cache is not None:
-            cache.check(model, "probe")
-            reward[:] = cache.read(seqs, batch_size=batch_size, step=bar.update).reward.cpu().numpy()
-        else:
-            for rows, batch in model.batches(seqs, batch_size):
-                values, coef = model.head_readout(model.run(batch, model.final_points(batch)))
-                reward[rows] = (values * coef).sum(-1).cpu().numpy()
-                bar.update(len(rows))
+        score = read_rewards if memo is None else memo.rewards
+        reward = score(model, seqs, batch_size, bar.update, cache)
     return reward.astype(np.float64), np.array([len(s.ids) for s in seqs], float)

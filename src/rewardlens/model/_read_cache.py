@@ -9,9 +9,10 @@ two inputs that render alike are one read.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
 from ._reading import Reading
@@ -68,6 +69,29 @@ class ReadCache:
         index = torch.as_tensor([self._rows[k] for k in keys], dtype=torch.long, device=held.final.device)
         return Reading(held.final[index], held.hidden[index], {k: v[index] for k, v in held.layers.items()},
                        held.values[index], held.coefficients[index], _readout(held)[index])
+
+    @staticmethod
+    def arrays(got: Reading) -> dict[str, Any]:
+        """A reading this cache returned, as fp32 numpy arrays that a results store keeps and `keep` takes back."""
+        cpu = lambda t: t.detach().float().cpu().numpy()
+        layers = {k: cpu(v) for k, v in got.layers.items()}
+        return {"final": cpu(got.final), "hidden": cpu(got.hidden), "layers": layers, "values": cpu(got.values),
+                "coefficients": cpu(got.coefficients), "readout": cpu(_readout(got))}
+
+    def keep(self, seqs: list[Tokenized], arrays: Mapping[str, Any]) -> None:
+        """Hold the reading `arrays` (`ReadCache.arrays` of what `read(seqs)` returned, e.g. kept in a results
+        store and read back) for the sequences of `seqs` not held yet: a later `read` of them reads nothing."""
+        rows: dict[_Key, int] = {}
+        for i, k in enumerate(map(_key, seqs)):
+            if k not in self._rows:
+                rows.setdefault(k, i)
+        if not rows:
+            return
+        pick = list(rows.values())
+        move = lambda a: torch.as_tensor(np.asarray(a)[pick]).to(self.model.device)
+        layers = {label: move(arrays["layers"][label]) for label in self.labels}
+        self._add(list(rows), Reading(move(arrays["final"]), move(arrays["hidden"]), layers, move(arrays["values"]),
+                                      move(arrays["coefficients"]), move(arrays["readout"])))
 
     def _add(self, keys: list[_Key], got: Reading) -> None:
         """Hold `got` (rows in the order of `keys`); the held readings are joined once, when next asked for."""
