@@ -35,7 +35,7 @@ from ...stats import bootstrap_ci, top_parts
 from .._runner import Audit
 from ._groups import counted
 from ._html import Html, e
-from ._schema import AuditSummary
+from ._schema import AuditSummary, ParityRow
 
 Strength = Literal["exact", "measured", "inconclusive", "too few pairs", "fragile"]
 STRENGTHS: dict[Strength, str] = {
@@ -133,7 +133,7 @@ def _accuracy(s: AuditSummary) -> Finding:
 
 def _probes(audit: Audit, s: AuditSummary) -> list[Finding]:
     p, info = audit.probes, s["probes"]
-    if p is None or info is None:
+    if p is None or info is None or not np.isfinite(p.mean).any():  # no axis scored: nothing to claim
         return []
     fragile = np.asarray(getattr(p, "fragile", np.zeros(len(p.axes), bool)), dtype=bool)
     floor = f"flag floor {info['flag_floor']:.3g} reward units"
@@ -238,7 +238,7 @@ def _closure(s: AuditSummary) -> Finding:
                               "reward units", worst, None, n, "exact")
 
 
-def _parity(rows: Sequence[dict[str, Any]], n: int) -> Finding:
+def _parity(rows: Sequence[ParityRow], n: int) -> Finding:
     worst = max(rows, key=lambda r: r["difference"] / r["tolerance"])
     verb = "equal" if all(r["passed"] for r in rows) else "do NOT equal"
     return Finding("parity", f"the scores rewardlens reads {verb} the model's own forward on {n} pairs, to within "
