@@ -4,9 +4,10 @@ For each pair and part: *attribution* (the part's exact direct contribution to t
 rejected margin: observational), *direct* (path-frozen patching: causal), *total* (activation
 patching) and *indirect* = total − direct; plus attribution patching, the first-order estimate of
 total. Spearman ρ between attribution and each is computed per pair over parts, then pooled as a
-mean with a bootstrap interval over pairs. The seed paper's headline statistic is reported its
-own way: per pair, Spearman between |attribution| and |whole-sequence noising effect| over the
-sublayers, averaged (its reported values: ρ = −0.256 Skywork-Reward-Llama-3.1-8B, −0.027 ArmoRM).
+mean with a bootstrap interval over pairs. The seed paper's headline statistic (`types.SEED_PAPER`:
+Nadaf, reward-lens, arXiv:2604.26130) is reported its own way: per pair, Spearman between |attribution|
+and |whole-sequence noising effect| over the sublayers, averaged (its reported values: ρ = −0.256
+Skywork-Reward-Llama-3.1-8B, −0.027 ArmoRM).
 No ratio to a margin is taken. A pair whose attribution (or effect) is the same for every part,
 such as a pair whose chosen equals its rejected (all zero), has no rank order: its ρ is NaN and
 pooling leaves it out; `summary` counts the pairs with a defined ρ.

@@ -238,7 +238,7 @@ def _options(kind: str) -> Callable[[argparse.ArgumentParser], None]:
                            help="with --mode ablation: write zeros (default) or the mean activation")
             p.add_argument("--positions", type=positions, default="read",
                            help="'read' (default), 'all' (token-aligned pairs), 'prefix' (the first min(len) tokens "
-                                "of both sides, the seed paper's rule) or spans like '-4:'")
+                                "of both sides, the rule of the seed paper, arXiv:2604.26130) or spans like '-4:'")
             p.add_argument("--estimand", choices=["total", "direct"], default="total")
             p.add_argument("--divergence", action="store_true", help="score patched runs against natural activations")
             p.add_argument("--atp", action="store_true", help="also run attribution patching and report agreement")
@@ -247,8 +247,9 @@ def _options(kind: str) -> Callable[[argparse.ArgumentParser], None]:
         else:
             p.add_argument("--boot", type=positive(int), default=2000, help="bootstrap resamples")
             p.add_argument("--paper-statistic", action="store_true",
-                           help="also the seed paper's statistic its own way: prefix noising over attention and MLP "
-                                "sublayers (one more patched forward of the chosen sides per sublayer)")
+                           help="also the seed paper's (arXiv:2604.26130) statistic its own way: prefix noising over "
+                                "attention and MLP sublayers (one more patched forward of the chosen sides per "
+                                "sublayer)")
         p.add_argument("--quiet", action="store_true", help="no progress bar")
     return add
 

@@ -4,7 +4,8 @@ Behaviour is compared for any two models: how their rewards and margins rank the
 with percentile bootstrap CIs over pairs), how often they pick the same winner, where each one's
 preference crystallizes (the lens on relative depth l/L), how each spreads its margin over depth
 (the exact sublayer attribution, aligned by relative depth), how alike their lens curves take shape
-(the seed paper's formation correlation), and optionally the probe profile.
+(the seed paper's formation correlation; `types.SEED_PAPER`, arXiv:2604.26130), and optionally the probe
+profile.
 
 Directions are compared only when both models write into the same residual basis: same hidden
 size, same number of layers, the same tokenizer vocabulary and token-embedding matrices that

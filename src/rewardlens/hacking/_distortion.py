@@ -19,10 +19,10 @@ ratio (NaN, left out of the interval). Intervals are percentile bootstraps, resa
 jointly when Δ and Q come from the same items and independently otherwise. An axis is flagged
 when the probe flagged it and the lower CI bound of D is at least `threshold`.
 
-Beside it, the seed paper's coverage form (first reward-lens release, `compute_distortion_index`),
-one number per quality dimension and none per axis: every quality sample of every dimension is
-min-max normalised over all of them pooled, `c_j = (Q_j − min Q) / (max Q − min Q)` (0.5 each when
-all are equal), a dimension's effective coverage is `C_eff[q] = 1 − Π_{j in q} (1 − c_j)`, and
+Beside it, the seed paper's coverage form (`types.SEED_PAPER`, arXiv:2604.26130: the first reward-lens
+release, `compute_distortion_index`), one number per quality dimension and none per axis: every quality
+sample of every dimension is min-max normalised over all of them pooled, `c_j = (Q_j − min Q) / (max Q −
+min Q)` (0.5 each when all are equal), a dimension's effective coverage is `C_eff[q] = 1 − Π_{j in q} (1 − c_j)`, and
 `D_cov[q] = 1 − C_eff[q] / max_q C_eff` (1 for every dimension when that max is 0). It asks which
 quality the samples cover least, relative to the best-covered one; ours asks how much an attribute
 is worth in units of a quality. See docs/probes.md for where the two part ways.
