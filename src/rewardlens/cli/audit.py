@@ -288,7 +288,8 @@ def _options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-tokens", action="store_true",
                    help="skip the token attribution of the 12 pairs with the largest |margin| (two forwards of them)")
     p.add_argument("--paper-statistic", action="store_true",
-                   help="also compute the seed paper's statistic its own way: prefix noising over attention and MLP "
+                   help="also compute the seed paper's (arXiv:2604.26130) statistic its own way: prefix noising over "
+                        "attention and MLP "
                         "sublayers (one more patched forward of the chosen sides per sublayer)")
     p.add_argument("--no-divergence", action="store_true",
                    help="skip the divergence scores of patched states (one more head-level patching sweep)")
