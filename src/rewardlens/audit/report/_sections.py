@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ...types import SEED_PAPER
 from .._runner import Audit
 from . import _figures as figures
 from ._groups import labels
@@ -38,7 +39,8 @@ def subsets(_a: Audit, s: AuditSummary) -> Html:  # RENDER's signature (called p
                       "field), so there are no per-subset tables.")
     text = how("Does the model behave differently on different kinds of prompt? One row per subset of the pairs: "
                "accuracy with its 95% Wilson interval, the median crystallization depth with its interquartile "
-               "range, and the seed paper's statistic with a 95% bootstrap interval over the subset's pairs (the "
+               f"range, and the statistic of the seed paper ({SEED_PAPER}) with a 95% bootstrap interval over the "
+               "subset's pairs (the "
                "mean total effect of the top parts in each subset is under Attribution). Intervals that do not "
                "overlap mark a real difference; overlapping ones on a few dozen pairs are not evidence that there is "
                "none. Pick a subset at the top of the page to narrow every per-pair table to it.")
