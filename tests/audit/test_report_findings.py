@@ -223,3 +223,14 @@ def test_the_page_renders_the_findings_of_a_summary(demo, tmp_path):
     page = write_report(demo["audit"], tmp_path / "again").read_text(encoding="utf-8")
     claims = summary(demo["audit"])["findings"]["claims"]
     assert [s["data-kind"] for s in spans(page)] == [c["kind"] for c in claims]
+
+
+def test_every_mention_of_the_seed_paper_on_a_page_with_subsets_names_it(demo, tmp_path):
+    from dataclasses import replace
+
+    subsets = ["chat", "safety"] * (len(demo["audit"].pair_ids) // 2)
+    page = write_report(replace(demo["audit"], subsets=subsets), tmp_path / "subsets").read_text(encoding="utf-8")
+    text = html.unescape(re.sub(r"<[^>]+>", " ", page))
+    assert text.count("seed paper") >= 3  # the summary, the patching section and the subsets section
+    for m in re.finditer("seed paper", text):
+        assert ARXIV in text[m.start(): m.start() + 200]
