@@ -208,12 +208,15 @@ def test_the_seed_paper_is_named_with_its_arxiv_id(demo):
 
 def test_under_the_minimum_the_statistical_claims_say_too_few_pairs():
     model = rl.load(str(demo_model_dir()))
-    few = audit(model, AUDIT_PAIRS[:3], plan=Plan(probes=False, concepts=False, divergence=False, tokens=False))
+    few = audit(model, AUDIT_PAIRS[:3], plan=Plan(probes=False, concepts=False, divergence=False, tokens=False,
+                                                   circuit=True))
     claims = {c["kind"]: c for c in summary(few)["findings"]["claims"]}
     assert 3 < MIN_PAIRS
-    for kind in ("accuracy", "written_by", "carried_by", "agreement"):
+    for kind in ("accuracy", "written_by", "carried_by", "agreement", "circuit"):
         assert claims[kind]["strength"] == "too few pairs" and claims[kind]["n_pairs"] == 3
         assert claims[kind]["claim"].startswith(f"too few pairs to say (3 of the {MIN_PAIRS} needed)")
+    assert claims["circuit"]["number"] == few.circuit.share  # the circuit's own per-pair share, quoted
+    assert f"carries {few.circuit.share:.1%} of each pair's own clean margin" in claims["circuit"]["claim"]
     assert claims["closure"]["strength"] == "exact"  # an identity needs no minimum
     assert "probe" not in claims
 
