@@ -4,6 +4,7 @@
 #   bash scripts/setup.sh          # runtime dependencies only
 #   bash scripts/setup.sh real     # plus gguf, which building the real SmolLM2 reward model needs
 #                                  # (python -m rewardlens.zoo.realmodels smollm2-dpo)
+#   bash scripts/setup.sh loop     # plus TRL, which verify-edit (rewardlens.loop) trains its policies with
 #   bash scripts/setup.sh test     # plus the test extras (pytest, datasets, gguf, scipy, ...)
 #                                  # and Debian's chromium (/usr/bin/chromium) for the report test
 #
@@ -23,9 +24,10 @@ cd "$repo_root"
 case "${1:-}" in
   test) target=".[test]" ;;
   real) target=".[gguf]" ;;
+  loop) target=".[loop]" ;;
   "") target="." ;;
   *)
-    echo "usage: bash scripts/setup.sh [real|test]" >&2
+    echo "usage: bash scripts/setup.sh [real|loop|test]" >&2
     exit 2
     ;;
 esac

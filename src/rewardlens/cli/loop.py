@@ -4,10 +4,12 @@ models with GRPO, and print the behaviour gap and the early-warning table (`rewa
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 from pathlib import Path
 from typing import Any
 
+from ..errors import MissingDependencyError
 from ._common import Command, check_out_file, positive, quiet_hub, table
 
 LOOP_ORGANISMS = ("keyword", "length", "list", "quality_list", "sycophancy")
@@ -28,8 +30,16 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--save", metavar="FILE", default=None, help="also write the full result as JSON here")
 
 
+LOOP_INSTALL = "bash scripts/setup.sh loop (a checkout), or pip install 'rewardlens[loop]'"
+"""How to install the `loop` extra (TRL), said wherever it is missing."""
+
+
 def _check(args: argparse.Namespace) -> None:
-    """Where the page and the JSON go, checked before the training runs (minutes) rather than after it."""
+    """TRL, and where the page and the JSON go, checked before the training runs (minutes) rather than after it:
+    a missing TRL is found by its import spec (milliseconds), before torch or the loop is imported."""
+    if importlib.util.find_spec("trl") is None:
+        raise MissingDependencyError(f"verify-edit trains its policies with TRL's GRPOTrainer, and trl is not "
+                                     f"installed; install the loop extra: {LOOP_INSTALL}")
     if args.out is not None:
         check_out_file(args.out, "--out page")
     if args.save is not None:

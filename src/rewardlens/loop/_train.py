@@ -62,7 +62,7 @@ class Recipe:
 def require_trl() -> Any:
     """TRL, or `MissingDependencyError` naming the `loop` extra: asked before any of the loop's work starts."""
     return require("trl", "the closed loop trains its policies with TRL's GRPOTrainer",
-                   "pip install 'rewardlens[loop]' (trl>=1.16,<2)")
+                   "pip install 'rewardlens[loop]' (trl>=1.16,<2), or bash scripts/setup.sh loop in a checkout")
 
 
 def loop_dir() -> Path:
