@@ -88,3 +88,26 @@ def test_the_real_models_live_in_the_package_cache_not_under_a_tests_name(monkey
     assert _realbuild.cache_root() == tmp_path / "old"
     monkeypatch.setenv("REWARDLENS_REAL_CACHE", str(tmp_path / "new"))  # and the new one wins
     assert _realbuild.cache_root() == tmp_path / "new" and (tmp_path / "new").is_dir()
+
+
+def test_realmodels_pairs_says_what_it_fetches_before_fetching_and_that_it_is_cached_after(monkeypatch, tmp_path,
+                                                                                          capsys):
+    """The first `realmodels pairs` spends about a minute and a half in pip: it says so before pip starts; once
+    the pairs are cached it says that instead (on stderr: stdout is the path a shell command reads)."""
+    monkeypatch.setenv("REWARDLENS_REAL_CACHE", str(tmp_path))
+
+    def offline(requirement, dest, *, source=False):
+        raise RuntimeError(f"this test fetches nothing ({requirement})")
+
+    monkeypatch.setattr(realmodels, "pip_download", offline)
+    with pytest.raises(RuntimeError, match="fetches nothing"):
+        realmodels.main(["pairs", "--limit", "4"])
+    said = capsys.readouterr()
+    assert said.out == ""
+    assert said.err.startswith("realmodels: first use: fetching the llamafactory==0.9.5 source archive from PyPI")
+    assert "minutes" in said.err and str(tmp_path / realmodels.DPO_DIRNAME) in said.err
+    folder = tmp_path / realmodels.DPO_DIRNAME  # as a finished fetch leaves it
+    folder.mkdir()
+    (folder / _realbuild.READY).write_text('{"built_in_s": 86.8}\n')
+    assert realmodels.pairs_note() == f"realmodels: the dpo_en_demo pairs are cached in {folder}, fetched in 87 s " \
+                                      "on first use"

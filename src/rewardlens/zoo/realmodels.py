@@ -33,6 +33,7 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 import tarfile
 import tempfile
 from collections import defaultdict
@@ -46,6 +47,7 @@ from ..data import Pair, load_pairs, save_pairs
 from ..errors import DataError, RewardLensError
 from ..types import Split
 from ._realbuild import (
+    READY,
     cache_root,
     ensure,
     make_readable,
@@ -233,6 +235,26 @@ def dpo_pairs_file(split: Split = "test", limit: int | None = None) -> Path:
 
 # --------------------------------------------------------------------------- command line
 
+FETCH_S = 90
+"""About how long the first fetch of the pairs takes: pip prepares the source archive's metadata (in a build
+environment of its own) before it saves it; 87 s on a busy 2-core machine."""
+
+
+def pairs_note() -> str:
+    """One line on where the pairs come from: cached (and how long their fetch took), or what the first use is
+    about to fetch and roughly how long it takes."""
+    folder = cache_root() / DPO_DIRNAME
+    if (folder / READY).is_file():
+        try:
+            took = f", fetched in {float(json.loads((folder / READY).read_text())['built_in_s']):.0f} s on first use"
+        except (ValueError, KeyError, TypeError):  # a READY written by hand, or by an older build
+            took = ""
+        return f"realmodels: the dpo_en_demo pairs are cached in {folder}{took}"
+    return (f"realmodels: first use: fetching the {LLAMAFACTORY} source archive from PyPI with pip, for its "
+            f"data/dpo_en_demo.json (300 pairs); pip builds the archive's metadata first, which takes about "
+            f"{FETCH_S // 60}-{2 * FETCH_S // 60} minutes; cached in {folder} for every later use")
+
+
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
@@ -246,6 +268,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--limit", type=int, default=None, help="only the first N pairs")
     args = parser.parse_args(argv)
     try:
+        if args.what == "pairs":
+            print(pairs_note(), file=sys.stderr)  # stdout stays the one path a shell command reads
         print(dpo_pairs_file(args.split, args.limit) if args.what == "pairs" else reward_model_dir(args.what))
     except RewardLensError as exc:  # one line naming the fix (a missing extra, a bad checksum), not a traceback
         parser.exit(1, f"{parser.prog}: error: {exc}\n")
