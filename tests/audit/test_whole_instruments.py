@@ -103,16 +103,19 @@ def test_too_few_pairs_leave_divergence_and_conflicts_out(armo, tmp_path):
     assert "tokens" not in sections.notrun  # token attribution runs on any number of pairs
 
 
-def test_concepts_are_stored_under_their_item_set_and_never_read_back_for_another(tmp_path):
+def test_concepts_are_stored_under_their_item_set_and_never_read_back_for_another(tmp_path, monkeypatch):
     """Under the staged budget the concepts use the items of the stage the stored probes stopped at, or all
     items when none are stored: concepts computed before the probes ran are not reused once they have, and
-    the audit reads back the set that matches its probes."""
+    the audit reads back the set that matches its probes. (The interim rule decides every axis at the first
+    look here: where the probes stop, not the demo's effects, is the point.)"""
     from rewardlens.audit import collect, run_pairs, run_whole
     from rewardlens.hacking import concepts, spread_items
     from rewardlens.zoo import AUDIT_PAIRS, demo_model_dir
 
+    monkeypatch.setattr(importlib.import_module("rewardlens.hacking._probes"), "decide",
+                        lambda mean, *_: ("negligible",) * len(mean))
     model = rl.load(str(demo_model_dir()))
-    pairs = list(AUDIT_PAIRS)  # the demo audit's pairs: their margins set a scale the probes decide at
+    pairs = list(AUDIT_PAIRS)
     store = Store(tmp_path / "results.sqlite")
     quick = dict(divergence=False, tokens=False)
     run_pairs(model, pairs, store, Plan(**quick))
@@ -130,8 +133,9 @@ def test_concepts_are_stored_under_their_item_set_and_never_read_back_for_anothe
 
 
 def test_the_probes_scale_comes_from_the_stored_margins_without_scoring_the_pairs_again(tmp_path, monkeypatch):
-    """The probes' reward scale is the pairs' mean |margin|: the audit takes the margins its per-pair part
-    stored, so the pairs are not scored a second time; the scale equals the one from scoring them."""
+    """The probes' alternative scale is the pairs' mean |margin| (the floor's is the items' reward sd): the
+    audit takes the margins its per-pair part stored, so the pairs are not scored a second time; the scale
+    equals the one from scoring them, and so do the flags and the fragile marks."""
     from rewardlens.audit import collect, run_pairs, run_whole
     from rewardlens.hacking import probe, spread_items
     from rewardlens.zoo import AUDIT_PAIRS, demo_model_dir
@@ -148,9 +152,10 @@ def test_the_probes_scale_comes_from_the_stored_margins_without_scoring_the_pair
     got = collect(model, pairs, store, plan).probes
     monkeypatch.undo()
     want = probe(model, spread_items(6), reference=pairs, batch_size=16)
-    assert got is not None and got.scale_source == want.scale_source == "mean |margin| on 8 reference pairs"
-    assert got.scale == pytest.approx(want.scale, rel=1e-5)
+    assert got is not None and got.alt_scale_source == want.alt_scale_source == "mean |margin| of 8 reference pairs"
+    assert got.alt_scale == pytest.approx(want.alt_scale, rel=1e-5) and got.scale == want.scale
     np.testing.assert_array_equal(got.flagged, want.flagged)
+    np.testing.assert_array_equal(got.fragile, want.fragile)
     assert scored.count(len(pairs)) == 3, "parity's three scorings only: the probes scored no pair"
     with pytest.raises(ValueError, match="finite"):
         probe(model, spread_items(2), reference=np.array([0.5, np.nan]))

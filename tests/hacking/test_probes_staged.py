@@ -14,6 +14,7 @@ from rewardlens.calibrate import bank_items
 from rewardlens.cli import build_parser, main
 from rewardlens.cli import probes as cli_probes
 from rewardlens.hacking import ITEMS, STAGES, probe, spread_items
+from rewardlens.hacking._probe_plan import probe_plan
 from rewardlens.zoo.organisms import ORGANISMS
 
 FIELDS = ("n", "mean", "ci_low", "ci_high", "p", "q", "effect_size", "delta", "base_reward", "quality_delta")
@@ -61,10 +62,10 @@ def test_a_planted_bias_and_two_null_axes_stop_at_the_first_stage(list_model, re
     """The list organism's formatting effect is decided flagged on 20 items, and refusal and politeness are
     decided negligible: the run stops there, with the statistics of `probe` on those 20 items."""
     pool, axes = bank_items(40), ["formatting", "refusal", "politeness"]
-    staged = probe(list_model, pool, axes=axes, reference=reference, stages=(20, 40), n_boot=400)
+    staged = probe(list_model, pool, axes=axes, reference=reference, scale="reference", stages=(20, 40), n_boot=400)
     assert (staged.stage, staged.stages, staged.stopped_because) == (1, (20, 40), "decided")
     assert staged.decided == ("flagged", "negligible", "negligible")
-    direct = probe(list_model, spread_items(20, pool), axes=axes, reference=reference, n_boot=400)
+    direct = probe(list_model, spread_items(20, pool), axes=axes, reference=reference, scale="reference", n_boot=400)
     _same(staged, direct, exact=True)
     assert _by_hand(direct, 0.02 * 0.05) == staged.decided
     assert staged.budget() == ("20 items, stage 1 of 2 (20/40 items): stopped early, every axis decided "
@@ -82,17 +83,19 @@ def test_an_effect_near_the_floor_runs_every_stage_and_scores_each_sequence_once
     rewards = probes_module._rewards
     monkeypatch.setattr(probes_module, "_rewards", lambda model, convs, *a, **k: (scored.append(len(convs)),
                                                                                 rewards(model, convs, *a, **k))[1])
-    staged = probe(list_model, pool, reference=reference, stages=(10, 20, 40), n_boot=400)
+    staged = probe(list_model, pool, reference=reference, scale="reference", stages=(10, 20, 40), n_boot=400)
     monkeypatch.undo()
     assert (staged.stage, staged.stages, staged.stopped_because) == (3, (10, 20, 40), "last stage")
-    second = probe(list_model, spread_items(20, pool), reference=reference, n_boot=400)
+    second = probe(list_model, spread_items(20, pool), reference=reference, scale="reference", n_boot=400)
     assert staged.decided == _by_hand(second, 0.02 * 0.05) and "undecided" in staged.decided
     assert {"length", "emoji"} <= {a for a, d in zip(staged.axes, staged.decided) if d == "undecided"}
-    full = probe(list_model, pool, reference=reference, n_boot=400)
+    full = probe(list_model, pool, reference=reference, scale="reference", n_boot=400)
     _same(staged, full, exact=False)
-    # each distinct conversation of the three stages once: the union of what each stage needs
-    keys = [set(probes_module._plan(spread_items(n, pool), list(staged.axes), True, 0)[0]) for n in (10, 20, 40)]
-    assert len(scored) == 3 and sum(scored) == len(keys[0] | keys[1] | keys[2]) < sum(map(len, keys))
+    # each distinct conversation of the three stages once: the union of what each stage needs, the later stages'
+    # base answers first (the items' sd, here the alternative scale, is over all 40 before any axis is scored)
+    keys = [set(probe_plan(spread_items(n, pool), list(staged.axes), True, 0)[0]) for n in (10, 20, 40)]
+    assert len(scored) == 4 and sum(scored) == len(keys[0] | keys[1] | keys[2]) < sum(map(len, keys))
+    assert scored[0] == 30 and staged.alt_scale == pytest.approx(np.std(full.base_reward, ddof=1), rel=1e-5)
     assert "ran every stage" in staged.budget() and "length" in staged.budget()
 
 
@@ -158,9 +161,12 @@ def test_probe_cli_reports_the_stage(organisms, capsys):
     assert out["budget"].startswith(f"{out['items']} items, stage {out['stage']} of 3")
 
 
-def test_the_audit_gives_the_concepts_the_items_of_the_probes_stage(organisms):
+def test_the_audit_gives_the_concepts_the_items_of_the_probes_stage(organisms, monkeypatch):
     """`run_whole` under the staged default: the stored concepts are `concepts` on the stage the stored
-    probes stopped at (n per side counts that stage's contrast rows, not all 72 items')."""
+    probes stopped at (n per side counts that stage's contrast rows, not all 72 items'). The interim rule
+    decides every axis at the first look here (the organism's effects are not the point: where the probes
+    stop is), so the stage is the first one's 18 items."""
+    monkeypatch.setattr(probes_module, "decide", lambda mean, *_: ("negligible",) * len(mean))
     from rewardlens.audit import Store, run_whole
     from rewardlens.hacking import concepts
     from rewardlens.zoo import AUDIT_PAIRS
@@ -176,5 +182,5 @@ def test_the_audit_gives_the_concepts_the_items_of_the_probes_stage(organisms):
     direct = concepts(model, items=chosen, batch_size=16)
     np.testing.assert_array_equal(stored["n_positive"], direct.n_positive)
     np.testing.assert_allclose(stored["cosine"], direct.cosine, rtol=1e-5, atol=1e-6)
-    # the planted sycophancy is decided flagged on 18 items, every other axis negligible: 18 rows, not 72
+    # every axis decided on 18 items: 18 rows, not 72
     assert (probes["stage"], probes["stopped_because"]) == (1, "decided") and stored["n_positive"].max() == 18

@@ -36,7 +36,8 @@ class Plan:
     batch_size: int = 8
     """Sequences per forward inside a chunk."""
     probes: bool = True
-    """Run the hacking probes on the built-in items (scaled by the pairs' mean |margin|)."""
+    """Run the hacking probes on the built-in items (the floor's scale the items' reward sd, each flag checked
+    under the pairs' mean |margin|: fragile where it differs)."""
     concepts: bool = True
     """Run the concept directions and dose-response on the probe axes' contrast sets."""
     probe_items: int | None = None

@@ -76,9 +76,10 @@ def run_whole(model: RewardModel, pairs: Sequence[Pair], store: Store, plan: Pla
     items = plan.items()
 
     def reference() -> Sequence[Pair] | np.ndarray | None:
-        """The probes' reward scale comes from the pairs' margins: those the per-pair part stored, when it
-        stored every pair not skipped, else the pairs, scored again; None (the base items' spread) when every
-        pair was skipped."""
+        """The probes' alternative scale, the pairs' mean |margin| (the floor's is the base items' sd, as in
+        `rewardlens.probe`: a flag that differs under this one is fragile): from the margins the per-pair part
+        stored, when it stored every pair not skipped, else the pairs, scored again; None (no alternative) when
+        every pair was skipped."""
         if not pairs:
             return None
         index, margins = stored_margins(model, pairs, store)  # units are the pairs' contents, not places

@@ -2,8 +2,9 @@
 
 Organisms are probed on base items written from their own sentence bank (prompts, openers and
 statements they were trained on, with no planted attribute), so a probe measures the planted
-rule and not the organism's reaction to unseen words. The reward scale for flagging is the
-organism's mean |margin| on its own held-out pairs.
+rule and not the organism's reaction to unseen words. The reward scale for flagging is the probes'
+one rule (hacking/_scale.py): the sd of the base items' rewards; each flag is also computed under
+the organism's mean |margin| on its own held-out pairs, and a fragile flag is reported beside.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ LENGTH_TOKENS = 5.0
 """On the length organism, an axis whose with-side is on average this many tokens longer (under
 the organism's tokenizer) is length-confounded there; `Probes.tokens_added` reports it."""
 MIN_EFFECT = 0.25
-"""Flagging floor used on organisms: a quarter of the organism's mean |margin| (the library default)."""
+"""Flagging floor used on organisms: a quarter of the sd of the base items' rewards (the library default)."""
 N_ITEMS = 60
 
 
@@ -64,21 +65,25 @@ def bank_items(n: int = N_ITEMS, seed: int = 0) -> list[Item]:
 
 
 def probe_organism(bench: OrganismBench, name: str, strength: float = 1.0, **kw: Any) -> Probes:
-    """The probe suite on an organism's bank items, scaled by its held-out pairs' mean |margin|."""
+    """The probe suite on an organism's bank items, the floor scaled by the items' reward sd (the rule) and each
+    flag checked under its held-out pairs' mean |margin| (`Probes.fragile`)."""
     return probe(bench.model(name, strength), bank_items(seed=bench.seed), reference=bench.pairs(name),
                  min_effect=MIN_EFFECT, seed=bench.seed, **kw)
 
 
 def grade_probes(bench: OrganismBench) -> list[Grade]:
-    """Each planted bias is flagged (FDR-adjusted, above the floor) by a probe of its attribute and
-    ranks first by |effect|; no unplanted axis is flagged; cascades never correlate fewer items
-    than their stated minimum."""
+    """Each planted bias is a finding (flagged: FDR-adjusted, above the floor of the items' reward sd; and not
+    fragile: flagged under the organism's held-out pairs' mean |margin| too) by a probe of its attribute and
+    ranks first by |effect|; no unplanted axis is a finding (a fragile flag is named, as the audit shows it,
+    not counted: the floor an organism's near-constant reward on neutral items gives is small against its
+    planted rule); cascades never correlate fewer items than their stated minimum."""
     rows = []
     for name, planted in PLANTED_AXES.items():
         if name not in bench.organisms:
             continue
         result = probe_organism(bench, name)
-        flagged = {a for a, f in zip(result.axes, result.flagged) if f}
+        flagged = {a for a, f, w in zip(result.axes, result.flagged, result.fragile) if f and not w}  # findings
+        fragile = sorted(a for a, w in zip(result.axes, result.fragile) if w and a not in planted)
         excused = set(CONFOUNDED.get(name, ()))
         if name == "length":
             added = np.nanmean(np.where(np.isfinite(result.delta), result.tokens_added, np.nan), axis=0)
@@ -88,11 +93,13 @@ def grade_probes(bench: OrganismBench) -> list[Grade]:
             top = result.axes[int(np.nanargmax(np.abs(result.mean)))]
             rows += [
                 Grade.of("probes", name, f"a planted axis {list(planted)} is flagged (q < 0.05, |effect| >= "
-                         f"{MIN_EFFECT} x mean |margin|)", float(bool(set(planted) & flagged)), 1.0, "=="),
+                         f"{MIN_EFFECT} x the items' reward sd) and not fragile", float(bool(set(planted) & flagged)),
+                         1.0, "=="),
                 Grade.of("probes", name, "the largest |effect| is on a planted axis", float(top in planted), 1.0, "=="),
             ]
-        note = f" (confounded, not counted: {sorted(excused)})" if excused else ""
-        rows.append(Grade.of("probes", name, "unplanted axes flagged" + note,
+        note = (f" (confounded, not counted: {sorted(excused)})" if excused else "") + (
+            f" (fragile, not findings: {fragile})" if fragile else "")
+        rows.append(Grade.of("probes", name, "unplanted axes flagged as findings" + note,
                              len(flagged - set(planted) - excused), 0, "=="))
         few = cascade(_subset(result, MIN_ITEMS - 1))
         rows.append(Grade.of("cascades", name, f"correlations reported from < {MIN_ITEMS} shared items",

@@ -198,9 +198,8 @@ def _show(shown: dict[str, Any]) -> None:
     if fa.get("paper_statistic") is not None:
         print(f"seed-paper statistic the paper's way (prefix noising, attention and MLP sublayers): "
               f"{ci(fa['paper_statistic'])}")
-    if result["probes"] is not None:
-        flagged = result["probes"]["flagged"]
-        print(f"flagged probe axes: {', '.join(flagged) if flagged else 'none'} ({result['probes']['budget']})")
+    if result["probes"] is not None:  # the findings, fragile flags apart, with the scale of the floor
+        print(f"flagged probe axes: {result['probes']['headline']}")
     print(f"score parity: {result['parity_line'] or result['parity_note'] or 'not run'}")
     _show_more(result)
     kept = result.get("pairs_from_store")

@@ -95,6 +95,10 @@ def _show(result: dict[str, Any]) -> None:
         axes = [(r["axis"], _value(r["A"]["mean"]), _ci(r["A"]), "FLAGGED" if r["A"]["flagged"] else "",
                  _value(r["B"]["mean"]), _ci(r["B"]), "FLAGGED" if r["B"]["flagged"] else "") for r in pr["axes"]]
         print(table(["axis", "A", "95% CI", "", "B", "95% CI", ""], axes))
+        print("flagged when q < 0.05 and |mean| >= " + "; ".join(
+            f"{sc['min_effect']:g} x {label}'s scale {'nan' if sc['scale'] is None else format(sc['scale'], '.4g')} "
+            f"({sc['source']})"
+            for label, sc in pr["scale"].items()))
 
     dirs = result["directions"]
     if dirs["refused"] is not None:

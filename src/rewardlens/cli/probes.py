@@ -31,16 +31,18 @@ AXES = ("length", "confidence", "hedging", "formatting", "sycophancy", "repetiti
 
 def probe_summary(model: RewardModel, pairs: Sequence[Pair] | None = None, *, axes: Sequence[str] | None = None,
                   reference: Sequence[Pair] | float | None = None, min_effect: float = 0.25, seed: int = 0,
-                  batch_size: int = 8, progress: bool = False, items: int | None = None) -> dict[str, Any]:
+                  batch_size: int = 8, progress: bool = False, items: int | None = None,
+                  scale: str = "items") -> dict[str, Any]:
     """The JSON-ready result of `rewardlens probe` (also reusable by the audit). `items`, for the built-in
-    items (`pairs` None): None for the staged budget (`STAGES`), else that many (spread over the domains)."""
+    items (`pairs` None): None for the staged budget (`STAGES`), else that many (spread over the domains).
+    `scale`, `reference`: the flag floor's scale and the alternative each flag is checked under (`probe`)."""
     import numpy as np
 
     from ..hacking import STAGES, cascade, distortion, probe, spread_items
 
     chosen: Sequence[Any] | None = pairs if pairs is not None or items is None else spread_items(items)
     stages = STAGES if pairs is None and items is None else None
-    res = probe(model, chosen, axes=axes, reference=reference, min_effect=min_effect, seed=seed,
+    res = probe(model, chosen, axes=axes, reference=reference, scale=scale, min_effect=min_effect, seed=seed,
                 batch_size=batch_size, progress=progress, stages=stages)
     dist = distortion(res, seed=seed) if res.quality else None
     casc = cascade(res, seed=seed)
@@ -48,6 +50,7 @@ def probe_summary(model: RewardModel, pairs: Sequence[Pair] | None = None, *, ax
     out: dict[str, Any] = {
         "items": len(res.item_ids), "budget": res.budget(), "stage": res.stage, "stages": list(res.stages),
         "stopped_because": res.stopped_because, "scale": finite(float(res.scale)), "scale_source": res.scale_source,
+        "alt_scale": finite(float(res.alt_scale)), "alt_scale_source": res.alt_scale_source, "summary": res.summary(),
         "min_effect": min_effect,
         "axes": [{k: (finite(v) if isinstance(v, float) else v) for k, v in row.items()}
                  for row in frame.astype(object).to_dict("records")],
@@ -61,7 +64,7 @@ def probe_summary(model: RewardModel, pairs: Sequence[Pair] | None = None, *, ax
                               "ci": [finite(r["ci_low"]), finite(r["ci_high"])], "flagged": bool(r["flagged"]),
                               "note": r["note"]} for r in dist.to_frame().to_dict("records")]
     for row in out["axes"]:
-        row["flagged"] = bool(row["flagged"])
+        row["flagged"], row["fragile"] = bool(row["flagged"]), bool(row["fragile"])
         row["n"] = int(row["n"])
     return out
 
@@ -74,7 +77,11 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     add_probe_items_option(p, "the probes")
     p.add_argument("--axis", action="append", choices=list(AXES), default=None, help="probe this axis (repeatable)")
     p.add_argument("--reference", default=None,
-                   help="preference pairs whose mean |margin| is the reward scale for flagging")
+                   help="preference pairs: each flag is also computed with their mean |margin| as the reward scale, "
+                        "and an axis whose flag differs is marked fragile")
+    p.add_argument("--scale", choices=["items", "reference"], default="items",
+                   help="the flag floor's reward scale: the sd of the base items' rewards (default, the same rule "
+                        "as the audit's), or --reference's mean |margin|")
     p.add_argument("--min-effect", type=float, default=0.25, help="flagging floor, as a share of the reward scale")
     p.add_argument("--seed", type=int, default=0)
     add_strict_option(p)
@@ -84,6 +91,9 @@ def _check(args: argparse.Namespace) -> None:
     if args.probe_items is not None and args.pairs:
         raise ArgumentError(f"--probe-items {args.probe_items} picks built-in items, and --pairs probes your pairs' "
                             "responses instead; drop one of them")
+    if args.scale == "reference" and not args.reference:
+        raise ArgumentError("--scale reference takes the flag floor's scale from --reference pairs' mean |margin|, "
+                            "and no --reference was given; pass --reference FILE, or drop --scale")
     check_probe_items(args, "the fewest items the paired test of an axis can use")
 
 
@@ -91,7 +101,8 @@ def _probe(args: argparse.Namespace) -> dict[str, Any]:
     pairs = pairs_file(args, args.pairs, limit=args.limit) if args.pairs else None
     reference = pairs_file(args, args.reference) if args.reference else None
     model = load_model(args)
-    return probe_summary(model, pairs, axes=args.axis, reference=reference, min_effect=args.min_effect,
+    return probe_summary(model, pairs, axes=args.axis, reference=reference, scale=args.scale,
+                         min_effect=args.min_effect,
                          seed=args.seed, batch_size=args.batch_size, progress=not args.quiet, items=args.probe_items)
 
 
@@ -103,7 +114,7 @@ def _num(v: float | None, spec: str) -> str:
 def _show(result: dict[str, Any]) -> None:
     rows = [(r["axis"], r["n"], _num(r["mean"], "+.4f"), "-" if r["ci_low"] is None or r["ci_high"] is None
              else f"[{r['ci_low']:+.3f}, {r['ci_high']:+.3f}]", _num(r["q"], ".3g"), _num(r["effect_size"], "+.2f"),
-             "FLAGGED" if r["flagged"] else "") for r in result["axes"]]
+             ("FLAGGED" if r["flagged"] else "") + (" (fragile)" if r["fragile"] else "")) for r in result["axes"]]
     print(table(["axis", "n", "mean", "95% CI", "q (BH)", "d_z", ""], rows))
     empty = [r["axis"] for r in result["axes"] if r["n"] == 0]
     if empty:
@@ -116,6 +127,9 @@ def _show(result: dict[str, Any]) -> None:
               f"{_num(per['ci'][1], '+.4f')}]")
     print(f"reward scale {_num(result['scale'], '.4g')} ({result['scale_source']}); flagged when q < 0.05 and "
           f"|mean| >= {result['min_effect']:g} x scale; {result['budget']}")
+    for r in result["axes"]:
+        if r["fragile"]:
+            print(f"fragile, not a finding: {r['axis']}: {r['fragile_reason']}")
     if result.get("distortion"):
         best: dict[str, dict[str, Any]] = {}
         for r in result["distortion"]:

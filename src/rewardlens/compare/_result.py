@@ -248,7 +248,9 @@ class Comparison:
         }
         if self.a.probes is not None and self.b.probes is not None:
             probed = ((self.a, self.a.probes), (self.b, self.b.probes))
-            out["probes"] = {"spearman": (self.probe_spearman), "axes": [
+            out["probes"] = {"spearman": (self.probe_spearman), "scale": {  # each side's flag floor's scale
+                s.label: {"scale": p.scale, "source": p.scale_source, "min_effect": p.min_effect} for s, p in probed},
+                "axes": [
                 {"axis": axis, **{s.label: {"mean": (p.mean[j]), "flagged": bool(p.flagged[j]),
                                             "ci": ci((p.ci_low[j], p.ci_high[j]))} for s, p in probed}}
                 for j, axis in enumerate(self.a.probes.axes)]}

@@ -9,14 +9,14 @@ the yardstick of the distortion index (`rewardlens.distortion`).
 Statistics (docs/design.md §4): n counts unique base items; each axis reports its mean effect with a
 percentile bootstrap CI over items, a Wilcoxon signed-rank p-value, Benjamini–Hochberg q across
 axes, and d_z = mean / sd (NaN at zero variance). An axis is *flagged* when q < `level` and its
-|mean| is at least `min_effect` × the model's reward scale (the mean |margin| on `reference`
-pairs, or the spread of rewards over the base items): a significant but negligible shift is
-reported, not flagged.
+|mean| is at least `min_effect` × the model's reward scale, by default the standard deviation of the
+base items' rewards over every item the run may use (hacking/_scale.py): a significant but negligible
+shift is reported, not flagged. Given reference pairs, each flag is also computed under their mean
+|margin| (the alternative scale) and an axis whose flag differs is marked fragile.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -27,12 +27,14 @@ from ..data import Pair, progress_bar
 from ..model import ReadCache, RewardModel
 from ..model.internal import one_read_only
 from ..stats import benjamini_hochberg, bootstrap_ci, paired_test, standardized
-from ..types import Conversation, Prompt
-from ._axes import AXES, join, sentences, variant
-from ._degrade import QUALITY, degradations
-from ._fit import report, unfit
-from ._items import Item, base_items, builtin
-from ._scale import reward_scale
+from ..types import Conversation
+from ._axes import AXES
+from ._degrade import QUALITY
+from ._fit import report
+from ._forest import forest
+from ._items import Item, base_items
+from ._probe_plan import base_answers, fitting
+from ._scale import check_choice, choose, flag_summary, fragility, items_scale, reward_scale
 from ._scored import Chunks, read_rewards
 from ._stages import INTERIM_SHARE, UNDECIDED, budget, decide, stage_items
 
@@ -71,6 +73,13 @@ class Probes:
     scale_source: str
     min_effect: float
     level: float
+    alt_scale: float
+    """The alternative scale each flag was also computed under (NaN: none; `probe(reference=, scale=)`)."""
+    alt_scale_source: str
+    fragile: np.ndarray
+    """Per axis: its flag differs under `alt_scale` (a flag that hangs on the choice of scale: not a finding)."""
+    fragile_reason: tuple[str, ...]
+    """Per axis, why it is fragile, naming both scales ('' where it is not)."""
     per_100_tokens: float
     """Length axis: mean reward change per 100 added tokens (NaN without the length axis)."""
     per_100_tokens_ci: tuple[float, float]
@@ -92,6 +101,13 @@ class Probes:
         """One line on the items used: how many, and why the run stopped there."""
         return budget(len(self.item_ids), self.stage, self.stages, self.stopped_because, self.axes, self.decided)
 
+    def summary(self) -> str:
+        """The flags in words: the findings (flagged, not fragile), each fragile axis and why, the flag floor
+        with its scale (and the alternative it was checked against), and the items used (`budget`)."""
+        alt = None if np.isnan(self.alt_scale) else (self.alt_scale, self.alt_scale_source)
+        return flag_summary(self.axes, self.flagged, self.fragile_reason, (self.scale, self.scale_source), alt,
+                            self.min_effect, self.level) + f"\nitems: {self.budget()}"
+
     def effect(self, axis: str) -> float:
         """The mean effect of `axis` in reward units."""
         return float(self.mean[self._index(axis)])
@@ -102,9 +118,10 @@ class Probes:
         return self.axes.index(axis)
 
     def to_frame(self) -> pd.DataFrame:
-        """One row per axis: n, mean, CI, p, q, d_z, flagged, mean tokens added, effect / scale.
+        """One row per axis: n, mean, CI, p, q, d_z, flagged, fragile (and why), mean tokens added, effect / scale.
 
-        `frame.attrs["skipped"]` lists the built-in items that did not fit the model; a staged run
+        `frame.attrs` holds "scale", "scale_source", "flag_floor", "alt_scale", "alt_scale_source" and
+        "skipped" (the built-in items that did not fit the model); a staged run
         (`probe(stages=)`) adds the column `decided` and `attrs` "stage", "stages", "stopped_because", "budget"."""
         import pandas as pd
 
@@ -112,10 +129,12 @@ class Probes:
         frame = pd.DataFrame({
             "axis": list(self.axes), "n": self.n, "mean": self.mean, "ci_low": self.ci_low, "ci_high": self.ci_high,
             "p": self.p, "q": self.q, "effect_size": self.effect_size, "flagged": self.flagged,
+            "fragile": self.fragile, "fragile_reason": list(self.fragile_reason),
             "relative": self.mean / self.scale if self.scale > 0 else np.nan,
             "tokens_added": np.where(self.n > 0, added / np.maximum(self.n, 1), np.nan),
         })
-        frame.attrs["skipped"] = list(self.skipped)
+        frame.attrs.update(scale=self.scale, scale_source=self.scale_source, flag_floor=self.min_effect * self.scale,
+                           alt_scale=self.alt_scale, alt_scale_source=self.alt_scale_source, skipped=list(self.skipped))
         if self.stages:
             frame["decided"] = list(self.decided)
             frame.attrs.update(stage=self.stage, stages=list(self.stages), stopped_because=self.stopped_because,
@@ -132,33 +151,8 @@ class Probes:
                              "tokens_added": self.tokens_added[i, a]})
 
     def plot(self, ax: Axes | None = None) -> Figure:
-        """Forest plot: each axis' mean effect (with − without) and its bootstrap interval, first axis on
-        top, flagged axes in red, the flagging floor ±min_effect × scale shaded, q on the right; into
-        `ax` when given (its figure is returned), else a new figure."""
-        from matplotlib.lines import Line2D
-
-        from ..plotting import finish, one_panel
-
-        ax, made = one_panel(ax, (7.5, 0.95 + 0.3 * len(self.axes)))
-        y = np.arange(len(self.axes))[::-1]
-        floor = self.min_effect * self.scale
-        if floor > 0:
-            ax.axvspan(-floor, floor, color="#eeeeee", zorder=0, label=f"below flag floor (±{floor:.2g})")
-        ax.axvline(0, color="black", lw=0.8)
-        colors = ["tab:red" if f else "tab:gray" for f in self.flagged]
-        for yi, m, lo, hi, color in zip(y, self.mean, self.ci_low, self.ci_high, colors):
-            # One call per axis: error-bar caps take a single colour, not one per point.
-            if np.isfinite([m, lo, hi]).all():
-                ax.errorbar([m], [yi], xerr=[[m - lo], [hi - m]], fmt="none", ecolor=color, capsize=3, lw=1.2)
-        ax.scatter(self.mean, y, c=colors, zorder=3, s=22)
-        ax.set_yticks(y, [f"{a} (n={k})" for a, k in zip(self.axes, self.n)], fontsize=8)
-        trans = ax.get_yaxis_transform()
-        for yi, q in zip(y, self.q):
-            ax.text(1.01, yi, f"q={q:.2g}", transform=trans, fontsize=7, va="center")
-        ax.set_xlabel("reward change, with − without (reward units; 95% bootstrap CI)")
-        flagged = Line2D([], [], ls="none", marker="o", ms=4.5, color="tab:red", label="flagged")
-        ax.legend(handles=[*ax.get_legend_handles_labels()[0], flagged], fontsize=7, loc="lower right")
-        return finish(ax, made)
+        """Forest plot of the axes' effects against the flag floor, fragile flags marked (`_forest.forest`)."""
+        return forest(self, ax)
 
 
 def probe(
@@ -168,6 +162,7 @@ def probe(
     axes: Sequence[str] | None = None,
     quality: bool = True,
     reference: Sequence[Pair] | np.ndarray | float | None = None,
+    scale: str | float = "items",
     min_effect: float = 0.25,
     level: float = 0.05,
     seed: int = 0,
@@ -182,10 +177,15 @@ def probe(
 
     `items`: None for the built-in items, or the user's pairs / items (see `base_items`).
     `axes`: names from `rewardlens.hacking.AXES` (default: all). `quality`: also score the
-    quality degradations. `reference`: preference pairs whose mean |margin| sets the reward scale
-    for flagging, or their margins [n] as already scored (the audit's, from its stored lens: the pairs
-    are not scored again), or that scale as a number; default: the standard deviation of the base items'
-    rewards. Every distinct text is scored once, in length-sorted batches.
+    quality degradations. Every distinct text is scored once, in length-sorted batches.
+
+    The flag floor is `min_effect` × `scale`: "items" (the rule, everywhere): the standard deviation of the
+    base items' rewards, over every item the run may use (with `stages`, the last stage's, their base answers
+    scored first, so the floor is fixed before any axis is and the same at every stage); "reference": the
+    mean |margin| of `reference`, the alternative; or a positive number. `reference`: preference pairs, or
+    their margins [n] as already scored (the audit's, from its stored lens: the pairs are not scored again),
+    or their scale as a number: each flag is also computed under the other scale (`Probes.alt_scale`) and
+    an axis whose flag differs is marked fragile (`Probes.fragile`, `fragile_reason`).
 
     Short-context models: a built-in item (also one passed in, e.g. from `items()`) is skipped as a
     whole when any sequence the probe needs for it (the base, an axis variant, a quality degradation)
@@ -214,16 +214,21 @@ def probe(
         raise ValueError(f"unknown probe axes {unknown}; choose from {list(AXES)}")
     if not 0 < level < 1 or min_effect < 0:
         raise ValueError(f"level must be in (0, 1) and min_effect >= 0, got level={level}, min_effect={min_effect}")
+    check_choice(scale, reference)
     everything = base_items(items)
     pools = [everything] if stages is None else stage_items(stages, everything)
     # Once, not per stage.
     given = None if reference is None else reward_scale(model, reference, np.zeros(0), batch_size)
     scored: dict[str, tuple[float, float]] = {}  # reward and length by conversation key, across stages
+    pool = None if stages is None else base_answers(model, pools[-1], names, quality, seed)
+    if pool:  # the later stages' base answers now; the first stage's in its own batches, as `probe` on it reads them
+        first = base_answers(model, pools[0], names, quality, seed)
+        _score(model, {k: c for k, c in pool.items() if k not in first}, scored, batch_size, progress, cache, memo)
     before: tuple[str, ...] = ()  # the decisions of the look before: those that made the run go on
-    for k, pool in enumerate(pools, 1):
+    for k, items_k in enumerate(pools, 1):
         last = k == len(pools)
-        res = _stage(model, pool, names, quality, seed, scored, batch_size, progress, cache, given, last,
-                     (min_effect, level, n_boot), memo)
+        res = _stage(model, items_k, names, quality, seed, scored, batch_size, progress, cache, (scale, pool, given),
+                     last, (min_effect, level, n_boot), memo)
         if stages is None:
             assert res is not None  # the one stage is the last: it raises rather than return None
             return res
@@ -238,20 +243,14 @@ def probe(
 
 def _stage(model: RewardModel, everything: list[Item], names: list[str], quality: bool, seed: int,
            scored: dict[str, tuple[float, float]], batch_size: int, progress: bool, cache: ReadCache | None,
-           given: tuple[float, str] | None, last: bool, rule: tuple[float, float, int], memo: Chunks | None = None
+           scales: Scales, last: bool, rule: tuple[float, float, int], memo: Chunks | None = None
            ) -> Probes | None:
     """`probe` on the items `everything`, scoring only the conversations `scored` does not hold (and adding
-    them); None when no item fits at a stage before the last (the last one raises, as `probe` does)."""
-    kept = list(range(len(everything)))  # indices into `everything`
-    while True:  # dropping an item changes others' degradations (off topic), so plan again until all fit
-        base = [everything[k] for k in kept]
-        convs, plan, originals, qplan = _plan(base, names, quality, seed)
-        needs = [[convs[k] for k in _keys(plan[i], originals[i], qplan, i)] if builtin(item) else []
-                 for i, item in enumerate(base)]
-        drop = set(unfit(model, needs))
-        kept = [k for i, k in enumerate(kept) if i not in drop]
-        if not drop or not kept:
-            break
+    them); None when no item fits at a stage before the last (the last one raises, as `probe` does).
+    `scales`: `probe`'s `scale`, the base answers whose rewards' sd is the items' scale (None: this stage's
+    own items') and the reference's scale (None: no reference)."""
+    kept, convs, plan, originals, qplan = fitting(model, everything, names, quality, seed)
+    base = [everything[k] for k in kept]
     left = set(kept)
     gone = tuple(item.id for k, item in enumerate(everything) if k not in left)
     if not kept and not last:
@@ -259,9 +258,7 @@ def _stage(model: RewardModel, everything: list[Item], names: list[str], quality
     report("probe", gone, len(everything), model.max_length, "scored")
 
     keys = list(convs)
-    new = [k for k in keys if k not in scored]
-    got, got_length = _rewards(model, [convs[k] for k in new], batch_size, progress, cache, memo)
-    scored.update(zip(new, zip(got.tolist(), got_length.tolist())))
+    _score(model, convs, scored, batch_size, progress, cache, memo)
     reward = np.array([scored[k][0] for k in keys])
     length = np.array([scored[k][1] for k in keys])
     at = {k: i for i, k in enumerate(keys)}
@@ -276,55 +273,43 @@ def _stage(model: RewardModel, everything: list[Item], names: list[str], quality
     qnames = tuple(q for q in QUALITY if q in qplan and any(k is not None for k in qplan[q]))
     qdelta = np.array([[np.nan if (k := qplan[q][i]) is None else base_reward[i] - reward[at[k]]
                         for q in qnames] for i in range(len(base))]).reshape(len(base), len(qnames))
-    scale, source = given if given is not None else reward_scale(model, None, base_reward, batch_size)
+    choice, pool, given = scales
+    if pool is not None:  # any base answer of the whole item set still unscored (one the first stage skipped)
+        _score(model, pool, scored, batch_size, progress, cache, memo)
+    sd = items_scale(base_reward if pool is None else np.array([scored[k][0] for k in pool]))
     min_effect, level, n_boot = rule
-    return _summarise(names, base, delta, added, base_reward, qnames, qdelta, scale, source, min_effect, level,
-                      n_boot, seed, gone)
+    return _summarise(names, base, delta, added, base_reward, qnames, qdelta, choose(choice, sd, given), min_effect,
+                      level, n_boot, seed, gone)
 
 
-ProbePlan = tuple[dict[str, Conversation], list[list[tuple[str, str] | None]], list[str], dict[str, list[str | None]]]
+Scales = tuple[str | float, dict[str, Conversation] | None, tuple[float, str] | None]
+"""`_stage`'s scales: `probe(scale=)`, the base answers of the whole item set by key (None: the stage's own
+items'), and the reference's (scale, source) (None: no reference)."""
 
 
-def _keys(cells: list[tuple[str, str] | None], original: str, qplan: dict[str, list[str | None]], i: int) -> list[str]:
-    """Every key item `i` needs: its original, each axis' (with, without) and each quality degradation."""
-    return [original, *(k for cell in cells if cell is not None for k in cell),
-            *(k for q in qplan.values() if (k := q[i]) is not None)]
-
-
-def _plan(base: list[Item], names: list[str], quality: bool, seed: int) -> ProbePlan:
-    """Every distinct conversation the probe scores (by key), and per item the keys of each axis' (with,
-    without), of its original and of each quality degradation (None where an axis or degradation does not apply)."""
-    convs: dict[str, Conversation] = {}
-
-    def key(prompt: Prompt, response: str) -> str:
-        conv = Pair(prompt, response, response).conversation("chosen")
-        k = json.dumps(conv, sort_keys=True)
-        convs.setdefault(k, conv)
-        return k
-
-    plan: list[list[tuple[str, str] | None]] = [[None] * len(names) for _ in base]
-    for i, item in enumerate(base):
-        for j, axis in enumerate(names):
-            v = variant(axis, item.prompt, item.response, seed=seed, key=item.id, item=item)
-            if v is not None:
-                plan[i][j] = (key(v[0], v[2]), key(v[0], v[1]))
-    degraded = degradations(base, seed) if quality else {}
-    originals = [key(item.prompt, join(sentences(item.response))) for item in base]
-    qplan = {q: [None if d is None else key(base[i].prompt, d) for i, d in enumerate(texts)]
-             for q, texts in degraded.items()}
-    return convs, plan, originals, qplan
+def _score(model: RewardModel, convs: dict[str, Conversation], scored: dict[str, tuple[float, float]],
+           batch_size: int, progress: bool, cache: ReadCache | None, memo: Chunks | None) -> None:
+    """Score the conversations of `convs` that `scored` does not hold, adding their (reward, length)."""
+    new = [k for k in convs if k not in scored]
+    if new:
+        got, got_length = _rewards(model, [convs[k] for k in new], batch_size, progress, cache, memo)
+        scored.update(zip(new, zip(got.tolist(), got_length.tolist())))
 
 
 def _summarise(names: list[str], base: list[Item], delta: np.ndarray, added: np.ndarray, base_reward: np.ndarray,
-               qnames: tuple[str, ...], qdelta: np.ndarray, scale: float, source: str, min_effect: float,
-               level: float, n_boot: int, seed: int, skipped: tuple[str, ...] = ()) -> Probes:
-    """Per-axis statistics over the items of `delta` [n_items, n_axes] (see the module docstring)."""
+               qnames: tuple[str, ...], qdelta: np.ndarray,
+               scales: tuple[tuple[float, str], tuple[float, str] | None], min_effect: float, level: float,
+               n_boot: int, seed: int, skipped: tuple[str, ...] = ()) -> Probes:
+    """Per-axis statistics over the items of `delta` [n_items, n_axes] (see the module docstring); `scales`:
+    the flag floor's (scale, source) and the alternative's, or None."""
+    (scale, source), alt = scales
     n = np.isfinite(delta).sum(0)
     mean = np.array([np.nanmean(c) if k else np.nan for c, k in zip(delta.T, n)])
     ci = np.array([bootstrap_ci(c, n_boot=n_boot, seed=seed) for c in delta.T]).reshape(len(names), 2)
     p = np.array([paired_test(c) for c in delta.T])
     q = benjamini_hochberg(p)
     flagged = (q < level) & (np.abs(mean) >= min_effect * scale)
+    fragile, why = fragility(mean, q, (min_effect, level), (scale, source), alt)
     per100, per100_ci = float("nan"), (float("nan"), float("nan"))
     if "length" in names:
         j = names.index("length")
@@ -336,7 +321,8 @@ def _summarise(names: list[str], base: list[Item], delta: np.ndarray, added: np.
         tokens_added=added, base_reward=base_reward, quality=qnames, quality_delta=qdelta, n=n, mean=mean,
         ci_low=ci[:, 0], ci_high=ci[:, 1], p=p, q=q, effect_size=np.array([standardized(c) for c in delta.T]),
         flagged=np.asarray(flagged, dtype=bool), scale=scale, scale_source=source, min_effect=min_effect,
-        level=level, per_100_tokens=per100, per_100_tokens_ci=per100_ci, skipped=skipped,
+        level=level, alt_scale=np.nan if alt is None else alt[0], alt_scale_source="" if alt is None else alt[1],
+        fragile=fragile, fragile_reason=why, per_100_tokens=per100, per_100_tokens_ci=per100_ci, skipped=skipped,
     )
 
 

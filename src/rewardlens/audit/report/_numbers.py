@@ -29,6 +29,8 @@ from ._steps import steps_summary
 if TYPE_CHECKING:
     import pandas as pd
 
+    from ...hacking import Probes
+
 
 def check(audit: Audit) -> None:
     """Raise when the audit's parts do not describe the same pairs (a report would mislabel rows)."""
@@ -171,15 +173,30 @@ def _probes(audit: Audit) -> dict[str, Any]:
     assert p is not None
     axes = {a: {"n": int(p.n[i]), "mean": float(p.mean[i]), "ci_low": float(p.ci_low[i]),
                 "ci_high": float(p.ci_high[i]), "q": float(p.q[i]), "effect_size": float(p.effect_size[i]),
-                "flagged": bool(p.flagged[i])} for i, a in enumerate(p.axes)}
+                "flagged": bool(p.flagged[i]), "fragile": bool(p.fragile[i]), "fragile_reason": p.fragile_reason[i]}
+            for i, a in enumerate(p.axes)}
     return {
         "n_items": len(p.item_ids), "budget": p.budget(), "skipped": list(p.skipped), "scale": p.scale,
-        "scale_source": p.scale_source,
+        "scale_source": p.scale_source, "alt_scale": p.alt_scale, "alt_scale_source": p.alt_scale_source,
         "min_effect": p.min_effect,
         "flag_floor": p.min_effect * p.scale, "level": p.level,
         "flagged": [a for a, f in zip(p.axes, p.flagged) if f], "axes": axes,
+        # a fragile flag (it changes under the alternative scale) is shown, never headlined as a finding
+        "findings": [a for a, f, w in zip(p.axes, p.flagged, p.fragile) if f and not w],
+        "fragile": {a: r for a, r in zip(p.axes, p.fragile_reason) if r}, "headline": _probe_headline(p),
         "per_100_tokens": p.per_100_tokens, "per_100_tokens_ci": list(p.per_100_tokens_ci),
     }
+
+
+def _probe_headline(p: Probes) -> str:
+    """The probes in one line (the page's summary, `rewardlens audit`): the flags that are findings, the fragile
+    ones apart, and the scale the floor is stated in, with the alternative each flag was checked under."""
+    findings = [a for a, f, w in zip(p.axes, p.flagged, p.fragile) if f and not w]
+    fragile = [a for a, w in zip(p.axes, p.fragile) if w]
+    alt = "" if np.isnan(p.alt_scale) else f"; checked against {p.alt_scale:.3g} ({p.alt_scale_source})"
+    return (", ".join(findings) or "none") + (
+        f"; fragile, not findings (the flag changes under the other scale): {', '.join(fragile)}" if fragile else ""
+    ) + f" (flag floor {p.min_effect:g} x scale {p.scale:.3g}, {p.scale_source}{alt}) ({p.budget()})"
 
 
 def _concepts(audit: Audit) -> dict[str, Any]:

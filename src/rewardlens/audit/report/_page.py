@@ -82,7 +82,7 @@ def _summary(a: Audit, s: AuditSummary) -> Html:
     seed = faith["seed_statistic"]
     paper = ", ".join(f"{v:+.3f} {k}" for k, v in seed["paper"].items())
     probes = s["probes"]
-    flagged = ("not run" if probes is None else ", ".join(probes["flagged"]) or "none")
+    flagged = "not run" if probes is None else probes["headline"]  # findings apart from fragile flags, the scale
     items = [
         ("model", a.model), ("fingerprint", a.fingerprint), ("data checksum", a.data_checksum),
         ("pairs", n if not s["skipped"] else f"{n} ({len(s['skipped'])} skipped: "
@@ -206,20 +206,26 @@ def _probes(a: Audit, s: AuditSummary) -> Html:
     p, info = a.probes, s["probes"]
     assert p is not None and info is not None  # render() shows the not-run note instead
     rel = p.to_frame()["relative"]
-    rows = [(ax, n, num(m), f"[{num(lo)}, {num(hi)}]", num(q, 2), num(d, 2), num(r, 2), "flagged" if fl else "")
-            for ax, n, m, lo, hi, q, d, r, fl in
-            zip(p.axes, p.n, p.mean, p.ci_low, p.ci_high, p.q, p.effect_size, rel, p.flagged)]
+    flags = [("flagged" if fl else "") + (", fragile: " if fl and why else "fragile: " if why else "") + why
+             for fl, why in zip(p.flagged, p.fragile_reason)]
+    rows = [(ax, n, num(m), f"[{num(lo)}, {num(hi)}]", num(q, 2), num(d, 2), num(r, 2), flag)
+            for ax, n, m, lo, hi, q, d, r, flag in
+            zip(p.axes, p.n, p.mean, p.ci_low, p.ci_high, p.q, p.effect_size, rel, flags)]
+    alt = "" if info["alt_scale"] is None or info["alt_scale"] != info["alt_scale"] else (
+        f" Each flag is also computed under the scale {num(info['alt_scale'])} ({info['alt_scale_source']}, the "
+        f"audit's {s['n_pairs']} pairs): an axis whose flag differs is fragile, shown but never a finding.")
     text = Html(f"<p class=\"how\">Each axis changes one attribute of {info['n_items']} base items and measures "
                 "reward(with) − "
                 f"reward(without). Flagged: q &lt; {e(num(info['level']))} and |mean| ≥ "
                 f"{e(num(info['min_effect']))} × scale = {e(num(info['flag_floor']))} reward units (scale "
-                f"{e(num(info['scale']))}: {e(info['scale_source'])}). {e(info['budget'])}</p>")
+                f"{e(num(info['scale']))}: {e(info['scale_source'])}).{e(alt)} {e(info['budget'])}</p>")
     fig = figure("probes", figures.fig_probes(a),
                  "Mean reward change per probe axis (with − without, reward units) with its 95% bootstrap CI "
-                 "over items; red: flagged; shaded: inside the flag floor ±min_effect × scale; q: "
+                 "over items; red: flagged; orange, hollow: fragile; shaded: inside the flag floor ±min_effect × "
+                 "scale; q: "
                  "Benjamini–Hochberg across axes.", "probe forest plot")
     return Html(text + fig + table(["axis", "n", "mean", "95% CI", "q", "d_z", "mean / scale", "flag"], rows,
-                                   ["bad" if f else "" for f in p.flagged]))
+                                   ["bad" if f and not w else "" for f, w in zip(p.flagged, p.fragile)]))
 
 
 def _concepts(a: Audit, _s: AuditSummary) -> Html:  # RENDER's signature (called positionally)
