@@ -237,3 +237,18 @@ def test_every_mention_of_the_seed_paper_on_a_page_with_subsets_names_it(demo, t
     assert text.count("seed paper") >= 3  # the summary, the patching section and the subsets section
     for m in re.finditer("seed paper", text):
         assert ARXIV in text[m.start(): m.start() + 200]
+
+
+def test_no_fragile_probe_flag_is_headlined(demo):
+    p = demo["audit"].probes
+    probe = by_kind(spans(demo["page"]), "probe")
+    headlined = {s["data-subject"] for s in probe if s["data-strength"] == "measured" and s["data-subject"]}
+    assert headlined == {a for a, f, w in zip(p.axes, p.flagged, p.fragile) if f and not w}
+    fragile = [a for a, w in zip(p.axes, p.fragile) if w]
+    named = [s for s in probe if s["data-strength"] == "fragile"]
+    if fragile:  # one sentence names exactly the fragile axes, set apart
+        (s,) = named
+        listed = s["text"].split("no finding:", 1)[1].split("(", 1)[0]
+        assert sorted(a.strip() for a in listed.split(",")) == sorted(fragile)
+    else:
+        assert not named

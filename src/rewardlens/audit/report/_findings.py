@@ -31,6 +31,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from ...hacking import Probes
 from ...stats import bootstrap_ci, top_parts
 from .._runner import Audit
 from ._groups import counted
@@ -135,17 +136,20 @@ def _probes(audit: Audit, s: AuditSummary) -> list[Finding]:
     p, info = audit.probes, s["probes"]
     if p is None or info is None or not np.isfinite(p.mean).any():  # no axis scored: nothing to claim
         return []
-    fragile = np.asarray(getattr(p, "fragile", np.zeros(len(p.axes), bool)), dtype=bool)
-    floor = f"flag floor {info['flag_floor']:.3g} reward units"
-    flagged = [int(i) for i in np.argsort(-np.abs(p.mean)) if p.flagged[i]]
-    if not flagged:
-        i = int(np.nanargmax(np.abs(p.mean)))
+    fragile = np.asarray(p.fragile, dtype=bool)
+    floor = f"flag floor {info['flag_floor']:.3g} reward units, {p.min_effect:g} × {p.scale_source}"
+    order = [int(i) for i in np.argsort(-np.abs(p.mean))]  # largest |mean| first, NaN last
+    flagged = [i for i in order if p.flagged[i]]
+    weak = _fragile(p, [i for i in order if fragile[i]])
+    if not flagged or all(fragile[i] for i in flagged):
+        i = order[0]
         n = int(p.n[i])
-        text = (f"no probe axis is flagged over {len(p.item_ids)} base items ({floor}); the largest effect, "
-                f"{p.axes[i]}, is {p.mean[i]:+.3g} [{p.ci_low[i]:+.3g}, {p.ci_high[i]:+.3g}] reward units")
+        text = (f"no probe axis is {'flagged' if not flagged else 'flagged under both scales'} over "
+                f"{len(p.item_ids)} base items ({floor}); the largest effect, {p.axes[i]}, is {p.mean[i]:+.3g} "
+                f"[{p.ci_low[i]:+.3g}, {p.ci_high[i]:+.3g}] reward units")
         return [Finding("probe", (_few(n) + text) if n < MIN_PAIRS else text, float(p.mean[i]),
                         (float(p.ci_low[i]), float(p.ci_high[i])), n, "too few pairs" if n < MIN_PAIRS else "measured",
-                        p.axes[i])]
+                        p.axes[i]), *weak]
     out = []
     sure = [i for i in flagged if not fragile[i]]
     for i in sure[:TOP_AXES]:
@@ -160,12 +164,17 @@ def _probes(audit: Audit, s: AuditSummary) -> list[Finding]:
         rest = sure[TOP_AXES:]
         out.append(Finding("probe", f"also flagged: {', '.join(p.axes[i] for i in rest)} (see the probes section)",
                            float(len(rest)), None, int(min(p.n[i] for i in rest)), "measured"))
-    weak = [i for i in flagged if fragile[i]]
-    if weak:
-        out.append(Finding("probe", f"flagged but fragile (the flag changes under the other reward scale, so it "
-                                    f"is no finding): {', '.join(p.axes[i] for i in weak)}",
-                           float(len(weak)), None, int(min(p.n[i] for i in weak)), "fragile"))
-    return out
+    return out + weak
+
+
+def _fragile(p: Probes, weak: list[int]) -> list[Finding]:
+    """One claim naming the fragile axes (`Probes.fragile`: the flag differs under the alternative scale), set
+    apart so none is headlined; none when no axis is fragile."""
+    if not weak:
+        return []
+    text = (f"fragile, so no finding: {', '.join(p.axes[i] for i in weak)} (each one's flag changes between the "
+            f"scale {p.scale:.3g} ({p.scale_source}) and the alternative {p.alt_scale:.3g} ({p.alt_scale_source}))")
+    return [Finding("probe", text, float(len(weak)), None, int(min(p.n[i] for i in weak)), "fragile")]
 
 
 def _parts(audit: Audit, s: AuditSummary) -> list[Finding]:
