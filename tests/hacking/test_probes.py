@@ -17,7 +17,7 @@ from rewardlens.data import save_pairs
 from rewardlens.errors import RewardLensWarning, TokenizationError
 from rewardlens.hacking import AXES, ITEMS, Item, base_items, cascade, contrast_sets, distortion, items, probe
 from rewardlens.hacking._axes import join, sentences, variant
-from rewardlens.hacking._probes import _degradations
+from rewardlens.hacking._degrade import degradations
 from rewardlens.stats import benjamini_hochberg, paired_test, standardized
 from rewardlens.zoo.organisms import ORGANISMS
 from tests.helpers.tiny import own_scores
@@ -130,7 +130,9 @@ def test_probe_statistics_and_flags(list_probes):
         assert p.flagged[j] == (p.q[j] < p.level and abs(p.mean[j]) >= p.min_effect * p.scale), axis
     np.testing.assert_allclose(p.q, false_discovery_control(p.p))
     # the planted bias; the list organism also penalises prose itself, which the length axis adds
-    assert "formatting" in np.array(p.axes)[p.flagged] and set(np.array(p.axes)[p.flagged]) <= {"formatting", "length"}
+    # (findings: flagged under the items' sd and under the pairs' mean |margin| alike; the rest are fragile)
+    findings = np.array(p.axes)[p.flagged & ~p.fragile]
+    assert "formatting" in findings and set(findings) <= {"formatting", "length"}
     frame = p.to_frame()
     assert frame.loc[frame.axis == "formatting", "relative"].item() > 0.5
     j = p.axes.index("length")
@@ -214,8 +216,11 @@ def test_plots_draw_what_the_results_hold(list_model, list_probes):
     labels = {t.get_text(): t.get_position()[1] for t in ax.get_yticklabels()}
     named = [f"{a} (n={k})" for a, k in zip(list_probes.axes, list_probes.n)]  # each axis with its item count
     assert sorted(labels, key=labels.get, reverse=True) == named  # first axis on top
-    flagged = [tuple(c) for c in ax.collections[-1].get_facecolors()]
-    assert sum(c == matplotlib.colors.to_rgba("tab:red") for c in flagged) == int(list_probes.flagged.sum())
+    solid, hollow = ax.collections[-2:]  # robust points, then the fragile ones (hollow orange)
+    flagged = [tuple(c) for c in solid.get_facecolors()]
+    robust = list_probes.flagged & ~list_probes.fragile
+    assert sum(c == matplotlib.colors.to_rgba("tab:red") for c in flagged) == int(robust.sum())
+    assert len(hollow.get_offsets()) == int(list_probes.fragile.sum()) > 0  # the list organism's emoji, markdown
     d = distortion(list_probes, {"lists": ORGANISMS["list"].pairs(20, seed=4)}, model=list_model)
     bars = d.plot().axes[0].patches
     np.testing.assert_allclose([b.get_width() for b in bars], d.index[:, 0])
@@ -240,7 +245,7 @@ def _expected_skips(tokenizer, chosen, axes, limit) -> list[str]:
     scores here; an item's degradations are drawn again from the items left after each drop."""
     base, gone = list(chosen), []
     while True:
-        degraded = _degradations(base, 0)
+        degraded = degradations(base, 0)
         over = []
         for i, it in enumerate(base):
             texts = [(it.prompt, join(sentences(it.response)))]
