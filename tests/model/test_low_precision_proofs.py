@@ -189,16 +189,22 @@ def test_in_bf16_the_trace_keeps_caches_where_granted_and_patches_as_without(tin
     assert np.abs(got_ap.effect - want_ap.effect).max() < 5e-2 * np.abs(want_ap.effect).max()
 
 
-def test_the_real_smollm2_rm_is_granted_in_bf16_and_its_allowance_tells_one_position_off():
-    """A trained model sees positions: SmolLM2-135M's bf16 proof is granted, and on its own held-out text the
-    right continuation lies within the allowance and one a position off beyond it."""
+def test_the_real_smollm2_rm_in_bf16_gets_an_allowance_that_tells_one_position_off_or_none():
+    """A trained model sees positions: on SmolLM2-135M's own held-out text, a continuation one position off
+    misses the head's residual by several times what a right one does in bf16. Whether the calibrated proof is
+    granted rests on the machine's bf16 kernels (granted 0.048 on one CPU; declined on an AVX-512/AMX Xeon,
+    where the right gap is 0.019 and the smallest one-off gap over the calibration's cuts 0.096, under twice
+    the allowance): so what is held on every machine is the verdict's own rule, not one verdict. Granted, the
+    allowance lies between the right and the one-off continuation of held-out text; declined, every user takes
+    its plain path (the suite's tiny models run both branches, `test_the_fixtures_hold_both_outcomes`)."""
     model = load_reward_model("smollm2-dpo", dtype=torch.bfloat16)
     tol = proof_tol(model)
-    assert tol is not None and tol < 0.1  # 0.048 here: its right continuations differ by ~1.6e-2
     seqs, _ = model.encode(dpo_pairs("test")[:2])
     for seq in seqs:
         right, wrong = _continued_gaps(model, seq.ids)
-        assert right <= tol < wrong, f"right {right:.2e}, allowance {tol:.2e}, one off {wrong:.2e}"
+        assert wrong > 3 * right, f"one off {wrong:.2e} is not well beyond a right continuation's {right:.2e}"
+        if tol is not None:
+            assert tol < 0.1 and right <= tol < wrong, f"right {right:.2e}, allowance {tol:.2e}, one off {wrong:.2e}"
 
 
 def test_in_bf16_a_granted_audit_patches_divergence_chunk_by_chunk_as_one_call_does(tiny_root, monkeypatch):
