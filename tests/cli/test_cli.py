@@ -57,7 +57,7 @@ def test_table_output_and_audit_of_the_demo(capsys, tmp_path):
     assert "demo model" in text and "sycophancy" in text and "crystallization" in text
     assert "pair accuracy: 0.000 over 3 pairs" in text  # the planted bias: it prefers agreeing with the user
     assert "largest |reward − (Σ parts + constant)|" in text
-    assert "total effect, noising, read positions" in text  # the causal view next to attribution
+    assert "top parts by mean |total effect| (noising, read positions)" in text  # the causal view next to attribution
     assert "flagged probe axes: sycophancy" in text and (tmp_path / "report.html").is_file()
 
 
