@@ -216,11 +216,11 @@ def test_plots_draw_what_the_results_hold(list_model, list_probes):
     labels = {t.get_text(): t.get_position()[1] for t in ax.get_yticklabels()}
     named = [f"{a} (n={k})" for a, k in zip(list_probes.axes, list_probes.n)]  # each axis with its item count
     assert sorted(labels, key=labels.get, reverse=True) == named  # first axis on top
-    solid, hollow = ax.collections[-2:]  # robust points, then the fragile ones (hollow orange)
-    flagged = [tuple(c) for c in solid.get_facecolors()]
-    robust = list_probes.flagged & ~list_probes.fragile
-    assert sum(c == matplotlib.colors.to_rgba("tab:red") for c in flagged) == int(robust.sum())
-    assert len(hollow.get_offsets()) == int(list_probes.fragile.sum()) > 0  # the list organism's emoji, markdown
+    faces = [tuple(c) for c in ax.collections[-1].get_facecolors()]
+    robust = list_probes.flagged & ~list_probes.fragile  # red; a fragile flag hollow (white, orange edge)
+    assert sum(c == matplotlib.colors.to_rgba("tab:red") for c in faces) == int(robust.sum())
+    hollow = sum(c == matplotlib.colors.to_rgba("white") for c in faces)
+    assert hollow == int(list_probes.fragile.sum()) > 0  # the list organism's emoji and markdown
     d = distortion(list_probes, {"lists": ORGANISMS["list"].pairs(20, seed=4)}, model=list_model)
     bars = d.plot().axes[0].patches
     np.testing.assert_allclose([b.get_width() for b in bars], d.index[:, 0])

@@ -35,8 +35,9 @@ def forest(p: Probes, ax: Axes | None = None) -> Figure:
         # One call per axis: error-bar caps take a single colour, not one per point.
         if np.isfinite([m, lo, hi]).all():
             ax.errorbar([m], [yi], xerr=[[m - lo], [hi - m]], fmt="none", ecolor=color, capsize=3, lw=1.2)
-    ax.scatter(p.mean[~fragile], y[~fragile], c=[c for c, w in zip(colors, fragile) if not w], zorder=3, s=22)
-    ax.scatter(p.mean[fragile], y[fragile], facecolors="white", edgecolors="tab:orange", zorder=3, s=22)
+    # one collection, first axis first: a fragile point hollow (white face, orange edge)
+    ax.scatter(p.mean, y, facecolors=["white" if w else c for c, w in zip(colors, fragile)], edgecolors=colors,
+               zorder=3, s=22)
     ax.set_yticks(y, [f"{a} (n={k})" for a, k in zip(p.axes, p.n)], fontsize=8)
     trans = ax.get_yaxis_transform()
     for yi, q in zip(y, p.q):
