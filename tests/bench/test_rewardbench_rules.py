@@ -14,20 +14,8 @@ from rewardlens.bench import bench
 from rewardlens.cli import main
 from rewardlens.data import Pair, load_pairs
 from rewardlens.stats import wilson
+from tests.bench.test_bench import Table
 from tests.helpers import rewardbench
-
-
-class Table:
-    """A stand-in reward model: each response text's reward from a table (rows alternate chosen, rejected)."""
-
-    def __init__(self, reward: dict[str, float]) -> None:
-        self.reward = reward
-
-    def score(self, pairs: list[Pair], *, batch_size: int = 16) -> np.ndarray:
-        return np.array([self.reward[t] for p in pairs for t in (p.chosen, p.rejected)], dtype=np.float32)
-
-    def __repr__(self) -> str:
-        return "Table()"
 
 
 def _write(tmp_path, name: str, records: list[dict]) -> list[Pair]:

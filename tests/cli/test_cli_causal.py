@@ -9,13 +9,7 @@ import rewardlens as rl
 from rewardlens.causal import patch
 from rewardlens.cli import main
 from rewardlens.cli.causal import positions
-from rewardlens.data import save_pairs
 from rewardlens.zoo import DEMO_PAIRS
-
-
-@pytest.fixture(scope="module")
-def demo_file(tmp_path_factory):
-    return str(save_pairs(DEMO_PAIRS, tmp_path_factory.mktemp("cli") / "pairs.jsonl"))
 
 
 def _json(capsys, argv):

@@ -1,24 +1,12 @@
 """`rewardlens patch --level neuron --neurons ...`: chosen neurons, or the top k by attribution patching."""
 
-import json
-
 import pytest
 
 import rewardlens as rl
 from rewardlens.causal import attribution_patch, patch
 from rewardlens.cli import main
-from rewardlens.data import save_pairs
 from rewardlens.zoo import DEMO_PAIRS
-
-
-@pytest.fixture(scope="module")
-def demo_file(tmp_path_factory):
-    return str(save_pairs(DEMO_PAIRS, tmp_path_factory.mktemp("cli") / "pairs.jsonl"))
-
-
-def _json(capsys, argv):
-    assert main(argv) == 0
-    return json.loads(capsys.readouterr().out)
+from tests.cli.test_cli_causal import _json
 
 
 def test_chosen_neurons_match_the_api(capsys, tiny_root, demo_file):
