@@ -155,8 +155,12 @@ def tables(r: dict) -> str:
     if r["probes"]:
         for axis, a in r["probes"]["axes"].items():
             lines.append(f"| {axis} | {a['n']} | {_num(a['mean'])} [{_num(a['ci_low'])}, {_num(a['ci_high'])}] | "
-                         f"{_num(a['q'], '.2g')} | {'yes' if a['flagged'] else ''} |")
-        lines.append(f"\nflag floor {r['probes']['flag_floor']:.3f} reward units (0.25 × the pairs' mean |margin|)")
+                         f"{_num(a['q'], '.2g')} | {'yes' if a['flagged'] else ''}"
+                         f"{' (fragile)' if a.get('fragile') else ''} |")
+        pr = r["probes"]  # the scale named as the run stated it (findings.json before issue 42 used the pairs')
+        lines.append(f"\nflag floor {pr['flag_floor']:.3f} reward units ({pr['min_effect']:g} × {pr['scale_source']}"
+                     + (f"; checked against {pr['alt_scale_source']}: fragile where that changes the flag"
+                        if pr.get("alt_scale_source") else "") + ")")
     lines += ["", "| concept | cosine with read-out (last layer) | held-out AUROC | dose slope [95% CI] | R² |",
               "|---|---|---|---|---|"]
     if r["concepts"]:
