@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -10,10 +11,43 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-    from ._probes import Probes
+
+class Forest(Protocol):
+    """What the forest plot reads of a `Probes` (a protocol, so that `_probes`, which draws with this
+    module, is not imported back: one direction of import)."""
+
+    @property
+    def axes(self) -> Sequence[str]: ...
+
+    @property
+    def n(self) -> np.ndarray: ...
+
+    @property
+    def mean(self) -> np.ndarray: ...
+
+    @property
+    def ci_low(self) -> np.ndarray: ...
+
+    @property
+    def ci_high(self) -> np.ndarray: ...
+
+    @property
+    def q(self) -> np.ndarray: ...
+
+    @property
+    def flagged(self) -> np.ndarray: ...
+
+    @property
+    def fragile(self) -> np.ndarray: ...
+
+    @property
+    def min_effect(self) -> float: ...
+
+    @property
+    def scale(self) -> float: ...
 
 
-def forest(p: Probes, ax: Axes | None = None) -> Figure:
+def forest(p: Forest, ax: Axes | None = None) -> Figure:
     """Forest plot: each axis' mean effect (with − without) and its bootstrap interval, first axis on
     top, flagged axes in red (a fragile flag, one the alternative scale would change, in orange, hollow),
     the flagging floor ±min_effect × scale shaded, q on the right; into `ax` when given (its figure is
