@@ -33,6 +33,7 @@ def test_example_runs_on_the_demo(script, organisms):
         lines = [line for line in proc.stdout.splitlines() if "forms at step" in line]
         assert lines and all(line.split("forms at step ")[1].split()[0] == line.rsplit(" ", 1)[1].rstrip(")")
                              for line in lines), proc.stdout
-    if script == "does_it_reward_length.py":  # the demo's planted bias is found, and only it
-        flagged = [line.split()[0] for line in proc.stdout.splitlines() if line.rstrip().endswith("True")]
-        assert flagged == ["sycophancy"], proc.stdout
+    if script == "does_it_reward_length.py":  # the demo's planted bias is the one finding (flagged, not fragile)
+        rows = [line.split() for line in proc.stdout.splitlines() if line.rstrip().endswith(("True", "False"))]
+        assert [r[0] for r in rows if r[-2:] == ["True", "False"]] == ["sycophancy"], proc.stdout
+        assert "flagged: sycophancy\n" in proc.stdout, proc.stdout
