@@ -56,7 +56,10 @@ def reduced(tmp_path_factory):
 def test_the_reduced_pipeline_gives_every_number_the_doc_uses(reduced, name):
     result, folder = reduced(name)
     committed = json.loads((REPO / "docs" / "findings" / name / "findings.json").read_text())
-    assert _keys(result) == _keys(committed)
+    # Every number the doc uses is one the pipeline gives today; the pipeline may give more than a committed
+    # file predating it holds (issue 42's fragile flags and scales), which the doc does not quote.
+    missing = _keys(committed) - _keys(result)
+    assert not missing, f"the pipeline no longer gives {sorted(missing)}"
     for f in ("findings.json", "tables.md", "report.html", "depth.png", "lens.png", "scatter.png", "probes.png"):
         assert (folder / f).is_file(), f
     assert result["n_pairs"] == 2 and result["closure_error"] < 1e-3 and result["neuron_closure_error"] < 1e-3
