@@ -123,7 +123,7 @@ def test_on_a_linear_read_out_the_first_order_estimate_is_the_measured_effect(tm
     model = rl.load(str(folder))
     sae = TopKSAE(model.d_model, SMALL, seed=1)
     layer = model.n_layers - 1
-    res = feature_patch(model, sae, pairs, layer=layer, mode="clamp", value=100.0)
+    res = feature_patch(model, sae, pairs, layer=layer, mode="clamp", value=100.0, approx=True)
     tot = feature_totals(model, sae, pairs, layer=layer)
     f = np.zeros((len(res.clean), sae.n_latents))
     f[:, tot.features] = tot.activations
@@ -180,7 +180,7 @@ def test_the_empty_edit_gives_back_the_clean_reward_and_no_features_is_refused_b
     sae = TopKSAE(model.d_model, SMALL, seed=1)
     own = tiny.own_scores(model, pairs)
     for mode, value in (("ablate", None), ("clamp", 1.5), ("noising", None)):
-        res = feature_patch(model, sae, pairs, layer=0, groups=[[], [3]], mode=mode, value=value)
+        res = feature_patch(model, sae, pairs, layer=0, groups=[[], [3]], mode=mode, value=value, approx=True)
         assert res.names == ["none", "3"] and res.features.tolist() == [-1, 3]
         np.testing.assert_array_equal(res.patched[:, 0], res.clean)  # nothing edited: the clean run, exactly
         np.testing.assert_allclose(res.clean, own, rtol=0, atol=1e-5)

@@ -299,7 +299,7 @@ def _columns(sae: TopKSAE, ranking: FeatureAttribution | FeatureTotals, features
 def feature_patch(model: RewardModel, sae: TopKSAE, pairs: Sequence[Pair], *, layer: int,
                   features: Sequence[int] | None = None, groups: Sequence[Sequence[int]] | None = None,
                   mode: FeatureMode = "ablate", value: float | None = None, rank: FeatureRank = "direct",
-                  approx: bool = True, batch_size: int = 16, n_boot: int = 2000, seed: int = 0) -> FeaturePatch:
+                  approx: bool = False, batch_size: int = 16, n_boot: int = 2000, seed: int = 0) -> FeaturePatch:
     """Edit each SAE feature (or each group of features, jointly) at the residual after `layer` and measure
     the margin's total, direct and indirect change (module docstring); error term kept.
 
@@ -308,7 +308,8 @@ def feature_patch(model: RewardModel, sae: TopKSAE, pairs: Sequence[Pair], *, la
     effect of ablating it, which finds features that act through later layers). `groups`: instead,
     lists of latent ids, each list one joint edit (its column named e.g. '173+88+12'; `[]` the empty
     edit). `mode`: 'ablate', 'clamp' (with a finite `value`, every member set to it) or 'noising'.
-    `approx`: also the first-order estimate `total_approx` of every column (one backward per batch).
+    `approx`: also the first-order estimate `total_approx` of every column (one more forward and backward
+    per batch; free with `rank='total_approx'`, which computes it anyway).
     `batch_size`: rows per forward (inputs × edits); 1 runs every edit on its own. One attribution pass
     (for `f`, `u_l` and the attribution), then the edited forwards.
     """
@@ -330,7 +331,7 @@ def feature_patch(model: RewardModel, sae: TopKSAE, pairs: Sequence[Pair], *, la
     # the gradient g (total_approx), summed per group.
     direct_rows = (delta * (readout.astype(np.float64) @ Wd.T)) @ member.T
     approx_rows = None
-    if approx and totals is not None:
+    if totals is not None:
         approx_rows = (delta * (totals.gradient.astype(np.float64) @ Wd.T)) @ member.T
     clean, patched = _rewards(model, pairs, layer, delta, edited, W, member, batch_size)
     margin = lambda r: r[0::2] - r[1::2]  # noqa: E731 - chosen − rejected, the pairs' own convention
