@@ -112,7 +112,7 @@ def mean_abs(values: np.ndarray) -> np.ndarray:
     (or "mean |score|") column beside the signed mean, so the reader sees what the rows are sorted by."""
     v = np.asarray(values, dtype=np.float64)
     if v.ndim != 2:
-        raise ValueError(f"top_parts ranks the columns of an [n, P] array, got shape {v.shape}")
+        raise ValueError(f"mean_abs averages the columns of an [n, P] array, got shape {v.shape}")
     return np.abs(v).mean(0) if v.shape[0] else np.zeros(v.shape[1])
 
 
