@@ -143,12 +143,13 @@ class FeaturePatch:
         n, f = self.total.shape
         if f < 2:
             return (f"ρ(attribution, total) ranks the patched columns and there is {f}, so it is undefined (NaN); "
-                    "patch at least 2 features or groups (features=None patches the top 16)")
+                    f"patch at least 2 features or groups (features=None patches the top {DEFAULT_FEATURES})")
         defined = int(np.isfinite(self.rho).sum())
         if defined == 0:
             flat = "attribution or total effect is the same for every column (features that never fired: both 0)"
             return (f"on all {n} pair(s) the {flat}, so ρ is undefined on every pair and the mean is NaN; patch "
-                    "features that fire on these pairs (features=None picks the top 16 by |margin contribution|)")
+                    f"features that fire on these pairs (features=None picks the top {DEFAULT_FEATURES} by |margin "
+                    "contribution|)")
         if defined < 2:
             return (f"ρ is defined on {defined} of {n} pair(s) (on the others attribution or total is the same in "
                     "every column), and a bootstrap interval over pairs needs 2, so the interval is NaN; pass more "
@@ -292,7 +293,8 @@ def _columns(sae: TopKSAE, ranking: FeatureAttribution | FeatureTotals, features
         features = [latent for latent, _ in ranking.top(DEFAULT_FEATURES, by="margin")]
     elif not len(features):
         raise DataError("features=[] names no latent, so there is no column to patch; pass latent ids, "
-                        "features=None for the top 16, or groups=[[]] for the empty edit (the clean reward)")
+                        f"features=None for the top {DEFAULT_FEATURES}, or groups=[[]] for the empty edit (the clean "
+                        "reward)")
     return tuple((int(i),) for i in _check_features(sae, features))
 
 
