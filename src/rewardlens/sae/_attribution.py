@@ -15,6 +15,7 @@ feature writes, per unit of its own norm.
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Literal
 
@@ -112,11 +113,7 @@ class FeatureAttribution:
     def top(self, n: int = 10, *, by: Literal["mean_abs", "mean", "margin"] = "mean_abs") -> list[tuple[int, float]]:
         """`n` (latent id, score) pairs with the largest |score|: mean |contribution| ('mean_abs'),
         mean contribution ('mean') or mean chosen − rejected contribution ('margin')."""
-        if by not in ("mean_abs", "mean", "margin"):
-            raise ValueError(f"by must be 'mean_abs', 'mean' or 'margin', got {by!r}")
-        score = {"margin": lambda: self.margin.mean(0), "mean": lambda: self.values.mean(0),
-                 "mean_abs": lambda: np.abs(self.values).mean(0)}[by]()
-        return [(int(self.features[i]), float(score[i])) for i in ranked(np.abs(score), n)]
+        return top_latents(self.features, self.values, lambda: self.margin, n, by)
 
     def to_frame(self) -> pd.DataFrame:
         """Long table: one row per (input, fired feature) with activation, contribution and alignment."""
@@ -145,6 +142,18 @@ class FeatureAttribution:
         ax.set_xlabel(f"mean chosen − rejected contribution at layer {self.layer} (reward units)" if self.is_pairs
                       else f"mean contribution at layer {self.layer} (reward units)")
         return finish(ax, made)
+
+
+def top_latents(features: np.ndarray, values: np.ndarray, margin: Callable[[], np.ndarray], n: int,
+                by: str) -> list[tuple[int, float]]:
+    """`n` (latent id, score) pairs with the largest |score| (`stats.ranked`), over per-input scores `values`
+    [n_inputs, F] of latents `features` [F]: mean |value| ('mean_abs'), mean value ('mean') or the mean of
+    `margin()` [n_pairs, F] ('margin'): the one ranking of `FeatureAttribution.top` and `FeatureTotals.top`."""
+    if by not in ("mean_abs", "mean", "margin"):
+        raise ValueError(f"by must be 'mean_abs', 'mean' or 'margin', got {by!r}")
+    score = {"margin": lambda: margin().mean(0), "mean": lambda: values.mean(0),
+             "mean_abs": lambda: np.abs(values).mean(0)}[by]()
+    return [(int(features[i]), float(score[i])) for i in ranked(np.abs(score), n)]
 
 
 def densify(idx: np.ndarray, acts: np.ndarray, vals: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

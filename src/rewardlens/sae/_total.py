@@ -36,9 +36,8 @@ from torch import Tensor
 from ..data import Inputs, Side, row_labels, side
 from ..model import RewardModel, TraceKey, verify
 from ..model.internal import Batch, eval_mode, points, rewriting
-from ..stats import ranked
 from ..types import PaddingSide
-from ._attribution import check_width, densify
+from ._attribution import check_width, densify, top_latents
 from ._autoencoder import TopKSAE
 from ._splice import check_single_read
 
@@ -76,11 +75,7 @@ class FeatureTotals:
     def top(self, n: int = 10, *, by: Literal["mean_abs", "mean", "margin"] = "mean_abs") -> list[tuple[int, float]]:
         """`n` (latent id, score) pairs with the largest |score| (`stats.ranked`): mean |total_approx|
         ('mean_abs'), mean ('mean') or mean chosen − rejected ('margin'), as `FeatureAttribution.top`."""
-        if by not in ("mean_abs", "mean", "margin"):
-            raise ValueError(f"by must be 'mean_abs', 'mean' or 'margin', got {by!r}")
-        score = {"margin": lambda: self.margin.mean(0), "mean": lambda: self.total_approx.mean(0),
-                 "mean_abs": lambda: np.abs(self.total_approx).mean(0)}[by]()
-        return [(int(self.features[i]), float(score[i])) for i in ranked(np.abs(score), n)]
+        return top_latents(self.features, self.total_approx, lambda: self.margin, n, by)
 
 
 def read_gradient(model: RewardModel, batch: Batch, layer: int) -> tuple[Tensor, Tensor, Tensor]:
