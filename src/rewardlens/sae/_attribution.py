@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..data import Inputs, Side, row_labels, side
+from ..data import Inputs, row_labels, side
 from ..errors import ArchitectureError
 from ..exact import decompose_trace, part_names, readout_vectors
 from ..model import RewardModel, Trace, TraceKey, trace, verify
@@ -100,15 +100,10 @@ class FeatureAttribution:
                  "rest": self.rest.sum(1), "constant": self.constant}
         return {**parts, "total": sum(parts.values())}
 
-    def _side(self, arr: np.ndarray, which: Side) -> np.ndarray:
-        if not self.is_pairs:
-            raise ValueError("chosen/rejected/margin need inputs given as rewardlens.Pair")
-        return side(arr, which)
-
     @property
     def margin(self) -> np.ndarray:
         """Per-feature chosen − rejected contribution [n_pairs, F]."""
-        return self._side(self.values, "chosen") - self._side(self.values, "rejected")
+        return pair_margin(self.values, self.is_pairs)
 
     def top(self, n: int = 10, *, by: Literal["mean_abs", "mean", "margin"] = "mean_abs") -> list[tuple[int, float]]:
         """`n` (latent id, score) pairs with the largest |score|: mean |contribution| ('mean_abs'),
@@ -142,6 +137,15 @@ class FeatureAttribution:
         ax.set_xlabel(f"mean chosen − rejected contribution at layer {self.layer} (reward units)" if self.is_pairs
                       else f"mean contribution at layer {self.layer} (reward units)")
         return finish(ax, made)
+
+
+def pair_margin(rows: np.ndarray, is_pairs: bool) -> np.ndarray:
+    """Chosen − rejected of per-input rows [2n, F] → [n, F] (rows alternate chosen, rejected: `data.side`);
+    a `ValueError` naming the fix where the inputs were not pairs, so a margin has no meaning."""
+    if not is_pairs:
+        raise ValueError("a margin needs the inputs given as rewardlens.Pair (chosen and rejected); these were "
+                         "single texts, so read the per-input rows instead")
+    return side(rows, "chosen") - side(rows, "rejected")
 
 
 def top_latents(features: np.ndarray, values: np.ndarray, margin: Callable[[], np.ndarray], n: int,

@@ -33,11 +33,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..data import Inputs, Side, row_labels, side
+from ..data import Inputs, row_labels
 from ..model import RewardModel, TraceKey, verify
 from ..model.internal import Batch, eval_mode, points, rewriting
 from ..types import PaddingSide
-from ._attribution import check_width, densify, top_latents
+from ._attribution import check_width, densify, pair_margin, top_latents
 from ._autoencoder import TopKSAE
 from ._splice import check_single_read
 
@@ -62,15 +62,10 @@ class FeatureTotals:
     rows: list[str]
     is_pairs: bool
 
-    def _side(self, arr: np.ndarray, which: Side) -> np.ndarray:
-        if not self.is_pairs:
-            raise ValueError("margin needs inputs given as rewardlens.Pair")
-        return side(arr, which)
-
     @property
     def margin(self) -> np.ndarray:
         """Per-feature chosen − rejected first-order total effect [n_pairs, F]."""
-        return self._side(self.total_approx, "chosen") - self._side(self.total_approx, "rejected")
+        return pair_margin(self.total_approx, self.is_pairs)
 
     def top(self, n: int = 10, *, by: Literal["mean_abs", "mean", "margin"] = "mean_abs") -> list[tuple[int, float]]:
         """`n` (latent id, score) pairs with the largest |score| (`stats.ranked`): mean |total_approx|
