@@ -1,3 +1,7 @@
+import functools
+import inspect
+import re
+
 import pytest
 import torch
 from transformers.utils import logging as hf_logging
@@ -47,3 +51,56 @@ def small_loop():
     from rewardlens.loop import Recipe, verify_edit
 
     return verify_edit(("list",), seeds=(0, 1), recipe=Recipe(grpo_steps=5))
+
+
+# --- The fast inner loop: `pytest -m "not slow"` -------------------------------------------------------------
+# One rule, held by code rather than by remembering to decorate: a test is slow when it (or a fixture it uses,
+# or a function of its own module that either calls) trains an organism, a policy, an SAE or a transcoder,
+# unpacks a real pretrained model, drives a browser, executes a notebook or builds a wheel. An explicit
+# `@pytest.mark.slow` marks one by hand. CI runs everything; `pytest -m "not slow"` skips these.
+SLOW_CALLS = re.compile(
+    r"\borganisms\b|zoo\.organisms|\bverify_edit\b|\bsmall_loop\b|\btrain_sae\(|\btrain_transcoders\(|GRPO|"
+    r"\brealmodels\b|\bsmollm2_reward_dir\b|\bminilm_reward_dir\b|\breward_model_dir\(|"
+    r"\bchromium\(|\bhelpers\.browser\b|\bdom\(|\bnbclient\b|\bpython -m build\b|\"build\", \"--wheel\"")
+
+
+@functools.cache
+def _source(fn: object) -> str:
+    try:
+        return inspect.getsource(fn)  # type: ignore[arg-type]
+    except (OSError, TypeError):
+        return ""
+
+
+def _is_slow(item: pytest.Item) -> bool:
+    """Whether the test's own code, its fixtures' code, or the module functions they call match SLOW_CALLS."""
+    module = getattr(item, "module", None)
+    todo = [getattr(item, "function", None)]
+    info = getattr(item, "_fixtureinfo", None)
+    for defs in (info.name2fixturedefs.values() if info else ()):
+        todo += [d.func for d in defs]
+    seen: set[int] = set()
+    while todo:
+        fn = todo.pop()
+        if fn is None or id(fn) in seen:
+            continue
+        seen.add(id(fn))
+        text = _source(fn)
+        if SLOW_CALLS.search(text):
+            return True
+        for name in re.findall(r"\b([A-Za-z_]\w*)\(", text):  # the module's own helpers it calls
+            helper = getattr(module, name, None)
+            if inspect.isfunction(helper) and helper.__module__ == getattr(module, "__name__", None):
+                todo.append(helper)
+    return False
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "slow: trains a model, unpacks a real one, drives a browser or builds a "
+                                       "package (deselect with -m 'not slow'; CI runs everything)")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if not item.get_closest_marker("slow") and _is_slow(item):
+            item.add_marker(pytest.mark.slow)
