@@ -8,7 +8,15 @@ from types import ModuleType
 
 
 class RewardLensError(Exception):
-    """Base class of every error rewardlens raises on purpose."""
+    """Base class of every error rewardlens raises on purpose (bad input; never a bug).
+
+    `option`: the keyword argument at fault or named as the fix (e.g. "max_length"), or None. It is
+    data, so the command line names its own flag for it without parsing the message.
+    """
+
+    def __init__(self, *args: object, option: str | None = None) -> None:
+        super().__init__(*args)
+        self.option = option
 
 
 class ArchitectureError(RewardLensError):
@@ -40,13 +48,25 @@ class TokenizationError(RewardLensError):
     """An input cannot be tokenized safely (truncation would cut the read token, no pad token...)."""
 
 
-class DataError(RewardLensError):
-    """A preference-pair file or record is malformed; the message names file, row and field."""
+class UsageError(RewardLensError, ValueError):
+    """A bad argument: the message names the option, the value received and the fix.
+
+    `UsageError(message, option="level")`: `.option` carries the offending argument as data (the
+    keyword the caller passed), or None when no single option is at fault; the CLI maps it to its
+    flag, so message wording is never parsed. Also a `ValueError`, so code that catches a bad value
+    keeps working.
+    """
 
 
-class CircuitError(RewardLensError, ValueError):
+class DataError(RewardLensError, ValueError):
+    """A preference-pair file or record is malformed; the message names file, row and field.
+
+    Also a `ValueError` (bad input), like `UsageError`, but about data rather than an argument."""
+
+
+class CircuitError(UsageError):
     """A path or circuit that cannot exist: no senders or receivers, a receiver that reads the stream
-    before its sender writes to it, an empty circuit. Also a `ValueError` (a bad argument)."""
+    before its sender writes to it, an empty circuit. A `UsageError`, so also a `ValueError`."""
 
 
 class ClosureError(RewardLensError):

@@ -12,6 +12,8 @@ from typing import Any
 import numpy as np
 from scipy.stats import rankdata
 
+from .errors import UsageError
+
 
 def spearman(a: np.ndarray, b: np.ndarray) -> float:
     """Spearman ρ of two vectors (average ranks for ties); NaN when either is constant or has < 3 values."""
@@ -112,7 +114,7 @@ def mean_abs(values: np.ndarray) -> np.ndarray:
     (or "mean |score|") column beside the signed mean, so the reader sees what the rows are sorted by."""
     v = np.asarray(values, dtype=np.float64)
     if v.ndim != 2:
-        raise ValueError(f"mean_abs averages the columns of an [n, P] array, got shape {v.shape}")
+        raise UsageError(f"mean_abs averages the columns of an [n, P] array, got shape {v.shape}")
     return np.abs(v).mean(0) if v.shape[0] else np.zeros(v.shape[1])
 
 
@@ -173,7 +175,7 @@ def share_warning(margins: np.ndarray, min_margin: float = 1e-4) -> str | None:
 def topk_overlap(a: np.ndarray, b: np.ndarray, k: int) -> float:
     """Share of the `k` largest entries of `a` that are also among the `k` largest of `b`."""
     if k < 1:
-        raise ValueError(f"k must be at least 1, got {k}")
+        raise UsageError(f"k must be at least 1, got {k}")
     top_a, top_b = set(np.argsort(-a)[:k].tolist()), set(np.argsort(-b)[:k].tolist())
     return len(top_a & top_b) / k
 
@@ -283,7 +285,7 @@ def wilson(successes: float, n: int, level: float = 0.95) -> tuple[float, float]
     most p̂(1−p̂), the binomial one the interval assumes.
     """
     if not 0 <= successes <= n:
-        raise ValueError(f"successes must be in [0, n], got {successes} of {n}")
+        raise UsageError(f"successes must be in [0, n], got {successes} of {n}")
     if n == 0:
         return float("nan"), float("nan")
     from scipy.stats import norm

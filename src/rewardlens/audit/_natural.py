@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from ..causal import NaturalFit, natural_states
+from ..errors import UsageError
 from ..model import RewardModel, TraceKey
 from ..model.internal import Tokenized
 from ._keys import fingerprint
@@ -40,7 +41,7 @@ class NaturalStates:
             return
         mine = fingerprint(model)
         if self.model is not None and mine != self.model:
-            raise ValueError(f"these NaturalStates hold the residuals of model {self.model}, and this model is "
+            raise UsageError(f"these NaturalStates hold the residuals of model {self.model}, and this model is "
                              f"{mine} (other config, dtype, head or read options): a fit over them would describe "
                              "the other model; pass a fresh NaturalStates() for each model")
         self.model, self._seen = mine, weakref.ref(model)

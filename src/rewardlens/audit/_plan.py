@@ -8,6 +8,7 @@ from typing import Any
 
 from ..causal import Circuit, Faithfulness, Patching, PatchSpec, aligned, encode_pairs, patch_mode
 from ..data import Pair
+from ..errors import UsageError
 from ..exact import STEP_FIELDS, Attribution, Lens, Steps, TokenAttribution
 from ..hacking import ITEMS, STAGES, Concepts, Conflicts, Item, Probes, spread_items
 from ..model import RewardModel
@@ -64,12 +65,12 @@ class Plan:
 
     def __post_init__(self) -> None:
         if self.chunk_size < 1 or self.batch_size < 1:
-            raise ValueError(f"chunk_size and batch_size must be >= 1, got {self.chunk_size} and {self.batch_size}")
+            raise UsageError(f"chunk_size and batch_size must be >= 1, got {self.chunk_size} and {self.batch_size}")
         if not 0 < self.fraction <= 1:
-            raise ValueError(f"fraction must be in (0, 1], got {self.fraction}")
+            raise UsageError(f"fraction must be in (0, 1], got {self.fraction}")
         n = self.probe_items
         if n is not None and (not isinstance(n, int) or isinstance(n, bool) or not 2 <= n <= len(ITEMS)):
-            raise ValueError(f"probe_items must be an int between 2 (concepts need two inputs a side) and {len(ITEMS)} "
+            raise UsageError(f"probe_items must be an int between 2 (concepts need two inputs a side) and {len(ITEMS)} "
                              f"(all the built-in items), or None for the staged budget, got {n!r}")
 
     def for_reads(self) -> Plan:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..data import Pair
-from ..errors import RunLockedError
+from ..errors import RunLockedError, UsageError
 from ..model import RewardModel
 from ..model.internal import continuable
 from ..sae import TopKSAE
@@ -174,7 +174,7 @@ def audit(model: RewardModel, pairs: Sequence[Pair], *, store: Store | str | Pat
     plan = plan_for_model(model, plan, sae)
     path = None if isinstance(store, Store) or store is None or str(store) == ":memory:" else Path(store)
     if world_size > 1 and path is None:
-        raise ValueError(f"a sharded audit (world_size={world_size}) writes a shard beside its store: pass store= "
+        raise UsageError(f"a sharded audit (world_size={world_size}) writes a shard beside its store: pass store= "
                          "a path, not an in-memory store or a Store object")
     folders = {Path(f).resolve(): "give this run another --out" for f in hold}
     if path is not None:  # a store outside every `hold` folder: a shared one, given by --store (`store=`)

@@ -8,7 +8,7 @@ from dataclasses import replace
 import numpy as np
 
 from ..data import Pair
-from ..errors import DataError, warn
+from ..errors import DataError, UsageError, warn
 from ..model import RewardModel, dtype_name, score_pairs
 from ..stats import mover, wilson
 from ._best_of_n import check_rule
@@ -68,7 +68,7 @@ def bench(model: RewardModel, pairs: Sequence[Pair], *, against: RewardModel | N
     if not pairs:
         raise DataError("bench got no pairs. Fix: pass at least one rewardlens.Pair (e.g. from load_pairs).")
     if not 0 < level < 1:
-        raise ValueError(f"level must be in (0, 1), got {level}")
+        raise UsageError(f"level must be in (0, 1), got {level}")
     section_weights({}, weighting)  # a bad weighting, rule or n_boot is refused before any forward pass
     check_rule(best_of_n_ties)
     check_n_boot(n_boot, level)

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..data import Pair
-from ..errors import DataError
+from ..errors import DataError, UsageError
 
 BEST_OF_N_TIES = ("shared", "argmax")
 """The best-of-N tie rules: `shared` (rewardbench 0.1.4, the default) and `argmax` (utils_v2.py, the earlier one)."""
@@ -48,7 +48,7 @@ _SUFFIX = re.compile(r"(\d+)(?:-(\d+))?")
 def check_rule(best_of_n_ties: str) -> None:
     """Refuse an unknown best-of-N tie rule (a `ValueError`, one line with the fix)."""
     if best_of_n_ties not in BEST_OF_N_TIES:
-        raise ValueError(f"best_of_n_ties must be one of {BEST_OF_N_TIES}, got {best_of_n_ties!r}. Fix: pass "
+        raise UsageError(f"best_of_n_ties must be one of {BEST_OF_N_TIES}, got {best_of_n_ties!r}. Fix: pass "
                          f"'shared' (rewardbench 0.1.4: a tie at the top scores 1/k) or 'argmax' (the earlier "
                          f"utils_v2.py rule: a tie with the best rejected response is right).")
 

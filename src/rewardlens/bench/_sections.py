@@ -31,6 +31,8 @@ from typing import TypeVar
 
 import numpy as np
 
+from ..errors import UsageError
+
 SECTIONS: dict[str, tuple[str, ...]] = {
     "Chat": ("alpacaeval-easy", "alpacaeval-length", "alpacaeval-hard", "mt-bench-easy", "mt-bench-med"),
     "Chat Hard": ("mt-bench-hard", "llmbar-natural", "llmbar-adver-neighbor", "llmbar-adver-GPTInst",
@@ -83,7 +85,7 @@ def section_weights(counts: Mapping[str, int], weighting: str = "rewardbench") -
     own count when no code subset is present.
     """
     if weighting not in WEIGHTINGS:
-        raise ValueError(f"weighting must be one of {WEIGHTINGS}, got {weighting!r}. Fix: pass "
+        raise UsageError(f"weighting must be one of {WEIGHTINGS}, got {weighting!r}. Fix: pass "
                          f"weighting='rewardbench' (RewardBench's fixed counts) or 'items' (the items scored).")
     present = {s: n for s, n in counts.items() if s in SECTION_OF and n > 0}
     if weighting == "rewardbench":

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..errors import UsageError
 from ..stats import min_boot, wilson, wilson_sum
 from ._items import NO_SUBSET, SubsetLayout
 from ._sections import GROUPS, OVERALL, RB2, RB2_SUBSETS, overall, rb2_score, section_scores
@@ -111,7 +112,7 @@ def support(lay: SubsetLayout, keys: list[Key]) -> np.ndarray:
 def check_n_boot(n_boot: int, level: float) -> None:
     """Refuse `n_boot` below `min_boot(level)` (a `ValueError`, one line with the fix)."""
     if n_boot < min_boot(level):
-        raise ValueError(f"n_boot is {n_boot}, under {min_boot(level)}: a {level:.0%} percentile interval needs "
+        raise UsageError(f"n_boot is {n_boot}, under {min_boot(level)}: a {level:.0%} percentile interval needs "
                          f"at least 2 / (1 - level) = {min_boot(level)} bootstrap draws to hold one in each tail. "
                          f"Fix: pass n_boot >= {min_boot(level)} (the default 2000 is what a reported interval wants).")
 
@@ -119,7 +120,7 @@ def check_n_boot(n_boot: int, level: float) -> None:
 def picks(lay: SubsetLayout, n_boot: int, seed: int) -> list[np.ndarray]:
     """Resampled positions within each subset [B, n_s], one array per subset, seeded."""
     if n_boot < 1:
-        raise ValueError(f"n_boot must be at least 1, got {n_boot}")
+        raise UsageError(f"n_boot must be at least 1, got {n_boot}")
     rng = np.random.default_rng(seed)
     return [rng.integers(0, len(ix), (n_boot, len(ix))) for ix in lay.index]
 

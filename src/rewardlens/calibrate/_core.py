@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 import numpy as np
 
 from ..data import Pair
+from ..errors import UsageError
 from ..model import Part, RewardModel, load
 from ..stats import spearman
 from ..types import Level
@@ -119,12 +120,12 @@ class OrganismBench:
                  organisms: Sequence[str] | None = None, progress: Callable[[str], None] | None = None) -> None:
         unknown = sorted(set(organisms or ()) - set(ORGANISMS))
         if unknown:
-            raise ValueError(f"no organism named {unknown}; choose from {sorted(ORGANISMS)}")
+            raise UsageError(f"no organism named {unknown}; choose from {sorted(ORGANISMS)}")
         if (len(strengths) < 3 or sorted(strengths) != list(strengths) or len(set(strengths)) != len(strengths)
                 or not all(0 < s <= 1 for s in strengths)):
-            raise ValueError(f"strengths must be at least 3 increasing values in (0, 1], got {list(strengths)}")
+            raise UsageError(f"strengths must be at least 3 increasing values in (0, 1], got {list(strengths)}")
         if n_pairs < 10:
-            raise ValueError(f"n_pairs must be at least 10 for accuracies to mean anything, got {n_pairs}")
+            raise UsageError(f"n_pairs must be at least 10 for accuracies to mean anything, got {n_pairs}")
         self.seed, self.n_pairs, self.strengths = seed, n_pairs, tuple(float(s) for s in strengths)
         self.organisms = tuple(organisms) if organisms is not None else tuple(ORGANISMS)
         self.progress = progress or (lambda _message: None)  # the default says nothing

@@ -19,6 +19,7 @@ from torch import nn
 
 from ..causal import patch
 from ..data import Pair
+from ..errors import UsageError
 from ..exact import attribute, lens
 from ..model import Part, RewardModel
 from ..types import Level
@@ -56,7 +57,7 @@ class KindBench(OrganismBench):
         super().__init__(seed=seed, n_pairs=n_pairs, strengths=strengths, organisms=organisms, progress=progress)
         unknown = sorted(set(kinds or ()) - set(KINDS))
         if unknown:
-            raise ValueError(f"no PRM or DPO organism named {unknown}; choose from {sorted(KINDS)}")
+            raise UsageError(f"no PRM or DPO organism named {unknown}; choose from {sorted(KINDS)}")
         self.kinds = tuple(kinds) if kinds is not None else tuple(KINDS)
         self._kind_models: dict[str, RewardModel] = {}
         self._kind_pairs: dict[str, list[Pair]] = {}
@@ -138,7 +139,7 @@ def _gap_at(att_steps_reward: np.ndarray, seq: np.ndarray, i: int) -> np.ndarray
     preference forms where the chosen side's read is most above the rejected side's."""
     chosen, rejected = att_steps_reward[seq == 2 * i], att_steps_reward[seq == 2 * i + 1]
     if len(chosen) != len(rejected):
-        raise ValueError(f"pair {i} has {len(chosen)} reads on the chosen side and {len(rejected)} on the rejected")
+        raise UsageError(f"pair {i} has {len(chosen)} reads on the chosen side and {len(rejected)} on the rejected")
     return chosen - rejected
 
 

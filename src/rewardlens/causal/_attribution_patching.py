@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from ..data import Inputs, Pair, counting
+from ..errors import UsageError
 from ..model import RewardModel, TraceKey
 from ..model.internal import (
     OOM_ERRORS,
@@ -205,7 +206,7 @@ def attribution_patch(
         given = mode if spec is not None else mode_for(model, pairs, mode, seqs)
         spec = spec_of(spec, mode=given, ablation=ablation, positions=positions, level=level)
         if spec.estimand != "total":
-            raise ValueError(f"attribution patching estimates total effects; got {spec}: use estimand='total'")
+            raise UsageError(f"attribution patching estimates total effects; got {spec}: use estimand='total'")
         mode, ablation, positions, level = spec.mode, spec.ablation, spec.positions, spec.level
         sweep = level_sites(model, level, neurons, every=True)
         if model.reads.multi:
@@ -310,7 +311,7 @@ def agreement(exact: Patching, approx: Patching, k: int = 10) -> dict[str, float
     same = (exact.names == approx.names and exact.pair_ids == approx.pair_ids and exact.mode == approx.mode
             and exact.positions == approx.positions and exact.effect.shape == approx.effect.shape)
     if not same:
-        raise ValueError(
+        raise UsageError(
             f"agreement compares two results of the same sweep; got {exact.mode}/{exact.positions} over "
             f"{exact.effect.shape} and {approx.mode}/{approx.positions} over {approx.effect.shape}")
     return rank_agreement(exact.effect, approx.effect, k)

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from ..data import Inputs, Pair, counting
-from ..errors import ArchitectureError, CircuitError
+from ..errors import ArchitectureError, CircuitError, UsageError
 from ..model import RewardModel
 from ..model.internal import collate, each_batch
 from ..stats import margin_share, mean_abs, share_warning, to_json, top_parts
@@ -240,7 +240,7 @@ def _nodes(model: RewardModel, edges: Edges) -> tuple[list[Site], list[Receiver]
 def _how_many(flat: np.ndarray, top: int | None, share: float | None) -> int:
     """Edges to keep: `top`, or the fewest ranked edges whose mean |score| sums to `share` of the total."""
     if (top is None) == (share is None):
-        raise ValueError(f"pass exactly one of top= (a count) and share= (of the total |score|); got top={top}, "
+        raise UsageError(f"pass exactly one of top= (a count) and share= (of the total |score|); got top={top}, "
                          f"share={share}")
     if top is not None:
         if top < 1:

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..errors import UsageError
 from ..model import RewardModel, TraceKey
 from ..model.internal import Tokenized
 from ._engine import Site
@@ -73,7 +74,7 @@ def thresholds(acts: Tensor, quantile: float = 0.99, folds: int = 5) -> float:
     """The `quantile` of held-out whitened distances of natural activations [N, d] (K-fold)."""
     n = acts.shape[0]
     if n < MIN_REFERENCE:
-        raise ValueError(
+        raise UsageError(
             f"divergence needs at least {MIN_REFERENCE} natural reference sequences to calibrate against, got {n}; "
             "pass more pairs or reference= inputs"
         )
@@ -96,7 +97,7 @@ class NaturalFit:
     def __init__(self, model: RewardModel, states: Mapping[TraceKey, Tensor], quantile: float = 0.99) -> None:
         missing = [layer for layer in range(model.n_layers) if TraceKey.resid(layer) not in states]
         if missing:
-            raise ValueError(f"the natural fit needs every layer's residual at the read position; layers {missing} "
+            raise UsageError(f"the natural fit needs every layer's residual at the read position; layers {missing} "
                              "are missing: trace them with natural_states(model, seqs), or pass a trace's "
                              "Clean.captured")
         self.fits: list[Natural] = []

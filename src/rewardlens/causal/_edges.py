@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from ..data import Inputs, Pair, counting, pair_ids
-from ..errors import CircuitError
+from ..errors import CircuitError, UsageError
 from ..model import RewardModel, TraceKey
 from ..model.internal import Tokenized, collate, each_batch, out_projection
 from ..stats import rank_agreement, top_parts
@@ -127,14 +127,14 @@ class Edges:
         """`truth` as effects [n_pairs, U, D] on this grid (NaN off the cells it covers)."""
         if isinstance(truth, np.ndarray):
             if truth.shape != self.score.shape:
-                raise ValueError(f"truth has shape {truth.shape}, the scores {self.score.shape}: pass effects "
+                raise UsageError(f"truth has shape {truth.shape}, the scores {self.score.shape}: pass effects "
                                  "[n_pairs, U, D] on this grid or path_patch results")
             return truth
         runs = [truth] if isinstance(truth, PathPatching) else list(truth)
         out = np.full(self.score.shape, np.nan)
         for run in runs:
             if run.effect.shape[0] != self.score.shape[0]:
-                raise ValueError(f"a path_patch result covers {run.effect.shape[0]} pairs, the scores "
+                raise UsageError(f"a path_patch result covers {run.effect.shape[0]} pairs, the scores "
                                  f"{self.score.shape[0]}: run path_patch on the pairs these edges were scored on")
             for i, u in enumerate(run.senders):
                 for j, d in enumerate(run.receivers):
@@ -176,9 +176,9 @@ def edges(
     `spec`) is `patch`'s; `level='head'` scores heads (with `qkv`, each head's query, key and value
     inputs apart). `verify=n`: then path-patch the estimated edges among the first n (`Edges.verify`)."""
     if method not in ("eap", "eap-ig"):
-        raise ValueError(f"method must be 'eap' or 'eap-ig', got {method!r}")
+        raise UsageError(f"method must be 'eap' or 'eap-ig', got {method!r}")
     if int(steps) < 1:
-        raise ValueError(f"steps must be at least 1, got {steps}")
+        raise UsageError(f"steps must be at least 1, got {steps}")
     steps, n_verify = 1 if method == "eap" else int(steps), check_verify(verify)
     with counting("edges", progress):
         check_model(model, "edges")

@@ -33,6 +33,7 @@ from typing import Any, TypeVar, get_args
 import torch
 from torch import Tensor, nn
 
+from ..errors import UsageError
 from ..model import Part, RewardModel, TraceKey
 from ..model.internal import (
     OOM_ERRORS,
@@ -89,11 +90,11 @@ def sites(model: RewardModel, level: PatchLevel) -> list[Site]:
     if level == "neuron":
         n = sum(projection_inputs(model, "mlp", layer)[0] for layer in range(model.n_layers)
                 if not is_moe_layer(model, layer))
-        raise ValueError(f"level='neuron' patches only chosen neurons: a sweep of all {n} MLP neurons would be {n} "
+        raise UsageError(f"level='neuron' patches only chosen neurons: a sweep of all {n} MLP neurons would be {n} "
                          "patched runs per pair; choose neurons=['mlp_L<l>_N<i>', ...] or use attribution patching "
                          "(attribution_patch(..., level='neuron'): every neuron from one backward)")
     if level not in PATCH_LEVELS:
-        raise ValueError(f"patching level must be one of {PATCH_LEVELS}, got {level!r}")
+        raise UsageError(f"patching level must be one of {PATCH_LEVELS}, got {level!r}")
     out = [Site.embed()]
     for layer in range(model.n_layers):
         if level == "head":

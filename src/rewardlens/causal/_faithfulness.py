@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, get_args
 import numpy as np
 
 from ..data import Pair, counting, stage
+from ..errors import UsageError
 from ..model import Part, RewardModel
 from ..model.internal import Tokenized
 from ..stats import bootstrap_ci, rank_agreement, rowwise_spearman, top_parts
@@ -98,7 +99,7 @@ class Faithfulness:
     def rho(self, estimand: Versus) -> np.ndarray:
         """Per-pair Spearman ρ [n_pairs] between attribution and `estimand` across parts."""
         if estimand not in ESTIMANDS:
-            raise ValueError(f"estimand must be one of {ESTIMANDS}, got {estimand!r}")
+            raise UsageError(f"estimand must be one of {ESTIMANDS}, got {estimand!r}")
         return rowwise_spearman(self.attribution, getattr(self, estimand))
 
     def pooled(self, estimand: Versus) -> tuple[float, float, float]:
@@ -255,16 +256,16 @@ def faithfulness(
     """
     with counting("faithfulness", progress):
         if level == "neuron":  # before any forward: exact patching of every neuron is one run per neuron
-            raise ValueError("faithfulness patches every part exactly, and level='neuron' would be one patched run "
+            raise UsageError("faithfulness patches every part exactly, and level='neuron' would be one patched run "
                              "per MLP neuron; use level='head' or 'sublayer', or rank the neurons with "
                              "attribution_patch(..., level='neuron') and patch the top ones with patch(neurons=...)")
         if seed_positions is not None and seed_positions not in SEED_POSITIONS:
-            raise ValueError(f"seed_positions must be None, 'all' or 'read', got {seed_positions!r}")
+            raise UsageError(f"seed_positions must be None, 'all' or 'read', got {seed_positions!r}")
         if traced is None:
             stage("clean trace")
             traced = trace_pairs(model, pairs, level=level, batch_size=batch_size)
         elif traced.level != level and traced.level != "head":
-            raise ValueError(f"traced runs at level {traced.level!r} cannot serve level={level!r}; trace at "
+            raise UsageError(f"traced runs at level {traced.level!r} cannot serve level={level!r}; trace at "
                              f"level='head' (it serves both) or at {level!r}")
         clean = traced.clean
         mode = mode_for(model, pairs, mode, clean.seqs)

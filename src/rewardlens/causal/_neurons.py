@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ..errors import UsageError
 from ..model import Part, RewardModel
 from ..model.internal import is_moe_layer, projection_inputs
 from ..types import PatchLevel
@@ -33,25 +34,25 @@ def neuron_sites(model: RewardModel, neurons: Neurons) -> list[Site]:
     """The sites of `neurons`, in the order given; ValueError naming the value and the fix unless each
     names one neuron of a dense MLP layer of `model` (layer and index in range), once."""
     if isinstance(neurons, (str, Part)) or not isinstance(neurons, Sequence) or not neurons:
-        raise ValueError(f"neurons= is a non-empty list of neuron names such as ['mlp_L1_N17'], got {neurons!r}")
+        raise UsageError(f"neurons= is a non-empty list of neuron names such as ['mlp_L1_N17'], got {neurons!r}")
     out: list[Site] = []
     for given in neurons:
         part = _parsed(given)
         if part is None or part.neuron is None:
-            raise ValueError(f"neurons= holds {given!r}, which is not one MLP neuron; name each as 'mlp_L<l>_N<i>'")
+            raise UsageError(f"neurons= holds {given!r}, which is not one MLP neuron; name each as 'mlp_L<l>_N<i>'")
         if part.layer >= model.n_layers:
-            raise ValueError(f"neurons= holds {part.name!r}, but the model has layers 0..{model.n_layers - 1}; "
+            raise UsageError(f"neurons= holds {part.name!r}, but the model has layers 0..{model.n_layers - 1}; "
                              "choose a layer in range")
         if is_moe_layer(model, part.layer):
-            raise ValueError(f"neurons= holds {part.name!r}, but layer {part.layer}'s MLP is a mixture-of-experts "
+            raise UsageError(f"neurons= holds {part.name!r}, but layer {part.layer}'s MLP is a mixture-of-experts "
                              "block, which has no neurons; choose neurons of a dense MLP layer")
         width = _width(model, part.layer)
         if part.neuron >= width:
-            raise ValueError(f"neurons= holds {part.name!r}, but layer {part.layer}'s MLP has neurons "
+            raise UsageError(f"neurons= holds {part.name!r}, but layer {part.layer}'s MLP has neurons "
                              f"0..{width - 1}; choose an index in range")
         site = Site.mlp(part.layer, part.neuron)
         if site in out:
-            raise ValueError(f"neurons= names {site.name!r} twice; name each neuron once")
+            raise UsageError(f"neurons= names {site.name!r} twice; name each neuron once")
         out.append(site)
     return out
 
@@ -87,7 +88,7 @@ def level_sites(model: RewardModel, level: PatchLevel, neurons: Neurons | None, 
     patching: one backward for all), else refused by `sites` naming the fix."""
     if neurons is not None:
         if level != "neuron":
-            raise ValueError(f"neurons= chooses MLP neurons to patch, but level={level!r}; pass level='neuron' with it")
+            raise UsageError(f"neurons= chooses MLP neurons to patch, but level={level!r}; pass level='neuron' with it")
         return neuron_sites(model, neurons)
     if level == "neuron" and every:
         return every_neuron(model)
@@ -100,5 +101,5 @@ def check_traced(clean: Clean, sweep: Sequence[Site]) -> None:
     missing = sorted({s.key for s in sweep if s.key not in clean.captured}, key=str)
     if missing:
         level = "neuron" if any(k.kind == "mlp_act" for k in missing) else "head"
-        raise ValueError(f"clean= holds no {missing[0]} activations to patch (its pairs were traced at a coarser "
+        raise UsageError(f"clean= holds no {missing[0]} activations to patch (its pairs were traced at a coarser "
                          f"level); trace them with trace_pairs(model, pairs, level={level!r}), or leave clean= out")

@@ -20,6 +20,7 @@ import numpy as np
 from torch import Tensor
 
 from ..data import Inputs, Pair, chosen, counting, pair_ids, rejected
+from ..errors import UsageError
 from ..model import RewardModel
 from ..model.internal import Tokenized, not_continuable, sequence_label
 from ..stats import top_parts
@@ -118,16 +119,16 @@ class Patching(PatchedMargins):
 
         ValueError unless there are parts, each patched the same parts the same way, and `pairs` are theirs."""
         if not parts:
-            raise ValueError("Patching.joined needs at least one result to join; pass the chunks' results")
+            raise UsageError("Patching.joined needs at least one result to join; pass the chunks' results")
         if sum(len(p.chosen) for p in parts) != len(pairs):
-            raise ValueError(f"Patching.joined: the parts hold {sum(len(p.chosen) for p in parts)} pairs but "
+            raise UsageError(f"Patching.joined: the parts hold {sum(len(p.chosen) for p in parts)} pairs but "
                              f"{len(pairs)} pairs were passed; pass every pair the parts patched, in their order")
         first = parts[0]
         differ = [f for f in ("names", "mode", "positions", "level", "estimand", "approximate", "min_margin")
                   if any(getattr(p, f) != getattr(first, f) for p in parts)]
         differ += ["divergence"] if len({p.divergence is None for p in parts}) > 1 else []
         if differ:
-            raise ValueError(f"Patching.joined joins chunks of one sweep, but the parts differ in {differ}; patch "
+            raise UsageError(f"Patching.joined joins chunks of one sweep, but the parts differ in {differ}; patch "
                              "every chunk with the same sites and options")
 
         def cat(name: str) -> np.ndarray:
@@ -218,13 +219,13 @@ def patch(
         spec = spec_of(spec, mode=given, ablation=ablation, positions=positions, level=level, estimand=estimand)
         mode, ablation, positions, level, estimand = spec.mode, spec.ablation, spec.positions, spec.level, spec.estimand
         if natural is not None and (not divergence or reference is not None):
-            raise ValueError("natural= is divergence's fitted natural distribution: pass it with divergence=True "
+            raise UsageError("natural= is divergence's fitted natural distribution: pass it with divergence=True "
                              "and without reference= (which would fit another one)")
         if divergence and estimand == "direct":
-            raise ValueError("divergence scores patched runs' later activations; estimand='direct' holds them "
+            raise UsageError("divergence scores patched runs' later activations; estimand='direct' holds them "
                              "frozen, so there is nothing to score: use estimand='total'")
         if sweep is not None and neurons is not None:
-            raise ValueError("pass the parts to patch either as sweep= or as neurons=, not both")
+            raise UsageError("pass the parts to patch either as sweep= or as neurons=, not both")
         sweep = level_sites(model, level, neurons) if sweep is None else list(sweep)
         heads, neurons_at = level == "head", neuron_layers(sweep)  # what the clean trace keeps
         if model.reads.multi:  # a reward read at a set of positions is patched at that set

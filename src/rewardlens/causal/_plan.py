@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from ..data import Pair, flatten_pairs, pair_of
-from ..errors import DataError, RewardLensWarning, TokenizationError
+from ..errors import DataError, RewardLensWarning, TokenizationError, UsageError
 from ..model import RewardModel, Trace, TraceKey, trace
 from ..model.internal import Batch, Tokenized, sequence_label
 from ..types import Ablation, Mode, Positions, Spans
@@ -113,7 +113,7 @@ def pair_seqs(model: RewardModel, pairs: Pair | Sequence[Pair], clean: Clean | N
         return encode_pairs(model, pairs)
     n = len(flatten_pairs(pairs))
     if len(clean.seqs) != 2 * n:
-        raise ValueError(f"clean= holds the runs of {len(clean.seqs)} sequences but {n} pairs were passed "
+        raise UsageError(f"clean= holds the runs of {len(clean.seqs)} sequences but {n} pairs were passed "
                          f"({2 * n} sequences): pass the clean runs traced from these pairs "
                          "(trace_pairs(model, pairs).clean)")
     return clean.seqs
@@ -199,11 +199,11 @@ def warn_unpatched_read(pairs: list[int], ids: Sequence[str] | None) -> None:
 
 def _span_cols(spans: str | Spans, read: int) -> list[int]:
     if isinstance(spans, str):
-        raise ValueError(f"positions must be 'read', 'all', 'prefix' or a list of (start, stop) spans, got {spans!r}")
+        raise UsageError(f"positions must be 'read', 'all', 'prefix' or a list of (start, stop) spans, got {spans!r}")
     cols: list[int] = []
     for span in spans:
         if len(span) != 2:
-            raise ValueError(f"a span is (start, stop), got {span!r}")
+            raise UsageError(f"a span is (start, stop), got {span!r}")
         for c in range(read + 1)[slice(*span)]:
             if c not in cols:
                 cols.append(c)

@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from ..data import Pair
-from ..errors import DataError, warn
+from ..errors import DataError, UsageError, warn
 from ..model import RewardModel, Trace, TraceKey, trace
 from ..model.internal import Tokenized, collate, sequence_label
 from ..types import Ablation, Mode, PatchLevel, Positions, Spans
@@ -34,13 +34,13 @@ from ._stepped import stepped_sweep
 def check_reads_options(mode: Mode, ablation: Ablation, positions: Positions | Spans, divergence: bool) -> None:
     """Refuse the options a multi-position read-out does not take (yet), naming what to pass instead."""
     if not isinstance(positions, str) or positions != "read":
-        raise ValueError(f"positions={positions!r}: a reward read at a set of positions is patched at that set; "
+        raise UsageError(f"positions={positions!r}: a reward read at a set of positions is patched at that set; "
                          "pass positions='read'")
     if divergence:
-        raise ValueError("divergence scores read one token per sequence; patch a multi-position read-out without "
+        raise UsageError("divergence scores read one token per sequence; patch a multi-position read-out without "
                          "them (leave divergence off)")
     if mode == "ablation" and ablation != "zero":
-        raise ValueError("a multi-position read-out takes mode='ablation' with ablation='zero' only for now")
+        raise UsageError("a multi-position read-out takes mode='ablation' with ablation='zero' only for now")
 
 
 def patch_mode(model: RewardModel, pairs: Sequence[Pair], seqs: Sequence[Tokenized] | None = None) -> Mode:

@@ -37,7 +37,7 @@ from typing import Literal, get_args
 import torch
 from torch import Tensor, nn
 
-from ..errors import ArchitectureError
+from ..errors import ArchitectureError, UsageError
 from ..model import Part, RewardModel
 from ..model.internal import Point, first_output, get_module, rewriting
 
@@ -60,13 +60,13 @@ class Receiver:
 
     def __post_init__(self) -> None:
         if self.kind not in get_args(ReceiverKind):
-            raise ValueError(f"receiver kind must be one of {get_args(ReceiverKind)}, got {self.kind!r}")
+            raise UsageError(f"receiver kind must be one of {get_args(ReceiverKind)}, got {self.kind!r}")
         if (self.kind == "head") != (self.head is not None) or self.layer < 0:
-            raise ValueError(f"a 'head' receiver needs head= (and only it), at a layer >= 0; got {self!r}")
+            raise UsageError(f"a 'head' receiver needs head= (and only it), at a layer >= 0; got {self!r}")
         if self.input is not None and (self.kind != "head" or self.input not in QKVS):
-            raise ValueError(f"input= is 'q', 'k' or 'v' of a 'head' receiver, got {self!r}")
+            raise UsageError(f"input= is 'q', 'k' or 'v' of a 'head' receiver, got {self!r}")
         if self.kind == "reward" and self.layer:
-            raise ValueError("the 'reward' receiver has no layer")
+            raise UsageError("the 'reward' receiver has no layer")
 
     @classmethod
     def reward(cls) -> Receiver:
@@ -85,7 +85,7 @@ class Receiver:
             part = None
         if part is None or part.kind == "embed" or not (part.is_sublayer or part.head is not None) or (
                 qkv and part.head is None):
-            raise ValueError(f"{name!r} is not a receiver; receivers are 'reward', 'attn_L<l>', 'mlp_L<l>', "
+            raise UsageError(f"{name!r} is not a receiver; receivers are 'reward', 'attn_L<l>', 'mlp_L<l>', "
                              "'attn_L<l>_H<h>' and 'attn_L<l>_H<h>_q' (or _k, _v)")
         if part.head is not None:
             return cls("head", part.layer, part.head, qkv)
@@ -160,7 +160,7 @@ def wiring(model: RewardModel, receiver: Receiver) -> Wiring:
         final = get_module(model.model, arch.final_norm) if arch.final_norm else None
         return Wiring(receiver, (model.layers[-1], "out") if final is None else (final, "in"), None, ())
     if receiver.layer >= model.n_layers:
-        raise ValueError(f"receiver {receiver.name!r} names layer {receiver.layer}, but the model has "
+        raise UsageError(f"receiver {receiver.name!r} names layer {receiver.layer}, but the model has "
                          f"{model.n_layers} layers (0..{model.n_layers - 1}); pick a layer of the model")
     layer, parallel = receiver.layer, arch.layout == "parallel"
     own = "mlp" if receiver.kind == "mlp" else "attn"
@@ -192,7 +192,7 @@ def _projections(model: RewardModel, receiver: Receiver) -> list[tuple[str, nn.M
             f"sublayer receiver 'attn_L{receiver.layer}' or register a map naming them")
     n_heads = model.n_heads
     if receiver.head >= n_heads:
-        raise ValueError(f"receiver {receiver.name!r}: the model has {n_heads} heads (0..{n_heads - 1})")
+        raise UsageError(f"receiver {receiver.name!r}: the model has {n_heads} heads (0..{n_heads - 1})")
     modules = {x: model.layer_module(receiver.layer, str(paths[x])) for x in QKVS}
     size = _width(modules["q"]) // n_heads  # the query projection holds every head, d_head columns each
     for x, module in modules.items():
@@ -259,7 +259,7 @@ def receiving(model: RewardModel, receiver: Receiver | Wiring, delta: Tensor,
     held = dict(clean or {})
     missing = [key for key, _, _ in wire.frozen if key not in held]
     if missing:
-        raise ValueError(f"receiver {wire.receiver.name!r} needs the clean outputs {missing} (clean_points); "
+        raise UsageError(f"receiver {wire.receiver.name!r} needs the clean outputs {missing} (clean_points); "
                          "capture them in a clean run of the same rows and pass clean=")
     hooks = [(wire.add[0], wire.add[1], functools.partial(_shift, delta=delta, sign=1.0))]
     if wire.cancel is not None:
@@ -294,7 +294,7 @@ def receiving_all(model: RewardModel, deltas: Mapping[Receiver, Tensor]) -> Iter
             hooks.append((wire.cancel, "out", functools.partial(_shift, delta=delta, sign=-1.0)))
     for layer, group in heads.items():
         if Receiver("attn", layer) in deltas:
-            raise ValueError(f"receivers 'attn_L{layer}' and {[r.name for r, _ in group]} both read layer {layer}'s "
+            raise UsageError(f"receivers 'attn_L{layer}' and {[r.name for r, _ in group]} both read layer {layer}'s "
                              "attention input; give either the sublayer or its heads")
         hooks += _head_group(model, layer, group)
     with rewriting(hooks):
@@ -312,7 +312,7 @@ def _head_group(model: RewardModel, layer: int, group: list[tuple[Receiver, Tens
             modules[key] = module
             if keep is not None:
                 if any(k.start == keep.start for k, _ in slots[key]):
-                    raise ValueError(f"receiver {r.name!r}: head {r.head}'s {key} input is named by another "
+                    raise UsageError(f"receiver {r.name!r}: head {r.head}'s {key} input is named by another "
                                      "receiver too; give each head input once")
                 slots[key].append((keep, delta))
     state: dict[str, Tensor] = {}

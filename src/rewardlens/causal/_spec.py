@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import cast, get_args
 
+from ..errors import UsageError
 from ..types import Ablation, Estimand, Mode, PatchLevel, Positions, Spans
 
 MODES: tuple[Mode, ...] = get_args(Mode)
@@ -40,13 +41,13 @@ class PatchSpec:
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+            raise UsageError(f"mode must be one of {MODES}, got {self.mode!r}")
         if self.ablation not in ABLATIONS:
-            raise ValueError(f"ablation must be one of {ABLATIONS}, got {self.ablation!r}")
+            raise UsageError(f"ablation must be one of {ABLATIONS}, got {self.ablation!r}")
         if self.level not in PATCH_LEVELS:
-            raise ValueError(f"level must be one of {PATCH_LEVELS}, got {self.level!r}")
+            raise UsageError(f"level must be one of {PATCH_LEVELS}, got {self.level!r}")
         if self.estimand not in PATCH_ESTIMANDS:
-            raise ValueError(f"estimand must be one of {PATCH_ESTIMANDS}, got {self.estimand!r}")
+            raise UsageError(f"estimand must be one of {PATCH_ESTIMANDS}, got {self.estimand!r}")
         object.__setattr__(self, "positions", _positions(self.positions))
 
     @property
@@ -71,7 +72,7 @@ def spec_of(spec: PatchSpec | None, **given: object) -> PatchSpec:
     default = PatchSpec()
     clash = {k: v for k, v in given.items() if v is not None and v != getattr(default, k)}
     if clash:
-        raise ValueError(f"pass the patch's choices either as spec= or as keywords, not both: spec={spec} and "
+        raise UsageError(f"pass the patch's choices either as spec= or as keywords, not both: spec={spec} and "
                          + ", ".join(f"{k}={v!r}" for k, v in clash.items()))
     return spec
 
@@ -80,22 +81,22 @@ def _positions(positions: Positions | Spans) -> Positions | Spans:
     """A named rule as it is; spans as a tuple of (start, stop) pairs of ints or None (hashable, frozen)."""
     if isinstance(positions, str):
         if positions not in POSITIONS:
-            raise ValueError(f"positions must be one of {POSITIONS} or spans such as [(-4, None)], got {positions!r}")
+            raise UsageError(f"positions must be one of {POSITIONS} or spans such as [(-4, None)], got {positions!r}")
         return positions
     if not isinstance(positions, Sequence) or not positions:
-        raise ValueError(f"positions must be one of {POSITIONS} or a non-empty list of (start, stop) spans, "
+        raise UsageError(f"positions must be one of {POSITIONS} or a non-empty list of (start, stop) spans, "
                          f"got {positions!r}")
     spans: list[tuple[int | None, int | None]] = []
     for span in positions:
         ok = isinstance(span, Sequence) and not isinstance(span, str) and len(span) == 2 and all(
             b is None or (isinstance(b, int) and not isinstance(b, bool)) for b in span)
         if not ok:
-            raise ValueError(f"a span is (start, stop) with ints or None, counted like a slice of the positions up "
+            raise UsageError(f"a span is (start, stop) with ints or None, counted like a slice of the positions up "
                              f"to the read token (negative: back from it), got {span!r} in positions={positions!r}")
         start, stop = cast("tuple[int | None, int | None]", (span[0], span[1]))  # checked just above
         if _empty(start, stop):
             one = 0 if start is None else start
-            raise ValueError(
+            raise UsageError(
                 f"the span ({start}, {stop}) selects no position in any sequence: a span (start, stop) takes the "
                 "positions start to stop-1, like a slice of those up to the read token (negative: back from it), "
                 f"so stop must lie past start; pass e.g. ({one}, {one + 1 or None}) for one position, or "

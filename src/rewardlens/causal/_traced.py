@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from ..data import Pair, flatten_pairs
+from ..errors import UsageError
 from ..exact import Attribution, Decomposition, decompose
 from ..model import RewardModel, Trace
 from ..model.internal import Batch, LayerTaps, Tokenized, continuable
@@ -42,7 +43,7 @@ class Traced:
         """Exact attribution at `level` ('sublayer', or this trace's own level), built once and shared by
         every instrument that asks (the audit's tables and faithfulness alike)."""
         if level != self.level and level != "sublayer":
-            raise ValueError(f"runs traced at level {self.level!r} cannot give level={level!r}; trace at "
+            raise UsageError(f"runs traced at level {self.level!r} cannot give level={level!r}; trace at "
                              f"level='head' (it serves both) or at {level!r}")
         if level not in self._views:
             dec = self.decomposition if level == self.level else self.decomposition.coarsen()
@@ -65,7 +66,7 @@ def trace_pairs(model: RewardModel, pairs: Sequence[Pair], *, level: PatchLevel 
     estimate backpropagates whole)."""
     pairs = flatten_pairs(pairs)
     if seqs is not None and len(seqs) != 2 * len(pairs):
-        raise ValueError(f"seqs= holds {len(seqs)} sequences for {len(pairs)} pairs; pass encode_pairs(model, pairs)")
+        raise UsageError(f"seqs= holds {len(seqs)} sequences for {len(pairs)} pairs; pass encode_pairs(model, pairs)")
     seqs = encode_pairs(model, pairs) if seqs is None else list(seqs)
     if model.reads.multi:  # the set-of-reads engines trace their own batches; the view keeps the rewards
         dec = decompose(model, pairs, level=level, batch_size=batch_size, encoded=(seqs, True))

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
+from ..errors import UsageError
 from ..types import SEED_PAPER
 from ._common import (
     ArgumentError,
@@ -106,7 +107,7 @@ def _run(args: argparse.Namespace, state: dict[str, Any]) -> dict[str, Any]:
     main_path = Path(args.store) if args.store else out / "results.sqlite"
     model, pairs = _inputs(args)  # a bad pairs file is refused before anything heavy is imported
     if not pairs:
-        raise ValueError("no pairs to audit")
+        raise UsageError("no pairs to audit")
     sae = _sae(args, model)  # an SAE that does not fit the model is refused before any pair is computed
     from ..audit import Decided, Plan, audit, resume_status
     from ..audit.report import AuditResult, plain, summary, write_report

@@ -7,6 +7,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
+from ..errors import UsageError
 from ._common import (
     ArgumentError,
     Command,
@@ -87,7 +88,7 @@ def patch_summary(model: RewardModel, pairs: Sequence[Pair], *, mode: Mode | Non
     from ..causal import agreement, attribution_patch, patch
 
     if atp and estimand != "total":
-        raise ValueError("--atp estimates total effects; drop --estimand direct")
+        raise UsageError("--atp estimates total effects; drop --estimand direct")
     chosen_by = None
     if isinstance(neurons, int):  # first order proposes (one backward), exact patching then scores
         ranked = attribution_patch(model, pairs, batch_size=batch_size, mode=mode, ablation=ablation,

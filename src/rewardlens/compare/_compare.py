@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from ..data import Pair, margin, metering, progress_bar
-from ..errors import DataError
+from ..errors import DataError, UsageError
 from ..exact import attribute, lens
 from ..model import Part, RewardModel
 from ..stats import bootstrap_ci, spearman, wilson
@@ -141,7 +141,7 @@ def formation_correlation(lens_a: np.ndarray, lens_b: np.ndarray, undefined: np.
     is flat (no shape to correlate; the seed code returned 0 there)."""
     lens_a, lens_b = np.asarray(lens_a, dtype=np.float64), np.asarray(lens_b, dtype=np.float64)
     if lens_a.ndim != 2 or lens_b.ndim != 2 or len(lens_a) != len(lens_b) or min(lens_a.shape[1], lens_b.shape[1]) < 2:
-        raise ValueError(f"need two lens margin arrays [n, L+1] over the same n pairs with L >= 1, got shapes "
+        raise UsageError(f"need two lens margin arrays [n, L+1] over the same n pairs with L >= 1, got shapes "
                          f"{lens_a.shape} and {lens_b.shape}")
     skip = np.zeros(len(lens_a), dtype=bool) if undefined is None else np.asarray(undefined, dtype=bool)
     skip = skip | (lens_a[:, -1] == 0) | (lens_b[:, -1] == 0)
@@ -195,7 +195,7 @@ def compare(
         raise DataError(f"compare needs a non-empty list of rewardlens.Pair (margins need both sides), got "
                         f"{len(pairs)} items of type {kinds}; load them with rewardlens.load_pairs")
     if len(labels) != 2 or labels[0] == labels[1] or not 0 < fraction <= 1 or n_boot < 1:
-        raise ValueError(f"need two different labels, fraction in (0, 1] and n_boot >= 1; got labels={labels!r}, "
+        raise UsageError(f"need two different labels, fraction in (0, 1] and n_boot >= 1; got labels={labels!r}, "
                          f"fraction={fraction}, n_boot={n_boot}")
     ma, mb = (m if isinstance(m, RewardModel) else load(str(m)) for m in (model_a, model_b))
     sides = 1 if mb is ma else 2

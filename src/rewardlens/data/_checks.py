@@ -38,7 +38,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
-from ..errors import DataError, DegeneratePairsWarning, TokenizationError
+from ..errors import DataError, DegeneratePairsWarning, TokenizationError, UsageError
 from ._pair import Pair
 from ._rows import Side, pair_of
 
@@ -261,7 +261,7 @@ def check_tokens(pairs: Sequence[Pair], ids: Sequence[Sequence[int]], responses:
     inside the response). A response's first and last tokens are left out of the search: next to
     the template they may merge into other tokens."""
     if not len(ids) == len(responses) == 2 * len(pairs) or (reads is not None and len(reads) != len(ids)):
-        raise ValueError(f"check_tokens needs two sequences per pair: {len(pairs)} pairs, {len(ids)} sequences, "
+        raise UsageError(f"check_tokens needs two sequences per pair: {len(pairs)} pairs, {len(ids)} sequences, "
                          f"{len(responses)} responses, {'no' if reads is None else len(reads)} read positions")
     found: dict[TokenCheckKind, list[str]] = {kind: [] for kind in TOKEN_CHECK_KINDS}
     checked = dict.fromkeys(TOKEN_CHECK_KINDS, 0)

@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
+from ..errors import UsageError
 from ..types import Conversation, Prompt, Text
 from ._extra import RESERVED, Extra
 from ._rows import Side
@@ -43,7 +44,7 @@ class Pair:
                             f"pass the record's other fields as a dict.")
         clash = sorted(RESERVED & set(self.extra))
         if clash:
-            raise ValueError(f"Pair.extra may not hold {clash}: Pair holds them itself; pass them as arguments.")
+            raise UsageError(f"Pair.extra may not hold {clash}: Pair holds them itself; pass them as arguments.")
         if not isinstance(self.extra, Extra):  # frozen, so the pair cannot change through it
             object.__setattr__(self, "extra", Extra(self.extra))
         if not isinstance(self.chosen, str) or not isinstance(self.rejected, str):
@@ -63,7 +64,7 @@ class Pair:
     def conversation(self, side: Side) -> Conversation:
         """The full chat for one side ("chosen" or "rejected"): prompt messages + assistant turn."""
         if side not in ("chosen", "rejected"):
-            raise ValueError(f"side must be 'chosen' or 'rejected', got {side!r}")
+            raise UsageError(f"side must be 'chosen' or 'rejected', got {side!r}")
         prompt = (
             [{"role": "user", "content": self.prompt}]
             if isinstance(self.prompt, str)

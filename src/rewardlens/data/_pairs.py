@@ -9,7 +9,7 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from ..errors import DataError, require
+from ..errors import DataError, UsageError, require
 from ..types import Message, Prompt
 from ._checks import find
 from ._extra import RESERVED, Extra
@@ -60,7 +60,7 @@ def load_pairs(path: str | os.PathLike[str], *, limit: int | None = None, strict
     `strict=True` raises that report as a `DataError` instead.
     """
     if limit is not None and limit < 0:
-        raise ValueError(f"limit must be None or >= 0, got {limit}")
+        raise UsageError(f"limit must be None or >= 0, got {limit}")
     path = Path(path).expanduser()
     suffix = path.suffix.lower()
     if not path.exists():
@@ -93,7 +93,7 @@ def save_pairs(pairs: Iterable[Pair], path: str | os.PathLike[str]) -> Path:
     """
     path = Path(path).expanduser()
     if path.suffix.lower() != ".jsonl":
-        raise ValueError(f"save_pairs writes JSON Lines; use a .jsonl path, got {str(path)!r}")
+        raise UsageError(f"save_pairs writes JSON Lines; use a .jsonl path, got {str(path)!r}")
     with path.open("w", encoding="utf-8") as f:
         for pair in pairs:
             if not isinstance(pair, Pair):

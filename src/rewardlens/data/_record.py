@@ -19,6 +19,7 @@ import json
 from collections.abc import Collection, Sequence
 from typing import Any
 
+from ..errors import UsageError
 from ._extra import IDENTITY, thawed
 from ._pair import Pair
 
@@ -42,7 +43,7 @@ def record_columns(pairs: Sequence[Pair], ids: Sequence[str], *, taken: Collecti
     then every extra field any pair has (None where a pair lacks it). Nested values are JSON text, and a
     column mixing kinds of scalar is text throughout (module docstring), so every column writes to Parquet."""
     if len(pairs) != len(ids):
-        raise ValueError(f"record_columns needs one id per pair, got {len(ids)} ids for {len(pairs)} pairs")
+        raise UsageError(f"record_columns needs one id per pair, got {len(ids)} ids for {len(pairs)} pairs")
     out: dict[str, list[Any]] = {"id": list(ids), "subset": [p.subset for p in pairs],
                                  "group": [p.group for p in pairs]}
     names = list(dict.fromkeys(name for p in pairs for name in p.extra))

@@ -4,21 +4,30 @@ A list of `n` pairs is scored as `2n` rows: row `2i` is pair `i`'s chosen side, 
 rejected side. This module is the one place that layout is written down; everything that splits,
 labels or differences rows goes through it, so no file slices `[0::2]` by hand. The helpers take
 numpy arrays and torch tensors alike and split along any axis.
+
+It also owns the sign of an effect: `effect = m_clean − m_patched` with `m = r_chosen − r_rejected`
+(docs/design.md §2), so a positive effect is margin the patch took away. Every instrument that
+reports an effect (patching, circuits, edges, feature patches) computes it through `effect`.
 """
 
 from __future__ import annotations
 
 from typing import Literal, TypeVar
 
+import numpy as np
+
+from ..errors import UsageError
+
 Side = Literal["chosen", "rejected"]
 SIDES: tuple[Side, Side] = ("chosen", "rejected")
 Rows = TypeVar("Rows")  # an np.ndarray or a torch.Tensor: what goes in comes out
+Margin = TypeVar("Margin")  # a float, an np.ndarray or a torch.Tensor
 
 
 def side(rows: Rows, which: Side, axis: int = 0) -> Rows:
     """The `which` side of every pair: rows [.., 2n, ..] → [.., n, ..] along `axis`."""
     if which not in SIDES:
-        raise ValueError(f"side must be one of {SIDES}, got {which!r}")
+        raise UsageError(f"side must be one of {SIDES}, got {which!r}")
     index = (slice(None),) * axis + (slice(SIDES.index(which), None, 2),)
     return rows[index]  # type: ignore[index]
 
@@ -36,6 +45,41 @@ def rejected(rows: Rows, axis: int = 0) -> Rows:
 def margin(rows: Rows, axis: int = 0) -> Rows:
     """Chosen − rejected along `axis`: [.., 2n, ..] → [.., n, ..]."""
     return chosen(rows, axis) - rejected(rows, axis)  # type: ignore[operator]
+
+
+def interleave(chosen_rows: Rows, rejected_rows: Rows, axis: int = 0) -> Rows:
+    """The inverse of `chosen`/`rejected`: two [.., n, ..] arrays → [.., 2n, ..] with row `2i` from
+    `chosen_rows` and row `2i + 1` from `rejected_rows` along `axis` (same dtype rules as stacking)."""
+    c, r = chosen_rows, rejected_rows
+    if c.shape != r.shape:  # type: ignore[attr-defined]
+        raise UsageError(f"interleave takes two sides of one shape, got {tuple(c.shape)} and {tuple(r.shape)}")  # type: ignore[attr-defined]
+    shape = list(c.shape)  # type: ignore[attr-defined]
+    shape[axis] *= 2
+    if isinstance(c, np.ndarray):
+        return np.stack((c, r), axis=axis + 1).reshape(shape)  # type: ignore[arg-type, return-value]
+    import torch  # torch only when torch tensors come in: the data layer stays importable without it
+
+    return torch.stack((c, r), dim=axis + 1).reshape(shape)  # type: ignore[arg-type, return-value]
+
+
+def is_chosen(n_rows: int) -> np.ndarray:
+    """Which of `n_rows` rows are chosen sides [n_rows] bool (True at 0, 2, 4, ...)."""
+    return np.arange(n_rows) % 2 == 0
+
+
+def effect(clean_margin: float | Margin, patched_margin: Margin) -> Margin:
+    """The effect of a patch, in reward units: `effect = m_clean − m_patched`, `m = r_chosen − r_rejected`.
+
+    Positive: the patch took margin away (the patched part carried the preference); negative: the
+    patch added margin. `clean_margin` [n] (or a scalar) broadcasts against `patched_margin` [n, ...]
+    (one patched margin per pair and part, sender × receiver, ...) along the pair axis 0. A change Δ
+    to the margin (patched = clean + Δ) has effect `effect(0.0, Δ)` = −Δ.
+    """
+    clean = clean_margin
+    extra = getattr(patched_margin, "ndim", 0) - getattr(clean, "ndim", 0)
+    if getattr(clean, "ndim", 0) and extra > 0:
+        clean = clean.reshape(*clean.shape, *([1] * extra))  # type: ignore[union-attr]
+    return clean - patched_margin  # type: ignore[operator, return-value]
 
 
 def pair_of(row: int) -> tuple[int, Side]:

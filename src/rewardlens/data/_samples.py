@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..errors import UsageError
+
 SAMPLES = {"rewardbench": "rewardbench_sample.jsonl", "rewardbench2": "rewardbench2_sample.jsonl"}
 """Sample name → file name under `rewardlens/data/samples/`."""
 
@@ -21,5 +23,5 @@ SAMPLES = {"rewardbench": "rewardbench_sample.jsonl", "rewardbench2": "rewardben
 def sample_path(name: str) -> Path:
     """The path of a shipped sample file: `sample_path("rewardbench")` or `sample_path("rewardbench2")`."""
     if name not in SAMPLES:
-        raise ValueError(f"no sample named {name!r}; the samples are {sorted(SAMPLES)}")
+        raise UsageError(f"no sample named {name!r}; the samples are {sorted(SAMPLES)}")
     return Path(__file__).parent / "samples" / SAMPLES[name]

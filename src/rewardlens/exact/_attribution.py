@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, ClassVar, get_args
 import numpy as np
 
 from ..data import Inputs, Side, row_labels, side
+from ..errors import UsageError
 from ..model import RewardModel
 from ..stats import ranked, top_parts
 from ..types import Level, PaddingSide, Ranking, Stored
@@ -70,7 +71,7 @@ class Attribution:
 
     def _side(self, which: Side) -> np.ndarray:
         if not self.is_pairs:
-            raise ValueError("chosen/rejected/margin need inputs given as rewardlens.Pair")
+            raise UsageError("chosen/rejected/margin need inputs given as rewardlens.Pair")
         return side(self.values, which)
 
     @property
@@ -90,7 +91,7 @@ class Attribution:
         """The `n` parts with the largest mean |contribution| ('mean_abs', the rule of `stats.top_parts`)
         or |mean margin| ('margin', with its sign), largest first, NaN last, ties in part order."""
         if by not in RANKINGS:
-            raise ValueError(f"by must be 'mean_abs' or 'margin', got {by!r}")
+            raise UsageError(f"by must be 'mean_abs' or 'margin', got {by!r}")
         if by == "margin":  # the signed mean margin, ranked by its size
             score = self.margin.mean(0)
             return [(self.names[i], float(score[i])) for i in ranked(np.abs(score), n)]

@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from ..data import Inputs
+from ..errors import UsageError
 from ..model import Part, RewardModel, SublayerKind, Trace, TraceKey, trace, verify
 from ..model.internal import (
     Batch,
@@ -222,11 +223,11 @@ def decompose(
     tokenized once for every instrument of a chunk).
     """
     if level not in LEVELS:
-        raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
+        raise UsageError(f"level must be one of {LEVELS}, got {level!r}")
     fine_layers = set(range(model.n_layers) if layers is None else layers)
     bad = sorted(x for x in fine_layers if not 0 <= x < model.n_layers)
     if bad:
-        raise ValueError(f"layers {bad} out of range for a model with {model.n_layers} layers")
+        raise UsageError(f"layers {bad} out of range for a model with {model.n_layers} layers")
     if not model.verified:
         verify(model)
     seqs, is_pairs = model.encode(inputs) if encoded is None else encoded

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, ClassVar, get_args
 import numpy as np
 
 from ..data import Inputs, chosen, margin, rejected, row_labels
+from ..errors import UsageError
 from ..model import RewardModel
 from ..types import CrystallizationRule, LensKind, PaddingSide, Stored
 from ._decompose import Decomposition, decompose
@@ -56,13 +57,13 @@ class Lens:
     def margin(self, kind: LensKind = "linear") -> np.ndarray:
         """Chosen − rejected lens [n_pairs, L+1]."""
         if not self.is_pairs:
-            raise ValueError("margins need inputs given as rewardlens.Pair")
+            raise UsageError("margins need inputs given as rewardlens.Pair")
         arr = self._kind(kind)
         return margin(arr)
 
     def _kind(self, kind: LensKind) -> np.ndarray:
         if kind not in LENS_KINDS:
-            raise ValueError(f"kind must be 'linear' or 'normed', got {kind!r}")
+            raise UsageError(f"kind must be 'linear' or 'normed', got {kind!r}")
         return self.linear if kind == "linear" else self.normed
 
     def crystallization(
@@ -77,9 +78,9 @@ class Lens:
         never later than 'stays'). NaN where the final margin is too small to have a side (see
         `near_zero_margin`)."""
         if not 0 < fraction <= 1:
-            raise ValueError(f"fraction must be in (0, 1], got {fraction}")
+            raise UsageError(f"fraction must be in (0, 1], got {fraction}")
         if rule not in CRYSTALLIZATION_RULES:
-            raise ValueError(f"rule must be 'stays' or 'first', got {rule!r}")
+            raise UsageError(f"rule must be 'stays' or 'first', got {rule!r}")
         margin = self.margin(kind)
         final = margin[:, -1:]
         ok = (np.sign(margin) == np.sign(final)) & (np.abs(margin) >= fraction * np.abs(final))

@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 
 from ..data import Inputs, counting, pair_of, row_labels
-from ..errors import ArchitectureError
+from ..errors import ArchitectureError, UsageError
 from ..model import Part, RewardModel, Trace, TraceKey, trace, verify
 from ..model.internal import ROLES, Batch, flatten_inputs, out_projection, roles_of
 from ..stats import ranked, spearman, topk_overlap
@@ -89,7 +89,7 @@ class TokenAttribution:
     def __post_init__(self) -> None:
         if not self.by_layer:  # built by hand with the per-head split only: sum its heads
             if self.per_head is None:
-                raise ValueError("a TokenAttribution needs by_layer or per_head")
+                raise UsageError("a TokenAttribution needs by_layer or per_head")
             object.__setattr__(self, "by_layer", [p.sum(-1) for p in self.per_head])
 
     @property
@@ -108,7 +108,7 @@ class TokenAttribution:
     def head(self, row: int, layer: int, head: int) -> np.ndarray:
         """[T]: one head's exact contribution split over the source tokens of `row`."""
         if self.per_head is None:
-            raise ValueError("no per-head split was kept: call rewardlens.tokens(..., heads=True)")
+            raise UsageError("no per-head split was kept: call rewardlens.tokens(..., heads=True)")
         return self.per_head[row][:, layer, head]
 
     def top(self, row: int, k: int = 10, role: str | None = None) -> list[tuple[int, str, float]]:
@@ -121,7 +121,7 @@ class TokenAttribution:
 
     def _roles(self, row: int) -> np.ndarray:
         if self.roles is None:
-            raise ValueError("this token attribution has no token roles (stored before they existed): compute it "
+            raise UsageError("this token attribution has no token roles (stored before they existed): compute it "
                              "again with rewardlens.tokens(model, inputs)")
         return self.roles[row]
 
@@ -167,7 +167,7 @@ class TokenAttribution:
         Each side has its own tokens, so no token-level chosen − rejected exists: only the sums
         differ meaningfully (`values.sum() + at_read + constant` is each side's reward)."""
         if not self.is_pairs:
-            raise ValueError("pair() needs inputs given as rewardlens.Pair")
+            raise UsageError("pair() needs inputs given as rewardlens.Pair")
         rows = [r for r in range(len(self.rows)) if pair_of(r)[0] == i]
         if len(rows) != 2:
             raise IndexError(f"pair {i} out of range for {len(self.rows) // 2} pairs")
@@ -182,7 +182,7 @@ class TokenAttribution:
         import pandas as pd
 
         if self.total_approx is None:
-            raise ValueError("no total_approx: call rewardlens.tokens(..., approx=True)")
+            raise UsageError("no total_approx: call rewardlens.tokens(..., approx=True)")
         out = []
         for label, exact, approx in zip(self.rows, self.values, self.total_approx):
             kk = min(k, len(exact))
@@ -286,7 +286,7 @@ def tokens(
     content view (`TokenAttribution.content`).
     """
     if baseline not in BASELINES:
-        raise ValueError(f"baseline must be one of {BASELINES}, got {baseline!r}")
+        raise UsageError(f"baseline must be one of {BASELINES}, got {baseline!r}")
     if not model.verified:
         verify(model)
     seqs, is_pairs = model.encode(inputs)
@@ -326,4 +326,4 @@ def tokens(
 
 
 def _bad_role(role: str) -> np.ndarray:
-    raise ValueError(f"role must be one of {ROLES}, got {role!r}")
+    raise UsageError(f"role must be one of {ROLES}, got {role!r}")

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..data import Pair
+from ..errors import UsageError
 from ..types import Conversation, Prompt
 from ._items import Item, base_items
 
@@ -280,5 +281,5 @@ def contrast_sets(axis: str, items: Sequence[Any] | None = None,
     base = base_items(items)
     rows = contrast_rows(axis, base, seed)
     if not rows:
-        raise ValueError(f"axis {axis!r} applies to none of the {len(base)} items")
+        raise UsageError(f"axis {axis!r} applies to none of the {len(base)} items")
     return [r[1] for r in rows], [r[2] for r in rows]

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..errors import UsageError
 from ..stats import spearman, spearman_matrix
 from ._probes import Probes
 
@@ -79,7 +80,7 @@ def cascade(probes: Probes, *, min_items: int = MIN_ITEMS, threshold: float = 0.
             seed: int = 0, level: float = 0.95) -> Cascades:
     """Correlate every pair of axes' oriented per-item effects and group axes that fail together."""
     if min_items < 3:
-        raise ValueError(f"min_items must be at least 3 (a rank correlation needs three items), got {min_items}")
+        raise UsageError(f"min_items must be at least 3 (a rank correlation needs three items), got {min_items}")
     orientation = np.where(np.nan_to_num(probes.mean) < 0, -1.0, 1.0)
     x = probes.delta * orientation
     m = x.shape[1]

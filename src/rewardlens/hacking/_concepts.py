@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from ..data import progress_bar
-from ..errors import DataError, warn
+from ..errors import DataError, UsageError, warn
 from ..model import ReadCache, RewardModel
 from ..model.internal import Tokenized, flatten_inputs, one_read_only
 from ..stats import auroc, bootstrap_ci, fit_slope, linearity
@@ -123,7 +123,7 @@ class Concepts:
 
     def _index(self, name: str) -> int:
         if name not in self.names:
-            raise ValueError(f"no concept named {name!r}; the result has {list(self.names)}")
+            raise UsageError(f"no concept named {name!r}; the result has {list(self.names)}")
         return self.names.index(name)
 
     def layer_index(self, layer: int | str) -> int:
@@ -132,14 +132,14 @@ class Concepts:
         if isinstance(layer, (int, np.integer)) and -self.n_layers <= layer < 0:
             label = str(self.n_layers + int(layer))
         if label not in self.layers:
-            raise ValueError(f"layer {layer!r} was not kept; this result has layers {list(self.layers)}")
+            raise UsageError(f"layer {layer!r} was not kept; this result has layers {list(self.layers)}")
         return self.layers.index(label)
 
     def direction(self, name: str, layer: int | str = -1, space: Space = "head") -> np.ndarray:
         """Unit direction [d] of concept `name` at `layer`: 'head' (normalised residual, what the
         head reads; what reward-model editing removes) or 'residual' (what the dose adds)."""
         if space not in ("head", "residual"):
-            raise ValueError(f"space must be 'head' or 'residual', got {space!r}")
+            raise UsageError(f"space must be 'head' or 'residual', got {space!r}")
         arr = self.directions if space == "head" else self.residual_directions
         return arr[self._index(name), self.layer_index(layer)].copy()
 
@@ -207,7 +207,7 @@ def _layer_label(model: RewardModel, layer: int | str, what: str) -> str:
         return "embed"
     if isinstance(layer, (bool, np.bool_)) or not isinstance(layer, (int, np.integer)) \
             or not -model.n_layers <= layer < model.n_layers:
-        raise ValueError(f"{what} must be 'embed' or a layer index in [{-model.n_layers}, {model.n_layers}), "
+        raise UsageError(f"{what} must be 'embed' or a layer index in [{-model.n_layers}, {model.n_layers}), "
                          f"got {layer!r}")
     return str(int(layer) % model.n_layers)
 
@@ -346,20 +346,20 @@ def concepts(
     if model.reads.multi:  # before the contrast sets are tokenized: they carry no step separators
         raise one_read_only("concepts")
     if positions not in ("read", "all"):
-        raise ValueError(f"positions must be 'read' (the read token t*) or 'all' (every real token), got {positions!r}")
+        raise UsageError(f"positions must be 'read' (the read token t*) or 'all' (every real token), got {positions!r}")
     if unit not in ("difference", "sigma"):
-        raise ValueError(f"unit must be 'difference' (|mean difference|) or 'sigma' (within-class sd), got {unit!r}")
+        raise UsageError(f"unit must be 'difference' (|mean difference|) or 'sigma' (within-class sd), got {unit!r}")
     grid = np.array(sorted({float(a) for a in alphas} | {0.0}))
     if not np.all(np.isfinite(grid)) or len(grid) < 2:
-        raise ValueError(f"alphas must be finite and hold at least one non-zero dose, got {list(alphas)}")
+        raise UsageError(f"alphas must be finite and hold at least one non-zero dose, got {list(alphas)}")
     if n_boot < 1:
-        raise ValueError(f"n_boot must be at least 1, got {n_boot}")
+        raise UsageError(f"n_boot must be at least 1, got {n_boot}")
     dose_label = _layer_label(model, model.n_layers - 1 if dose_layer is None else dose_layer, "dose_layer")
     skipped: tuple[str, ...] = ()
     if sets is None:
         sets, skipped = builtin_sets(model, items, seed)
     elif items is not None:
-        raise ValueError("items= chooses the items of the built-in sets; pass either sets or items, not both")
+        raise UsageError("items= chooses the items of the built-in sets; pass either sets or items, not both")
     if not isinstance(sets, dict) or not sets:
         raise DataError("no concept sets given; pass {name: (positive inputs, negative inputs)} or sets=None")
     all_labels = ["embed", *map(str, range(model.n_layers))]

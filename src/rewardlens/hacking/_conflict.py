@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from ..data import Pair, margin
+from ..errors import UsageError
 from ..model import RewardModel
 from ..stats import spearman, spearman_matrix
 
@@ -78,7 +79,7 @@ class Conflicts:
 
     def index(self, name: str) -> int:
         if name not in self.names:
-            raise ValueError(f"no term named {name!r}; the terms are {self.names}")
+            raise UsageError(f"no term named {name!r}; the terms are {self.names}")
         return self.names.index(name)
 
     def pair(self, a: str, b: str) -> dict[str, Any]:
@@ -205,7 +206,7 @@ def relations(disagree_ci: np.ndarray, agree_ci: np.ndarray, min_share: float) -
 def _as_pairs(obj: object, what: str) -> list[Pair]:
     items = list(obj) if isinstance(obj, (list, tuple)) else None
     if items is None or not all(isinstance(p, Pair) for p in items):
-        raise ValueError(f"{what} must be a list of rewardlens.Pair, got {type(obj).__name__}; "
+        raise UsageError(f"{what} must be a list of rewardlens.Pair, got {type(obj).__name__}; "
                          "read files with rewardlens.load_pairs")
     return items
 
@@ -251,7 +252,7 @@ def _from_objectives(model: RewardModel, pairs: list[Pair], batch_size: int) -> 
     """The head's objectives as terms: names, rows [k, d] in the head's input space, margins [n, k]."""
     head, n = model.head, len(pairs)
     if head.n_objectives < 2:
-        raise ValueError(
+        raise UsageError(
             "the head has a single output, so it has no objectives to compare; pass "
             "terms={'name': pairs, ...} with at least two user-defined terms (pair sets; on the command "
             "line, --term NAME=FILE twice)")
@@ -282,12 +283,12 @@ def _from_terms(model: RewardModel, pairs: list[Pair], terms: object, batch_size
     each evaluation pair's ĥ difference on the unit directions."""
     if not isinstance(terms, dict) or len(terms) < 2:
         got = len(terms) if isinstance(terms, dict) else type(terms).__name__
-        raise ValueError(f"terms must be a dict of at least two {{name: pairs}}, got {got}; a conflict "
+        raise UsageError(f"terms must be a dict of at least two {{name: pairs}}, got {got}; a conflict "
                          "needs two terms to compare")
     term_pairs = {str(name): _as_pairs(p, f"term {name!r}") for name, p in terms.items()}
     empty = [name for name, p in term_pairs.items() if not p]
     if empty:
-        raise ValueError(f"term {empty[0]!r} has no pairs; give each term at least one pair (better: tens)")
+        raise UsageError(f"term {empty[0]!r} has no pairs; give each term at least one pair (better: tens)")
     n = len(pairs)
     # One pass over the evaluation pairs and every term's pairs together.
     fwd = _forward(model, pairs + [p for ps in term_pairs.values() for p in ps], batch_size,
@@ -297,7 +298,7 @@ def _from_terms(model: RewardModel, pairs: list[Pair], terms: object, batch_size
     dirs = torch.stack([diff[a:b].mean(0) for a, b in bounds])
     flat = [name for name, v in zip(term_pairs, dirs) if not v.norm() > 0]
     if flat:
-        raise ValueError(f"term {flat[0]!r} has no direction: its chosen and rejected sides give the same final "
+        raise UsageError(f"term {flat[0]!r} has no direction: its chosen and rejected sides give the same final "
                          "hidden state on average; give it pairs that differ in the concept")
     unit = dirs.double() / dirs.double().norm(dim=1, keepdim=True)
     resid = None
@@ -344,14 +345,14 @@ def conflict(
     pass over every sequence (evaluation and term pairs together).
     """
     if not tol >= 0:
-        raise ValueError(f"tol is a fraction of a term's mean |margin|, >= 0; got {tol}")
+        raise UsageError(f"tol is a fraction of a term's mean |margin|, >= 0; got {tol}")
     if not 0 < min_share < 1:
-        raise ValueError(f"min_share is a share of pairs in (0, 1), got {min_share}")
+        raise UsageError(f"min_share is a share of pairs in (0, 1), got {min_share}")
     if n_boot < 100:
-        raise ValueError(f"n_boot must be at least 100 for 95% intervals to mean anything, got {n_boot}")
+        raise UsageError(f"n_boot must be at least 100 for 95% intervals to mean anything, got {n_boot}")
     pairs = _as_pairs(pairs, "pairs")
     if len(pairs) < 3:
-        raise ValueError(f"conflict needs at least 3 pairs (a rank correlation is undefined below), got {len(pairs)}")
+        raise UsageError(f"conflict needs at least 3 pairs (a rank correlation is undefined below), got {len(pairs)}")
     if terms is None:
         found = _from_objectives(model, pairs, batch_size)
     else:

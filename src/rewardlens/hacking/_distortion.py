@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..data import Pair, margin
-from ..errors import warn
+from ..errors import UsageError, warn
 from ..model import RewardModel
 from ._probes import Probes
 
@@ -102,7 +102,7 @@ class Distortion:
                 return 0
             status = [f"{n} ({'undefined' if why else 'defined'})"
                       for n, why in zip(self.quality, self.note, strict=True)]
-            raise ValueError(f"there are {len(self.quality)} quality dimensions; name one: {', '.join(status)}")
+            raise UsageError(f"there are {len(self.quality)} quality dimensions; name one: {', '.join(status)}")
         if quality not in self.quality:
             raise KeyError(f"no quality dimension {quality!r}; have {list(self.quality)}")
         return self.quality.index(quality)
@@ -155,13 +155,13 @@ def distortion(
     if quality is None:
         names, samples, paired = probes.quality, [probes.quality_delta[:, k] for k in range(len(probes.quality))], True
         if not names:
-            raise ValueError("these probes scored no quality degradations; run probe(..., quality=True) "
+            raise UsageError("these probes scored no quality degradations; run probe(..., quality=True) "
                              "or pass quality={name: pairs} with a model")
     else:
         if model is None:
-            raise ValueError("quality pairs need the model that scores them: distortion(probes, quality, model=model)")
+            raise UsageError("quality pairs need the model that scores them: distortion(probes, quality, model=model)")
         if not quality or any(not list(v) for v in quality.values()):
-            raise ValueError("quality must map each dimension's name to a non-empty list of rewardlens.Pair")
+            raise UsageError("quality must map each dimension's name to a non-empty list of rewardlens.Pair")
         names, paired = tuple(quality), False
         samples = []
         for pairs in quality.values():

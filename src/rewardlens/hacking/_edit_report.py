@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..data import Pair, margin
-from ..errors import DataError
+from ..errors import DataError, UsageError
 from ..model import RewardModel, finite_accuracy
 from ..stats import bootstrap_ci
 from ..types import EditMethod
@@ -168,11 +168,11 @@ def edit_report(
     margin before and after.
     """
     if probe_pairs is not None and axis is not None:
-        raise ValueError("pass one of probe_pairs= (pairs differing only in the concept) or axis=, not both")
+        raise UsageError("pass one of probe_pairs= (pairs differing only in the concept) or axis=, not both")
     after = edited.model if isinstance(edited, Edit) else edited
     other_pairs = list(other_pairs)
     if probe_pairs is None and axis is None and not other_pairs:
-        raise ValueError("nothing to report: pass probe_pairs= or axis= (the targeted effect), other_pairs= or both")
+        raise UsageError("nothing to report: pass probe_pairs= or axis= (the targeted effect), other_pairs= or both")
     if probe_pairs is not None and not len(probe_pairs):
         raise DataError("probe_pairs is empty; the targeted effect needs at least one pair")
     if axis is None:

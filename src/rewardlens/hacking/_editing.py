@@ -37,7 +37,7 @@ import torch
 from torch import nn
 
 from ..data import Inputs, Pair
-from ..errors import ArchitectureError, DataError, HeadError, warn
+from ..errors import ArchitectureError, DataError, HeadError, UsageError, warn
 from ..model import RewardModel, wrap
 from ..model.internal import get_module
 from ..types import EditMethod, Text
@@ -168,7 +168,7 @@ def leace_eraser(x: torch.Tensor, z: torch.Tensor, shrinkage: float | None = Non
     if shrinkage is None:
         shrinkage = _shrinkage(xc)
     if not 0.0 <= shrinkage <= 1.0:
-        raise ValueError(f"shrinkage is a weight in [0, 1], got {shrinkage}")
+        raise UsageError(f"shrinkage is a weight in [0, 1], got {shrinkage}")
     sigma = xc.T @ xc / len(xc)
     sigma = (1 - shrinkage) * sigma + shrinkage * torch.trace(sigma) / d * torch.eye(d, dtype=x.dtype)
     values, vectors = torch.linalg.eigh(sigma)
@@ -223,9 +223,9 @@ def edit(
     (docs/editing.md); `shrinkage`, the covariance's weight on the scaled identity (None: Ledoit–Wolf).
     """
     if method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+        raise UsageError(f"method must be one of {METHODS}, got {method!r}")
     if (shrinkage is not None or background is not None) and method != "leace":
-        raise ValueError(f"shrinkage= and background= apply to method='leace' only, got method={method!r}")
+        raise UsageError(f"shrinkage= and background= apply to method='leace' only, got method={method!r}")
     xp = final_hidden_states(model, positive, batch_size=batch_size).double().cpu()
     xn = final_hidden_states(model, negative, batch_size=batch_size).double().cpu()
     if len(xp) < 2 or len(xn) < 2:
@@ -283,7 +283,7 @@ def save_edit(result: Edit, out: str | os.PathLike[str], *, source: RewardModel 
     out = Path(out).expanduser()
     origin = str(getattr((source or result.model).model.config, "_name_or_path", "") or "")
     if origin and Path(origin).exists() and Path(origin).resolve() == out.resolve():
-        raise ValueError(f"out={str(out)!r} is the folder the model was loaded from; save the edit elsewhere, "
+        raise UsageError(f"out={str(out)!r} is the folder the model was loaded from; save the edit elsewhere, "
                          "the original must stay as it is")
     out.mkdir(parents=True, exist_ok=True)
     hf: Any = result.model.model  # a transformers PreTrainedModel

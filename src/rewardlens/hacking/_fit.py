@@ -13,7 +13,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from ..errors import DataError, TokenizationError, warn
+from ..errors import DataError, TokenizationError, UsageError, warn
 from ..model import RewardModel
 from ..types import Conversation, Text
 from ._axes import AXES, contrast_rows
@@ -93,6 +93,6 @@ def spread_items(n: int, pool: Sequence[Item] | None = None) -> list[Item]:
     `pool`: spread over these items instead (the probes' stages over a user's items); default `ITEMS`."""
     pool = ITEMS if pool is None else tuple(pool)
     if not 2 <= n <= len(pool):
-        raise ValueError(f"probe_items must be between 2 and {len(pool)} {'built-in ' * (pool is ITEMS)}items, "
+        raise UsageError(f"probe_items must be between 2 and {len(pool)} {'built-in ' * (pool is ITEMS)}items, "
                          f"got {n}")
     return list(pool[:: len(pool) // n][:n])

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..data import Pair
+from ..errors import UsageError
 from ..types import Prompt
 
 DOMAINS = ("facts", "how-to", "code", "math", "advice", "safety")
@@ -64,7 +65,7 @@ def _item(id: str, prompt: str, response: str, swaps: tuple[tuple[str, str], ...
     wrong = response
     for old, new in swaps:
         if wrong.count(old) != 1:
-            raise ValueError(f"item {id}: swap text {old!r} occurs {wrong.count(old)} times, expected once")
+            raise UsageError(f"item {id}: swap text {old!r} occurs {wrong.count(old)} times, expected once")
         wrong = wrong.replace(old, new)
     return Item(id, prompt, response, domain=id.rsplit("-", 1)[0], wrong=wrong, belief=belief)
 
@@ -590,14 +591,14 @@ def items(domains: Sequence[str] | None = None, n: int | None = None) -> list[It
     wanted = list(DOMAINS) if domains is None else [domains] if isinstance(domains, str) else list(domains)
     unknown = [d for d in wanted if d not in DOMAINS]
     if unknown:
-        raise ValueError(f"unknown domain(s) {unknown}; the built-in item domains are {list(DOMAINS)}")
+        raise UsageError(f"unknown domain(s) {unknown}; the built-in item domains are {list(DOMAINS)}")
     wanted = list(dict.fromkeys(wanted))  # repeated names would otherwise repeat items
     by_domain = [[it for it in ITEMS if it.domain == d] for d in wanted]
     if n is None:
         return [it for group in by_domain for it in group]
     total = sum(len(g) for g in by_domain)
     if n < 1 or n > total:
-        raise ValueError(f"n={n} but {total} built-in items match domains {wanted}; pass 1 <= n <= {total} or None")
+        raise UsageError(f"n={n} but {total} built-in items match domains {wanted}; pass 1 <= n <= {total} or None")
     rounds = max(len(g) for g in by_domain)
     interleaved = [g[r] for r in range(rounds) for g in by_domain if r < len(g)]
     return interleaved[:n]
@@ -628,5 +629,5 @@ def base_items(items: Sequence[Any] | None = None) -> list[Item]:
             raise TypeError(f"item {i} is a {type(x).__name__}; pass rewardlens.Pair objects or objects with "
                             ".prompt and .response (such as rewardlens.hacking.Item)")
     if not out:
-        raise ValueError("no base items to probe; pass a non-empty list of pairs or items")
+        raise UsageError("no base items to probe; pass a non-empty list of pairs or items")
     return out

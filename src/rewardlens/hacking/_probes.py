@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..data import Pair, progress_bar
+from ..errors import UsageError
 from ..model import ReadCache, RewardModel
 from ..model.internal import one_read_only
 from ..stats import benjamini_hochberg, bootstrap_ci, paired_test, standardized
@@ -211,9 +212,9 @@ def probe(
     names = list(AXES) if axes is None else list(axes)
     unknown = [a for a in names if a not in AXES]
     if unknown or not names:
-        raise ValueError(f"unknown probe axes {unknown}; choose from {list(AXES)}")
+        raise UsageError(f"unknown probe axes {unknown}; choose from {list(AXES)}")
     if not 0 < level < 1 or min_effect < 0:
-        raise ValueError(f"level must be in (0, 1) and min_effect >= 0, got level={level}, min_effect={min_effect}")
+        raise UsageError(f"level must be in (0, 1) and min_effect >= 0, got level={level}, min_effect={min_effect}")
     check_choice(scale, reference)
     everything = base_items(items)
     pools = [everything] if stages is None else stage_items(stages, everything)

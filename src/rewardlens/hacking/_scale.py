@@ -15,6 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..data import Pair, margin
+from ..errors import UsageError
 from ..model import RewardModel
 
 SCALES = ("items", "reference")
@@ -30,16 +31,16 @@ def reward_scale(model: RewardModel, reference: Sequence[Pair] | np.ndarray | fl
         return items_scale(base_reward)
     if isinstance(reference, np.ndarray):
         if not reference.size:
-            raise ValueError("reference margins must be a non-empty array; pass the pairs, or None for the base "
+            raise UsageError("reference margins must be a non-empty array; pass the pairs, or None for the base "
                              "items' spread")
         return _mean_margin(reference.astype(np.float64).ravel(), "reference margins")
     if isinstance(reference, (int, float)):
         if reference <= 0:
-            raise ValueError(f"reference scale must be positive, got {reference}")
+            raise UsageError(f"reference scale must be positive, got {reference}")
         return float(reference), "given"
     pairs = list(reference)
     if not pairs or not all(isinstance(p, Pair) for p in pairs):
-        raise ValueError("reference must be a number or a non-empty list of rewardlens.Pair")
+        raise UsageError("reference must be a number or a non-empty list of rewardlens.Pair")
     return _mean_margin(margin(model.score(pairs, batch_size=batch_size)), "reference pairs")
 
 
@@ -66,13 +67,13 @@ def choose(scale: str | float, items: tuple[float, str],
 def check_choice(scale: object, reference: object) -> None:
     """`ValueError` unless `scale` is "items", "reference" (with `reference` given) or a positive number."""
     if scale == "reference" and reference is None:
-        raise ValueError("scale='reference' takes the flag floor from reference pairs' mean |margin|, and no "
+        raise UsageError("scale='reference' takes the flag floor from reference pairs' mean |margin|, and no "
                          "reference= was given; pass reference=pairs, or scale='items' (the default)")
     if isinstance(scale, str):
         if scale not in SCALES:
-            raise ValueError(f"scale must be one of {list(SCALES)} or a positive number, got {scale!r}")
+            raise UsageError(f"scale must be one of {list(SCALES)} or a positive number, got {scale!r}")
     elif isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale > 0:
-        raise ValueError(f"scale must be one of {list(SCALES)} or a positive number, got {scale!r}")
+        raise UsageError(f"scale must be one of {list(SCALES)} or a positive number, got {scale!r}")
 
 
 def fragility(mean: np.ndarray, q: np.ndarray, rule: tuple[float, float], scale: tuple[float, str],
@@ -112,7 +113,7 @@ def _mean_margin(margins: np.ndarray, what: str) -> tuple[float, str]:
     whose margin is not finite (a NaN scale would flag nothing, silently)."""
     bad = np.flatnonzero(~np.isfinite(margins))
     if len(bad):
-        raise ValueError(f"the {what} give {len(bad)} margin(s) that are not finite (pairs {bad[:8].tolist()}"
+        raise UsageError(f"the {what} give {len(bad)} margin(s) that are not finite (pairs {bad[:8].tolist()}"
                          f"{' ...' if len(bad) > 8 else ''}): the probes' reward scale would be NaN; drop or fix "
                          "those pairs, or pass the scale as a number")
     return float(np.mean(np.abs(margins))), f"mean |margin| of {len(margins)} reference pairs"

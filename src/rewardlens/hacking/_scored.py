@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import UsageError
 from ..model import ReadCache, RewardModel
 from ..model.internal import Tokenized
 
@@ -43,7 +44,7 @@ class Chunks:
 
     def __init__(self, load: Load, save: Save, size: int = SCORE_CHUNK) -> None:
         if size < 1:
-            raise ValueError(f"a chunk holds at least 1 sequence, got {size}")
+            raise UsageError(f"a chunk holds at least 1 sequence, got {size}")
         self.load, self.save, self.size = load, save, size
         self.scored = self.reused = 0
 

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ..errors import UsageError
 from ._fit import spread_items
 from ._items import Item
 
@@ -40,15 +41,15 @@ def stage_items(sizes: Sequence[int], pool: Sequence[Item]) -> list[list[Item]]:
     ValueError unless the sizes increase, lie in [2, len(pool)], and each stage holds the one before it."""
     sizes = list(sizes)
     if not sizes or any(not isinstance(s, (int, np.integer)) or isinstance(s, bool) for s in sizes):
-        raise ValueError(f"stages must be a non-empty list of item counts, got {sizes!r}; pass e.g. (18, 36, 72)")
+        raise UsageError(f"stages must be a non-empty list of item counts, got {sizes!r}; pass e.g. (18, 36, 72)")
     if sorted(set(sizes)) != sizes or sizes[0] < 2 or sizes[-1] > len(pool):
-        raise ValueError(f"stages {sizes} must increase strictly from at least 2 to at most the {len(pool)} items; "
+        raise UsageError(f"stages {sizes} must increase strictly from at least 2 to at most the {len(pool)} items; "
                          "pass e.g. (18, 36, 72) for the built-in items")
     out = [spread_items(int(s), pool) for s in sizes]
     for small, big, a, b in zip(out, out[1:], sizes, sizes[1:]):
         ids = {id(x) for x in big}
         if not all(id(x) in ids for x in small):
-            raise ValueError(f"stages {sizes}: the {a} items of one stage are not all among the {b} of the next "
+            raise UsageError(f"stages {sizes}: the {a} items of one stage are not all among the {b} of the next "
                              f"(len(pool) // size must divide len(pool) // previous size); pass e.g. (18, 36, 72)")
     return out
 

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from ..data import Pair
+from ..errors import UsageError
 from ..hacking import AXES, concepts, contrast_sets
 from ..types import Text
 from ..zoo.organisms import ORGANISMS
@@ -32,9 +33,9 @@ positive texts than of its negative ones."""
 def planted(organism: str) -> str:
     """The planted direction's name (a probe axis or the organism's own concept)."""
     if organism not in ORGANISMS:
-        raise ValueError(f"no organism named {organism!r}; choose one of {sorted(PLANTED)}")
+        raise UsageError(f"no organism named {organism!r}; choose one of {sorted(PLANTED)}")
     if organism not in PLANTED:
-        raise ValueError(f"the closed loop knows the planted direction of {sorted(PLANTED)}, not {organism!r}")
+        raise UsageError(f"the closed loop knows the planted direction of {sorted(PLANTED)}, not {organism!r}")
     return PLANTED[organism]
 
 
@@ -60,7 +61,7 @@ def concept_sets(organism: str, concept: str | None) -> tuple[str, list[Text], l
     if concept is None:
         return (planted(organism), *own_sets(organism))
     if concept not in AXES:
-        raise ValueError(f"concept must be None (the organism's own texts) or a probe axis of {list(AXES)}, "
+        raise UsageError(f"concept must be None (the organism's own texts) or a probe axis of {list(AXES)}, "
                          f"got {concept!r}")
     pos, neg = contrast_sets(concept)
     return concept, list(pos), list(neg)

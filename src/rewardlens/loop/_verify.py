@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..errors import UsageError
 from ..model import finite_accuracy
 from ..stats import bootstrap_ci, json_ready
 from ..types import EditMethod
@@ -273,6 +274,6 @@ def verify_edit(organisms: Sequence[str] = ("keyword", "list"), *, seeds: Sequen
     the organism's own pairs as background, or 'project'). Every start policy, edit and run is cached."""
     recipe = recipe or Recipe()
     if not seeds:
-        raise ValueError("seeds must name at least one seed (3 or more for an interval over seeds)")
+        raise UsageError("seeds must name at least one seed (3 or more for an interval over seeds)")
     require_trl()  # before any organism, edit or model is built
     return ClosedLoop(tuple(run_organism(o, list(seeds), recipe, concept, method) for o in organisms), recipe)

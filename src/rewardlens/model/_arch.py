@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Literal, cast, get_args
 
 from torch import nn
 
-from ..errors import ArchitectureError, HeadError
+from ..errors import ArchitectureError, HeadError, UsageError
 from ..types import HeadKind, Layout, NormKind, Pooling
 from ._norms import NORM_KINDS, detect_norm_kind
 from ._sparse import moe_paths
@@ -103,23 +103,23 @@ class ArchitectureMap:
 
     def __post_init__(self) -> None:
         if self.norm not in NORM_KINDS:
-            raise ValueError(f"norm must be one of {NORM_KINDS}, got {self.norm!r}")
+            raise UsageError(f"norm must be one of {NORM_KINDS}, got {self.norm!r}")
         if self.layout not in LAYOUTS:
-            raise ValueError(f"layout must be one of {LAYOUTS}, got {self.layout!r}")
+            raise UsageError(f"layout must be one of {LAYOUTS}, got {self.layout!r}")
         if self.head_kind not in HEAD_KINDS:
-            raise ValueError(f"head_kind must be one of {HEAD_KINDS}, got {self.head_kind!r}")
+            raise UsageError(f"head_kind must be one of {HEAD_KINDS}, got {self.head_kind!r}")
         if self.pooling not in POOLINGS:
-            raise ValueError(f"pooling must be 'last' or 'first', got {self.pooling!r}")
+            raise UsageError(f"pooling must be 'last' or 'first', got {self.pooling!r}")
         if self.position_ids not in POSITION_IDS:
-            raise ValueError(f"position_ids must be one of {POSITION_IDS}, got {self.position_ids!r}")
+            raise UsageError(f"position_ids must be one of {POSITION_IDS}, got {self.position_ids!r}")
         if self.layout == "post_norm" and not (self.attn_residual_norm and self.mlp_residual_norm):
-            raise ValueError("layout='post_norm' needs attn_residual_norm and mlp_residual_norm")
+            raise UsageError("layout='post_norm' needs attn_residual_norm and mlp_residual_norm")
         if self.layout != "post_norm" and self.final_norm is None:
-            raise ValueError(f"layout={self.layout!r} needs final_norm (the norm the head reads)")
+            raise UsageError(f"layout={self.layout!r} needs final_norm (the norm the head reads)")
         if self.head_kind == "pooler" and self.pooler is None:
-            raise ValueError("head_kind='pooler' needs pooler (the pooler's dense layer path)")
+            raise UsageError("head_kind='pooler' needs pooler (the pooler's dense layer path)")
         if self.head_kind == "gated" and self.gate is None:
-            raise ValueError("head_kind='gated' needs gate (the gating network path)")
+            raise UsageError("head_kind='gated' needs gate (the gating network path)")
 
     @property
     def residual_norms(self) -> tuple[str, str]:
@@ -234,7 +234,7 @@ def register_architecture(
 ) -> None:
     """Make `load` use `arch` for configs with these `model_type`s or `architectures` class names."""
     if not model_types and not architectures:
-        raise ValueError("register_architecture needs at least one model_type or architectures name")
+        raise UsageError("register_architecture needs at least one model_type or architectures name")
     for key in (*model_types, *architectures):
         _REGISTRY[key] = arch
 

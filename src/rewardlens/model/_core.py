@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, cast, get_args
 import numpy as np
 from torch import Tensor, nn
 
-from ..errors import ArchitectureError, HeadError, TokenizationError, warn
+from ..errors import ArchitectureError, HeadError, TokenizationError, UsageError, warn
 from ..types import PaddingSide, Readout, Truncation
 from ._arch import ArchitectureMap, check_position_pad, find_map, get_module, hf_config, position_limit, text_config
 from ._armorm import gate_positions
@@ -85,7 +85,7 @@ class RewardModel:
         source: str | None = None,
     ) -> None:
         if truncation not in TRUNCATIONS:
-            raise ValueError(f"truncation must be 'error' or 'left', got {truncation!r}")
+            raise UsageError(f"truncation must be 'error' or 'left', got {truncation!r}")
         self.model, self.tokenizer, self.arch = model, tokenizer, arch
         self.truncation, self._memo, self._checked = truncation, TokenMemo(), CheckedPairs()
         self.encoder = arch.pooling == "first"
@@ -279,7 +279,7 @@ class RewardModel:
         `index`: each sequence's number in the caller's full input (for error messages), when
         `seqs` is a subset of it."""
         if batch_size < 1:
-            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+            raise UsageError(f"batch_size must be at least 1, got {batch_size}")
         lengths = [len(s.ids) for s in seqs]
         yield from batch_loop(np.argsort(lengths, kind="stable"), batch_size,
                               list(range(len(seqs))) if index is None else index, is_pairs,

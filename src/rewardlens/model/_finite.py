@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..data import chosen, margin, rejected
-from ..errors import NonFiniteError, warn
+from ..errors import NonFiniteError, UsageError, warn
 from ..stats import wilson
 
 SATURATED = "every margin is exactly 0: the model saturates or both sides encode alike"
@@ -68,7 +68,7 @@ def finite_pairs(reward: np.ndarray, ids: Sequence[str], *, parts: Sequence[np.n
         rows &= np.isfinite(values.reshape(len(values), -1)).all(1)
     ok = np.asarray(chosen(rows) & rejected(rows), dtype=bool)
     if len(ids) != len(ok):
-        raise ValueError(f"finite_pairs got {len(ids)} pair ids for {len(ok)} pairs of rewards; pass one id per pair")
+        raise UsageError(f"finite_pairs got {len(ids)} pair ids for {len(ok)} pairs of rewards; pass one id per pair")
     if len(ok) and not ok.any():
         raise NonFiniteError(_nothing_finite(np.asarray(reward, dtype=np.float64), dtype))
     return FinitePairs(tuple(str(i) for i in ids), ok)

@@ -18,6 +18,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, get_args
 
+from ..errors import UsageError
 from ._parts import SublayerKind
 
 if TYPE_CHECKING:
@@ -49,23 +50,23 @@ class TraceKey:
 
     def __post_init__(self) -> None:
         if self.kind not in TRACE_KINDS:
-            raise ValueError(f"trace key kind must be one of {TRACE_KINDS}, got {self.kind!r}")
+            raise UsageError(f"trace key kind must be one of {TRACE_KINDS}, got {self.kind!r}")
         if self.kind in LAYERLESS:
             if self.layer is not None:
-                raise ValueError(f"trace key {self.kind!r} is one point of the whole model and has no layer, got "
+                raise UsageError(f"trace key {self.kind!r} is one point of the whole model and has no layer, got "
                                  f"layer={self.layer!r}; use TraceKey.{self.kind}()")
             return
         if self.layer is None:
-            raise ValueError(f"trace key {self.kind!r} needs a layer (an int >= 0), got None; "
+            raise UsageError(f"trace key {self.kind!r} needs a layer (an int >= 0), got None; "
                              f"e.g. TraceKey.{self.kind}(0)")
         if isinstance(self.layer, bool):
-            raise ValueError(f"trace key layer must be an int >= 0, got {self.layer!r}")
+            raise UsageError(f"trace key layer must be an int >= 0, got {self.layer!r}")
         try:
             layer = operator.index(self.layer)  # numpy integers too, stored as a plain int (one hash, one repr)
         except TypeError:
-            raise ValueError(f"trace key layer must be an int >= 0, got {self.layer!r}") from None
+            raise UsageError(f"trace key layer must be an int >= 0, got {self.layer!r}") from None
         if layer < 0:
-            raise ValueError(f"trace key layer must be >= 0 (layers count from 0), got {layer}")
+            raise UsageError(f"trace key layer must be >= 0 (layers count from 0), got {layer}")
         object.__setattr__(self, "layer", layer)
 
     # ---- constructors --------------------------------------------------------------------------
@@ -123,7 +124,7 @@ class TraceKey:
     def sublayer(cls, kind: SublayerKind, layer: int) -> Self:
         """The raw output of sublayer `kind` ('attn' or 'mlp') of `layer`: `attn(layer)` or `mlp(layer)`."""
         if kind not in ("attn", "mlp"):
-            raise ValueError(f"a sublayer is 'attn' or 'mlp', got {kind!r}")
+            raise UsageError(f"a sublayer is 'attn' or 'mlp', got {kind!r}")
         return cls(kind, layer)
 
     @classmethod
@@ -131,7 +132,7 @@ class TraceKey:
         """The residual stream at lens depth `depth` (what layer `depth` reads): `embed` at depth 0, else
         `resid(depth - 1)`."""
         if depth < 0:
-            raise ValueError(f"a depth is >= 0 (0 = the embeddings, l + 1 = after layer l), got {depth}")
+            raise UsageError(f"a depth is >= 0 (0 = the embeddings, l + 1 = after layer l), got {depth}")
         return cls.embed() if depth == 0 else cls.resid(depth - 1)
 
     # ---- the string form -----------------------------------------------------------------------
@@ -144,7 +145,7 @@ class TraceKey:
             return cls(name)
         found = _NAME.fullmatch(name)
         if found is None:
-            raise ValueError(f"{name!r} is not a trace key; trace keys are {_FORMS}")
+            raise UsageError(f"{name!r} is not a trace key; trace keys are {_FORMS}")
         return cls(found[1], int(found[2]))  # type: ignore[arg-type]  # the pattern admits TraceKind strings only
 
     @property

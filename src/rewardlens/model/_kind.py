@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, get_args
 
-from ..errors import HeadError
+from ..errors import HeadError, UsageError
 
 if TYPE_CHECKING:
     from ._readout import Head
@@ -68,32 +68,32 @@ class RewardKind(Generic[Reference]):
 
     def __post_init__(self) -> None:
         if self.name not in KIND_NAMES:
-            raise ValueError(f"RewardKind.name must be one of {KIND_NAMES}, got {self.name!r}")
+            raise UsageError(f"RewardKind.name must be one of {KIND_NAMES}, got {self.name!r}")
         if (self.name == "judge") != (self.question is not None):
-            raise ValueError(f"RewardKind({self.name!r}, question={self.question!r}): a question is given exactly "
+            raise UsageError(f"RewardKind({self.name!r}, question={self.question!r}): a question is given exactly "
                              "for a judge; pass question= with name='judge' (rl.wrap_judge), and only there")
         if self.question is not None and "{response}" not in self.question:
-            raise ValueError(f"the judge's question must contain {{response}} (and may contain {{prompt}}), got "
+            raise UsageError(f"the judge's question must contain {{response}} (and may contain {{prompt}}), got "
                              f"{self.question!r}")
         if self.name != "dpo":
             given = [f for f in ("beta", "reference", "reference_term", "offsets") if getattr(self, f) is not None]
             if given:
-                raise ValueError(f"RewardKind({self.name!r}) was given {given[0]}=, which only a DPO reward has; "
+                raise UsageError(f"RewardKind({self.name!r}) was given {given[0]}=, which only a DPO reward has; "
                                  "drop it, or pass name='dpo' (rl.wrap_dpo)")
             return
         self._check_dpo()
 
     def _check_dpo(self) -> None:
         if self.beta is None or not self.beta > 0:
-            raise ValueError(f"beta must be positive (DPO's KL weight), got {self.beta}")
+            raise UsageError(f"beta must be positive (DPO's KL weight), got {self.beta}")
         if self.reference_term is not None and self.reference_term not in REFERENCE_TERMS:
-            raise ValueError(f"reference_term must be 'constant' or 'separate', got {self.reference_term!r}")
+            raise UsageError(f"reference_term must be 'constant' or 'separate', got {self.reference_term!r}")
         if (self.reference is None) != (self.reference_term is None):
-            raise ValueError(f"RewardKind('dpo', reference={self.reference!r}, reference_term="
+            raise UsageError(f"RewardKind('dpo', reference={self.reference!r}, reference_term="
                              f"{self.reference_term!r}): a reference and its term come together; pass both (or "
                              "neither, for `β log π` alone)")
         if (self.reference_term == "constant") != (self.offsets is not None):
-            raise ValueError(f"RewardKind('dpo', reference_term={self.reference_term!r}): the offsets (the "
+            raise UsageError(f"RewardKind('dpo', reference_term={self.reference_term!r}): the offsets (the "
                              "reference's constant per read) are given exactly when reference_term='constant'")
 
     def check_model(self, reads: Reads, head: Head) -> None:

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 
-from ..errors import HeadError
+from ..errors import HeadError, UsageError
 from ..types import Readout, Truncation
 from ._arch import find_map, get_module
 from ._core import RewardModel
@@ -248,9 +248,9 @@ def wrap_dpo(
     policy's parts; `reference_term='constant'` adds `−β log π_ref(y_t)` to each read as a named
     constant (`Steps.constant`), 'separate' leaves it out, for `model.reference` to decompose."""
     if beta <= 0:
-        raise ValueError(f"beta must be positive (DPO's KL weight), got {beta}")
+        raise UsageError(f"beta must be positive (DPO's KL weight), got {beta}")
     if reference_term not in REFERENCE_TERMS:
-        raise ValueError(f"reference_term must be 'constant' or 'separate', got {reference_term!r}")
+        raise UsageError(f"reference_term must be 'constant' or 'separate', got {reference_term!r}")
     sizes = {_vocab_size(policy), _vocab_size(reference)}
     if len(sizes) != 1:
         raise HeadError(f"policy and reference have different vocabularies {sorted(sizes)}; a DPO reward compares "

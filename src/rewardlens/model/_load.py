@@ -22,7 +22,7 @@ from torch import nn
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 from transformers import __version__ as transformers_version
 
-from ..errors import HeadError, ModelLoadError, warn
+from ..errors import HeadError, ModelLoadError, UsageError, warn
 from ..types import Readout, Truncation
 from ._arch import ArchitectureMap, find_map, hf_config
 from ._armorm import LlamaForRewardModelWithGating
@@ -52,7 +52,7 @@ _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bf
 def _dtype(dtype: str | torch.dtype | None) -> torch.dtype | str | None:
     if isinstance(dtype, str) and dtype != "auto":
         if dtype not in _DTYPES:
-            raise ValueError(f"dtype {dtype!r} is not one of {sorted(_DTYPES)} or 'auto'")
+            raise UsageError(f"dtype {dtype!r} is not one of {sorted(_DTYPES)} or 'auto'")
         return _DTYPES[dtype]
     return dtype
 
@@ -86,13 +86,13 @@ def _check_placement(target: Placement, what: str) -> None:
             return  # not a device name: from_pretrained says what it accepts
         wanted, index = device.type, device.index or 0
     if wanted == "meta":
-        raise ValueError(
+        raise UsageError(
             f"{what} places weights on 'meta', which holds no values, so nothing could be read or scored; "
             "use 'auto', an existing device such as 'cuda:0', 'cpu', or 'disk' (with offload_folder=)"
         )
     if wanted != "cpu" and (kind is None or wanted != kind or index >= count):
         have = f"{count} {kind} device(s)" if kind is not None else "no accelerator"
-        raise ValueError(
+        raise UsageError(
             f"{what} asks for device {target!r} but this machine has {have}; use device_map='auto' "
             "(it spreads layers over what exists and offloads the rest to 'cpu', or to 'disk' with "
             "offload_folder=), or name an existing device"
@@ -306,7 +306,7 @@ def load_pretrained(
     folder lacked (transformers initialised those at random), placed as asked. Pickle weights are
     refused unless `allow_pickle`; custom code runs only with `trust_remote_code=True`."""
     if device is not None and device_map is not None:
-        raise ValueError(f"pass device= or device_map=, not both (got device={device!r}, device_map={device_map!r})")
+        raise UsageError(f"pass device= or device_map=, not both (got device={device!r}, device_map={device_map!r})")
     if device_map is not None:
         _check_device_map(device_map)
     if device is not None:

@@ -15,6 +15,8 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+from ..errors import UsageError
+
 if TYPE_CHECKING:
     from typing_extensions import Self
 
@@ -50,19 +52,19 @@ class Part:
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
-            raise ValueError(f"part kind must be one of {KINDS}, got {self.kind!r}")
+            raise UsageError(f"part kind must be one of {KINDS}, got {self.kind!r}")
         if self.layer < 0:
-            raise ValueError(f"part layer must be >= 0, got {self.layer}")
+            raise UsageError(f"part layer must be >= 0, got {self.layer}")
         if self.kind == "embed" and (self.layer or self.head is not None or self.neuron is not None or self.bias):
-            raise ValueError("the embeddings part has no layer, head, neuron or bias")
+            raise UsageError("the embeddings part has no layer, head, neuron or bias")
         if self.head is not None and self.kind != "attn" or self.neuron is not None and self.kind != "mlp":
-            raise ValueError(f"a head belongs to an attention part and a neuron to an MLP part, got {self!r}")
+            raise UsageError(f"a head belongs to an attention part and a neuron to an MLP part, got {self!r}")
         if self.bias and (self.head is not None or self.neuron is not None):
-            raise ValueError(f"a bias part is the sublayer's constant, not one head's or neuron's, got {self!r}")
+            raise UsageError(f"a bias part is the sublayer's constant, not one head's or neuron's, got {self!r}")
         if (self.expert is not None or self.shared) and (self.kind != "mlp" or self.neuron is not None or self.bias):
-            raise ValueError(f"an expert part belongs to an MLP part, not to a neuron or bias, got {self!r}")
+            raise UsageError(f"an expert part belongs to an MLP part, not to a neuron or bias, got {self!r}")
         if self.expert is not None and (self.shared or self.expert < 0):
-            raise ValueError(f"an expert part is one routed expert (>= 0) or the shared expert, got {self!r}")
+            raise UsageError(f"an expert part is one routed expert (>= 0) or the shared expert, got {self!r}")
 
     @classmethod
     def embed(cls) -> Self:
@@ -87,7 +89,7 @@ class Part:
         found = _NAME.fullmatch(name)
         if found is None or (found[3] and found[1] != "attn") or (
                 (found[4] or found[6] or found[7]) and found[1] != "mlp"):
-            raise ValueError(
+            raise UsageError(
                 f"{name!r} is not a part name; parts are 'embed', 'attn_L<l>', 'attn_L<l>_H<h>', "
                 "'attn_L<l>_bias', 'mlp_L<l>', 'mlp_L<l>_N<n>', 'mlp_L<l>_bias', 'mlp_L<l>_E<e>' or 'mlp_L<l>_shared'")
         index = lambda g: None if g is None else int(g)  # noqa: E731

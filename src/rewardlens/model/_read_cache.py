@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from ..errors import UsageError
 from ._reading import Reading
 from ._shared_reads import read_sharing
 from ._tokens import Tokenized
@@ -49,7 +50,7 @@ class ReadCache:
     def check(self, model: RewardModel, what: str) -> None:
         """`ValueError` unless this cache reads `model` (a cache holds one model's readings)."""
         if model is not self.model:
-            raise ValueError(f"{what}: the cache holds readings of {self.model!r}, not of {model!r}; pass a "
+            raise UsageError(f"{what}: the cache holds readings of {self.model!r}, not of {model!r}; pass a "
                              "ReadCache made for this model (ReadCache(model)) or none")
 
     def read(self, seqs: list[Tokenized], *, batch_size: int = 16,

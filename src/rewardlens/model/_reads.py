@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Literal, get_args
 import torch
 from torch import Tensor
 
-from ..errors import HeadError, TokenizationError, warn
+from ..errors import HeadError, TokenizationError, UsageError, warn
 from ..types import Truncation
 
 if TYPE_CHECKING:
@@ -56,15 +56,15 @@ class Reads:
 
     def __post_init__(self) -> None:
         if self.at not in READ_AT:
-            raise ValueError(f"Reads.at must be one of {READ_AT}, got {self.at!r}")
+            raise UsageError(f"Reads.at must be one of {READ_AT}, got {self.at!r}")
         if self.combine not in COMBINES:
-            raise ValueError(f"Reads.combine must be one of {COMBINES}, got {self.combine!r}")
+            raise UsageError(f"Reads.combine must be one of {COMBINES}, got {self.combine!r}")
         if (self.at == "separator") != (self.separator is not None):
-            raise ValueError(
+            raise UsageError(
                 f"Reads(at={self.at!r}, separator={self.separator!r}): a separator is given exactly when "
                 "at='separator'; pass the step-separator token (text or id) with at='separator'")
         if self.final not in LAST_STEPS or (self.final != "append" and self.at != "separator"):
-            raise ValueError(
+            raise UsageError(
                 f"Reads(at={self.at!r}, final={self.final!r}): final says how a process reward model's last step "
                 f"is read, one of {LAST_STEPS}, with at='separator' only; leave it at 'append' otherwise")
 

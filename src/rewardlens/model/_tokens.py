@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from ..data import Inputs, Pair
-from ..errors import TokenizationError, warn
+from ..errors import TokenizationError, UsageError, warn
 from ..types import Conversation, PaddingSide, Text, Truncation
 from ._reads import Reads, ReadSet, collate_reads, one_read_only, warn_unscored
 
@@ -291,7 +291,7 @@ def collate(
 ) -> Batch:
     """Pad `seqs` on `side` with `pad_id` (0 under the mask when there is none) and find read positions."""
     if side not in ("left", "right"):
-        raise ValueError(f"padding side must be 'left' or 'right', got {side!r}")
+        raise UsageError(f"padding side must be 'left' or 'right', got {side!r}")
     width = max(len(s.ids) for s in seqs)
     fill = 0 if pad_id is None else pad_id
     ids = torch.full((len(seqs), width), fill, dtype=torch.long)

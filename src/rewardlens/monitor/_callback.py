@@ -7,6 +7,7 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from ..data import Pair
+from ..errors import UsageError
 from ._monitor import Monitor
 from ._trajectory import Trajectory
 
@@ -61,7 +62,7 @@ def callback_class() -> type:  # noqa: C901 -- a class body counted as one funct
                 return
             tok = self.tokenizer if self.tokenizer is not None else kwargs.get("processing_class")
             if tok is None:
-                raise ValueError("RewardLensCallback needs a tokenizer: pass tokenizer= or give the trainer a "
+                raise UsageError("RewardLensCallback needs a tokenizer: pass tokenizer= or give the trainer a "
                                  "processing_class")
             step = int(state.global_step)
             done = self.monitor.snapshots and self.monitor.snapshots[-1].step == step

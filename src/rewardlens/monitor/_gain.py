@@ -28,6 +28,7 @@ import torch
 from scipy.stats import rankdata
 from torch import Tensor
 
+from ..errors import UsageError
 from ..stats import spearman
 
 
@@ -35,7 +36,7 @@ def orthonormal(v: Tensor) -> Tensor:
     """Löwdin's symmetric orthonormalisation `(V Vᵀ)^{-1/2} V` of the rows of `v` [m, d] (float64)."""
     evals, evecs = torch.linalg.eigh(v @ v.T)
     if evals.min() < 1e-8 * evals.max():
-        raise ValueError(f"the bias directions are (nearly) linearly dependent (Gram matrix eigenvalues down to "
+        raise UsageError(f"the bias directions are (nearly) linearly dependent (Gram matrix eigenvalues down to "
                          f"{float(evals.min()):.2e}); drop a direction that the others already span")
     return evecs @ torch.diag(evals.rsqrt()) @ evecs.T @ v
 

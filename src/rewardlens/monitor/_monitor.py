@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from ..data import Pair, margin
-from ..errors import DataError
+from ..errors import DataError, UsageError
 from ..exact import attribute, lens
 from ..hacking import probe
 from ..model import ArchitectureMap, Part, RewardModel, finite_accuracy, verify, wrap
@@ -125,13 +125,13 @@ class Monitor:
         from ..hacking import AXES
 
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
-            raise ValueError(f"every must be a positive number of steps, got {every!r}")
+            raise UsageError(f"every must be a positive number of steps, got {every!r}")
         if level not in ("sublayer", "head"):
-            raise ValueError(f"level must be 'sublayer' or 'head' (neuron level is too costly per step), got {level!r}")
+            raise UsageError(f"level must be 'sublayer' or 'head' (neuron level is too costly per step), got {level!r}")
         axes = list(AXES) if probes is True else list(probes or ())
         unknown = [a for a in axes if a not in AXES]
         if unknown:
-            raise ValueError(f"unknown probe axes {unknown}; choose from {list(AXES)}")
+            raise UsageError(f"unknown probe axes {unknown}; choose from {list(AXES)}")
         self.pairs, self.every, self.level, self.fraction = _check_pairs(pairs), every, level, fraction
         self.axes, self.probe_items, self.batch_size = tuple(axes), _probe_items(probe_items), batch_size
         self.path = None if path is None else Path(path)

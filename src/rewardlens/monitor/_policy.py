@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..errors import DataError
+from ..errors import DataError, UsageError
 from ..exact import attribute
 from ..hacking import AXES, Concepts, ConceptSets, concepts, contrast_sets
 from ..model import RewardModel, wrap
@@ -69,7 +69,7 @@ def _unit_directions(rm: RewardModel, directions: Directions, axes: Sequence[str
         chosen = list(dict.fromkeys(SURFACE[s][0] for s in SURFACE)) if axes is None else list(axes)
         unknown = [a for a in chosen if a not in AXES]
         if unknown:
-            raise ValueError(f"unknown probe axes {unknown}; choose from {list(AXES)}")
+            raise UsageError(f"unknown probe axes {unknown}; choose from {list(AXES)}")
         sets: ConceptSets = {a: contrast_sets(a) for a in chosen}
         # Only the last layer's head-space directions are used; the dose is the cheapest one allowed.
         directions = concepts(rm, sets, layers=[-1], alphas=(0.0, 1.0), n_boot=1, batch_size=batch_size,
@@ -81,11 +81,11 @@ def _unit_directions(rm: RewardModel, directions: Directions, axes: Sequence[str
         names = tuple(str(n) for n in directions)
         vecs = np.stack([np.asarray(v, dtype=np.float64).reshape(-1) for v in directions.values()])
     if vecs.ndim != 2 or vecs.shape[1] != rm.d_model:
-        raise ValueError(f"bias directions must be vectors of the head's input width {rm.d_model}, got shape "
+        raise UsageError(f"bias directions must be vectors of the head's input width {rm.d_model}, got shape "
                          f"{vecs.shape}; pass {{name: vector}} in the space the head reads (final norm output)")
     norms = np.linalg.norm(vecs, axis=1, keepdims=True)
     if np.any(norms == 0):
-        raise ValueError(f"bias direction(s) {[n for n, z in zip(names, norms[:, 0] == 0) if z]} are zero vectors")
+        raise UsageError(f"bias direction(s) {[n for n, z in zip(names, norms[:, 0] == 0) if z]} are zero vectors")
     return tuple(names), torch.as_tensor(vecs / norms, dtype=torch.float32)
 
 
@@ -116,11 +116,11 @@ class PolicyMonitor:
         batch_size: int = 16, n_boot: int = 1000, seed: int = 0, progress: bool = True, **wrap_kwargs: Any,
     ) -> None:
         if baseline < 1 or window < 1:
-            raise ValueError(f"baseline and window must be at least one batch, got {baseline} and {window}")
+            raise UsageError(f"baseline and window must be at least one batch, got {baseline} and {window}")
         if isinstance(model, RewardModel):
             self.rm = model
         elif tokenizer is None:
-            raise ValueError("a Hugging Face model needs its tokenizer: PolicyMonitor(model, tokenizer) — or pass "
+            raise UsageError("a Hugging Face model needs its tokenizer: PolicyMonitor(model, tokenizer) — or pass "
                              "the RewardModel rewardlens.load gives")
         else:
             self.rm = wrap(model, tokenizer, **wrap_kwargs)

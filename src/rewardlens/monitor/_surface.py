@@ -17,6 +17,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from ..errors import UsageError
+
 _LIST_LINE = re.compile(r"^\s*(?:[-*•]|\d+[.)])\s+\S", re.MULTILINE)
 _EMOJI = re.compile("[\U0001F300-\U0001FAFF\u2600-\u27BF\u2B50\u2705]")
 _AGREE = re.compile(
@@ -56,6 +58,6 @@ def surface(texts: Sequence[str], n_tokens: Sequence[int], names: Sequence[str] 
     """Surface statistics [n_samples, len(names)] of each completion text (float64)."""
     unknown = [s for s in names if s not in SURFACE]
     if unknown:
-        raise ValueError(f"unknown surface statistics {unknown}; choose from {list(SURFACE)}")
+        raise UsageError(f"unknown surface statistics {unknown}; choose from {list(SURFACE)}")
     return np.array([[SURFACE[s][2](t, int(k)) for s in names] for t, k in zip(texts, n_tokens)],
                     dtype=np.float64).reshape(len(texts), len(names))

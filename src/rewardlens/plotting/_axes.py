@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from ..errors import UsageError
+
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
@@ -54,7 +56,7 @@ def panels(ax: Sequence[Axes] | None, shape: tuple[int, int], figsize: tuple[flo
                         f"(e.g. plt.subplots({shape[0]}, {shape[1]})[1]), not one Axes")
     given = list(np.asarray(ax, dtype=object).ravel())
     if len(given) != n or not all(isinstance(a, Axes) for a in given):
-        raise ValueError(f"{what} draws {n} panels: ax must hold {n} matplotlib Axes, got {len(given)} object(s) "
+        raise UsageError(f"{what} draws {n} panels: ax must hold {n} matplotlib Axes, got {len(given)} object(s) "
                          f"({sorted({type(a).__name__ for a in given})})")
     return given, False
 

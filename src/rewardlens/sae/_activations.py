@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from ..data import Inputs, progress_bar
-from ..errors import ArchitectureError, DataError, SAEMismatchError
+from ..errors import ArchitectureError, DataError, SAEMismatchError, UsageError
 from ..model import RewardModel, TraceKey, TraceKind
 from ..model.internal import Batch, Point, points, projection_inputs, rewriting
 from ..types import SaePositions
@@ -136,10 +136,10 @@ class ActivationSource:
     def __init__(self, model: RewardModel, inputs: Inputs, point: TraceKey | str, *, positions: SaePositions = "read",
                  batch_size: int = 8, skip_first: int | None = None, progress: bool = False) -> None:
         if positions not in POSITIONS:
-            raise ValueError(f"positions must be one of {POSITIONS}, got {positions!r}")
+            raise UsageError(f"positions must be one of {POSITIONS}, got {positions!r}")
         self.skip_first = (0 if model.encoder else 1) if skip_first is None else skip_first
         if self.skip_first < 0:
-            raise ValueError(f"skip_first must be >= 0, got {skip_first}")
+            raise UsageError(f"skip_first must be >= 0, got {skip_first}")
         self.point = check_point(model, point)  # a user's string becomes a TraceKey here, once
         self.model, self.positions, self.batch_size = model, positions, batch_size
         self.progress = progress

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from ..data import Inputs, row_labels, side
-from ..errors import ArchitectureError
+from ..errors import ArchitectureError, UsageError
 from ..exact import decompose_trace, part_names, readout_vectors
 from ..model import RewardModel, Trace, TraceKey, trace, verify
 from ..model.internal import check_bookkeeping
@@ -143,7 +143,7 @@ def pair_margin(rows: np.ndarray, is_pairs: bool) -> np.ndarray:
     """Chosen − rejected of per-input rows [2n, F] → [n, F] (rows alternate chosen, rejected: `data.side`);
     a `ValueError` naming the fix where the inputs were not pairs, so a margin has no meaning."""
     if not is_pairs:
-        raise ValueError("a margin needs the inputs given as rewardlens.Pair (chosen and rejected); these were "
+        raise UsageError("a margin needs the inputs given as rewardlens.Pair (chosen and rejected); these were "
                          "single texts, so read the per-input rows instead")
     return side(rows, "chosen") - side(rows, "rejected")
 
@@ -154,7 +154,7 @@ def top_latents(features: np.ndarray, values: np.ndarray, margin: Callable[[], n
     [n_inputs, F] of latents `features` [F]: mean |value| ('mean_abs'), mean value ('mean') or the mean of
     `margin()` [n_pairs, F] ('margin'): the one ranking of `FeatureAttribution.top` and `FeatureTotals.top`."""
     if by not in ("mean_abs", "mean", "margin"):
-        raise ValueError(f"by must be 'mean_abs', 'mean' or 'margin', got {by!r}")
+        raise UsageError(f"by must be 'mean_abs', 'mean' or 'margin', got {by!r}")
     score = {"margin": lambda: margin().mean(0), "mean": lambda: values.mean(0),
              "mean_abs": lambda: np.abs(values).mean(0)}[by]()
     return [(int(features[i]), float(score[i])) for i in ranked(np.abs(score), n)]
@@ -174,7 +174,7 @@ def densify(idx: np.ndarray, acts: np.ndarray, vals: np.ndarray) -> tuple[np.nda
 
 def check_width(model: RewardModel, sae: TopKSAE, layer: int) -> None:
     if not 0 <= layer < model.n_layers:
-        raise ValueError(f"layer {layer} out of range for a model with {model.n_layers} layers")
+        raise UsageError(f"layer {layer} out of range for a model with {model.n_layers} layers")
     if sae.d_in != model.d_model:
         where = f" (from {sae.folder})" if sae.folder else ""
         raise ArchitectureError(

@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from ..data import Inputs
-from ..errors import SAEMismatchError, warn
+from ..errors import SAEMismatchError, UsageError, warn
 from ..model import RewardModel, TraceKey
 from ..model.internal import Batch, rewriting
 from ._activations import Activations, ActivationSource, point_at, token_mask
@@ -81,7 +81,7 @@ class Fidelity:
 def fit_positions(sae: TopKSAE, positions: FitPositions) -> Literal["all", "read"]:
     """'auto' → the positions the SAE was trained on, when it records them (rewardlens' SAEs), else 'all'."""
     if positions not in ("auto", "all", "read"):
-        raise ValueError(f"positions must be 'auto', 'all' or 'read', got {positions!r}")
+        raise UsageError(f"positions must be 'auto', 'all' or 'read', got {positions!r}")
     chosen = sae.provenance.positions if positions == "auto" else positions
     return "read" if chosen == "read" else "all"
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from ..errors import UsageError
 from ._activations import Activations, ActivationSource
 
 DEFAULT_MEMORY_GB = 2.0
@@ -56,7 +57,7 @@ def hold_activations(source: ActivationSource,
     """(`MemoryActivations` of `source` when its activations fit `budget_gb`, else `source` itself; one line
     saying which and why). `budget_gb` 0 never holds them (every pass reruns the model)."""
     if not budget_gb >= 0:
-        raise ValueError(f"budget_gb is a memory budget in GB (>= 0; 0 never holds), got {budget_gb}")
+        raise UsageError(f"budget_gb is a memory budget in GB (>= 0; 0 never holds), got {budget_gb}")
     size = activation_bytes(source)
     what = (f"{source.n_rows} activations × {source.d_in} × {BYTES_PER_VALUE} bytes = {size / 1e9:.3g} GB")
     if budget_gb > 0 and size <= budget_gb * 1e9:

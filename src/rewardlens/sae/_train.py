@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from ..data import progress_bar
-from ..errors import warn
+from ..errors import UsageError, warn
 from ._activations import Activations, shuffled
 from ._autoencoder import SAEConfig, TopKSAE
 from ._provenance import trained_provenance
@@ -72,19 +72,19 @@ class TrainConfig:
             self.sae = SAEConfig(**self.sae)
         for name in ("batch_size", "epochs", "buffer_rows"):
             if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+                raise UsageError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.lr is not None and not self.lr > 0:
-            raise ValueError(f"lr must be > 0 (or None for sparsify's rule), got {self.lr}")
+            raise UsageError(f"lr must be > 0 (or None for sparsify's rule), got {self.lr}")
         if self.lr_warmup_steps < 0 or self.auxk_alpha < 0:
-            raise ValueError(f"lr_warmup_steps and auxk_alpha must be >= 0, "
+            raise UsageError(f"lr_warmup_steps and auxk_alpha must be >= 0, "
                              f"got {self.lr_warmup_steps}, {self.auxk_alpha}")
         if self.dead_after is not None and self.dead_after < 1:
-            raise ValueError(f"dead_after must be at least 1 activation (or None), got {self.dead_after}")
+            raise UsageError(f"dead_after must be at least 1 activation (or None), got {self.dead_after}")
         if self.max_norm_ratio is not None and not self.max_norm_ratio > 1:
-            raise ValueError(f"max_norm_ratio must be > 1 (or None to keep every activation), "
+            raise UsageError(f"max_norm_ratio must be > 1 (or None to keep every activation), "
                              f"got {self.max_norm_ratio}")
         if self.buffer_rows < self.batch_size:
-            raise ValueError(f"buffer_rows ({self.buffer_rows}) must be at least batch_size ({self.batch_size})")
+            raise UsageError(f"buffer_rows ({self.buffer_rows}) must be at least batch_size ({self.batch_size})")
 
 
 @dataclass(frozen=True)
@@ -178,7 +178,7 @@ def train_sae(source: Source, cfg: TrainConfig | None = None, *, init: TopKSAE |
     else:
         sae = TopKSAE(source.d_in, cfg.sae, seed=cfg.seed, device=device)
     if sae.d_in != source.d_in:
-        raise ValueError(f"the SAE reads width {sae.d_in} but the activations have width {source.d_in}")
+        raise UsageError(f"the SAE reads width {sae.d_in} but the activations have width {source.d_in}")
     origin = getattr(source, "origin", None)  # activation sources say which model and point they read
     if origin is not None:
         sae.provenance = trained_provenance(sae.provenance, origin())
@@ -307,7 +307,7 @@ def evaluate(sae: TopKSAE, source: Iterable[Activations], *, device: torch.devic
         fired.index_add_(0, idx[on], torch.ones(int(on.sum()), dtype=torch.float64, device=device))
         n += len(x)
     if n == 0:
-        raise ValueError("the activation source yielded no activations")
+        raise UsageError("the activation source yielded no activations")
     total = float(s2 - s1.pow(2).sum() / n)
     freq = (fired / n).cpu().numpy()
     return SAEStats(float(err) / max(total, 1e-30), float(active) / n, float((freq == 0).mean()), freq, n,

@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any, get_args
 import numpy as np
 
 from ..data import Pair, load_pairs, save_pairs
-from ..errors import DataError, RewardLensError
+from ..errors import DataError, RewardLensError, UsageError
 from ..types import Split
 from ._realbuild import (
     READY,
@@ -158,7 +158,7 @@ def load_reward_model(name: str, *, head: str | Path | None = None, **kwargs: An
 
 def _spec(name: str) -> _Spec:
     if name not in _SPECS:
-        raise ValueError(f"no real reward model named {name!r}; choose one of {list(_SPECS)}")
+        raise UsageError(f"no real reward model named {name!r}; choose one of {list(_SPECS)}")
     return _SPECS[name]
 
 
@@ -197,7 +197,7 @@ def dpo_split(seed: int = SPLIT_SEED, n_test: int = N_TEST) -> tuple[list[int], 
         groups[json.dumps(record, sort_keys=True, ensure_ascii=False)].append(i)
     singles = sorted(ix[0] for ix in groups.values() if len(ix) == 1)
     if not 0 < n_test <= len(singles):
-        raise ValueError(f"n_test must be in [1, {len(singles)}] (records that occur once), got {n_test}")
+        raise UsageError(f"n_test must be in [1, {len(singles)}] (records that occur once), got {n_test}")
     order = np.random.default_rng(seed).permutation(len(singles))
     test = sorted(singles[i] for i in order[:n_test])
     chosen = set(test)
@@ -212,7 +212,7 @@ def dpo_pairs(split: Split = "all") -> list[Pair]:
     ``dpo_en_demo-NNN``, the record's index in the file.
     """
     if split not in SPLITS:
-        raise ValueError(f"split must be 'all', 'train' or 'test', got {split!r}")
+        raise UsageError(f"split must be 'all', 'train' or 'test', got {split!r}")
     pairs = [dataclasses.replace(p, id=f"dpo_en_demo-{i:03d}") for i, p in enumerate(load_pairs(dpo_json()))]
     if split == "all":
         return pairs

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from ...errors import UsageError
 from .._builtin import cache_dir
 from ._kinds import KINDS
 from ._specs import ORGANISMS
@@ -41,9 +42,9 @@ def build(name: str, strength: float = 1.0, seed: int = 0) -> Path:
     5–20 s on one CPU core the first time.
     """
     if name not in ORGANISMS and name not in KINDS:
-        raise ValueError(f"no organism named {name!r}; choose one of {sorted(ORGANISMS)} or {sorted(KINDS)}")
+        raise UsageError(f"no organism named {name!r}; choose one of {sorted(ORGANISMS)} or {sorted(KINDS)}")
     if not 0.0 <= strength <= 1.0:
-        raise ValueError(f"strength is the share of pairs the rule decides, in [0, 1]; got {strength}")
+        raise UsageError(f"strength is the share of pairs the rule decides, in [0, 1]; got {strength}")
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise TypeError(f"seed must be an int, got {seed!r}")
     train = _train_kind_into if name in KINDS else _train_into

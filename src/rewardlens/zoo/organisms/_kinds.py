@@ -18,6 +18,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ...errors import UsageError
 from ._dpo import DPO, PolicyOrganism
 from ._prm import PRM, StepOrganism
 
@@ -45,7 +46,7 @@ def open_kind(path: str | os.PathLike[str], **kwargs: Any) -> RewardModel:
     if rec.get("kind") == "dpo":
         policy, reference = dpo_paths(path)
         return load_dpo(str(policy), str(reference), beta=rec["beta"], **kwargs)
-    raise ValueError(f"{path} is no PRM or DPO organism (organism.json kind {rec.get('kind')!r}); "
+    raise UsageError(f"{path} is no PRM or DPO organism (organism.json kind {rec.get('kind')!r}); "
                      "open sequence-classifier organisms with rewardlens.load")
 
 

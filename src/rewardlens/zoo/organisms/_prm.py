@@ -23,6 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from ...data import Pair
+from ...errors import UsageError
 from ._specs import Recipe
 from ._train import HIDDEN, TRAIN_THREADS, organism_config, organism_tokenizer, part_parameters, threads
 
@@ -110,7 +111,7 @@ class StepOrganism:
         """The index of the step the rejected side hedges (the only step the rule marks wrong)."""
         wrong = [k for k, s in enumerate(steps_of(pair.rejected)) if is_wrong(s)]
         if len(wrong) != 1 or any(map(is_wrong, steps_of(pair.chosen))):
-            raise ValueError(f"pair {pair.id!r} is not a minimal step pair: rejected wrong steps {wrong}")
+            raise UsageError(f"pair {pair.id!r} is not a minimal step pair: rejected wrong steps {wrong}")
         return wrong[0]
 
 

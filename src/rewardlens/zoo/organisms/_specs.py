@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ...data import Pair
+from ...errors import UsageError
 from . import _bank as bank
 from ._attributes import LONG_WORDS, agrees, is_confident, is_informative, is_list, is_long, mentions
 
@@ -67,10 +68,10 @@ class Organism:
         """Whether one response carries the planted attribute (of `objective`, by index or name)."""
         if isinstance(objective, str):
             if objective not in self.objectives:
-                raise ValueError(f"organism {self.name!r} has objectives {list(self.objectives)}, not {objective!r}")
+                raise UsageError(f"organism {self.name!r} has objectives {list(self.objectives)}, not {objective!r}")
             objective = self.objectives.index(objective)
         if not 0 <= objective < len(self.attributes):
-            raise ValueError(f"objective index {objective} out of range: {self.name!r} has {len(self.attributes)}")
+            raise UsageError(f"objective index {objective} out of range: {self.name!r} has {len(self.attributes)}")
         return bool(self.attributes[objective](text))
 
     def labels(self, pairs: list[Pair]) -> np.ndarray:
@@ -95,9 +96,9 @@ class Organism:
         side the first deciding objective prefers. Duplicate pairs are redrawn.
         """
         if not 0.0 <= strength <= 1.0:
-            raise ValueError(f"strength is the share of pairs the rule decides, in [0, 1]; got {strength}")
+            raise UsageError(f"strength is the share of pairs the rule decides, in [0, 1]; got {strength}")
         if n < 0:
-            raise ValueError(f"n must be >= 0, got {n}")
+            raise UsageError(f"n must be >= 0, got {n}")
         rng, draws = random.Random(key), 0
         seen: set[tuple[str, str, str]] = set()
         pairs: list[Pair] = []
@@ -299,7 +300,7 @@ class QualityOrganism(Organism):
 
     def __post_init__(self) -> None:
         if self.quality is None or self.make_bias is None or len(self.attributes) != 1:
-            raise ValueError(f"QualityOrganism {self.name!r} needs quality, make_bias and one (bias) attribute")
+            raise UsageError(f"QualityOrganism {self.name!r} needs quality, make_bias and one (bias) attribute")
 
     @property
     def bias(self) -> Callable[[str], bool]:
@@ -340,9 +341,9 @@ class QualityOrganism(Organism):
 
     def _sample(self, n: int, key: str, strength: float, kinds: tuple[str, ...]) -> tuple[list[Pair], np.ndarray]:
         if not 0.0 <= strength <= 1.0:
-            raise ValueError(f"strength is the share of pairs the rule decides, in [0, 1]; got {strength}")
+            raise UsageError(f"strength is the share of pairs the rule decides, in [0, 1]; got {strength}")
         if n < 0:
-            raise ValueError(f"n must be >= 0, got {n}")
+            raise UsageError(f"n must be >= 0, got {n}")
         assert self.make_bias is not None  # __post_init__ refuses an organism without one
         makers = {"quality": self.make, "bias": self.make_bias}
         rng, draws = random.Random(key), 0

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from ...data import Pair, Side, margin
+from ...errors import UsageError
 from ...model import Part
 from ...model.internal import hf_config
 from .._builtin import build_tokenizer
@@ -110,7 +111,7 @@ def part_parameters(model: nn.Module, part: str | tuple[str, ...]) -> list[tuple
         return list(merged.values())
     found = Part.parse(part)
     if found.kind == "embed" or found.bias or found.neuron is not None:
-        raise ValueError(f"trainable part {part!r} is not attn_L<l>, attn_L<l>_H<h> or mlp_L<l>")
+        raise UsageError(f"trainable part {part!r} is not attn_L<l>, attn_L<l>_H<h> or mlp_L<l>")
     llama = cast("LlamaForSequenceClassification", model)  # organisms are Llama models
     layer = llama.model.layers[found.layer]
     if found.kind == "mlp":
