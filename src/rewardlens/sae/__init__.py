@@ -42,6 +42,12 @@ from ._train import TrainConfig as TrainConfig
 from ._train import TrainResult as TrainResult
 from ._train import evaluate as evaluate
 from ._train import train_sae as train_sae
+from ._transcoder import Transcoder as Transcoder
+from ._transcoder import TranscoderConfig as TranscoderConfig
+from ._transcoder import TranscoderProvenance as TranscoderProvenance
+from ._transcoder import Transcoders as Transcoders
+from ._transcoder import load_transcoders as load_transcoders
+from ._transcoder_load import check_transcoders as check_transcoders
 
 __all__ = [
     "ActivationSource",
@@ -64,12 +70,17 @@ __all__ = [
     "SAEOutput",
     "Source",
     "TopKSAE",
+    "Transcoder",
+    "TranscoderConfig",
+    "TranscoderProvenance",
+    "Transcoders",
     "TrainConfig",
     "TrainResult",
     "attribute_features",
     "activation_bytes",
     "attribute_with_readout",
     "cache_activations",
+    "check_transcoders",
     "evaluate",
     "feature_page",
     "feature_patch",
@@ -81,6 +92,7 @@ __all__ = [
     "hookpoint",
     "load_sae",
     "load_sae_for",
+    "load_transcoders",
     "text_axes",
     "train_sae",
     "write_feature_page",
