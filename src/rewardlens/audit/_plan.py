@@ -67,11 +67,12 @@ class Plan:
         if self.chunk_size < 1 or self.batch_size < 1:
             raise UsageError(f"chunk_size and batch_size must be >= 1, got {self.chunk_size} and {self.batch_size}")
         if not 0 < self.fraction <= 1:
-            raise UsageError(f"fraction must be in (0, 1], got {self.fraction}")
+            raise UsageError(f"fraction must be in (0, 1], got {self.fraction}", option="fraction")
         n = self.probe_items
         if n is not None and (not isinstance(n, int) or isinstance(n, bool) or not 2 <= n <= len(ITEMS)):
             raise UsageError(f"probe_items must be an int between 2 (concepts need two inputs a side) and {len(ITEMS)} "
-                             f"(all the built-in items), or None for the staged budget, got {n!r}")
+                             f"(all the built-in items), or None for the staged budget, got {n!r}",
+                             option="probe_items")
 
     def for_reads(self) -> Plan:
         """This plan for a reward read at a set of positions: without the steps that read one token per

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import UsageError
+from ..errors import StoreError
 from ._keys import digest
 
 if TYPE_CHECKING:
@@ -135,7 +135,7 @@ def _decode(text: str, blob: bytes | None) -> dict[str, Any]:
 
     record = unpack(json.loads(text))
     if not isinstance(record, dict):
-        raise UsageError(f"a record is a JSON object, got {type(record).__name__}")
+        raise StoreError(f"a record is a JSON object, got {type(record).__name__}")
     return record
 
 

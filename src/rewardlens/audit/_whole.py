@@ -17,7 +17,8 @@ from typing import Any
 import numpy as np
 
 from ..causal import Circuit, NaturalFit, Patching, circuit, encode_pairs, patch, patch_mode, trace_pairs
-from ..data import Pair, margin, progress_bar
+from ..data import Pair, margin
+from ..data.internal import progress_bar
 from ..errors import ArchitectureError, CircuitError, HeadError, RewardLensWarning, UsageError
 from ..exact import TokenAttribution, tokens
 from ..hacking import Concepts, Conflicts, Probes, concepts, conflict, probe
@@ -211,7 +212,8 @@ def sae_name(sae: TopKSAE | None, plan: Plan) -> str:
     if sae is None:
         return "features"
     if plan.sae_layer is None:
-        raise UsageError("an SAE needs the residual layer it was trained on: pass Plan(sae_layer=...)")
+        raise UsageError("an SAE needs the residual layer it was trained on: pass Plan(sae_layer=...)",
+                         option="sae_layer")
     flat = sae.W_dec.detach().reshape(-1)
     sample = flat[:: max(1, flat.numel() // 65536)]
     parts = [t.float().cpu().numpy().tolist() for t in (sample, sae.b_dec.detach(), sae.encoder.bias.detach())]

@@ -214,7 +214,7 @@ class Bench:
         if not keep.any():
             raise NonFiniteError("the two models count no item in common (each item has a non-finite reward in one "
                                  "of them), so there is nothing to compare; check both models' weights, or load "
-                                 "them in float32 (dtype='float32')")
+                                 "them in float32 (dtype='float32')", option="dtype")
         tie = keep & ties_mask(self.item_subsets, self.grouped)
         keep = keep & ~tie
         lay = layout(self.item_subsets, self.grouped, keep, self.weighting)

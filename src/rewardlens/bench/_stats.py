@@ -114,13 +114,14 @@ def check_n_boot(n_boot: int, level: float) -> None:
     if n_boot < min_boot(level):
         raise UsageError(f"n_boot is {n_boot}, under {min_boot(level)}: a {level:.0%} percentile interval needs "
                          f"at least 2 / (1 - level) = {min_boot(level)} bootstrap draws to hold one in each tail. "
-                         f"Fix: pass n_boot >= {min_boot(level)} (the default 2000 is what a reported interval wants).")
+                         f"Fix: pass n_boot >= {min_boot(level)} (the default 2000 is what a reported interval wants).",
+                         option="n_boot")
 
 
 def picks(lay: SubsetLayout, n_boot: int, seed: int) -> list[np.ndarray]:
     """Resampled positions within each subset [B, n_s], one array per subset, seeded."""
     if n_boot < 1:
-        raise UsageError(f"n_boot must be at least 1, got {n_boot}")
+        raise UsageError(f"n_boot must be at least 1, got {n_boot}", option="n_boot")
     rng = np.random.default_rng(seed)
     return [rng.integers(0, len(ix), (n_boot, len(ix))) for ix in lay.index]
 

@@ -19,7 +19,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..data import Inputs, Pair, counting
+from ..data import Inputs, Pair
+from ..data.internal import counting
 from ..errors import UsageError
 from ..model import RewardModel, TraceKey
 from ..model.internal import (
@@ -206,7 +207,8 @@ def attribution_patch(
         given = mode if spec is not None else mode_for(model, pairs, mode, seqs)
         spec = spec_of(spec, mode=given, ablation=ablation, positions=positions, level=level)
         if spec.estimand != "total":
-            raise UsageError(f"attribution patching estimates total effects; got {spec}: use estimand='total'")
+            raise UsageError(f"attribution patching estimates total effects; got {spec}: use estimand='total'",
+                             option="estimand")
         mode, ablation, positions, level = spec.mode, spec.ablation, spec.positions, spec.level
         sweep = level_sites(model, level, neurons, every=True)
         if model.reads.multi:

@@ -76,7 +76,7 @@ def thresholds(acts: Tensor, quantile: float = 0.99, folds: int = 5) -> float:
     if n < MIN_REFERENCE:
         raise UsageError(
             f"divergence needs at least {MIN_REFERENCE} natural reference sequences to calibrate against, got {n}; "
-            "pass more pairs or reference= inputs"
+            "pass more pairs or reference= inputs", option="divergence"
         )
     fold = torch.arange(n) % folds
     held = []

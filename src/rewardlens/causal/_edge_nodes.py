@@ -19,7 +19,7 @@ def nodes(model: RewardModel, level: Level, qkv: bool) -> tuple[list[Site], list
     """Every upstream part (embeddings, then per layer attention or its heads, then the MLP) and every
     downstream node input (per layer attention, its heads or their q/k/v, the MLP, then 'reward')."""
     if level not in ("sublayer", "head"):
-        raise UsageError(f"level must be 'sublayer' or 'head', got {level!r}")
+        raise UsageError(f"level must be 'sublayer' or 'head', got {level!r}", option="level")
     if qkv and level != "head":
         raise CircuitError("qkv=True makes a head's query, key and value inputs separate nodes, but level is "
                            f"{level!r}, whose nodes are whole sublayers; pass level='head' or drop qkv")

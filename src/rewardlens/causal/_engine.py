@@ -92,9 +92,9 @@ def sites(model: RewardModel, level: PatchLevel) -> list[Site]:
                 if not is_moe_layer(model, layer))
         raise UsageError(f"level='neuron' patches only chosen neurons: a sweep of all {n} MLP neurons would be {n} "
                          "patched runs per pair; choose neurons=['mlp_L<l>_N<i>', ...] or use attribution patching "
-                         "(attribution_patch(..., level='neuron'): every neuron from one backward)")
+                         "(attribution_patch(..., level='neuron'): every neuron from one backward)", option="level")
     if level not in PATCH_LEVELS:
-        raise UsageError(f"patching level must be one of {PATCH_LEVELS}, got {level!r}")
+        raise UsageError(f"patching level must be one of {PATCH_LEVELS}, got {level!r}", option="level")
     out = [Site.embed()]
     for layer in range(model.n_layers):
         if level == "head":

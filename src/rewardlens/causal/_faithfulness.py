@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, get_args
 
 import numpy as np
 
-from ..data import Pair, counting, stage
+from ..data import Pair
+from ..data.internal import counting, stage
 from ..errors import UsageError
 from ..model import Part, RewardModel
 from ..model.internal import Tokenized
@@ -99,7 +100,7 @@ class Faithfulness:
     def rho(self, estimand: Versus) -> np.ndarray:
         """Per-pair Spearman ρ [n_pairs] between attribution and `estimand` across parts."""
         if estimand not in ESTIMANDS:
-            raise UsageError(f"estimand must be one of {ESTIMANDS}, got {estimand!r}")
+            raise UsageError(f"estimand must be one of {ESTIMANDS}, got {estimand!r}", option="estimand")
         return rowwise_spearman(self.attribution, getattr(self, estimand))
 
     def pooled(self, estimand: Versus) -> tuple[float, float, float]:
@@ -258,15 +259,17 @@ def faithfulness(
         if level == "neuron":  # before any forward: exact patching of every neuron is one run per neuron
             raise UsageError("faithfulness patches every part exactly, and level='neuron' would be one patched run "
                              "per MLP neuron; use level='head' or 'sublayer', or rank the neurons with "
-                             "attribution_patch(..., level='neuron') and patch the top ones with patch(neurons=...)")
+                             "attribution_patch(..., level='neuron') and patch the top ones with patch(neurons=...)",
+                             option="level")
         if seed_positions is not None and seed_positions not in SEED_POSITIONS:
-            raise UsageError(f"seed_positions must be None, 'all' or 'read', got {seed_positions!r}")
+            raise UsageError(f"seed_positions must be None, 'all' or 'read', got {seed_positions!r}",
+                             option="seed_positions")
         if traced is None:
             stage("clean trace")
             traced = trace_pairs(model, pairs, level=level, batch_size=batch_size)
         elif traced.level != level and traced.level != "head":
             raise UsageError(f"traced runs at level {traced.level!r} cannot serve level={level!r}; trace at "
-                             f"level='head' (it serves both) or at {level!r}")
+                             f"level='head' (it serves both) or at {level!r}", option="level")
         clean = traced.clean
         mode = mode_for(model, pairs, mode, clean.seqs)
         att, sub_att = traced.attribution(level), traced.attribution("sublayer")

@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 from torch import Tensor
 
-from ..data import Inputs, Pair, chosen, counting, pair_ids, rejected
+from ..data import Inputs, Pair, chosen, pair_ids, rejected
+from ..data.internal import counting
 from ..errors import UsageError
 from ..model import RewardModel
 from ..model.internal import Tokenized, not_continuable, sequence_label
@@ -220,10 +221,10 @@ def patch(
         mode, ablation, positions, level, estimand = spec.mode, spec.ablation, spec.positions, spec.level, spec.estimand
         if natural is not None and (not divergence or reference is not None):
             raise UsageError("natural= is divergence's fitted natural distribution: pass it with divergence=True "
-                             "and without reference= (which would fit another one)")
+                             "and without reference= (which would fit another one)", option="natural")
         if divergence and estimand == "direct":
             raise UsageError("divergence scores patched runs' later activations; estimand='direct' holds them "
-                             "frozen, so there is nothing to score: use estimand='total'")
+                             "frozen, so there is nothing to score: use estimand='total'", option="divergence")
         if sweep is not None and neurons is not None:
             raise UsageError("pass the parts to patch either as sweep= or as neurons=, not both")
         sweep = level_sites(model, level, neurons) if sweep is None else list(sweep)

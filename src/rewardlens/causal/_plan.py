@@ -144,7 +144,8 @@ def resolve_positions(
                 raise TokenizationError(
                     f"positions='all' needs token-aligned pairs, but {sequence_label(t, True)} has "
                     f"{len(seqs[t].ids)} tokens and {sequence_label(s, True)} has {len(seqs[s].ids)}; use "
-                    "positions='read' (the default) or spans counted back from the read token, e.g. [(-4, None)]"
+                    "positions='read' (the default) or spans counted back from the read token, e.g. [(-4, None)]",
+                    option="positions"
                 )
             ct = list(range(len(seqs[t].ids)))
             cs = list(ct)
@@ -199,11 +200,12 @@ def warn_unpatched_read(pairs: list[int], ids: Sequence[str] | None) -> None:
 
 def _span_cols(spans: str | Spans, read: int) -> list[int]:
     if isinstance(spans, str):
-        raise UsageError(f"positions must be 'read', 'all', 'prefix' or a list of (start, stop) spans, got {spans!r}")
+        raise UsageError(f"positions must be 'read', 'all', 'prefix' or a list of (start, stop) spans, got {spans!r}",
+                         option="positions")
     cols: list[int] = []
     for span in spans:
         if len(span) != 2:
-            raise UsageError(f"a span is (start, stop), got {span!r}")
+            raise UsageError(f"a span is (start, stop), got {span!r}", option="positions")
         for c in range(read + 1)[slice(*span)]:
             if c not in cols:
                 cols.append(c)

@@ -35,12 +35,13 @@ def check_reads_options(mode: Mode, ablation: Ablation, positions: Positions | S
     """Refuse the options a multi-position read-out does not take (yet), naming what to pass instead."""
     if not isinstance(positions, str) or positions != "read":
         raise UsageError(f"positions={positions!r}: a reward read at a set of positions is patched at that set; "
-                         "pass positions='read'")
+                         "pass positions='read'", option="positions")
     if divergence:
         raise UsageError("divergence scores read one token per sequence; patch a multi-position read-out without "
-                         "them (leave divergence off)")
+                         "them (leave divergence off)", option="divergence")
     if mode == "ablation" and ablation != "zero":
-        raise UsageError("a multi-position read-out takes mode='ablation' with ablation='zero' only for now")
+        raise UsageError("a multi-position read-out takes mode='ablation' with ablation='zero' only for now",
+                         option="mode")
 
 
 def patch_mode(model: RewardModel, pairs: Sequence[Pair], seqs: Sequence[Tokenized] | None = None) -> Mode:

@@ -41,13 +41,13 @@ class PatchSpec:
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
-            raise UsageError(f"mode must be one of {MODES}, got {self.mode!r}")
+            raise UsageError(f"mode must be one of {MODES}, got {self.mode!r}", option="mode")
         if self.ablation not in ABLATIONS:
-            raise UsageError(f"ablation must be one of {ABLATIONS}, got {self.ablation!r}")
+            raise UsageError(f"ablation must be one of {ABLATIONS}, got {self.ablation!r}", option="ablation")
         if self.level not in PATCH_LEVELS:
-            raise UsageError(f"level must be one of {PATCH_LEVELS}, got {self.level!r}")
+            raise UsageError(f"level must be one of {PATCH_LEVELS}, got {self.level!r}", option="level")
         if self.estimand not in PATCH_ESTIMANDS:
-            raise UsageError(f"estimand must be one of {PATCH_ESTIMANDS}, got {self.estimand!r}")
+            raise UsageError(f"estimand must be one of {PATCH_ESTIMANDS}, got {self.estimand!r}", option="estimand")
         object.__setattr__(self, "positions", _positions(self.positions))
 
     @property
@@ -81,18 +81,20 @@ def _positions(positions: Positions | Spans) -> Positions | Spans:
     """A named rule as it is; spans as a tuple of (start, stop) pairs of ints or None (hashable, frozen)."""
     if isinstance(positions, str):
         if positions not in POSITIONS:
-            raise UsageError(f"positions must be one of {POSITIONS} or spans such as [(-4, None)], got {positions!r}")
+            raise UsageError(f"positions must be one of {POSITIONS} or spans such as [(-4, None)], got {positions!r}",
+                             option="positions")
         return positions
     if not isinstance(positions, Sequence) or not positions:
         raise UsageError(f"positions must be one of {POSITIONS} or a non-empty list of (start, stop) spans, "
-                         f"got {positions!r}")
+                         f"got {positions!r}", option="positions")
     spans: list[tuple[int | None, int | None]] = []
     for span in positions:
         ok = isinstance(span, Sequence) and not isinstance(span, str) and len(span) == 2 and all(
             b is None or (isinstance(b, int) and not isinstance(b, bool)) for b in span)
         if not ok:
             raise UsageError(f"a span is (start, stop) with ints or None, counted like a slice of the positions up "
-                             f"to the read token (negative: back from it), got {span!r} in positions={positions!r}")
+                             f"to the read token (negative: back from it), got {span!r} in positions={positions!r}",
+                             option="positions")
         start, stop = cast("tuple[int | None, int | None]", (span[0], span[1]))  # checked just above
         if _empty(start, stop):
             one = 0 if start is None else start

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import islice
 from pathlib import Path
 from typing import Any
@@ -60,7 +60,7 @@ def load_pairs(path: str | os.PathLike[str], *, limit: int | None = None, strict
     `strict=True` raises that report as a `DataError` instead.
     """
     if limit is not None and limit < 0:
-        raise UsageError(f"limit must be None or >= 0, got {limit}")
+        raise UsageError(f"limit must be None or >= 0, got {limit}", option="limit")
     path = Path(path).expanduser()
     suffix = path.suffix.lower()
     if not path.exists():
@@ -82,6 +82,17 @@ def load_pairs(path: str | os.PathLike[str], *, limit: int | None = None, strict
             raise checks.error()
         checks.warn(stacklevel=2)
     return pairs
+
+
+def pairs_from_records(records: Sequence[Any], where: str = "request") -> list[Pair]:
+    """Preference pairs from records already in memory (a JSON request's list), read by the rules of
+    `load_pairs` (every schema it reads; `where` and the record's index locate a bad field in the
+    `DataError`). The degenerate-pair checks are left to the caller."""
+    if isinstance(records, (str, bytes)) or not isinstance(records, Sequence):
+        raise DataError(f"{where}: expected a list of pair records, found {show(records)}. Fix: send a list of "
+                        "objects holding 'prompt', 'chosen' and 'rejected'.")
+    return [pair for i, record in enumerate(records)
+            for pair in _to_pairs(record, f"{where}, record {i}", f"record {i}")]
 
 
 def save_pairs(pairs: Iterable[Pair], path: str | os.PathLike[str]) -> Path:

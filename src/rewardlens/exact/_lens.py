@@ -78,7 +78,7 @@ class Lens:
         never later than 'stays'). NaN where the final margin is too small to have a side (see
         `near_zero_margin`)."""
         if not 0 < fraction <= 1:
-            raise UsageError(f"fraction must be in (0, 1], got {fraction}")
+            raise UsageError(f"fraction must be in (0, 1], got {fraction}", option="fraction")
         if rule not in CRYSTALLIZATION_RULES:
             raise UsageError(f"rule must be 'stays' or 'first', got {rule!r}")
         margin = self.margin(kind)

@@ -28,7 +28,7 @@ def _baseline(model: RewardModel, embeddings: nn.Module, baseline: str, like: Te
     if model.pad_token_id is None:
         raise TokenizationError(
             "baseline='pad' needs a pad token, and this model has none; use baseline='zero' or load with "
-            "pad_token_id=<id>"
+            "pad_token_id=<id>", option="pad_token_id"
         )
     ids = torch.tensor([[model.pad_token_id]], device=like.device)
     with torch.no_grad():

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 import torch
 
-from ..data import progress_bar
+from ..data.internal import progress_bar
 from ..errors import DataError, UsageError, warn
 from ..model import ReadCache, RewardModel
 from ..model.internal import Tokenized, flatten_inputs, one_read_only
@@ -346,14 +346,15 @@ def concepts(
     if model.reads.multi:  # before the contrast sets are tokenized: they carry no step separators
         raise one_read_only("concepts")
     if positions not in ("read", "all"):
-        raise UsageError(f"positions must be 'read' (the read token t*) or 'all' (every real token), got {positions!r}")
+        raise UsageError(f"positions must be 'read' (the read token t*) or 'all' (every real token), got {positions!r}",
+                         option="positions")
     if unit not in ("difference", "sigma"):
         raise UsageError(f"unit must be 'difference' (|mean difference|) or 'sigma' (within-class sd), got {unit!r}")
     grid = np.array(sorted({float(a) for a in alphas} | {0.0}))
     if not np.all(np.isfinite(grid)) or len(grid) < 2:
         raise UsageError(f"alphas must be finite and hold at least one non-zero dose, got {list(alphas)}")
     if n_boot < 1:
-        raise UsageError(f"n_boot must be at least 1, got {n_boot}")
+        raise UsageError(f"n_boot must be at least 1, got {n_boot}", option="n_boot")
     dose_label = _layer_label(model, model.n_layers - 1 if dose_layer is None else dose_layer, "dose_layer")
     skipped: tuple[str, ...] = ()
     if sets is None:

@@ -349,7 +349,8 @@ def conflict(
     if not 0 < min_share < 1:
         raise UsageError(f"min_share is a share of pairs in (0, 1), got {min_share}")
     if n_boot < 100:
-        raise UsageError(f"n_boot must be at least 100 for 95% intervals to mean anything, got {n_boot}")
+        raise UsageError(f"n_boot must be at least 100 for 95% intervals to mean anything, got {n_boot}",
+                         option="n_boot")
     pairs = _as_pairs(pairs, "pairs")
     if len(pairs) < 3:
         raise UsageError(f"conflict needs at least 3 pairs (a rank correlation is undefined below), got {len(pairs)}")

@@ -46,7 +46,7 @@ def report(what: str, skipped: Sequence[str], total: int, max_length: int | None
     if n == total:
         raise TokenizationError(
             f"{what}: none of the {total} built-in items fits max_length {max_length} ({shown}); raise max_length=, "
-            "or load the model with truncation='left' to cut long inputs from the start")
+            "or load the model with truncation='left' to cut long inputs from the start", option="max_length")
     warn(f"{what}: {n} of {total} items {'does' if n == 1 else 'do'} not fit max_length {max_length} ({shown}); "
          f"{verb} the other {total - n}")
 
@@ -94,5 +94,5 @@ def spread_items(n: int, pool: Sequence[Item] | None = None) -> list[Item]:
     pool = ITEMS if pool is None else tuple(pool)
     if not 2 <= n <= len(pool):
         raise UsageError(f"probe_items must be between 2 and {len(pool)} {'built-in ' * (pool is ITEMS)}items, "
-                         f"got {n}")
+                         f"got {n}", option="probe_items")
     return list(pool[:: len(pool) // n][:n])

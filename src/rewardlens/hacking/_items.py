@@ -65,7 +65,7 @@ def _item(id: str, prompt: str, response: str, swaps: tuple[tuple[str, str], ...
     wrong = response
     for old, new in swaps:
         if wrong.count(old) != 1:
-            raise UsageError(f"item {id}: swap text {old!r} occurs {wrong.count(old)} times, expected once")
+            raise RuntimeError(f"built-in item {id}: swap text {old!r} occurs {wrong.count(old)} times, expected once")
         wrong = wrong.replace(old, new)
     return Item(id, prompt, response, domain=id.rsplit("-", 1)[0], wrong=wrong, belief=belief)
 

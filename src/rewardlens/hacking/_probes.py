@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..data import Pair, progress_bar
+from ..data import Pair
+from ..data.internal import progress_bar
 from ..errors import UsageError
 from ..model import ReadCache, RewardModel
 from ..model.internal import one_read_only
@@ -214,7 +215,8 @@ def probe(
     if unknown or not names:
         raise UsageError(f"unknown probe axes {unknown}; choose from {list(AXES)}")
     if not 0 < level < 1 or min_effect < 0:
-        raise UsageError(f"level must be in (0, 1) and min_effect >= 0, got level={level}, min_effect={min_effect}")
+        raise UsageError(f"level must be in (0, 1) and min_effect >= 0, got level={level}, min_effect={min_effect}",
+                         option="level" if not 0 < level < 1 else "min_effect")
     check_choice(scale, reference)
     everything = base_items(items)
     pools = [everything] if stages is None else stage_items(stages, everything)

@@ -225,7 +225,8 @@ def check_position_pad(arch: ArchitectureMap, model_pad: int | None, pad_token_i
         raise ArchitectureError(
             f"map {arch.name!r} lets the model number positions from its pad id {model_pad} (position i of "
             f"a sequence is pad_id + 1 + i), so batches must be padded with it, not with pad_token_id="
-            f"{pad_token_id}; drop pad_token_id= (an encoder reads its first token whatever the pad id)"
+            f"{pad_token_id}; drop pad_token_id= (an encoder reads its first token whatever the pad id)",
+            option="pad_token_id"
         )
 
 

@@ -24,7 +24,7 @@ from torch import Tensor, nn
 from transformers import LlamaConfig, LlamaModel, LlamaPreTrainedModel
 from transformers.utils import ModelOutput
 
-from ..errors import TokenizationError, UsageError
+from ..errors import TokenizationError
 from ._tokens import Batch
 
 # Llama-3 ids of <|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n
@@ -66,7 +66,9 @@ def find_gate_position(ids: list[int], pattern: list[int]) -> int:
     for j in range(len(ids) - len(pattern), -1, -1):
         if ids[j : j + len(pattern)] == pattern:
             return j
-    raise UsageError(f"gate token pattern {pattern} not found in the input")
+    raise TokenizationError(f"gate token pattern {pattern} not found in the input: ArmoRM's gating reads the "
+                            "assistant turn's start, which the chat template writes; pass the pair's prompt and "
+                            "response as a conversation, and keep the start (truncation='left' cuts it)")
 
 
 class LlamaForRewardModelWithGating(LlamaPreTrainedModel):

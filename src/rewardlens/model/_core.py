@@ -85,7 +85,7 @@ class RewardModel:
         source: str | None = None,
     ) -> None:
         if truncation not in TRUNCATIONS:
-            raise UsageError(f"truncation must be 'error' or 'left', got {truncation!r}")
+            raise UsageError(f"truncation must be 'error' or 'left', got {truncation!r}", option="truncation")
         self.model, self.tokenizer, self.arch = model, tokenizer, arch
         self.truncation, self._memo, self._checked = truncation, TokenMemo(), CheckedPairs()
         self.encoder = arch.pooling == "first"
@@ -279,7 +279,7 @@ class RewardModel:
         `index`: each sequence's number in the caller's full input (for error messages), when
         `seqs` is a subset of it."""
         if batch_size < 1:
-            raise UsageError(f"batch_size must be at least 1, got {batch_size}")
+            raise UsageError(f"batch_size must be at least 1, got {batch_size}", option="batch_size")
         lengths = [len(s.ids) for s in seqs]
         yield from batch_loop(np.argsort(lengths, kind="stable"), batch_size,
                               list(range(len(seqs))) if index is None else index, is_pairs,

@@ -70,7 +70,7 @@ def finite_pairs(reward: np.ndarray, ids: Sequence[str], *, parts: Sequence[np.n
     if len(ids) != len(ok):
         raise UsageError(f"finite_pairs got {len(ids)} pair ids for {len(ok)} pairs of rewards; pass one id per pair")
     if len(ok) and not ok.any():
-        raise NonFiniteError(_nothing_finite(np.asarray(reward, dtype=np.float64), dtype))
+        raise NonFiniteError(_nothing_finite(np.asarray(reward, dtype=np.float64), dtype), option="dtype")
     return FinitePairs(tuple(str(i) for i in ids), ok)
 
 

@@ -52,7 +52,7 @@ _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bf
 def _dtype(dtype: str | torch.dtype | None) -> torch.dtype | str | None:
     if isinstance(dtype, str) and dtype != "auto":
         if dtype not in _DTYPES:
-            raise UsageError(f"dtype {dtype!r} is not one of {sorted(_DTYPES)} or 'auto'")
+            raise UsageError(f"dtype {dtype!r} is not one of {sorted(_DTYPES)} or 'auto'", option="dtype")
         return _DTYPES[dtype]
     return dtype
 
@@ -88,14 +88,15 @@ def _check_placement(target: Placement, what: str) -> None:
     if wanted == "meta":
         raise UsageError(
             f"{what} places weights on 'meta', which holds no values, so nothing could be read or scored; "
-            "use 'auto', an existing device such as 'cuda:0', 'cpu', or 'disk' (with offload_folder=)"
+            "use 'auto', an existing device such as 'cuda:0', 'cpu', or 'disk' (with offload_folder=)",
+            option="device_map"
         )
     if wanted != "cpu" and (kind is None or wanted != kind or index >= count):
         have = f"{count} {kind} device(s)" if kind is not None else "no accelerator"
         raise UsageError(
             f"{what} asks for device {target!r} but this machine has {have}; use device_map='auto' "
             "(it spreads layers over what exists and offloads the rest to 'cpu', or to 'disk' with "
-            "offload_folder=), or name an existing device"
+            "offload_folder=), or name an existing device", option="device_map"
         )
 
 
@@ -143,13 +144,14 @@ def _refuse_pickle(path_or_id: str, kwargs: dict[str, Any]) -> None:
     code the file names. A hub id cannot be listed in advance: `use_safetensors=True` refuses it there."""
     if kwargs.get("use_safetensors") is False:
         raise ModelLoadError("use_safetensors=False asks transformers for pickle weights, which run code when "
-                             "loaded; pass allow_pickle=True instead (the one switch rewardlens reads)")
+                             "loaded; pass allow_pickle=True instead (the one switch rewardlens reads)",
+                             option="allow_pickle")
     pickles = _pickles(path_or_id, kwargs)
     if pickles:
         raise ModelLoadError(
             f"{_local_folder(path_or_id, kwargs)} is pickle-only: it holds {', '.join(pickles[:3])} and no "
             f"*.safetensors, and unpickling runs whatever code the file names (invariant: weights load from "
-            f"safetensors unless pickle is allowed); {_ALLOW}")
+            f"safetensors unless pickle is allowed); {_ALLOW}", option="allow_pickle")
 
 
 def _custom_code(config: dict[str, Any]) -> str:
@@ -179,7 +181,8 @@ def _pickle_failure(exc: Exception, text: str, path_or_id: str, kwargs: dict[str
                               "damaged or truncated; download it again")
     if isinstance(exc, OSError) and "cannot be loaded with `safetensors`" in text:
         return ModelLoadError(f"{path_or_id} has no safetensors weights (model.safetensors or its index), so only "
-                              f"pickle weights could load it, and unpickling runs code: refused by default; {_ALLOW}")
+                              f"pickle weights could load it, and unpickling runs code: refused by default; {_ALLOW}",
+                              option="allow_pickle")
     return None
 
 
@@ -306,7 +309,8 @@ def load_pretrained(
     folder lacked (transformers initialised those at random), placed as asked. Pickle weights are
     refused unless `allow_pickle`; custom code runs only with `trust_remote_code=True`."""
     if device is not None and device_map is not None:
-        raise UsageError(f"pass device= or device_map=, not both (got device={device!r}, device_map={device_map!r})")
+        raise UsageError(f"pass device= or device_map=, not both (got device={device!r}, device_map={device_map!r})",
+                         option="device_map")
     if device_map is not None:
         _check_device_map(device_map)
     if device is not None:

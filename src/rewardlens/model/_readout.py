@@ -144,7 +144,8 @@ class Head:
     def _readout_vector(self, readout: Readout, arch: ArchitectureMap) -> Tensor | None:
         k = self.n_objectives
         if isinstance(readout, (bool, np.bool_)):
-            raise HeadError(f"readout={readout!r} is a bool; pass an objective index, a label or {k} weights")
+            raise HeadError(f"readout={readout!r} is a bool; pass an objective index, a label or {k} weights",
+                            option="readout")
         if isinstance(readout, numbers.Integral):
             readout = int(readout)
         if readout is None:
@@ -152,21 +153,23 @@ class Head:
                 return None if arch.head_kind == "gated" else torch.ones(1, device=self.weight.device)
             raise HeadError(
                 f"the head has {k} outputs {self.labels} and no readout says which scalar to explain; "
-                f"pass readout=<objective index or label> or readout=<list of {k} weights> to rewardlens.load"
+                f"pass readout=<objective index or label> or readout=<list of {k} weights> to rewardlens.load",
+                option="readout"
             )
         if isinstance(readout, str):
             if readout not in self.labels:
-                raise HeadError(f"readout {readout!r} is not one of the head's labels {self.labels}")
+                raise HeadError(f"readout {readout!r} is not one of the head's labels {self.labels}", option="readout")
             readout = self.labels.index(readout)
         if isinstance(readout, int):
             if not 0 <= readout < k:
-                raise HeadError(f"readout index {readout} out of range for a head with {k} outputs")
+                raise HeadError(f"readout index {readout} out of range for a head with {k} outputs", option="readout")
             vec = torch.zeros(k)
             vec[readout] = 1.0
             return vec.to(self.weight.device)
         vec = torch.as_tensor(readout, dtype=torch.float32).flatten()
         if vec.numel() != k:
-            raise HeadError(f"readout has {vec.numel()} weights but the head has {k} outputs {self.labels}")
+            raise HeadError(f"readout has {vec.numel()} weights but the head has {k} outputs {self.labels}",
+                            option="readout")
         return vec.to(self.weight.device)
 
     def rows(self, h: Tensor, targets: Tensor | None = None) -> tuple[Tensor, Tensor]:

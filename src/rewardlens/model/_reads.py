@@ -106,7 +106,8 @@ class Reads:
         if max_length is not None and len(closed) > max_length and truncation != "left":
             raise TokenizationError(
                 f"{label} has {len(ids)} tokens, the limit, before the separator closing its last step is appended; "
-                "raise max_length=, end the response with the separator, or pass truncation='left'")
+                "raise max_length=, end the response with the separator, or pass truncation='left'",
+                option="max_length")
         return closed, prompt_length
 
     def positions(

@@ -21,7 +21,6 @@ import torch
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
-from ..errors import UsageError
 from ._arch import get_module
 from ._continuing import cache_of, cache_rows
 from ._hooks import eval_mode, hidden_arg
@@ -239,7 +238,7 @@ def _batch_rows(batch: Batch, rows: Tensor) -> Batch:
     """Rows `rows` of a one-read `batch` at its full width (not `select`, which drops all-padding
     columns): the recorded layer arguments are that wide."""
     if batch.reads is not None:
-        raise UsageError("a recording's rows are taken of one-read batches only; a reward read at a set of "
+        raise RuntimeError("internal: a recording's rows are taken of one-read batches only; a reward read at a set of "
                          "positions is backpropagated whole (causal/_attribution_patching.py: _reads_estimate)")
 
     def pick(t: Tensor) -> Tensor:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, TypeGuard
 import torch
 from torch import Tensor
 
-from ..data import Inputs, Pair
+from ..data import Inputs, Pair, pair_of
 from ..errors import TokenizationError, UsageError, warn
 from ..types import Conversation, PaddingSide, Text, Truncation
 from ._reads import Reads, ReadSet, collate_reads, one_read_only, warn_unscored
@@ -243,7 +243,8 @@ def fit_length(
         raise TokenizationError(
             f"{label} has {len(tok.ids)} tokens, over the limit of {max_length}; cutting it from "
             "the right would drop the read token. Raise max_length=, shorten the input, or pass "
-            "truncation='left' to drop tokens from the start (the response end and read token stay)."
+            "truncation='left' to drop tokens from the start (the response end and read token stay).",
+            option="max_length"
         )
     if max_length is None or len(tok.ids) <= max_length:
         return tok
@@ -282,7 +283,7 @@ class Batch:
 
 
 def sequence_label(index: int, is_pairs: bool) -> str:
-    return f"pair {index // 2} ({'chosen' if index % 2 == 0 else 'rejected'})" if is_pairs else f"input {index}"
+    return "pair {} ({})".format(*pair_of(index)) if is_pairs else f"input {index}"
 
 
 def collate(

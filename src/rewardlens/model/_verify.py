@@ -100,7 +100,7 @@ def check_finite_weights(model: RewardModel) -> None:
     bad = None if readout is None else non_finite(readout)
     if bad is not None:
         raise ModelLoadError(f"readout= holds {bad}; a readout weighs the head's outputs into one score, so "
-                             "every score would be NaN or inf: pass finite readout weights")
+                             "every score would be NaN or inf: pass finite readout weights", option="readout")
 
 
 def _trace_parts(model: RewardModel, tr: Trace) -> Iterator[tuple[str, Tensor]]:

@@ -20,7 +20,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..data import Inputs, progress_bar
+from ..data import Inputs
+from ..data.internal import progress_bar
 from ..errors import ArchitectureError, DataError, SAEMismatchError, UsageError
 from ..model import RewardModel, TraceKey, TraceKind
 from ..model.internal import Batch, Point, points, projection_inputs, rewriting
@@ -136,7 +137,7 @@ class ActivationSource:
     def __init__(self, model: RewardModel, inputs: Inputs, point: TraceKey | str, *, positions: SaePositions = "read",
                  batch_size: int = 8, skip_first: int | None = None, progress: bool = False) -> None:
         if positions not in POSITIONS:
-            raise UsageError(f"positions must be one of {POSITIONS}, got {positions!r}")
+            raise UsageError(f"positions must be one of {POSITIONS}, got {positions!r}", option="positions")
         self.skip_first = (0 if model.encoder else 1) if skip_first is None else skip_first
         if self.skip_first < 0:
             raise UsageError(f"skip_first must be >= 0, got {skip_first}")
@@ -337,5 +338,5 @@ def _claimed_resid(model: RewardModel, sae: TopKSAE) -> TraceKey:
                                "applies SAEs to the residual stream (resid_{l}) only — load the residual SAE")
     raise DataError(
         f"cannot tell which layer the SAE folder {sae.folder} belongs to from its name {sae.folder.name!r}; "
-        f"name the layer (layer= or --layer), or name the folder {hookpoint(model, 'resid_0')!r}-style"
+        f"name the layer (layer= or --layer), or name the folder {hookpoint(model, 'resid_0')!r}-style", option="layer"
     )

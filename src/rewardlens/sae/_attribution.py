@@ -174,7 +174,7 @@ def densify(idx: np.ndarray, acts: np.ndarray, vals: np.ndarray) -> tuple[np.nda
 
 def check_width(model: RewardModel, sae: TopKSAE, layer: int) -> None:
     if not 0 <= layer < model.n_layers:
-        raise UsageError(f"layer {layer} out of range for a model with {model.n_layers} layers")
+        raise UsageError(f"layer {layer} out of range for a model with {model.n_layers} layers", option="layer")
     if sae.d_in != model.d_model:
         where = f" (from {sae.folder})" if sae.folder else ""
         raise ArchitectureError(

@@ -52,13 +52,15 @@ class SAEConfig:
 
     def __post_init__(self) -> None:
         if self.k < 1:
-            raise UsageError(f"k must be at least 1, got {self.k}")
+            raise UsageError(f"k must be at least 1, got {self.k}", option="k")
         if self.num_latents < 0:
-            raise UsageError(f"num_latents must be >= 0 (0: use expansion_factor), got {self.num_latents}")
+            raise UsageError(f"num_latents must be >= 0 (0: use expansion_factor), got {self.num_latents}",
+                             option="num_latents")
         if self.num_latents == 0 and self.expansion_factor < 1:
-            raise UsageError(f"expansion_factor must be >= 1 when num_latents is 0, got {self.expansion_factor}")
+            raise UsageError(f"expansion_factor must be >= 1 when num_latents is 0, got {self.expansion_factor}",
+                             option="expansion_factor")
         if self.num_latents and self.k > self.num_latents:
-            raise UsageError(f"k={self.k} exceeds num_latents={self.num_latents}; lower k or add latents")
+            raise UsageError(f"k={self.k} exceeds num_latents={self.num_latents}; lower k or add latents", option="k")
         if self.activation != "topk":
             raise UsageError(f"activation must be 'topk', got {self.activation!r}; groupmax SAEs are not supported")
         if self.skip_connection or self.transcode:
@@ -102,7 +104,8 @@ class TopKSAE(nn.Module):
         self.cfg, self.d_in = cfg or SAEConfig(), int(d_in)
         n = self.cfg.latents(self.d_in)
         if self.cfg.k > n:
-            raise UsageError(f"k={self.cfg.k} exceeds the {n} latents of this SAE; lower k or raise expansion_factor")
+            raise UsageError(f"k={self.cfg.k} exceeds the {n} latents of this SAE; lower k or raise expansion_factor",
+                             option="k")
         self.encoder = nn.Linear(self.d_in, n, device=device, dtype=dtype)
         self.W_dec = nn.Parameter(torch.empty(n, self.d_in, device=device, dtype=dtype))
         self.b_dec = nn.Parameter(torch.zeros(self.d_in, device=device, dtype=dtype))

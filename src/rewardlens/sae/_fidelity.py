@@ -81,7 +81,7 @@ class Fidelity:
 def fit_positions(sae: TopKSAE, positions: FitPositions) -> Literal["all", "read"]:
     """'auto' → the positions the SAE was trained on, when it records them (rewardlens' SAEs), else 'all'."""
     if positions not in ("auto", "all", "read"):
-        raise UsageError(f"positions must be 'auto', 'all' or 'read', got {positions!r}")
+        raise UsageError(f"positions must be 'auto', 'all' or 'read', got {positions!r}", option="positions")
     chosen = sae.provenance.positions if positions == "auto" else positions
     return "read" if chosen == "read" else "all"
 

@@ -41,8 +41,8 @@ from typing import TYPE_CHECKING, Literal, get_args
 import numpy as np
 import torch
 
-from ..data import Pair, pair_ids
-from ..errors import DataError, warn
+from ..data import Pair, effect, interleave, is_chosen, margin, pair_ids, rejected
+from ..errors import DataError, UsageError, warn
 from ..model import RewardModel
 from ..stats import bootstrap_ci, rowwise_spearman, top_parts
 from ._attribution import FeatureAttribution, attribute_with_readout, check_width
@@ -230,11 +230,11 @@ def _check(model: RewardModel, sae: TopKSAE, pairs: Sequence[Pair], layer: int, 
     if not pairs or not all(isinstance(p, Pair) for p in pairs):
         raise DataError("feature_patch compares the two sides of preference pairs: pass a list of rewardlens.Pair")
     if mode not in get_args(FeatureMode):
-        raise DataError(f"mode must be 'ablate', 'clamp' or 'noising', got {mode!r}")
+        raise UsageError(f"mode must be 'ablate', 'clamp' or 'noising', got {mode!r}", option="mode")
     if mode == "clamp" and (value is None or not math.isfinite(float(value))):
-        raise DataError(f"mode='clamp' needs a finite value= to set the features to, got {value!r}")
+        raise UsageError(f"mode='clamp' needs a finite value= to set the features to, got {value!r}")
     if mode != "clamp" and value is not None:
-        raise DataError(f"value= is the clamp level; mode={mode!r} takes none (got {value!r}): drop it or use "
+        raise UsageError(f"value= is the clamp level; mode={mode!r} takes none (got {value!r}): drop it or use "
                         "mode='clamp'")
 
 
@@ -255,9 +255,8 @@ def _targets(acts: np.ndarray, mode: FeatureMode, value: float | None) -> tuple[
     if mode == "clamp":
         assert value is not None  # _check refuses a clamp without a value
         return np.full_like(acts, float(value)), np.ones(n, bool)
-    new = acts.copy()
-    new[0::2] = acts[1::2]  # the chosen run takes the rejected side's activation at its read token
-    return new, np.arange(n) % 2 == 0
+    # The chosen run takes the rejected side's activation at its read token; the rejected run is not edited.
+    return interleave(rejected(acts), rejected(acts)), is_chosen(n)
 
 
 def _rewards(model: RewardModel, pairs: Sequence[Pair], layer: int, delta: np.ndarray, edited: np.ndarray,
@@ -336,11 +335,10 @@ def feature_patch(model: RewardModel, sae: TopKSAE, pairs: Sequence[Pair], *, la
     if totals is not None:
         approx_rows = (delta * (totals.gradient.astype(np.float64) @ Wd.T)) @ member.T
     clean, patched = _rewards(model, pairs, layer, delta, edited, W, member, batch_size)
-    margin = lambda r: r[0::2] - r[1::2]  # noqa: E731 - chosen − rejected, the pairs' own convention
     return FeaturePatch(
         layer=layer, features=np.array([g[0] if g else -1 for g in cols], dtype=np.int64), mode=mode,
         value=None if value is None else float(value), pair_ids=pair_ids(pairs), attribution=margin(vals) @ member.T,
-        total=margin(clean)[:, None] - margin(patched), direct=-margin(direct_rows), clean=clean, patched=patched,
-        groups=cols, grouped=groups is not None, n_boot=n_boot, seed=seed,
-        total_approx=None if approx_rows is None else -margin(approx_rows),
+        total=effect(margin(clean), margin(patched)), direct=effect(0.0, margin(direct_rows)), clean=clean,
+        patched=patched, groups=cols, grouped=groups is not None, n_boot=n_boot, seed=seed,
+        total_approx=None if approx_rows is None else effect(0.0, margin(approx_rows)),
     )

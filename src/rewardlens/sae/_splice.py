@@ -43,7 +43,8 @@ def check_single_read(model: RewardModel, what: str) -> None:
 
 def check_positions(positions: str) -> None:
     if positions not in POSITIONS:
-        raise DataError(f"positions must be 'read' (t* only) or 'all' (every real token), got {positions!r}")
+        raise DataError(f"positions must be 'read' (t* only) or 'all' (every real token), got {positions!r}",
+                        option="positions")
 
 
 def stacked(batch: Batch, copies: int) -> Batch:
