@@ -5,7 +5,7 @@ import numpy as np
 
 import rewardlens as rl
 from rewardlens.causal import faithfulness, patch
-from rewardlens.data import counting, tick
+from rewardlens.data.internal import counting, tick
 from rewardlens.zoo import DEMO_PAIRS
 
 

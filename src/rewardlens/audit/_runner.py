@@ -8,8 +8,7 @@ most the chunk in flight; run again with the same store (with the same pairs, or
 superset or a reordering of them) and it computes only the pairs that are missing, or damaged.
 Chunks are the unit of sharding too (chunk c goes to rank c mod world size), so a sharded run
 does the very same computations as a single process and its merged store is bit-for-bit the
-same. The `Audit` is then read back from the store, pair by pair in the order given: the report
-is a view over it.
+same. The `Audit` is then read back from the store, pair by pair in the order given: the report is a view.
 """
 
 from __future__ import annotations
@@ -24,7 +23,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 
 from ..causal import Circuit, Faithfulness, Patching, faithfulness, trace_pairs
-from ..data import Pair, UnitMeter, progress_bar, record_columns, record_fields, row_labels
+from ..data import Pair, record_columns, record_fields, row_labels
+from ..data.internal import UnitMeter, progress_bar
 from ..errors import HeadError, OutOfMemoryError, RewardLensWarning, StoreError
 from ..exact import STEP_FIELDS, Attribution, Lens, Steps
 from ..hacking import Concepts, Conflicts, Probes, cascade, distortion

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..data import part
+from ..data.internal import part
 from ..model import RewardModel, TraceKey
 from ..model.internal import (
     OOM_ERRORS,

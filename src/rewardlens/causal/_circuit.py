@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from ..data import Inputs, Pair, counting
+from ..data import Inputs, Pair
+from ..data.internal import counting
 from ..errors import ArchitectureError, CircuitError, UsageError
 from ..model import RewardModel
 from ..model.internal import collate, each_batch

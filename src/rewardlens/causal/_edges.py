@@ -25,7 +25,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..data import Inputs, Pair, counting, pair_ids
+from ..data import Inputs, Pair, pair_ids
+from ..data.internal import counting
 from ..errors import CircuitError, UsageError
 from ..model import RewardModel, TraceKey
 from ..model.internal import Tokenized, collate, each_batch, out_projection

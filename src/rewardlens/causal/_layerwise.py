@@ -23,7 +23,7 @@ from contextlib import AbstractContextManager
 import torch
 from torch import Tensor
 
-from ..data import part
+from ..data.internal import part
 from ..model import RewardModel, TraceKey
 from ..model.internal import Batch, Recording, eval_mode, get_module
 

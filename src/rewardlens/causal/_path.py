@@ -21,7 +21,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..data import Inputs, Pair, chosen, counting, pair_ids, rejected
+from ..data import Inputs, Pair, chosen, pair_ids, rejected
+from ..data.internal import counting
 from ..errors import CircuitError
 from ..model import RewardModel, SublayerKind, TraceKey
 from ..model.internal import (

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from ..data import part
+from ..data.internal import part
 from ..model import RewardModel, TraceKey
 from ..model.internal import Recording, Tokenized, collate, each_batch, stepped_readout, stepping_works, unambiguous
 from ._engine import Declined, Overwrite, Site, head_slice, patched, take_values

@@ -26,7 +26,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..data import Pair, margin, metering, progress_bar
+from ..data import Pair, margin
+from ..data.internal import metering, progress_bar
 from ..errors import DataError, UsageError
 from ..exact import attribute, lens
 from ..model import Part, RewardModel

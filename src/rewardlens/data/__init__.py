@@ -10,8 +10,10 @@ read token before the response's end); the model layer runs it on every encoding
 RewardBench 2 records (lists of responses) load as grouped pairs (`Pair.group`); `sample_path`
 gives the shipped RewardBench-schema sample files. A record's other fields ride along in `Pair.extra`;
 `record_fields` and `record_columns` name a pair in every per-pair result (id, subset, group, extra).
+The progress plumbing the instruments share (the one tqdm bar, the batch counter) is `rewardlens.data.internal`.
 """
 
+from .._deprecated import moved as _moved
 from ._checks import CHECK_KINDS as CHECK_KINDS
 from ._checks import TOKEN_CHECK_KINDS as TOKEN_CHECK_KINDS
 from ._checks import CheckKind as CheckKind
@@ -28,16 +30,8 @@ from ._pair import flatten_pairs as flatten_pairs
 from ._pair import pair_ids as pair_ids
 from ._pairs import SUPPORTED as SUPPORTED
 from ._pairs import load_pairs as load_pairs
+from ._pairs import pairs_from_records as pairs_from_records
 from ._pairs import save_pairs as save_pairs
-from ._progress import UnitMeter as UnitMeter
-from ._progress import batch_work as batch_work
-from ._progress import counting as counting
-from ._progress import metered as metered
-from ._progress import metering as metering
-from ._progress import part as part
-from ._progress import progress_bar as progress_bar
-from ._progress import stage as stage
-from ._progress import tick as tick
 from ._record import record_columns as record_columns
 from ._record import record_fields as record_fields
 from ._rows import SIDES as SIDES
@@ -53,6 +47,11 @@ from ._rows import row_labels as row_labels
 from ._rows import side as side
 from ._samples import SAMPLES as SAMPLES
 from ._samples import sample_path as sample_path
+
+# The progress plumbing moved to `rewardlens.data.internal` (0.2); the old names work for one release.
+__getattr__ = _moved(__name__, dict.fromkeys(
+    ("UnitMeter", "batch_work", "counting", "metered", "metering", "part", "progress_bar", "stage", "tick"),
+    "rewardlens.data.internal"))
 
 __all__ = [
     "Extra",
@@ -71,7 +70,6 @@ __all__ = [
     "Side",
     "TokenCheckKind",
     "TokenChecks",
-    "UnitMeter",
     "check_pairs",
     "check_tokens",
     "chosen",
@@ -79,16 +77,9 @@ __all__ = [
     "interleave",
     "is_chosen",
     "load_pairs",
+    "pairs_from_records",
     "margin",
     "pair_of",
-    "batch_work",
-    "counting",
-    "metered",
-    "metering",
-    "part",
-    "progress_bar",
-    "stage",
-    "tick",
     "record_columns",
     "record_fields",
     "rejected",

@@ -31,7 +31,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..data import Inputs, counting, pair_of, row_labels
+from ..data import Inputs, pair_of, row_labels
+from ..data.internal import counting
 from ..errors import ArchitectureError, UsageError
 from ..model import Part, RewardModel, Trace, TraceKey, trace, verify
 from ..model.internal import ROLES, Batch, flatten_inputs, out_projection, roles_of

@@ -23,7 +23,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..data import batch_work, metered, pair_of, part
+from ..data import pair_of
+from ..data.internal import batch_work, metered, part
 from ..errors import OutOfMemoryError, RewardLensWarning
 from ._hooks import Point, PointKey, capture, eval_mode
 from ._tokens import Batch, sequence_label

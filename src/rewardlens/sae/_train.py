@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..data import progress_bar
+from ..data.internal import progress_bar
 from ..errors import UsageError, warn
 from ._activations import Activations, shuffled
 from ._autoencoder import SAEConfig, TopKSAE
