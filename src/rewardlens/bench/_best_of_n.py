@@ -28,7 +28,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..data import Pair
+from ..data import Pair, side
 from ..errors import DataError, UsageError
 
 BEST_OF_N_TIES = ("shared", "argmax")
@@ -90,7 +90,7 @@ def credit(reward: np.ndarray, start: int, size: int, chosen: int, best_of_n_tie
     """One record's best-of-N score from the pairs' rewards [2n] (chosen, rejected alternating): its
     `size` pairs from `start`, `chosen` chosen responses (module docstring, by `best_of_n_ties`)."""
     rows = np.asarray(reward, dtype=np.float64)[2 * start:2 * (start + size)]
-    good, bad = rows[0::2], rows[1::2]
+    good, bad = side(rows, "chosen"), side(rows, "rejected")
     if best_of_n_ties == "argmax":
         return float(np.min(good - bad) >= 0)
     per = size // chosen

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..data import Pair
+from ..data import Pair, side
 from ..errors import DataError
 from ._best_of_n import credit as record_credit
 from ._best_of_n import n_chosen
@@ -147,7 +147,7 @@ def credit(found: Items, reward: np.ndarray, best_of_n_ties: str) -> np.ndarray:
     """Each item's score [m] in [0, 1] from the pairs' rewards [2n] (chosen, rejected alternating): a
     pair 1 when `chosen > rejected` else 0, a group its best-of-N score by `best_of_n_ties` (`_best_of_n`)."""
     r = np.asarray(reward, dtype=np.float64)
-    out = (r[0::2] > r[1::2]).astype(np.float64)[found.starts] if len(found.ids) else np.zeros(0)
+    out = (side(r, "chosen") > side(r, "rejected")).astype(np.float64)[found.starts] if len(found.ids) else np.zeros(0)
     for i in np.flatnonzero(found.grouped):
         out[i] = record_credit(r, int(found.starts[i]), int(found.size[i]), int(found.chosen[i]), best_of_n_ties)
     return out

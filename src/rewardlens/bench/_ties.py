@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..data import side
 from ..errors import DataError
 from ..stats import percentile_interval
 
@@ -108,7 +109,7 @@ def records(ids: Sequence[str], reward: np.ndarray, of_pair: np.ndarray, tie: np
     rewards [2n] (chosen, rejected alternating) and each pair's item `of_pair` [n]."""
     items = np.flatnonzero(tie)
     names = [ids[int(i)] for i in items]
-    chosen, rejected = reward[0::2].astype(np.float64), reward[1::2].astype(np.float64)
+    chosen, rejected = (side(reward, s).astype(np.float64) for s in ("chosen", "rejected"))
     low, high, wrong = (np.array([f(v[of_pair == i]) for i in items]) if len(items) else np.zeros(0)
                         for f, v in ((np.min, chosen), (np.max, chosen), (np.max, rejected)))
     parsed = [parse_id(i) for i in names]

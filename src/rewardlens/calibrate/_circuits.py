@@ -100,8 +100,13 @@ def _parts(model: RewardModel, below: int) -> list[str]:
     """Head-level part names of layers `< below`, the embeddings first: ['embed', 'attn_L0_H0', ..., 'mlp_L0', ...]."""
     names = ["embed"]
     for layer in range(below):
-        names += [f"attn_L{layer}_H{h}" for h in range(model.n_heads)] + [f"mlp_L{layer}"]
+        names += _heads_and_mlp(model, layer)
     return names
+
+
+def _heads_and_mlp(model: RewardModel, layer: int) -> list[str]:
+    """Layer `layer`'s head parts then its MLP part, by name (`Part` owns the labels)."""
+    return [Part.attn(layer, h).name for h in range(model.n_heads)] + [Part.mlp(layer).name]
 
 
 def _ablation(model: RewardModel, pairs: list[Pair], name: str, path: tuple[str, str]) -> list[Grade]:
@@ -123,7 +128,7 @@ def _planted_edge(model: RewardModel, pairs: list[Pair], name: str, path: tuple[
     the planted one has the largest mean effect, and that effect is ≥ 80 % of the mean margin."""
     layer = Part.parse(path[1]).layer
     senders = _parts(model, layer)
-    receivers = [f"attn_L{layer}_H{h}" for h in range(model.n_heads)] + [f"mlp_L{layer}", "reward"]
+    receivers = [*_heads_and_mlp(model, layer), "reward"]
     pp = path_patch(model, pairs, senders=senders, receivers=receivers, positions="all")
     mean = pp.effect.mean(0)  # [S, R]
     order = np.argsort(-mean, axis=None, kind="stable")

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..causal import attribution_patch, patch
-from ..data import Pair, margin
+from ..data import Pair, is_chosen, margin
 from ..exact import attribute, lens
 from ..model import Part, RewardModel
 from ..stats import auroc
@@ -144,7 +144,7 @@ def _detects_list(bench: OrganismBench, model: RewardModel, layer: int, sae: Top
     mixed_pairs = spec.pairs(n=100, seed=bench.seed + 3, strength=0.0)
     mixed = attribute_features(model, sae, mixed_pairs, layer=layer)
     has_list = np.array([spec.has_attribute(t) for p in mixed_pairs for t in (p.chosen, p.rejected)])
-    is_chosen = np.arange(len(has_list)) % 2 == 0
+    chosen_rows = is_chosen(len(has_list))
     rows = []
     for rank, feature in enumerate(top, 1):
         column = list(mixed.features).index(feature) if feature in mixed.features else None
@@ -152,5 +152,5 @@ def _detects_list(bench: OrganismBench, model: RewardModel, layer: int, sae: Top
         rows.append(Grade.of("sae", "list", f"AUROC of reward feature #{rank} for the planted attribute",
                              auroc(acts, has_list), 0.95))
         rows.append(Grade.of("sae", "list", f"|AUROC − 0.5| of reward feature #{rank} for the chosen side",
-                             abs(auroc(acts, is_chosen) - 0.5), 0.25, "<="))
+                             abs(auroc(acts, chosen_rows) - 0.5), 0.25, "<="))
     return rows

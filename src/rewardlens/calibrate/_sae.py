@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from ..data import margin
 from ..model import RewardModel, TraceKey
 from ..zoo.organisms import ORGANISMS
 from ._core import Grade, OrganismBench
@@ -130,7 +131,7 @@ def ground_truth(bench: OrganismBench, name: str, model: RewardModel, layer: int
     # One call: column 0 is feature #1 alone, column 1 (if any feature qualified) the planted group, jointly.
     ablated = feature_patch(model, sae, pairs, layer=layer, groups=[[feature], *([group] if group else [])],
                             mode="ablate", n_boot=1)
-    clean = ablated.clean[0::2] - ablated.clean[1::2]
+    clean = margin(ablated.clean)
     share = ablated.total.mean(0) / clean.mean()
     rho = {a: card.correlations[a] for a in AXES}
     order = sorted(AXES, key=lambda a: -rho[a] if np.isfinite(rho[a]) else np.inf)

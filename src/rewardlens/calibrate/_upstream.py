@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from ..data import margin
 from ..model import RewardModel, TraceKey, trace
 from ..zoo.organisms import ORGANISMS
 from ._core import Grade, OrganismBench
@@ -49,7 +50,7 @@ def plant(model: RewardModel, sae: TopKSAE, layer: int, seed: int, name: str) ->
         x[rows] = tr[TraceKey.resid(layer)].double().cpu().numpy()
     u, s, _ = np.linalg.svd(readout.T.astype(np.float64), full_matrices=False)
     span = u[:, s > READ_SPAN_TOL * s[0]]
-    d = (x[0::2] - x[1::2]).mean(0)
+    d = margin(x).mean(0)
     d -= span @ (span.T @ d)
     d /= np.linalg.norm(d)
     along = (x - sae.b_dec.detach().double().cpu().numpy()) @ d
@@ -69,7 +70,7 @@ def upstream(bench: OrganismBench, name: str) -> list[Grade]:
     att = attribute_features(model, sae, pairs, layer=layer, fit=None)
     totals = feature_totals(model, sae, pairs, layer=layer)
     ablated = feature_patch(model, sae, pairs, layer=layer, features=att.features.tolist(), approx=False, n_boot=1)
-    clean = float((ablated.clean[0::2] - ablated.clean[1::2]).mean())
+    clean = float(margin(ablated.clean).mean())
     effect = ablated.total.mean(0)
     best = int(att.features[int(np.argmax(np.abs(effect)))])
     by_total = [f for f, _ in totals.top(len(totals.features), by="margin")]
