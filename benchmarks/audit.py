@@ -39,7 +39,8 @@ import torch
 from decompose import cpu_memory_mode, peak_bytes, seconds
 
 import rewardlens as rl
-from rewardlens.audit import Plan, Store, collect, run_pairs
+from rewardlens.audit import Plan, Store
+from rewardlens.audit.internal import collect, run_pairs
 from rewardlens.zoo.realmodels import dpo_pairs, load_reward_model
 
 

@@ -27,7 +27,8 @@ import torch
 
 import rewardlens
 from rewardlens import Pair, RewardModel
-from rewardlens.audit import Plan, Store, run_pairs, run_whole
+from rewardlens.audit import Plan, Store
+from rewardlens.audit.internal import run_pairs, run_whole
 from rewardlens.zoo import AUDIT_PAIRS, demo_model_dir
 
 SUFFIXES = ("", " Please be brief.", " Explain your answer step by step.", " Answer as if to a beginner.")

@@ -36,7 +36,8 @@ from decompose import seconds, timed
 
 import rewardlens as rl
 from audit import plain_forward
-from rewardlens.audit import Decided, NaturalStates, Plan, Store, collect, plan_for_model, run_pairs, run_whole
+from rewardlens.audit import Decided, NaturalStates, Plan, Store
+from rewardlens.audit.internal import collect, plan_for_model, run_pairs, run_whole
 from rewardlens.audit.report import write_report
 from rewardlens.model.internal import proof_tol
 from rewardlens.zoo import DEMO_PAIRS, build_tokenizer

@@ -33,7 +33,8 @@ import numpy as np
 import torch
 
 from audit import plain_forward, rounds
-from rewardlens.audit import Plan, Store, collect, run_pairs, run_whole
+from rewardlens.audit import Plan, Store
+from rewardlens.audit.internal import collect, run_pairs, run_whole
 from rewardlens.model.internal import proof_tol
 from rewardlens.zoo.realmodels import dpo_pairs, load_reward_model
 

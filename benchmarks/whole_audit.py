@@ -31,7 +31,8 @@ from decompose import seconds
 
 import rewardlens as rl
 from audit import plain_forward
-from rewardlens.audit import NaturalStates, Plan, Store, run_pairs, run_whole
+from rewardlens.audit import NaturalStates, Plan, Store
+from rewardlens.audit.internal import run_pairs, run_whole
 from rewardlens.zoo import demo_model_dir
 from rewardlens.zoo.realmodels import NAMES, dpo_pairs, load_reward_model
 

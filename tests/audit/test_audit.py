@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 
 import rewardlens as rl
-from rewardlens.audit import Plan, Store, audit, collect, run_pairs
+from rewardlens.audit import Plan, Store, audit
 from rewardlens.audit._plan import chunks
+from rewardlens.audit.internal import collect, run_pairs
 from rewardlens.data import save_pairs
 from rewardlens.errors import StoreError
 from rewardlens.hacking import STAGES
@@ -110,7 +111,8 @@ CHILD = textwrap.dedent("""
     import sys, torch
     torch.set_num_threads(1)
     import rewardlens as rl
-    from rewardlens.audit import Plan, Store, run_pairs
+    from rewardlens.audit import Plan, Store
+    from rewardlens.audit.internal import run_pairs
     model = rl.load(sys.argv[1])
     run_pairs(model, rl.load_pairs(sys.argv[2]), Store(sys.argv[3]), Plan(chunk_size=1, probes=False, concepts=False))
 """)

@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 import rewardlens as rl
-from rewardlens.audit import Plan, Store, audit, collect
+from rewardlens.audit import Plan, Store, audit
 from rewardlens.audit._whole import CIRCUIT, CIRCUIT_TOP, whole_key
+from rewardlens.audit.internal import collect
 from rewardlens.audit.report import summary, write_report
 from rewardlens.cli import main
 from rewardlens.data import save_pairs

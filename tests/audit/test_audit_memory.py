@@ -8,7 +8,8 @@ import numpy as np
 import torch
 
 import rewardlens as rl
-from rewardlens.audit import Plan, Store, audit, content_key
+from rewardlens.audit import Plan, Store, audit
+from rewardlens.audit.internal import content_key
 from rewardlens.audit.report import summary
 from rewardlens.model.internal import hidden_arg
 from rewardlens.zoo import DEMO_PAIRS

@@ -10,9 +10,10 @@ import pandas as pd
 import pytest
 
 import rewardlens as rl
-from rewardlens.audit import Plan, Store, audit, collect, run_pairs
+from rewardlens.audit import Plan, Store, audit
 from rewardlens.audit._keys import checksum, content_key
 from rewardlens.audit._whole import PARITY_PAIRS, _Parity, stored_parity
+from rewardlens.audit.internal import collect, run_pairs
 from rewardlens.audit.report import summary, tables
 from rewardlens.data import load_pairs
 from rewardlens.model import parity

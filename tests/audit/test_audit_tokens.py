@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 import rewardlens as rl
-from rewardlens.audit import TOKEN_PAIRS, Plan, audit
+from rewardlens.audit import Plan, audit
+from rewardlens.audit.internal import TOKEN_PAIRS
 from rewardlens.data import margin
 from rewardlens.zoo import DEMO_PAIRS
 

@@ -13,8 +13,9 @@ import time
 import numpy as np
 import pytest
 
-from rewardlens.audit import Plan, RunKey, Store, audit, run_lock
+from rewardlens.audit import Plan, Store, audit
 from rewardlens.audit._lock import LOCK_NAME
+from rewardlens.audit.internal import RunKey, run_lock
 from rewardlens.errors import RunLockedError, StoreError, StoreLockedError
 from tests.helpers.locks import held_by_another_process
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 import rewardlens as rl
-from rewardlens.audit import Plan, Store, run_whole
+from rewardlens.audit import Plan, Store
+from rewardlens.audit.internal import run_whole
 
 
 @pytest.mark.filterwarnings("ignore:left truncation")

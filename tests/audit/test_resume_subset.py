@@ -7,7 +7,8 @@ import dataclasses
 import numpy as np
 
 import rewardlens as rl
-from rewardlens.audit import Decided, Plan, ResumeStatus, Store, audit, checksum, collect, resume_status, run_pairs
+from rewardlens.audit import Decided, Plan, ResumeStatus, Store, audit, resume_status
+from rewardlens.audit.internal import checksum, collect, run_pairs
 from tests.audit.test_audit import _many
 
 PLAN = Plan(chunk_size=4, probes=False, concepts=False, divergence=False, tokens=False)

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 import rewardlens as rl
-from rewardlens.audit import RunKey, Store, checksum, fingerprint
+from rewardlens.audit import Store
+from rewardlens.audit.internal import RunKey, checksum, fingerprint
 from rewardlens.errors import StoreError
 
 KEY = RunKey("model-a", "data-1", "lens", "1")
@@ -195,8 +196,8 @@ def test_schema_version_follows_the_stored_fields():
     schema version, so a store written before the change is computed again, never read as the new one."""
     import dataclasses
 
-    from rewardlens.audit import STORED_RESULTS, VERSION, schema_version
     from rewardlens.audit._plan import REVISION
+    from rewardlens.audit.internal import STORED_RESULTS, VERSION, schema_version
     from rewardlens.exact import STEP_FIELDS, Lens
     from rewardlens.types import Stored
 
@@ -215,7 +216,7 @@ def test_schema_version_follows_the_stored_fields():
 def test_every_declared_stored_field_is_a_field_of_its_result():
     import dataclasses
 
-    from rewardlens.audit import STORED_RESULTS
+    from rewardlens.audit.internal import STORED_RESULTS
 
     declared = [c for c in STORED_RESULTS if hasattr(c, "STORED")]
     assert {c.__name__ for c in declared} == {"Lens", "Attribution", "Faithfulness"}

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 import rewardlens as rl
-from rewardlens.audit import Plan, RunKey, Store, audit
+from rewardlens.audit import Plan, Store, audit
+from rewardlens.audit.internal import RunKey
 from rewardlens.cli import main
 from rewardlens.data import save_pairs
 from rewardlens.errors import RewardLensWarning, StoreError

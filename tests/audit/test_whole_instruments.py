@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 import rewardlens as rl
-from rewardlens.audit import NaturalStates, Plan, Store, audit, collect, run_pairs, run_whole
+from rewardlens.audit import NaturalStates, Plan, Store, audit
+from rewardlens.audit.internal import collect, run_pairs, run_whole
 from rewardlens.audit.report import write_report
 from tests.helpers import tiny
 
@@ -108,7 +109,7 @@ def test_concepts_are_stored_under_their_item_set_and_never_read_back_for_anothe
     items when none are stored: concepts computed before the probes ran are not reused once they have, and
     the audit reads back the set that matches its probes. (The interim rule decides every axis at the first
     look here: where the probes stop, not the demo's effects, is the point.)"""
-    from rewardlens.audit import collect, run_pairs, run_whole
+    from rewardlens.audit.internal import collect, run_pairs, run_whole
     from rewardlens.hacking import concepts, spread_items
     from rewardlens.zoo import AUDIT_PAIRS, demo_model_dir
 
@@ -136,7 +137,7 @@ def test_the_probes_scale_comes_from_the_stored_margins_without_scoring_the_pair
     """The probes' alternative scale is the pairs' mean |margin| (the floor's is the items' reward sd): the
     audit takes the margins its per-pair part stored, so the pairs are not scored a second time; the scale
     equals the one from scoring them, and so do the flags and the fragile marks."""
-    from rewardlens.audit import collect, run_pairs, run_whole
+    from rewardlens.audit.internal import collect, run_pairs, run_whole
     from rewardlens.hacking import probe, spread_items
     from rewardlens.zoo import AUDIT_PAIRS, demo_model_dir
 

@@ -167,7 +167,8 @@ def test_the_audit_gives_the_concepts_the_items_of_the_probes_stage(organisms, m
     decides every axis at the first look here (the organism's effects are not the point: where the probes
     stop is), so the stage is the first one's 18 items."""
     monkeypatch.setattr(probes_module, "decide", lambda mean, *_: ("negligible",) * len(mean))
-    from rewardlens.audit import Store, run_whole
+    from rewardlens.audit import Store
+    from rewardlens.audit.internal import run_whole
     from rewardlens.hacking import concepts
     from rewardlens.zoo import AUDIT_PAIRS
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 HOLDER = """
 import sys, time
-from rewardlens.audit import run_lock
+from rewardlens.audit.internal import run_lock
 with run_lock(sys.argv[1]) as lock:
     print(lock.holder.started, flush=True)
     time.sleep(600)

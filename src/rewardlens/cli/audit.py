@@ -74,7 +74,12 @@ DEMO_DATA = ("the built-in audit pairs (rewardlens.zoo.AUDIT_PAIRS: each user st
 def _rank() -> tuple[int, int, int]:
     """(rank, world size, local rank) from torchrun's environment; (0, 1, 0) outside it."""
     env = os.environ
-    return int(env.get("RANK", 0)), int(env.get("WORLD_SIZE", 1)), int(env.get("LOCAL_RANK", 0))
+    try:
+        return int(env.get("RANK", 0)), int(env.get("WORLD_SIZE", 1)), int(env.get("LOCAL_RANK", 0))
+    except ValueError:  # set by hand, not by torchrun: bad input, not a bug
+        shown = {k: env.get(k) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+        raise ArgumentError(f"torchrun's environment must hold integers, got {shown}; unset them outside "
+                            "torchrun") from None
 
 
 def _distributed(args: argparse.Namespace) -> tuple[int, int]:
@@ -140,7 +145,8 @@ def _kept(args: argparse.Namespace, state: dict[str, Any]) -> str:
     """What the store keeps of this run after an interrupt (`resume_status`), and the command that resumes it."""
     if "model" not in state:
         return f"rewardlens: interrupted before this run stored anything; start it again with: {args.command_line}"
-    from ..audit import resume_status, shard_path
+    from ..audit import resume_status
+    from ..audit.internal import shard_path
 
     path = state["store"] if state["world"] == 1 else shard_path(state["store"], state["rank"])
     return resume_status(path, state["model"], state["pairs"], state["plan"], state["decided"]).message(
