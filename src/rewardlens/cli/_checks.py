@@ -13,11 +13,12 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from ..errors import RewardLensError
+from ..errors import UsageError
 
 
-class ArgumentError(RewardLensError):
-    """A path or option the command cannot use; found before anything heavy is imported."""
+class ArgumentError(UsageError):
+    """A path or option the command cannot use; found before anything heavy is imported (the message names
+    the flag itself)."""
 
 
 # ---- path checks: standard library only ----------------------------------------------------------

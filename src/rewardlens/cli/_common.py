@@ -228,26 +228,10 @@ FLAGS = {
     "sae_layer": "--sae-layer", "layer": "--layer", "positions": "--positions", "estimand": "--estimand",
     "fraction": "--fraction", "n_boot": "--n-boot", "seed": "--seed", "k": "--k", "expansion_factor":
     "--expansion-factor", "num_latents": "--latents", "min_effect": "--min-effect", "mode": "--mode",
-    "ablation": "--ablation", "divergence": "--divergence",
+    "ablation": "--ablation", "divergence": "--divergence", "level": "--level", "neurons": "--neurons",
 }
-"""The Python keyword a rewardlens error message names as the fix → the flag a command-line user passes."""
-_KEYWORD = re.compile(r"\b(?<![-.])(" + "|".join(FLAGS) + r")=('[^']*'|\"[^\"]*\"|<[^>]*>|True\b|[^\s,;)]+)?")
-_LIBRARY_CALL = re.compile(r" to (?:rewardlens\.load|load)\b(?:\(\))?")
-
-
-def as_flags(message: str) -> str:
-    """A library error message in the command line's spelling: `max_length=` → `--max-length`,
-    `truncation='left'` → `--truncation left`, `strict=True` → `--strict`, `readout=<index>` →
-    `--readout <index>`; "to rewardlens.load" is dropped (the flags are the load)."""
-
-    def flag(m: re.Match[str]) -> str:
-        value = m.group(2) or ""
-        if value == "True" or not value:
-            return FLAGS[m.group(1)]
-        return f"{FLAGS[m.group(1)]} {value.strip(chr(39) + chr(34))}"
-
-    text = _LIBRARY_CALL.sub("", _KEYWORD.sub(flag, message))
-    return re.sub(r"(--[a-z-]+) or \1(?![\w-])", r"\1", text)  # "(layer= or --layer)" → "(--layer)"
+"""The one table from the option a rewardlens error carries (`RewardLensError.option`, a Python keyword) to the
+flag a command-line user passes: `cli.failed` names the flag from it, so no message is parsed."""
 
 
 def command_line(argv: Sequence[str] | None) -> str:
@@ -271,7 +255,19 @@ def quiet_hub() -> None:
 
 
 def load_model(args: argparse.Namespace) -> RewardModel:
-    """`rewardlens.load` with the options of `add_model_options`."""
+    """`rewardlens.load` with the options of `add_model_options`. transformers says that a folder or hub id
+    cannot be loaded (not found, no network, no config) with a bare `OSError`: bad input, one line, exit 2."""
+    from ..errors import ModelLoadError
+
+    try:
+        return _load_model(args)
+    except OSError as e:
+        if e.errno is not None or e.filename is not None:
+            raise  # a file's own error (missing, unreadable): its message names the file
+        raise ModelLoadError(f"{args.model}: {' '.join(str(e).split())}") from e
+
+
+def _load_model(args: argparse.Namespace) -> RewardModel:
     quiet_hub()
     check_device_parses(getattr(args, "device", None))  # torch is imported now: it parses its own names
     from ..model import load, load_dpo, load_judge, load_prm

@@ -40,13 +40,17 @@ def read_texts(path: str) -> list[Text]:
     file = Path(path).expanduser()
     if not file.is_file():
         raise DataError(f"concept file {str(file)!r} does not exist")
+    try:
+        text = file.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise DataError(f"concept file {str(file)!r} is not UTF-8 text ({e.reason} at byte {e.start})") from None
     if file.suffix == ".txt":
-        return [line for line in file.read_text(encoding="utf-8").splitlines() if line.strip()]
+        return [line for line in text.splitlines() if line.strip()]
     if file.suffix == ".jsonl":
-        lines = file.read_text(encoding="utf-8").splitlines()
-        raw = [(f"line {i + 1}", json.loads(line)) for i, line in enumerate(lines) if line.strip()]
+        raw = [(f"line {i + 1}", _json(line, f"{file}, line {i + 1}")) for i, line in enumerate(text.splitlines())
+               if line.strip()]
     elif file.suffix == ".json":
-        data = json.loads(file.read_text(encoding="utf-8"))
+        data = _json(text, str(file))
         if not isinstance(data, list):
             raise DataError(f"{file}: a .json concept file holds a list of texts or conversations, "
                             f"got a {type(data).__name__}")
@@ -54,6 +58,14 @@ def read_texts(path: str) -> list[Text]:
     else:
         raise DataError(f"concept file {str(file)!r}: expected .txt, .jsonl or .json, got {file.suffix!r}")
     return [_item(value, f"{file}, {loc}") for loc, value in raw]
+
+
+def _json(text: str, loc: str) -> Any:
+    """`text` parsed as JSON; a malformed concept file is bad input (`DataError`), not a bug."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise DataError(f"{loc}: not valid JSON ({e.msg} at column {e.colno})") from None
 
 
 def _item(value: object, loc: str) -> Text:
