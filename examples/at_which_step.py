@@ -31,7 +31,7 @@ if args.model is None:
 else:
     if not args.pairs:
         parser.error("a model needs --pairs FILE")
-    model = rl.load_prm(args.model, separator=args.separator.replace("\\n", "\n"))
+    model = rl.model.load_prm(args.model, separator=args.separator.replace("\\n", "\n"))
     pairs = rl.load_pairs(args.pairs)[: args.limit]
 
 att = rl.attribute(model, pairs, level="head")

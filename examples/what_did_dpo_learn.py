@@ -27,7 +27,7 @@ if args.policy is None:
 else:
     if not (args.reference and args.pairs):
         parser.error("a policy needs its reference and --pairs FILE")
-    model = rl.load_dpo(args.policy, args.reference, beta=args.beta)
+    model = rl.model.load_dpo(args.policy, args.reference, beta=args.beta)
     pairs = rl.load_pairs(args.pairs)[: args.limit]
 
 att = rl.attribute(model, pairs, level="head")

@@ -27,7 +27,7 @@ from rewardlens.hacking import contrast_sets
 
 with_lists, without_lists = contrast_sets("formatting")      # bullet lists vs the same points as prose
 multi_objective_model = rl.load(two_objective, readout=0)    # two objectives: formatting, confidence
-model_a, model_b = demo, list_organism                        # folders, as rl.compare accepts them
+model_a, model_b = demo, list_organism                        # folders, as compare accepts them
 hf_model = AutoModelForSequenceClassification.from_pretrained(demo).eval()
 tokenizer = AutoTokenizer.from_pretrained(demo)
 """
@@ -135,7 +135,7 @@ def test_hacking_lines_return_their_results(readme):
     frame = value_of(values, "pr.to_frame()")
     assert len(frame) > 0
     assert ns["cv"].names == ("lists",)
-    conflict = value_of(values, "rl.conflict(")
+    conflict = value_of(values, "rl.hacking.conflict(")
     assert conflict.names == ["formatting", "confidence"] and conflict.n_pairs == len(ns["pairs"])
     edited = value_of(values, "rl.edit(")
     assert edited.path is not None and Path(edited.path) == tmp / "edited"
@@ -148,7 +148,7 @@ def test_audit_compare_and_monitor(readme):
     result, pairs = ns["result"], ns["pairs"]
     np.testing.assert_allclose(result.sublayers.reward, value_of(values, "model.score(pairs)"), atol=1e-5)
     assert len(result.pair_ids) == len(pairs)
-    comparison = value_of(values, "rl.compare(")
+    comparison = value_of(values, "compare(")
     assert comparison.pair_ids == result.pair_ids
     # the comment's call: the monitor measures a Hugging Face model at a step that is a multiple of `every`
     mon = ns["mon"]

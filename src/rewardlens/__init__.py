@@ -83,7 +83,14 @@ _MOVED: dict[str, str] = {
 }
 
 
+# Subpackages a user reaches as `rl.model.load_prm`, `rl.hacking.cascade`: imported on first use. (`audit`,
+# `bench`, `calibrate` and `compare` name functions here; reach those subpackages with `import rewardlens.audit`.)
+_SUBPACKAGES = frozenset(("causal", "data", "exact", "hacking", "loop", "model", "monitor", "plotting", "sae", "zoo"))
+
+
 def __getattr__(name: str) -> _Any:
+    if name in _SUBPACKAGES:
+        return _importlib.import_module(f".{name}", __name__)
     face = _FACE.get(name)
     if face is None:
         if name in _MOVED:  # not cached in globals(): every use of an old name warns

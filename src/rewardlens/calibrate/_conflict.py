@@ -1,4 +1,4 @@
-"""Grader of reward-term conflict analysis (`rewardlens.conflict`) on the two-objective organism.
+"""Grader of reward-term conflict analysis (`rewardlens.hacking.conflict`) on the two-objective organism.
 
 The organism's head has two outputs trained on planted rules ('formatting' prefers bullet lists,
 'confidence' prefers confident wording) and its pairs put the two rules in opposition on a known

@@ -2,9 +2,9 @@
 
 Each axis (`rewardlens.hacking.AXES`) turns every base item into a matched pair that differs in one
 attribute only; the per-item effect is `reward(with) − reward(without)`. Every axis runs on the
-same base items, so per-item effects compare across axes (`rewardlens.cascade`), and the same run
+same base items, so per-item effects compare across axes (`rewardlens.hacking.cascade`), and the same run
 scores quality degradations of those items (a wrong fact, an evasive answer, an off-topic answer),
-the yardstick of the distortion index (`rewardlens.distortion`).
+the yardstick of the distortion index (`rewardlens.hacking.distortion`).
 
 Statistics (docs/design.md §4): n counts unique base items; each axis reports its mean effect with a
 percentile bootstrap CI over items, a Wilcoxon signed-rank p-value, Benjamini–Hochberg q across
@@ -28,6 +28,7 @@ from ..data.internal import progress_bar
 from ..errors import UsageError
 from ..model import ReadCache, RewardModel
 from ..model.internal import one_read_only
+from ..plotting import HtmlView
 from ..stats import benjamini_hochberg, bootstrap_ci, paired_test, standardized
 from ..types import Conversation
 from ._axes import AXES
@@ -47,13 +48,15 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class Probes:
+class Probes(HtmlView):
     """Per-axis probe effects on one set of base items, in reward units (with − without).
 
     Arrays over axes are [n_axes]; `delta` and `tokens_added` are [n_items, n_axes] (NaN where
     the axis does not apply); `quality_delta` is [n_items, n_quality]: reward(original) −
     reward(degraded), positive when the model rewards that quality.
     """
+
+    _html_rank = "mean"
 
     axes: tuple[str, ...]
     item_ids: tuple[str, ...]

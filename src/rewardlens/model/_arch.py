@@ -287,7 +287,7 @@ def discover(model: nn.Module) -> ArchitectureMap:
         raise ArchitectureError(
             f"unknown architecture {type(model).__name__} (model_type={getattr(config, 'model_type', None)!r}): "
             f"found no ModuleList of num_hidden_layers={n_layers} layers (hidden_size={width}); "
-            "register a map with rewardlens.register_architecture (docs/architectures.md)"
+            "register a map with rewardlens.model.register_architecture (docs/architectures.md)"
         )
     found["layers"] = layers_path
     layer = get_module(model, f"{layers_path}.0")
@@ -329,7 +329,7 @@ def discover(model: nn.Module) -> ArchitectureMap:
         raise ArchitectureError(
             f"unknown architecture {type(model).__name__}: could not find {missing} by structure "
             f"(found {found}; layer-0 projections to width {width}: {projections}); "
-            "register a map with rewardlens.register_architecture (docs/architectures.md)"
+            "register a map with rewardlens.model.register_architecture (docs/architectures.md)"
         )
     if len(norm_children) > 2:
         raise ArchitectureError(

@@ -157,7 +157,7 @@ class RewardModel:
 
     @property
     def reference(self) -> RewardModel | None:
-        """A DPO reward's reference, read the same way (`rewardlens.load_dpo`), else None."""
+        """A DPO reward's reference, read the same way (`rewardlens.model.load_dpo`), else None."""
         return self._kind.reference
 
     # ---- structure ----------------------------------------------------------------------------

@@ -37,9 +37,9 @@ Offsets = Callable[[list["Tokenized"]], list[tuple[float, ...]]]
 READ_AT_OF: dict[KindName, ReadAt] = {"classifier": "last", "prm": "separator", "judge": "last", "dpo": "response"}
 """Where each kind reads its reward (`Reads.at`)."""
 _READ_THERE: dict[ReadAt, str] = {
-    "last": "one token is a classifier (rl.wrap) or a judge (rl.wrap_judge)",
-    "separator": "every step separator is a PRM (RewardKind('prm'), rl.wrap_prm)",
-    "response": "every response token is a DPO reward (RewardKind('dpo', beta=...), rl.wrap_dpo)",
+    "last": "one token is a classifier (rl.wrap) or a judge (rl.model.wrap_judge)",
+    "separator": "every step separator is a PRM (RewardKind('prm'), rl.model.wrap_prm)",
+    "response": "every response token is a DPO reward (RewardKind('dpo', beta=...), rl.model.wrap_dpo)",
 }
 
 
@@ -71,7 +71,7 @@ class RewardKind(Generic[Reference]):
             raise UsageError(f"RewardKind.name must be one of {KIND_NAMES}, got {self.name!r}")
         if (self.name == "judge") != (self.question is not None):
             raise UsageError(f"RewardKind({self.name!r}, question={self.question!r}): a question is given exactly "
-                             "for a judge; pass question= with name='judge' (rl.wrap_judge), and only there")
+                             "for a judge; pass question= with name='judge' (rl.model.wrap_judge), and only there")
         if self.question is not None and "{response}" not in self.question:
             raise UsageError(f"the judge's question must contain {{response}} (and may contain {{prompt}}), got "
                              f"{self.question!r}")
@@ -79,7 +79,7 @@ class RewardKind(Generic[Reference]):
             given = [f for f in ("beta", "reference", "reference_term", "offsets") if getattr(self, f) is not None]
             if given:
                 raise UsageError(f"RewardKind({self.name!r}) was given {given[0]}=, which only a DPO reward has; "
-                                 "drop it, or pass name='dpo' (rl.wrap_dpo)")
+                                 "drop it, or pass name='dpo' (rl.model.wrap_dpo)")
             return
         self._check_dpo()
 
@@ -104,19 +104,19 @@ class RewardKind(Generic[Reference]):
                             f"at {_READ_THERE[reads.at]}; pass that kind, or Reads(at={at!r})")
         if self.name == "dpo" and not head.log_prob:
             raise HeadError("a DPO reward reads a log-probability head (Head.from_lm_head(scale=β)); build it with "
-                            "rl.wrap_dpo")
+                            "rl.model.wrap_dpo")
         if self.name != "dpo" and head.log_prob:
             raise HeadError(f"a {self.name} reward does not read a log-probability head; that is a DPO reward "
-                            "(RewardKind('dpo', beta=...), rl.wrap_dpo)")
+                            "(RewardKind('dpo', beta=...), rl.model.wrap_dpo)")
         if self.name == "dpo" and head.scale != self.beta:
             raise HeadError(f"the DPO kind's beta={self.beta} is not its head's scale {head.scale}; build both "
-                            "from one β (rl.wrap_dpo)")
+                            "from one β (rl.model.wrap_dpo)")
         if self.name == "judge" and head.tokens is None:
             raise HeadError("a judge reads two rows of its LM head (Head.from_lm_head(tokens=...)); build it with "
-                            "rl.wrap_judge")
+                            "rl.model.wrap_judge")
         if self.name == "classifier" and head.tokens is not None:
             raise HeadError(f"a classifier reads its own head, not LM rows {head.tokens}; an LM read as two tokens "
-                            "is a judge (rl.wrap_judge) or a PRM (rl.wrap_prm(tokens=...))")
+                            "is a judge (rl.model.wrap_judge) or a PRM (rl.model.wrap_prm(tokens=...))")
 
 
 CLASSIFIER: RewardKind[Any] = RewardKind()

@@ -160,7 +160,8 @@ def wrap_prm(
     if type(model).__name__.endswith("ForSequenceClassification"):
         raise HeadError(f"{type(model).__name__} is a sequence classifier: its output is one score per sequence, "
                         "so no step's own score can be checked against it. A PRM is a token classifier (load it "
-                        "with AutoModelForTokenClassification, or rl.load_prm) or an LM read with tokens=('+', '-')")
+                        "with AutoModelForTokenClassification, or rl.model.load_prm) or an LM read with "
+                        "tokens=('+', '-')")
     found = _classifier_path(model)
     if found is None:
         raise HeadError(f"{type(model).__name__} has no `score` or `classifier` linear head; pass tokens=('+', '-') "

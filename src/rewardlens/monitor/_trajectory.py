@@ -14,6 +14,7 @@ import numpy as np
 from ..data import margin
 from ..errors import DataError
 from ..model import KINDS
+from ..plotting import HtmlView
 from ..stats import ranked
 
 if TYPE_CHECKING:
@@ -61,7 +62,7 @@ class Snapshot:
 
 
 @dataclass(frozen=True)
-class Trajectory:
+class Trajectory(HtmlView):
     """Snapshots over training: `steps` [T]; `values` [T, M] the scalars named by `metrics`;
     `rewards` [T, 2n] per-sequence rewards; `part_margin` [T, P] per-part mean margin contribution
     (parts named by `parts`); `probe_effect` [T, A] per-axis mean probe effect (axes named by `axes`).
@@ -104,7 +105,7 @@ class Trajectory:
             except (json.JSONDecodeError, KeyError) as exc:
                 if i < len(lines) - 1:
                     raise DataError(f"{path}: line {i + 1} is not a monitor snapshot ({exc}); only the last line "
-                                    "may be cut short by a crash — was the file written by rewardlens.Monitor?"
+                                    "may be cut short by a crash — was the file written by rewardlens.monitor.Monitor?"
                                     ) from None
         return cls.from_snapshots(snaps)
 

@@ -91,7 +91,7 @@ def fig_estimands(audit: Audit) -> Figure:
 def fig_cascades(audit: Audit) -> Figure:
     """Spearman ρ between probe axes' per-item effects (each oriented by its mean's sign); grey: too few
     shared items for a correlation (`Cascades.plot`)."""
-    c = need(audit.cascades, "cascades", "run the audit with probes (rewardlens.cascade(probes) alone)")
+    c = need(audit.cascades, "cascades", "run the audit with probes (rewardlens.hacking.cascade(probes) alone)")
     k = len(c.axes)
     fig = new_figure(2.2 + 0.42 * k, 1.6 + 0.38 * k)
     c.plot(ax=fig.subplots())
@@ -101,7 +101,8 @@ def fig_cascades(audit: Audit) -> Figure:
 def fig_conflicts(audit: Audit) -> Figure:
     """A multi-objective head's terms: cosine of their directions (left) and the share of pairs on which
     two terms are both decisive and point opposite ways, with each pair's relation (right): `Conflicts.plot`."""
-    c = need(audit.conflicts, "conflicts", "it needs a head with several outputs (rewardlens.conflict(model, pairs))")
+    c = need(audit.conflicts, "conflicts",
+             "it needs a head with several outputs (rewardlens.hacking.conflict(model, pairs))")
     k = len(c.names)
     fig = new_figure(4.5 + 1.1 * k, 2.0 + 0.45 * k)
     c.plot(ax=fig.subplots(1, 2))

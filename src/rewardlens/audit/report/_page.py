@@ -41,8 +41,9 @@ TITLES = {"findings": "Findings", "summary": "Summary", "scores": "Scores", "sub
           "conflicts": "Conflicts between terms", "features": "SAE features"}
 NOT_RUN = {
     "steps": "This model reads its reward at one token per sequence, so there are no steps. A process reward "
-             "model (<code>rewardlens.load_prm</code>) or a DPO reward (<code>rewardlens.load_dpo</code>) reads "
-             "it at a set of positions; this section then says where each pair's preference forms.",
+             "model (<code>rewardlens.model.load_prm</code>) or a DPO reward "
+             "(<code>rewardlens.model.load_dpo</code>) reads it at a set of positions; this section then says "
+             "where each pair's preference forms.",
     "probes": "Probes were not run. <code>rewardlens audit</code> runs them unless given <code>--no-probes</code>; "
               "alone: <code>rewardlens probe MODEL</code> or <code>rewardlens.probe(model)</code>.",
     "concepts": "Concepts were not run. <code>rewardlens audit</code> runs them unless given "
@@ -64,9 +65,9 @@ NOT_RUN = {
                "edge circuit. Alone: <code>rewardlens circuit MODEL --pairs FILE</code> or "
                "<code>rewardlens.circuit(model, pairs, top=10)</code>.",
     "distortion": "The distortion index is derived from the probes' quality degradations, and the probes were not "
-                  "run (or scored none); alone: <code>rewardlens.distortion(rewardlens.probe(model))</code>.",
+                  "run (or scored none); alone: <code>rewardlens.hacking.distortion(rewardlens.probe(model))</code>.",
     "cascades": "Cascades are derived from the probes' per-item effects, and the probes were not run; alone: "
-                "<code>rewardlens.cascade(rewardlens.probe(model))</code>.",
+                "<code>rewardlens.hacking.cascade(rewardlens.probe(model))</code>.",
     "conflicts": "Conflicts between terms are measured for heads with several outputs (ArmoRM-like); this model's "
                  "head has one output, or the audit has fewer than 3 pairs. Terms of your own (pair sets): "
                  "<code>rewardlens conflict MODEL --pairs FILE --term NAME=FILE --term NAME=FILE</code>.",

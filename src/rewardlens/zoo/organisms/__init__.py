@@ -10,8 +10,8 @@ spec.planted_part                                 # "attn_L1_H2" for "circuit", 
 ORGANISMS["two_step"].planted_path                # ("attn_L0_H1", "attn_L1_H2"): a rule needing both, in series
 ```
 `KINDS` holds organisms of other reward-model kinds, built and cached the same way: "prm_steps" (a
-process reward model, `open_kind(build("prm_steps"))` or `rewardlens.load_prm(path, separator="\n")`)
-and "dpo_keyword" (a DPO policy and its reference, `rewardlens.load_dpo(*dpo_paths(path))`).
+process reward model, `open_kind(build("prm_steps"))` or `rewardlens.model.load_prm(path, separator="\n")`)
+and "dpo_keyword" (a DPO policy and its reference, `rewardlens.model.load_dpo(*dpo_paths(path))`).
 See docs/organisms.md for each rule, the strength dial and the measured accuracy.
 """
 

@@ -3,9 +3,9 @@
 They live beside `ORGANISMS` (sequence classifiers, opened with `rewardlens.load`), in `KINDS`,
 and are built and cached by the same `build` (once per machine, under a lock). A built folder:
 
-- `prm_steps`: a `LlamaForTokenClassification` folder, `rewardlens.load_prm(path, separator="\\n")`;
+- `prm_steps`: a `LlamaForTokenClassification` folder, `rewardlens.model.load_prm(path, separator="\\n")`;
 - `dpo_keyword`: `policy/` and `reference/` causal-LM folders,
-  `rewardlens.load_dpo(path / "policy", path / "reference", beta=0.1)`;
+  `rewardlens.model.load_dpo(path / "policy", path / "reference", beta=0.1)`;
 
 each with `organism.json` (the planted truth and the held-out accuracy) and `READY`. `open_kind`
 opens either as the `RewardModel` its record describes.
