@@ -47,7 +47,13 @@ from ._transcoder import TranscoderConfig as TranscoderConfig
 from ._transcoder import TranscoderProvenance as TranscoderProvenance
 from ._transcoder import Transcoders as Transcoders
 from ._transcoder import load_transcoders as load_transcoders
+from ._transcoder_fit import TranscoderFidelity as TranscoderFidelity
+from ._transcoder_fit import transcoder_fidelity as transcoder_fidelity
 from ._transcoder_load import check_transcoders as check_transcoders
+from ._transcoder_train import TranscoderTrainConfig as TranscoderTrainConfig
+from ._transcoder_train import TranscoderTraining as TranscoderTraining
+from ._transcoder_train import mlp_module as mlp_module
+from ._transcoder_train import train_transcoders as train_transcoders
 
 __all__ = [
     "ActivationSource",
@@ -72,7 +78,10 @@ __all__ = [
     "TopKSAE",
     "Transcoder",
     "TranscoderConfig",
+    "TranscoderFidelity",
     "TranscoderProvenance",
+    "TranscoderTrainConfig",
+    "TranscoderTraining",
     "Transcoders",
     "TrainConfig",
     "TrainResult",
@@ -93,7 +102,10 @@ __all__ = [
     "load_sae",
     "load_sae_for",
     "load_transcoders",
+    "mlp_module",
     "text_axes",
     "train_sae",
+    "train_transcoders",
+    "transcoder_fidelity",
     "write_feature_page",
 ]
