@@ -9,6 +9,7 @@ parity certificate (`parity`). The plumbing the instruments build on (batches, h
 the expert split) is the sibling face `rewardlens.model.internal`. See docs/design.md §1–§3.
 """
 
+from .._deprecated import moved as _moved
 from ._arch import HEAD_KINDS as HEAD_KINDS
 from ._arch import LAYOUTS as LAYOUTS
 from ._arch import ArchitectureMap as ArchitectureMap
@@ -44,7 +45,7 @@ from ._parity import TOLERANCE as PARITY_TOLERANCE
 from ._parity import Parity as Parity
 from ._parity import ParityCheck as ParityCheck
 from ._parity import parity as parity
-from ._parts import KINDS as KINDS
+from ._parts import KINDS as PART_KINDS
 from ._parts import Part as Part
 from ._parts import PartKind as PartKind
 from ._parts import SublayerKind as SublayerKind
@@ -58,13 +59,16 @@ from ._trace import Trace as Trace
 from ._trace import trace as trace
 from ._verify import verify as verify
 
+# Renamed in 0.2 (docs/design.md "Words"); the old names work for one release.
+__getattr__ = _moved(__name__, {"KINDS": "rewardlens.model:PART_KINDS"})
+
 __all__ = [
     "ArchitectureMap",
     "COMBINES",
     "Combine",
     "FinitePairs",
     "HEAD_KINDS",
-    "KINDS",
+    "PART_KINDS",
     "KIND_NAMES",
     "KindName",
     "LAYOUTS",
