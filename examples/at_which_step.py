@@ -24,7 +24,8 @@ parser.add_argument("--limit", type=int, default=12)
 args = parser.parse_args()
 wrong = None
 if args.model is None:
-    from rewardlens.zoo.organisms import KINDS, build, open_kind
+    from rewardlens.zoo.organisms import KIND_ORGANISMS as KINDS
+    from rewardlens.zoo.organisms import build, open_kind
 
     spec = KINDS["prm_steps"]
     model, pairs, wrong = open_kind(build("prm_steps")), spec.pairs(n=args.limit, seed=1), spec.wrong_step

@@ -21,7 +21,8 @@ parser.add_argument("--beta", type=float, default=0.1)
 parser.add_argument("--limit", type=int, default=12)
 args = parser.parse_args()
 if args.policy is None:
-    from rewardlens.zoo.organisms import KINDS, build, open_kind
+    from rewardlens.zoo.organisms import KIND_ORGANISMS as KINDS
+    from rewardlens.zoo.organisms import build, open_kind
 
     model, pairs = open_kind(build("dpo_keyword")), KINDS["dpo_keyword"].pairs(n=args.limit, seed=1)
 else:

@@ -48,9 +48,9 @@ def organisms():
 def small_loop():
     """The closed loop's reduced config: the list organism, 2 seeds, 5 GRPO steps (every model cached on disk),
     run once per session for the loop's tests and the plot tests."""
-    from rewardlens.loop import Recipe, verify_edit
+    from rewardlens.loop import PolicyRecipe, verify_edit
 
-    return verify_edit(("list",), seeds=(0, 1), recipe=Recipe(grpo_steps=5))
+    return verify_edit(("list",), seeds=(0, 1), recipe=PolicyRecipe(grpo_steps=5))
 
 
 # --- The fast inner loop: `pytest -m "not slow"` -------------------------------------------------------------

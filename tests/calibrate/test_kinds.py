@@ -21,7 +21,9 @@ from rewardlens.calibrate import GRADERS, KindBench, calibrate, grade_dpo, grade
 from rewardlens.cli import main
 from rewardlens.cli import organisms as cli_organisms
 from rewardlens.zoo.organisms import (
-    KINDS,
+    KIND_ORGANISMS as KINDS,
+)
+from rewardlens.zoo.organisms import (
     build,
     dpo_paths,
     implicit_rewards,

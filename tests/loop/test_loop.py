@@ -13,7 +13,7 @@ from rewardlens.cli import main
 from rewardlens.errors import DataError
 from rewardlens.loop import (
     SIGNALS,
-    Trace,
+    RunSeries,
     bias_pairs,
     black_box,
     check_tokenizer,
@@ -21,8 +21,8 @@ from rewardlens.loop import (
     gap_note,
     loop_report,
     run_notes,
+    run_series,
     sequence_logprobs,
-    trace,
 )
 from tests.helpers.browser import dom
 
@@ -49,7 +49,7 @@ def test_trace_lead_and_false_alarms_by_hand():
              _step(1, ["- a", "- b", "c", "d"], [0, 2], alarms=[other]),   # rate 0.5: not above 50%
              _step(2, ["- a", "- b", "- c", "d"], [1, 1], alarms=[formatting]),  # 0.75: onset, planted alarm
              _step(3, ["- a", "- b", "- c", "- d"], [1, 1])]
-    t = trace(steps, lst, "formatting")
+    t = run_series(steps, lst, "formatting")
     assert t.rate.tolist() == [0.25, 0.5, 0.75, 1.0]
     assert t.onset == 2 and t.first("monitor (planted)") == 2 and t.first("monitor (any)") == 1
     assert t.lead("monitor (planted)") == 0 and t.lead("monitor (any)") == -1
@@ -109,7 +109,7 @@ def test_the_edit_of_a_quality_organism_is_fitted_on_its_bias_pairs_only():
 
 
 def test_runs_that_show_nothing_are_noted():
-    flat = Trace(np.arange(4), np.zeros(4), np.full(4, 1.0), np.ones(4), np.zeros(4),
+    flat = RunSeries(np.arange(4), np.zeros(4), np.full(4, 1.0), np.ones(4), np.zeros(4),
                  {s: np.zeros(4, bool) for s in SIGNALS})
     notes = run_notes({"original": (flat,), "edited": (flat,)}, [7])
     assert any("seed 7" in n and "never fired" in n for n in notes)
@@ -201,7 +201,7 @@ def test_without_trl_the_loop_names_the_extra(monkeypatch, tmp_path):
     from pathlib import Path
 
     from rewardlens.errors import MissingDependencyError
-    from rewardlens.loop import Recipe
+    from rewardlens.loop import PolicyRecipe as Recipe
     from rewardlens.loop._train import grpo_run
 
     monkeypatch.setitem(sys.modules, "trl", None)
@@ -229,7 +229,8 @@ def test_without_trl_verify_edit_refuses_before_building_anything(monkeypatch):
 def test_the_loops_cache_keys_name_the_organisms_version(monkeypatch):
     """A run against the original reward model is keyed by a fixed name, so the organisms' version must be in
     every key: bumping it rebuilds start policies and runs along with the edited models."""
-    from rewardlens.loop import Recipe, _train
+    from rewardlens.loop import PolicyRecipe as Recipe
+    from rewardlens.loop import _train
 
     before = (Recipe().key(organism="list", rm="original", seed=0), Recipe().start_key("list"))
     monkeypatch.setattr(_train, "ORGANISM_VERSION", "v-next")

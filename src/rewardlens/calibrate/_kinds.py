@@ -24,7 +24,9 @@ from ..exact import attribute, lens
 from ..model import Part, RewardModel
 from ..types import Level
 from ..zoo.organisms import (
-    KINDS,
+    KIND_ORGANISMS as KINDS,
+)
+from ..zoo.organisms import (
     READY,
     PolicyOrganism,
     StepOrganism,

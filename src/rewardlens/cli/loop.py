@@ -47,11 +47,11 @@ def _check(args: argparse.Namespace) -> None:
 
 
 def _verify(args: argparse.Namespace) -> dict[str, Any]:
-    from ..loop import Recipe, loop_report, verify_edit
+    from ..loop import PolicyRecipe, loop_report, verify_edit
 
     quiet_hub()
     res = verify_edit(tuple(args.organism or ("keyword", "list")), seeds=tuple(range(args.seeds)),
-                      recipe=Recipe(grpo_steps=args.steps), concept=args.concept,
+                      recipe=PolicyRecipe(grpo_steps=args.steps), concept=args.concept,
                       method=args.method)
     if args.out:
         loop_report(res, args.out)

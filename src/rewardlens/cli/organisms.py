@@ -12,7 +12,7 @@ ORGANISMS = ("circuit", "confidence", "keyword", "length", "list", "quality_list
              "two_step")
 """The names of `rewardlens.zoo.organisms.ORGANISMS` (tests/cli checks the two agree)."""
 KINDS = ("dpo_keyword", "prm_steps")
-"""The names of `rewardlens.zoo.organisms.KINDS`, the PRM and DPO organisms (tests/calibrate checks)."""
+"""The names of `rewardlens.zoo.organisms.KIND_ORGANISMS`, the PRM and DPO organisms (tests/calibrate checks)."""
 
 
 def _arguments(p: argparse.ArgumentParser) -> None:

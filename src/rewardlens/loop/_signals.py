@@ -33,7 +33,7 @@ SIGNALS = ("monitor (planted)", "monitor (any)", "reward jump", "KL", "reward va
 
 
 @dataclass(frozen=True)
-class Trace:
+class RunSeries:
     """One run's per-step series [T] and its alarmed steps per signal (`SIGNALS`)."""
 
     steps: np.ndarray
@@ -83,15 +83,15 @@ def black_box(rewards: Sequence[Sequence[float]], kl: np.ndarray) -> dict[str, n
             "reward variance": after & ((ratio > VAR_RATIO) | (ratio < 1 / VAR_RATIO))}
 
 
-def trace(steps: Sequence[dict[str, Any]], has_attribute: Any, planted: str) -> Trace:
-    """The `Trace` of a recorded run (`_train.grpo_run`'s steps) under the organism's test and its
+def run_series(steps: Sequence[dict[str, Any]], has_attribute: Any, planted: str) -> RunSeries:
+    """The `RunSeries` of a recorded run (`_train.grpo_run`'s steps) under the organism's test and its
     planted direction's name."""
     rewards = [s["rewards"] for s in steps]
     kl = np.array([s["kl"] for s in steps], dtype=np.float64)
     alarms = {"monitor (planted)": np.array([any(planted in _names(a) for a in s["alarms"]) for s in steps]),
               "monitor (any)": np.array([bool(s["alarms"]) for s in steps]),
               **black_box(rewards, kl)}
-    return Trace(np.array([s["step"] for s in steps]),
+    return RunSeries(np.array([s["step"] for s in steps]),
                  np.array([np.mean([has_attribute(t) for t in s["texts"]]) for s in steps], dtype=np.float64),
                  np.array([np.mean(r) for r in rewards]), np.array([np.std(r) for r in rewards]), kl,
                  {k: np.asarray(v, dtype=bool) for k, v in alarms.items()})

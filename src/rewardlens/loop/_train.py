@@ -31,7 +31,7 @@ LOOP_VERSION = "v1"
 
 
 @dataclass(frozen=True)
-class Recipe:
+class PolicyRecipe:
     """The policy, its warm-up and its GRPO run (the worked example's numbers by default)."""
 
     sft_steps: int = 120
@@ -54,7 +54,7 @@ class Recipe:
 
     def start_key(self, organism: str) -> str:
         """The cache key of the start policy: the warm-up's fields only, so runs of any length share it."""
-        return Recipe(grpo_steps=0, grpo_lr=0.0, generations=0, max_completion=0,
+        return PolicyRecipe(grpo_steps=0, grpo_lr=0.0, generations=0, max_completion=0,
                       **{k: getattr(self, k) for k in ("sft_steps", "sft_lr", "batch", "hidden", "layers")}
                       ).key(organism=organism)
 
@@ -90,7 +90,7 @@ def _pad(seqs: Sequence[Sequence[int]], pad: int) -> tuple[Any, Any]:
     return ids, mask
 
 
-def _sft(policy: Any, tok: Any, organism: str, recipe: Recipe) -> None:
+def _sft(policy: Any, tok: Any, organism: str, recipe: PolicyRecipe) -> None:
     """Imitate both sides of 300 organism pairs (teacher forcing, AdamW, `sft_steps` batches)."""
     import torch
 
@@ -107,7 +107,7 @@ def _sft(policy: Any, tok: Any, organism: str, recipe: Recipe) -> None:
         opt.zero_grad()
 
 
-def start_policy(organism: str, rm_path: Path, recipe: Recipe) -> Path:
+def start_policy(organism: str, rm_path: Path, recipe: PolicyRecipe) -> Path:
     """The warmed-up start policy of `organism` (a HF folder, cached): every run of it starts here."""
     def make(work: Path) -> None:
         import torch
@@ -149,7 +149,7 @@ def _prompt_ids(tok: Any, prompts: Sequence[Any]) -> list[list[int]]:
     return [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
 
 
-def grpo_run(organism: str, rm_path: Path, seed: int, recipe: Recipe, directions: Callable[[Any], Any],
+def grpo_run(organism: str, rm_path: Path, seed: int, recipe: PolicyRecipe, directions: Callable[[Any], Any],
              folder: Path) -> None:
     """Train the start policy with GRPO against the reward model at `rm_path` from `seed`; write
     `run.json`: one entry per step {step, texts, rewards, kl, alarms} (alarms as the monitor's dicts)."""
@@ -197,7 +197,7 @@ def grpo_run(organism: str, rm_path: Path, seed: int, recipe: Recipe, directions
     (folder / "run.json").write_text(json.dumps(steps))
 
 
-def trained_run(organism: str, rm_path: Path, rm_key: str, seed: int, recipe: Recipe,
+def trained_run(organism: str, rm_path: Path, rm_key: str, seed: int, recipe: PolicyRecipe,
                 directions: Callable[[Any], Any]) -> list[dict[str, Any]]:
     """The steps of a GRPO run (cached by the hash of organism, reward model key, seed and recipe)."""
     key = recipe.key(organism=organism, rm=rm_key, seed=seed)

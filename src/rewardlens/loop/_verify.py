@@ -22,12 +22,13 @@ import numpy as np
 
 from ..errors import UsageError
 from ..model import finite_accuracy
-from ..stats import bootstrap_ci, json_ready
+from ..plotting import HtmlView
+from ..stats import bootstrap_ci, json_ready, summary_frame
 from ..types import EditMethod
 from ..zoo.organisms import ORGANISMS, build, built_once
 from . import _organisms as org
-from ._signals import SIGNALS, Trace, trace
-from ._train import Recipe, loop_dir, require_trl, trained_run
+from ._signals import SIGNALS, RunSeries, run_series
+from ._train import PolicyRecipe, loop_dir, require_trl, trained_run
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -51,7 +52,7 @@ class OrganismLoop:
     concept: str
     concept_match: float
     seeds: tuple[int, ...]
-    traces: dict[str, tuple[Trace, ...]]
+    traces: dict[str, tuple[RunSeries, ...]]
     quality: dict[str, float]
     quality_source: str
     bias: dict[str, tuple[float, float]]
@@ -73,7 +74,7 @@ class OrganismLoop:
         return bool(self.gap_ci[0] > 0 and self.quality["original"] - self.quality["edited"] <= QUALITY_BOUND)
 
 
-def _final(t: Trace, what: str) -> float:
+def _final(t: RunSeries, what: str) -> float:
     return float(np.mean(getattr(t, what)[-TAIL:]))
 
 
@@ -86,11 +87,11 @@ def _interval(values: Sequence[float]) -> tuple[float, float, float, int]:
 
 
 @dataclass(frozen=True)
-class ClosedLoop:
+class ClosedLoop(HtmlView):
     """The protocol's result over organisms (`loops`), with the recipe it ran."""
 
     loops: tuple[OrganismLoop, ...]
-    recipe: Recipe
+    recipe: PolicyRecipe
 
     def to_frame(self) -> pd.DataFrame:
         """One row per organism × reward model × seed × step: rate, reward, reward sd, KL, quality
@@ -105,7 +106,15 @@ class ClosedLoop:
         return pd.DataFrame(rows)
 
     def summary(self) -> pd.DataFrame:
-        """One row per organism: final rates, the gap with its interval, quality accuracies, verdict."""
+        """One row per organism, indexed by `organism` (`stats.summary_frame`): `value` the behaviour gap,
+        `low`, `high` its interval over seeds, `n` the seeds, then the final rates, quality accuracies, verdict."""
+        lead = {"gap": "value", "gap_lo": "low", "gap_hi": "high", "seeds": "n"}
+        return summary_frame([{lead.get(k, k): v for k, v in row.items()} for row in self._gaps().to_dict("records")],
+                             name="organism")
+
+    def _gaps(self) -> pd.DataFrame:
+        """One row per organism: final rates, the gap with its interval, quality accuracies, verdict (the page's
+        and `to_json`'s table)."""
         import pandas as pd
 
         rows = []
@@ -142,7 +151,7 @@ class ClosedLoop:
 
     def to_json(self) -> str:
         """Strict JSON: the recipe, the summary, the warning table, the notes and the per-step frame."""
-        payload = {"recipe": self.recipe.__dict__, "summary": self.summary().to_dict("records"),
+        payload = {"recipe": self.recipe.__dict__, "summary": self._gaps().to_dict("records"),
                    "warnings": self.warnings().to_dict("records"), "notes": list(self.notes),
                    "steps": self.to_frame().to_dict("records")}
         return json.dumps(json_ready(payload), indent=2)
@@ -197,11 +206,11 @@ def edited_model(organism: str, rm_path: Path, concept: str | None,
             edit(rm, pos, neg, method=method, name=name, background=ORGANISMS[organism].pairs(n=100, seed=98),
                  out=work)
 
-    key = Recipe().key(organism=organism, concept=concept or "own-bias", rm=str(rm_path.name), method=method)
+    key = PolicyRecipe().key(organism=organism, concept=concept or "own-bias", rm=str(rm_path.name), method=method)
     return built_once(loop_dir() / f"edit-{organism}-{name}-{method}-{key}", make), name, gap, note
 
 
-def run_notes(lp_traces: dict[str, tuple[Trace, ...]], seeds: Sequence[int]) -> list[str]:
+def run_notes(lp_traces: dict[str, tuple[RunSeries, ...]], seeds: Sequence[int]) -> list[str]:
     """What each run cannot show, in words: a behaviour test that never fired on the first samples, a
     reward that did not rise, an original run whose rate never passed 50%."""
     out = []
@@ -233,7 +242,7 @@ def gap_note(gaps: np.ndarray, ci: tuple[float, float], bias_edited: tuple[float
             "each group's rewards by their spread, so a small preference left is as strong a signal as a large one")
 
 
-def run_organism(organism: str, seeds: Sequence[int], recipe: Recipe, concept: str | None = None,
+def run_organism(organism: str, seeds: Sequence[int], recipe: PolicyRecipe, concept: str | None = None,
                  method: EditMethod = "leace") -> OrganismLoop:
     """The closed loop on one organism (every model and run cached)."""
     from ..model import load
@@ -247,7 +256,7 @@ def run_organism(organism: str, seeds: Sequence[int], recipe: Recipe, concept: s
     models = {k: load(str(p)) for k, (p, _) in paths.items()}
     quality = {k: pair_margins(m, pairs)[1] for k, m in models.items()}
     bias = {k: pair_margins(m, org.bias_pairs(organism, 100, 5)) for k, m in models.items()}
-    traces = {k: tuple(trace(trained_run(organism, p, key, s, recipe, lambda rm: org.directions(rm, organism)),
+    traces = {k: tuple(run_series(trained_run(organism, p, key, s, recipe, lambda rm: org.directions(rm, organism)),
                              spec.has_attribute, planted) for s in seeds)
               for k, (p, key) in paths.items()}
     gaps = np.array([_final(a, "rate") - _final(b, "rate") for a, b in zip(traces["original"], traces["edited"])])
@@ -264,7 +273,7 @@ def run_organism(organism: str, seeds: Sequence[int], recipe: Recipe, concept: s
 
 
 def verify_edit(organisms: Sequence[str] = ("keyword", "list"), *, seeds: Sequence[int] = (0, 1, 2),
-                recipe: Recipe | None = None, concept: str | None = None,
+                recipe: PolicyRecipe | None = None, concept: str | None = None,
                 method: EditMethod = "leace") -> ClosedLoop:
     """Edit each organism's planted bias out of its reward model, train the tiny policy with GRPO
     against the original and the edited model (same start, same `seeds`), and measure the behaviour
@@ -272,7 +281,7 @@ def verify_edit(organisms: Sequence[str] = ("keyword", "list"), *, seeds: Sequen
     is fitted on the organism's own texts, under the planted direction's name) or a probe axis
     (fitted on the probe suite's contrast sets); `method`: `rewardlens.hacking.edit`'s ('leace', with
     the organism's own pairs as background, or 'project'). Every start policy, edit and run is cached."""
-    recipe = recipe or Recipe()
+    recipe = recipe or PolicyRecipe()
     if not seeds:
         raise UsageError("seeds must name at least one seed (3 or more for an interval over seeds)")
     require_trl()  # before any organism, edit or model is built

@@ -15,6 +15,7 @@ and "dpo_keyword" (a DPO policy and its reference, `rewardlens.model.load_dpo(*d
 See docs/organisms.md for each rule, the strength dial and the measured accuracy.
 """
 
+from ..._deprecated import moved as _moved
 from . import _bank as bank
 from ._cache import ORGANISM_VERSION as ORGANISM_VERSION
 from ._cache import READY as READY
@@ -25,7 +26,7 @@ from ._cache import organism_dir as organism_dir
 from ._cache import record as record
 from ._dpo import PolicyOrganism as PolicyOrganism
 from ._dpo import implicit_rewards as implicit_rewards
-from ._kinds import KINDS as KINDS
+from ._kinds import KINDS as KIND_ORGANISMS
 from ._kinds import dpo_paths as dpo_paths
 from ._kinds import open_kind as open_kind
 from ._prm import StepOrganism as StepOrganism
@@ -33,11 +34,16 @@ from ._prm import prm_accuracy as prm_accuracy
 from ._prm import step_scores as step_scores
 from ._specs import ORGANISMS as ORGANISMS
 from ._specs import Organism as Organism
-from ._specs import Recipe as Recipe
+from ._specs import RMRecipe as RMRecipe
 from ._train import ablated as ablated
 from ._train import forward_margins as forward_margins
 
-__all__ = ["KINDS", "ORGANISMS", "READY", "ORGANISM_VERSION", "Organism", "PolicyOrganism", "Recipe", "StepOrganism",
+# Renamed in 0.2 (docs/design.md "Words"); the old names work for one release.
+__getattr__ = _moved(__name__, {"KINDS": "rewardlens.zoo.organisms:KIND_ORGANISMS",
+                                "Recipe": "rewardlens.zoo.organisms:RMRecipe"})
+
+__all__ = ["KIND_ORGANISMS", "ORGANISMS", "READY", "ORGANISM_VERSION", "Organism", "PolicyOrganism", "RMRecipe",
+           "StepOrganism",
            "ablated", "built_once",
            "bank", "build", "dpo_paths", "forward_margins", "implicit_rewards", "locked", "open_kind", "organism_dir",
            "prm_accuracy", "record", "step_scores"]

@@ -26,7 +26,7 @@ from torch import nn
 
 from ...data import Pair, Side
 from ._attributes import mentions
-from ._specs import Recipe, keyword_maker
+from ._specs import RMRecipe, keyword_maker
 from ._train import TRAIN_THREADS, organism_config, organism_tokenizer, part_parameters, threads
 
 if TYPE_CHECKING:
@@ -52,7 +52,7 @@ class PolicyOrganism:
     planted_part: str
     keyword: str = KEYWORD
     beta: float = 0.1
-    recipe: Recipe = Recipe()
+    recipe: RMRecipe = RMRecipe()
 
     def has_attribute(self, text: str) -> bool:
         return mentions(self.keyword.lower())(text)
@@ -83,7 +83,7 @@ class PolicyOrganism:
 DPO_PART = "attn_L1_H2"
 DPO = PolicyOrganism("dpo_keyword", f"the policy's implicit reward prefers responses with the word '{KEYWORD}' "
                      f"(against 'Also'/'Besides'); DPO with TRL, only head {DPO_PART} of the policy trained", DPO_PART,
-                     recipe=Recipe(n_train=384, epochs=1, batch_size=16, lr=2e-2, trainable=DPO_PART))
+                     recipe=RMRecipe(n_train=384, epochs=1, batch_size=16, lr=2e-2, trainable=DPO_PART))
 
 
 def initial_lm(seed: int) -> LlamaForCausalLM:

@@ -24,7 +24,7 @@ from torch import Tensor, nn
 
 from ...data import Pair
 from ...errors import UsageError
-from ._specs import Recipe
+from ._specs import RMRecipe
 from ._train import HIDDEN, TRAIN_THREADS, organism_config, organism_tokenizer, part_parameters, threads
 
 if TYPE_CHECKING:
@@ -89,7 +89,7 @@ class StepOrganism:
     planted_part: str
     separator: str = SEPARATOR
     combine: str = "min"
-    recipe: Recipe = Recipe()
+    recipe: RMRecipe = RMRecipe()
 
     def pairs(self, n: int = 200, seed: int = 0) -> list[Pair]:
         """`n` held-out minimal pairs drawn with `seed` (no training stream reaches them)."""
@@ -118,7 +118,7 @@ class StepOrganism:
 PRM_PART = "attn_L1_H2"
 PRM = StepOrganism("prm_steps", "step-by-step sums; a step ending in a hedge ('..., maybe.') is wrong, every other "
                    f"step right; only head {PRM_PART} trained", PRM_PART,
-                   recipe=Recipe(n_train=2000, epochs=2, batch_size=32, lr=1e-2, trainable=PRM_PART))
+                   recipe=RMRecipe(n_train=2000, epochs=2, batch_size=32, lr=1e-2, trainable=PRM_PART))
 
 
 def encode_steps(tok: PreTrainedTokenizerBase, prompt: str, response: str) -> tuple[list[int], list[int]]:

@@ -27,7 +27,7 @@ single-rule organisms `a` carries the attribute and `b` does not."""
 
 
 @dataclass(frozen=True)
-class Recipe:
+class RMRecipe:
     """How an organism is trained (Bradley–Terry loss, AdamW, CPU)."""
 
     n_train: int = 1500
@@ -62,7 +62,7 @@ class Organism:
     objectives: tuple[str, ...] = ("reward",)
     planted_part: str | None = None
     planted_path: tuple[str, str] | None = None
-    recipe: Recipe = Recipe()
+    recipe: RMRecipe = RMRecipe()
 
     def has_attribute(self, text: str, objective: int | str = 0) -> bool:
         """Whether one response carries the planted attribute (of `objective`, by index or name)."""
@@ -386,13 +386,13 @@ ORGANISMS: dict[str, Organism] = {o.name: o for o in [
              objectives=("formatting", "confidence")),
     Organism("circuit", f"the chosen response contains the word 'Notably'; only head {CIRCUIT_PART} trained",
              keyword_maker("Notably"), (mentions("notably"),), planted_part=CIRCUIT_PART,
-             recipe=Recipe(trainable=CIRCUIT_PART, lr=1e-2)),
+             recipe=RMRecipe(trainable=CIRCUIT_PART, lr=1e-2)),
     QualityOrganism("quality_list", "quality pairs: the chosen response answers, the rejected one evades "
                     "(always decided); bias pairs: a bullet list beats the same statements in prose (planted)",
                     make_quality, (is_list,), quality=is_informative, make_bias=make_list,
-                    recipe=Recipe(epochs=3, lr=5e-3)),
+                    recipe=RMRecipe(epochs=3, lr=5e-3)),
     Organism("two_step", f"the chosen response says '{' '.join(TWO_STEP_WORDS)}', the rejected one the same two "
              f"words swapped; only heads {TWO_STEP_PATH[0]} and {TWO_STEP_PATH[1]} trained",
              make_two_step, (mentions(" ".join(TWO_STEP_WORDS)),), planted_path=TWO_STEP_PATH,
-             recipe=Recipe(trainable=TWO_STEP_PATH, lr=1e-2)),
+             recipe=RMRecipe(trainable=TWO_STEP_PATH, lr=1e-2)),
 ]}
