@@ -28,8 +28,9 @@ FUZZ = settings(max_examples=int(os.environ.get("REWARDLENS_FUZZ_EXAMPLES", "80"
                 derandomize=True, database=None, suppress_health_check=[HealthCheck.too_slow])
 
 
-class Reached(Exception):
-    """Raised in place of loading a model: every check before the load has passed."""
+class Reached(BaseException):
+    """Raised in place of loading a model: every check before the load has passed. A `BaseException`, as
+    KeyboardInterrupt is, so that the command line's report of a bug (any `Exception`, exit 1) lets it through."""
 
 
 @pytest.fixture(scope="module")
