@@ -42,8 +42,9 @@ import numpy as np
 import torch
 
 from ..data import Pair, effect, interleave, is_chosen, margin, pair_ids, rejected
-from ..errors import DataError, UsageError, warn
+from ..errors import DataError, warn
 from ..model import RewardModel
+from ..plotting import HtmlView
 from ..stats import bootstrap_ci, rowwise_spearman, top_parts
 from ._attribution import FeatureAttribution, attribute_with_readout, check_width
 from ._autoencoder import TopKSAE
@@ -70,7 +71,7 @@ def group_name(members: Sequence[int]) -> str:
 
 
 @dataclass(frozen=True)
-class FeaturePatch:
+class FeaturePatch(HtmlView):
     """Effects of each edit at `layer`, per pair [n_pairs, F]: one column per feature (`features=`) or per
     group of features edited jointly (`groups=`).
 
@@ -85,6 +86,8 @@ class FeaturePatch:
     `value` say what `f'` was. `total_approx` [n_pairs, F]: the first-order estimate of `total`
     (module docstring; None when not asked for).
     """
+
+    _html_top_names = ("feature", "mean total effect")
 
     layer: int
     features: np.ndarray
@@ -230,11 +233,11 @@ def _check(model: RewardModel, sae: TopKSAE, pairs: Sequence[Pair], layer: int, 
     if not pairs or not all(isinstance(p, Pair) for p in pairs):
         raise DataError("feature_patch compares the two sides of preference pairs: pass a list of rewardlens.Pair")
     if mode not in get_args(FeatureMode):
-        raise UsageError(f"mode must be 'ablate', 'clamp' or 'noising', got {mode!r}", option="mode")
+        raise DataError(f"mode must be 'ablate', 'clamp' or 'noising', got {mode!r}", option="mode")
     if mode == "clamp" and (value is None or not math.isfinite(float(value))):
-        raise UsageError(f"mode='clamp' needs a finite value= to set the features to, got {value!r}")
+        raise DataError(f"mode='clamp' needs a finite value= to set the features to, got {value!r}")
     if mode != "clamp" and value is not None:
-        raise UsageError(f"value= is the clamp level; mode={mode!r} takes none (got {value!r}): drop it or use "
+        raise DataError(f"value= is the clamp level; mode={mode!r} takes none (got {value!r}): drop it or use "
                         "mode='clamp'")
 
 
