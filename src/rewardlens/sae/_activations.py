@@ -196,7 +196,10 @@ class ShardedActivations:
         if not index.is_file():
             raise DataError(f"{self.folder} is not an activation cache (no index.json); "
                             "write one with cache_activations")
-        meta = json.loads(index.read_text())
+        try:
+            meta = json.loads(index.read_text(encoding="utf-8"))
+        except ValueError as e:  # JSON or UTF-8: a damaged cache is bad input, not a bug
+            raise DataError(f"{index} is not valid JSON ({e}); write the cache again with cache_activations") from None
         if meta.get("format") != CACHE_FORMAT:
             raise DataError(f"{index} has format {meta.get('format')!r}, expected {CACHE_FORMAT!r}")
         self.meta = meta

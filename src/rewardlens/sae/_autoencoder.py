@@ -235,7 +235,10 @@ class TopKSAE(nn.Module):
         from safetensors.torch import load_file
 
         folder = find_folder(Path(path), hookpoint)
-        cfg_dict = json.loads((folder / CONFIG).read_text())
+        try:
+            cfg_dict = json.loads((folder / CONFIG).read_text(encoding="utf-8"))
+        except ValueError as e:  # JSON or UTF-8: a damaged file is bad input, not a bug
+            raise DataError(f"{folder / CONFIG} is not valid JSON ({e}); save or fetch the SAE again") from None
         if (folder / SPARSIFY_WEIGHTS).is_file():
             file = folder / SPARSIFY_WEIGHTS
             d_in, cfg = cfg_dict.get("d_in"), SAEConfig.from_dict(cfg_dict)
