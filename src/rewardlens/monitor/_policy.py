@@ -29,7 +29,7 @@ from ..errors import DataError, UsageError
 from ..exact import attribute
 from ..hacking import AXES, Concepts, ConceptSets, concepts, contrast_sets
 from ..model import RewardModel, wrap
-from ..types import Conversation
+from ..types import Conversation, Text
 from ._gain import gain_shares, rank_correlation, split_reward
 from ._policy_log import Alarm, PolicyRecord, PolicyRun, top_moved
 from ._surface import SURFACE, surface
@@ -145,17 +145,24 @@ class PolicyMonitor:
         seqs, _ = self.rm.encode(convs)
         reading = self.rm.read(seqs, batch_size=self.batch_size, readout=True)
         assert reading.readout is not None  # asked for
-        along, rest, constant = split_reward(reading.hidden, reading.readout, reading.reward,
-                                             self._vectors.to(reading.hidden.device))
+        return self.observe_read(convs, texts, reading.reward, reading.hidden, reading.readout, step)
+
+    def observe_read(self, convs: Sequence[Text], texts: Sequence[str], reward: torch.Tensor, hidden: torch.Tensor,
+                     readout: torch.Tensor, step: int) -> PolicyRecord:
+        """`observe` for a batch already read elsewhere (a reward server's batched forward): `convs` what the
+        model read, `texts` the completions, and the read's `reward` [n], head input `hidden` [n, d] and
+        effective read-out `readout` [n, d] (`RewardModel.read(..., readout=True)`), rows in `convs` order."""
+        texts = list(texts)
+        along, rest, constant = split_reward(hidden, readout, reward, self._vectors.to(hidden.device))
         n_tokens = [len(self.rm.tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts]
-        record = PolicyRecord(int(step), reading.reward.cpu().double().numpy(), self.directions, along, rest,
+        record = PolicyRecord(int(step), reward.cpu().double().numpy(), self.directions, along, rest,
                               constant, self.stats, surface(texts, n_tokens, self.stats))
-        record = self._summarise(record, convs)
+        record = self._summarise(record, list(convs))
         self.records.append(record)
         self._write(record)
         return record
 
-    def _summarise(self, rec: PolicyRecord, convs: list[Conversation]) -> PolicyRecord:
+    def _summarise(self, rec: PolicyRecord, convs: list[Text]) -> PolicyRecord:
         """The record with the gain's split, the window's rank correlations, the parts and the alarms."""
         history = [*self.records, rec]
         extra: dict[str, Any] = {}
