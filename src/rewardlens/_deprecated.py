@@ -44,16 +44,12 @@ def moved(module: str, table: Mapping[str, str]) -> Callable[[str], Any]:
     return __getattr__
 
 
-def renamed_keyword(kwargs: dict[str, Any], old: str, new: str, value: Any, *, where: str) -> Any:
-    """Take the deprecated keyword `old` out of `kwargs` (warning) and return the value `new` should have.
-
-    `value` is what the caller passed as `new`; passing both is a bad argument."""
-    if old not in kwargs:
+def renamed(where: str, old: str, new: str, old_value: Any, value: Any) -> Any:
+    """The value a renamed keyword stands for: `value` (the new keyword's), unless the caller passed the old
+    keyword (`old_value` not None), which warns and wins. A function keeps `old: T | None = None` in its
+    signature for one release, so a misspelt keyword is still a TypeError."""
+    if old_value is None:
         return value
-    if value is not None:
-        from .errors import UsageError
-
-        raise UsageError(f"{where}: pass {new}= only; {old}= is its deprecated name (got both)")
     warnings.warn(f"{where}({old}=...) is deprecated and will be removed in the next release; use {new}=",
                   DeprecationWarning, stacklevel=3)
-    return kwargs.pop(old)
+    return old_value

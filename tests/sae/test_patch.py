@@ -95,7 +95,7 @@ def test_nothing_changed_reproduces_the_reward_and_one_ablation_equals_a_naive_h
 def test_the_batched_path_equals_one_edit_per_forward(models, pairs, arch, mode, value):
     model = models[arch]
     sae = _sae(model)
-    kw = dict(layer=1, mode=mode, value=value)
+    kw = dict(layer=1, edit=mode, value=value)
     batched = feature_patch(model, sae, pairs, batch_size=64, **kw)
     single = feature_patch(model, sae, pairs, features=batched.features, batch_size=1, **kw)
     np.testing.assert_allclose(batched.patched, single.patched, rtol=0, atol=1e-5 * np.abs(single.clean).max())
@@ -108,12 +108,12 @@ def test_clamp_and_noising_direct_effects_are_the_attribution_difference(models,
     att = attribute_features(model, sae, pairs, layer=1)
     features = att.features[:5]
     write = att.values[:, :5] / np.where(att.activations[:, :5] > 0, att.activations[:, :5], np.nan)  # u·d_i
-    clamp = feature_patch(model, sae, pairs, layer=1, features=features, mode="clamp", value=2.0)
+    clamp = feature_patch(model, sae, pairs, layer=1, features=features, edit="clamp", value=2.0)
     f = att.activations[:, :5]
     fired = np.isfinite(write[0::2]) & np.isfinite(write[1::2])
     by_hand = -((2.0 - f[0::2]) * write[0::2] - (2.0 - f[1::2]) * write[1::2])
     np.testing.assert_allclose(clamp.direct[fired], by_hand[fired], rtol=1e-4, atol=1e-5)
-    noise = feature_patch(model, sae, pairs, layer=1, features=features, mode="noising")
+    noise = feature_patch(model, sae, pairs, layer=1, features=features, edit="noising")
     chosen_fired = np.isfinite(write[0::2])
     np.testing.assert_allclose(noise.direct[chosen_fired],
                                ((f[0::2] - f[1::2]) * write[0::2])[chosen_fired], rtol=1e-4, atol=1e-5)
@@ -130,9 +130,9 @@ def test_clamp_and_noising_direct_effects_are_the_attribution_difference(models,
 def test_a_group_of_one_is_the_single_feature_path(models, pairs, mode, value):
     model = models["gpt2"]
     sae = _sae(model)
-    single = feature_patch(model, sae, pairs, layer=0, mode=mode, value=value, features=None)
+    single = feature_patch(model, sae, pairs, layer=0, edit=mode, value=value, features=None)
     ids = single.features.tolist()
-    grouped = feature_patch(model, sae, pairs, layer=0, mode=mode, value=value, groups=[[i] for i in ids])
+    grouped = feature_patch(model, sae, pairs, layer=0, edit=mode, value=value, groups=[[i] for i in ids])
     for name in ("patched", "total", "direct", "attribution"):
         np.testing.assert_array_equal(getattr(grouped, name), getattr(single, name), err_msg=name)
     assert grouped.groups == tuple((i,) for i in ids) and grouped.names == [str(i) for i in ids]
@@ -166,8 +166,8 @@ def test_a_group_edits_its_members_jointly_as_a_naive_hooked_loop_does(models, p
     single = feature_patch(model, sae, pairs, layer=layer, features=top)
     assert np.abs(res.total[:, 0] - single.total[:, :3].sum(1)).max() > 1e-5 * scale  # 5× the tolerance above
     for mode, value in (("clamp", 2.0), ("noising", None)):
-        one = feature_patch(model, sae, pairs, layer=layer, features=top, mode=mode, value=value)
-        joint = feature_patch(model, sae, pairs, layer=layer, groups=groups[:2], mode=mode, value=value)
+        one = feature_patch(model, sae, pairs, layer=layer, features=top, edit=mode, value=value)
+        joint = feature_patch(model, sae, pairs, layer=layer, groups=groups[:2], edit=mode, value=value)
         np.testing.assert_allclose(joint.direct, np.stack([one.direct[:, :3].sum(1), one.direct[:, 3:].sum(1)], 1),
                                    rtol=1e-6, atol=1e-9)
     frame = res.to_frame()
@@ -214,9 +214,9 @@ def test_bad_input_gets_one_line_naming_the_value_and_the_fix(models, pairs):
     with pytest.raises(DataError, match=rf"feature {sae.n_latents} is out of range .* 0\.\.{sae.n_latents - 1}"):
         feature_patch(model, sae, pairs, layer=0, features=[0, sae.n_latents])
     with pytest.raises(DataError, match=r"finite value= .* got nan"):
-        feature_patch(model, sae, pairs, layer=0, features=[0], mode="clamp", value=math.nan)
-    with pytest.raises(DataError, match=r"mode must be 'ablate', 'clamp' or 'noising', got 'zero'"):
-        feature_patch(model, sae, pairs, layer=0, features=[0], mode="zero")
+        feature_patch(model, sae, pairs, layer=0, features=[0], edit="clamp", value=math.nan)
+    with pytest.raises(DataError, match=r"edit must be 'ablate', 'clamp' or 'noising', got 'zero'"):
+        feature_patch(model, sae, pairs, layer=0, features=[0], edit="zero")
     with pytest.raises(DataError, match=r"pass a list of rewardlens.Pair"):
         feature_patch(model, sae, ["a text"], layer=0, features=[0])
     wide = TopKSAE(model.d_model + 8, SMALL, seed=0)

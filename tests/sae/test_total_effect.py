@@ -123,7 +123,7 @@ def test_on_a_linear_read_out_the_first_order_estimate_is_the_measured_effect(tm
     model = rl.load(str(folder))
     sae = TopKSAE(model.d_model, SMALL, seed=1)
     layer = model.n_layers - 1
-    res = feature_patch(model, sae, pairs, layer=layer, mode="clamp", value=100.0, approx=True)
+    res = feature_patch(model, sae, pairs, layer=layer, edit="clamp", value=100.0, approx=True)
     tot = feature_totals(model, sae, pairs, layer=layer)
     f = np.zeros((len(res.clean), sae.n_latents))
     f[:, tot.features] = tot.activations
@@ -165,7 +165,7 @@ def test_a_planted_upstream_feature_is_found_by_the_total_ranking_not_the_direct
     assert direct_order.index(0) >= len(direct_order) // 2
     tot = feature_totals(model, sae, pairs, layer=0)
     assert tot.top(1, by="margin")[0][0] == 0
-    res = feature_patch(model, sae, pairs, layer=0, rank="total_approx", mode="ablate")
+    res = feature_patch(model, sae, pairs, layer=0, rank="total_approx", edit="ablate")
     assert res.features[0] == 0
     margin = res.clean[0::2] - res.clean[1::2]
     assert abs(res.total[:, 0].mean()) > 0.05 * np.abs(margin).mean()  # its ablation moves the margin
@@ -180,7 +180,7 @@ def test_the_empty_edit_gives_back_the_clean_reward_and_no_features_is_refused_b
     sae = TopKSAE(model.d_model, SMALL, seed=1)
     own = tiny.own_scores(model, pairs)
     for mode, value in (("ablate", None), ("clamp", 1.5), ("noising", None)):
-        res = feature_patch(model, sae, pairs, layer=0, groups=[[], [3]], mode=mode, value=value, approx=True)
+        res = feature_patch(model, sae, pairs, layer=0, groups=[[], [3]], edit=mode, value=value, approx=True)
         assert res.names == ["none", "3"] and res.features.tolist() == [-1, 3]
         np.testing.assert_array_equal(res.patched[:, 0], res.clean)  # nothing edited: the clean run, exactly
         np.testing.assert_allclose(res.clean, own, rtol=0, atol=1e-5)
@@ -188,7 +188,7 @@ def test_the_empty_edit_gives_back_the_clean_reward_and_no_features_is_refused_b
         for effect in (res.total, res.direct, res.attribution, res.total_approx):
             assert np.all(effect[:, 0] == 0)
     with pytest.raises(DataError, match=r"features=\[\] names no latent, .* groups=\[\[\]\] for the empty edit"):
-        feature_patch(model, sae, pairs, layer=0, features=[], mode="ablate")
+        feature_patch(model, sae, pairs, layer=0, features=[], edit="ablate")
     with pytest.raises(DataError, match=r"rank must be 'direct' or 'total_approx', got 'total'"):
         feature_patch(model, sae, pairs, layer=0, rank="total")
 

@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from .._deprecated import renamed
 from ..data import Pair
 from ..errors import DataError, UsageError, warn
 from ..model import RewardModel, dtype_name, score_pairs
@@ -21,8 +22,8 @@ from ._ties import score as ties_score
 
 
 def bench(model: RewardModel, pairs: Sequence[Pair], *, against: RewardModel | None = None, batch_size: int = 16,
-          n_boot: int = 2000, seed: int = 0, level: float = 0.95, weighting: str = "rewardbench",
-          best_of_n_ties: str = "shared") -> Bench:
+          n_boot: int = 2000, seed: int = 0, confidence: float = 0.95, weighting: str = "rewardbench",
+          best_of_n_ties: str = "shared", level: float | None = None) -> Bench:
     """Score `pairs` with `model` and report them as RewardBench does; with `against`, compare two models.
 
     Every pair is scored once, in length-sorted batches of `batch_size` (`RewardModel.score`: the
@@ -42,7 +43,8 @@ def bench(model: RewardModel, pairs: Sequence[Pair], *, against: RewardModel | N
     own rule, `rewardlens.bench._ties`); and the accuracy over all pass/fail items (Ties records
     excluded). Subsets and all items get Wilson intervals; section, overall and RewardBench 2 scores
     the MOVER interval of their weighted sum (`INTERVALS`), Ties a bootstrap over prompts, at
-    `level`. The weighting is documented with its sources in `rewardlens.bench._sections`.
+    `confidence` (`level` is its deprecated name, one release). The weighting is documented with its sources
+    in `rewardlens.bench._sections`.
 
     A subset that is in neither benchmark is scored under its own name, left out of every section,
     and named in one `RewardLensWarning`; a pair without a subset is the subset `(no subset)`. RewardBench
@@ -58,28 +60,29 @@ def bench(model: RewardModel, pairs: Sequence[Pair], *, against: RewardModel | N
     score's difference (model − against) over the items both count, with its paired bootstrap
     interval (`n_boot` draws within subsets, seeded by `seed`) and the two-sided p-value of a paired
     randomization test over items (`Bench.compare`, `BenchComparison`). `n_boot` must be at least
-    `2 / (1 − level)` (40 at 95%), so that each tail of a percentile interval holds a draw.
+    `2 / (1 − confidence)` (40 at 95%), so that each tail of a percentile interval holds a draw.
 
     Raises `DataError` for pairs that cannot be counted (a group split apart, mixing prompts or not
     chosen-major, a subset mixing pairs and groups, a Ties record without a `ref:N`/`tied:N` id), and
-    `ValueError` for an unknown `weighting` or `best_of_n_ties`, or `n_boot` under `2 / (1 − level)`.
+    `ValueError` for an unknown `weighting` or `best_of_n_ties`, or `n_boot` under `2 / (1 − confidence)`.
     """
     pairs = list(pairs)
     if not pairs:
         raise DataError("bench got no pairs. Fix: pass at least one rewardlens.Pair (e.g. from load_pairs).")
-    if not 0 < level < 1:
-        raise UsageError(f"level must be in (0, 1), got {level}")
+    confidence = renamed("bench", "level", "confidence", level, confidence)
+    if not 0 < confidence < 1:
+        raise UsageError(f"confidence must be in (0, 1), got {confidence}", option="confidence")
     section_weights({}, weighting)  # a bad weighting, rule or n_boot is refused before any forward pass
     check_rule(best_of_n_ties)
-    check_n_boot(n_boot, level)
+    check_n_boot(n_boot, confidence)
     found = items(pairs)  # refuse what cannot be counted before any forward pass
     unknown = _unknown(found)
     if unknown:  # warned here, so the warning points at the caller's line
         warn(unknown)
-    first = _run(model, pairs, found, batch_size, n_boot, seed, level, weighting, best_of_n_ties)
+    first = _run(model, pairs, found, batch_size, n_boot, seed, confidence, weighting, best_of_n_ties)
     if against is None:
         return first
-    second = _run(against, pairs, found, batch_size, n_boot, seed, level, weighting, best_of_n_ties)
+    second = _run(against, pairs, found, batch_size, n_boot, seed, confidence, weighting, best_of_n_ties)
     return replace(first, comparison=first.compare(second))
 
 

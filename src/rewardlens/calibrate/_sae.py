@@ -8,7 +8,7 @@ pairs (the attribution's own ranking, chosen before anything below is looked at)
   pairs), the share whose peak token lies *inside* the planted span (the word 'Importantly'; a bullet
   line, the line break that opens it included), and the share inside it *or after it* (the text read
   through the peak token already carries the attribute: a causal model's feature can only know that);
-- **ablation**: `feature_patch(mode="ablate")` of that one feature: mean total effect as a share of the
+- **ablation**: `feature_patch(edit="ablate")` of that one feature: mean total effect as a share of the
   mean clean margin;
 - **label**: its card's Spearman ρ with the planted attribute's axis (`text_axes` over the organisms'
   own attribute tests), and that axis' rank among the axes of the other attributes;
@@ -130,7 +130,7 @@ def ground_truth(bench: OrganismBench, name: str, model: RewardModel, layer: int
                      dtype=bool).reshape(-1, 2)
     # One call: column 0 is feature #1 alone, column 1 (if any feature qualified) the planted group, jointly.
     ablated = feature_patch(model, sae, pairs, layer=layer, groups=[[feature], *([group] if group else [])],
-                            mode="ablate", n_boot=1)
+                            edit="ablate", n_boot=1)
     clean = margin(ablated.clean)
     share = ablated.total.mean(0) / clean.mean()
     rho = {a: card.correlations[a] for a in AXES}

@@ -20,7 +20,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .._deprecated import renamed
 from ..errors import UsageError
+from ..plotting import HtmlView
 from ..stats import spearman, spearman_matrix
 from ._probes import Probes
 
@@ -34,8 +36,10 @@ MIN_ITEMS = 20
 
 
 @dataclass(frozen=True)
-class Cascades:
+class Cascades(HtmlView):
     """Spearman ρ [m, m] of oriented per-item effects, CIs [m, m, 2], shared-item counts [m, m]."""
+
+    _html_rank = "rho"
 
     axes: tuple[str, ...]
     rho: np.ndarray
@@ -77,8 +81,11 @@ class Cascades:
 
 
 def cascade(probes: Probes, *, min_items: int = MIN_ITEMS, threshold: float = 0.5, n_boot: int = 1000,
-            seed: int = 0, level: float = 0.95) -> Cascades:
-    """Correlate every pair of axes' oriented per-item effects and group axes that fail together."""
+            seed: int = 0, confidence: float = 0.95, level: float | None = None) -> Cascades:
+    """Correlate every pair of axes' oriented per-item effects and group axes that fail together.
+
+    `confidence`: the bootstrap intervals' coverage (`level` is its deprecated name, one release)."""
+    confidence = renamed("cascade", "level", "confidence", level, confidence)
     if min_items < 3:
         raise UsageError(f"min_items must be at least 3 (a rank correlation needs three items), got {min_items}")
     orientation = np.where(np.nan_to_num(probes.mean) < 0, -1.0, 1.0)
@@ -87,7 +94,7 @@ def cascade(probes: Probes, *, min_items: int = MIN_ITEMS, threshold: float = 0.
     rho, n_shared = np.full((m, m), np.nan), np.zeros((m, m), dtype=int)
     ci = np.full((m, m, 2), np.nan)
     rng = np.random.default_rng(seed)
-    tail = (1 - level) / 2
+    tail = (1 - confidence) / 2
     for i in range(m):
         for j in range(i, m):
             both = np.isfinite(x[:, i]) & np.isfinite(x[:, j])

@@ -37,9 +37,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .._deprecated import renamed
 from ..data import Pair, margin
 from ..errors import UsageError, warn
 from ..model import RewardModel
+from ..plotting import Html, HtmlView, join, svg, tag
 from ._probes import Probes
 
 if TYPE_CHECKING:
@@ -60,8 +62,10 @@ class Ranking(list[tuple[str, float]]):
 
 
 @dataclass(frozen=True)
-class Distortion:
+class Distortion(HtmlView):
     """Distortion indices [n_axes, n_quality] with CIs [n_axes, n_quality, 2] and flags."""
+
+    _html_rank = "index"
 
     axes: tuple[str, ...]
     quality: tuple[str, ...]
@@ -120,6 +124,11 @@ class Distortion:
                 for i, a in enumerate(self.axes) for k, q in enumerate(self.quality)]
         return pd.DataFrame(rows)
 
+    def _html_body(self) -> Html:
+        """The notebook view's figures: one bar chart per quality dimension whose indices are defined."""
+        return join(tag("div", svg(self.plot(quality=q)), class_="plot")
+                    for q, why in zip(self.quality, self.note) if not why)
+
     def plot(self, ax: Axes | None = None, quality: str | None = None) -> Figure:
         """Bar chart of one quality dimension's indices with CIs; flagged bars in red; into `ax` when
         given (its figure is returned), else a new figure."""
@@ -144,14 +153,17 @@ def distortion(
     threshold: float = 0.25,
     n_boot: int = 2000,
     seed: int = 0,
-    level: float = 0.95,
+    confidence: float = 0.95,
     batch_size: int = 16,
+    level: float | None = None,
 ) -> Distortion:
     """Distortion indices of every probed axis against each quality dimension.
 
     `quality`: None for the built-in degradations scored in `probes`, or `{name: pairs}` where each
-    pair's chosen response is the better one on that dimension (then `model` scores them).
+    pair's chosen response is the better one on that dimension (then `model` scores them). `confidence`: the
+    bootstrap intervals' coverage (`level` is its deprecated name, one release).
     """
+    confidence = renamed("distortion", "level", "confidence", level, confidence)
     if quality is None:
         names, samples, paired = probes.quality, [probes.quality_delta[:, k] for k in range(len(probes.quality))], True
         if not names:
@@ -170,7 +182,7 @@ def distortion(
     rng = np.random.default_rng(seed)
     delta = probes.delta
     n_items = delta.shape[0]
-    tail = (1 - level) / 2
+    tail = (1 - confidence) / 2
     index = np.full((len(probes.axes), len(names)), np.nan)
     ci = np.full((*index.shape, 2), np.nan)
     q_mean, q_ci, notes = np.zeros(len(names)), np.zeros((len(names), 2)), []

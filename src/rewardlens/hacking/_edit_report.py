@@ -8,10 +8,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .._deprecated import renamed
 from ..data import Pair, margin
 from ..errors import DataError, UsageError
 from ..model import RewardModel, finite_accuracy
-from ..stats import bootstrap_ci
+from ..plotting import HtmlView
+from ..stats import bootstrap_ci, summary_frame
 from ..types import EditMethod
 from ._editing import Edit
 
@@ -23,7 +25,7 @@ if TYPE_CHECKING:
 # ---- what the edit did --------------------------------------------------------------------------
 
 @dataclass(frozen=True)
-class EditReport:
+class EditReport(HtmlView):
     """Margins (chosen − rejected, reward units) before and after an edit.
 
     `probe_before`/`probe_after` [n_probe]: pairs that differ only in the concept (chosen carries it);
@@ -69,24 +71,42 @@ class EditReport:
         """Change of the untargeted pair accuracy, in percentage points (after − before)."""
         return 100.0 * (self.accuracy_after - self.accuracy_before)
 
-    def intervals(self, n_boot: int = 2000, level: float = 0.95, seed: int = 0) -> dict[str, tuple[float, float]]:
+    def intervals(self, n_boot: int = 2000, confidence: float = 0.95, seed: int = 0,
+                  level: float | None = None) -> dict[str, tuple[float, float]]:
         """Bootstrap intervals (pairs resampled with before and after together) of the share removed
-        (probe pairs) and of the accuracy change in points (untargeted pairs)."""
+        (probe pairs) and of the accuracy change in points (untargeted pairs), of coverage `confidence`
+        (`level` is its deprecated name, one release)."""
+        confidence = renamed("EditReport.intervals", "level", "confidence", level, confidence)
 
         def ci(before: np.ndarray, after: np.ndarray,
                stat: Callable[[np.ndarray, np.ndarray], float]) -> tuple[float, float]:
             rows = np.arange(len(before), dtype=np.float64)
             return bootstrap_ci(rows, stat=lambda i: stat(before[i.astype(int)], after[i.astype(int)]),
-                                n_boot=n_boot, level=level, seed=seed)
+                                n_boot=n_boot, level=confidence, seed=seed)
 
         share = lambda b, a: 1.0 - _mean(a) / _mean(b) if _mean(b) != 0 else float("nan")  # as `share_removed`
         points = lambda b, a: 100.0 * (finite_accuracy(a) - finite_accuracy(b))
         return {"share_removed": ci(self.probe_before, self.probe_after, share),
                 "accuracy_change_points": ci(self.other_before, self.other_after, points)}
 
-    def summary(self) -> list[dict[str, Any]]:
-        """One row: every number of the edit's report (bootstrap intervals as `*_lo`/`*_hi`), NaN where
-        unmeasured. A list like every result's summary, so the rows of several edits stack into a frame."""
+    def summary(self) -> pd.DataFrame:
+        """One row per number of the edit's report (`stats.summary_frame`): `value`, with `low`, `high` (the
+        bootstrap intervals of `intervals()`) for the share removed and the accuracy change and `n` the pairs
+        each is over; NaN where unmeasured."""
+        nan, ci = float("nan"), self.intervals()
+        n_probe, n_other = len(self.probe_before), len(self.other_before)
+        rows = [("targeted_before", self.targeted_before, n_probe), ("targeted_after", self.targeted_after, n_probe),
+                ("share_removed", self.share_removed, n_probe), ("accuracy_before", self.accuracy_before, n_other),
+                ("accuracy_after", self.accuracy_after, n_other),
+                ("accuracy_change_points", self.accuracy_change, n_other),
+                ("other_margin_before", _mean(self.other_before), n_other),
+                ("other_margin_after", _mean(self.other_after), n_other)]
+        return summary_frame([{"name": k, "value": v, "low": ci.get(k, (nan, nan))[0], "high": ci.get(k, (nan, nan))[1],
+                               "n": n} for k, v, n in rows])
+
+    def row(self) -> dict[str, Any]:
+        """Every number of the edit's report as one flat dict (bootstrap intervals as `*_lo`/`*_hi`), NaN where
+        unmeasured, so the rows of several edits stack into a frame (what `rewardlens edit --json` writes)."""
         out: dict[str, Any] = {
             "targeted_before": self.targeted_before, "targeted_after": self.targeted_after,
             "share_removed": self.share_removed, "accuracy_before": self.accuracy_before,
@@ -96,13 +116,13 @@ class EditReport:
         }
         for key, (lo, hi) in self.intervals().items():
             out[f"{key}_lo"], out[f"{key}_hi"] = lo, hi
-        return [out]
+        return out
 
     def to_frame(self) -> pd.DataFrame:
         """Rows: targeted mean margin, untargeted accuracy and mean margin; columns before, after, change."""
         import pandas as pd
 
-        s = self.summary()[0]
+        s = self.row()
         rows = [("targeted mean margin", s["targeted_before"], s["targeted_after"]),
                 ("untargeted accuracy", s["accuracy_before"], s["accuracy_after"]),
                 ("untargeted mean margin", s["other_margin_before"], s["other_margin_after"])]

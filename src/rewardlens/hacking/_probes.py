@@ -8,7 +8,7 @@ the yardstick of the distortion index (`rewardlens.hacking.distortion`).
 
 Statistics (docs/design.md §4): n counts unique base items; each axis reports its mean effect with a
 percentile bootstrap CI over items, a Wilcoxon signed-rank p-value, Benjamini–Hochberg q across
-axes, and d_z = mean / sd (NaN at zero variance). An axis is *flagged* when q < `level` and its
+axes, and d_z = mean / sd (NaN at zero variance). An axis is *flagged* when q < `alpha` and its
 |mean| is at least `min_effect` × the model's reward scale, by default the standard deviation of the
 base items' rewards over every item the run may use (hacking/_scale.py): a significant but negligible
 shift is reported, not flagged. Given reference pairs, each flag is also computed under their mean
@@ -23,13 +23,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .._deprecated import renamed
 from ..data import Pair
 from ..data.internal import progress_bar
 from ..errors import UsageError
 from ..model import ReadCache, RewardModel
 from ..model.internal import one_read_only
 from ..plotting import HtmlView
-from ..stats import benjamini_hochberg, bootstrap_ci, paired_test, standardized
+from ..stats import benjamini_hochberg, bootstrap_ci, paired_test, standardized, summary_frame
 from ..types import Conversation
 from ._axes import AXES
 from ._degrade import QUALITY
@@ -78,6 +79,7 @@ class Probes(HtmlView):
     scale_source: str
     min_effect: float
     level: float
+    """The significance level `alpha` the flags used (the name stored audits hold; docs/design.md "Words")."""
     alt_scale: float
     """The alternative scale each flag was also computed under (NaN: none; `probe(reference=, scale=)`)."""
     alt_scale_source: str
@@ -106,7 +108,16 @@ class Probes(HtmlView):
         """One line on the items used: how many, and why the run stopped there."""
         return budget(len(self.item_ids), self.stage, self.stages, self.stopped_because, self.axes, self.decided)
 
-    def summary(self) -> str:
+    def summary(self) -> pd.DataFrame:
+        """One row per axis, indexed by `axis` (`stats.summary_frame`): `value` the mean effect (reward units),
+        `low`, `high` its interval, `n` the items, then `q`, `flagged`, `fragile` (`describe()` in words)."""
+        return summary_frame([{"axis": a, "value": float(m), "low": float(lo), "high": float(hi), "n": int(n),
+                               "q": float(q), "flagged": bool(f), "fragile": bool(w)}
+                              for a, m, lo, hi, n, q, f, w in zip(self.axes, self.mean, self.ci_low, self.ci_high,
+                                                                  self.n, self.q, self.flagged, self.fragile)],
+                             name="axis")
+
+    def describe(self) -> str:
         """The flags in words: the findings (flagged, not fragile), each fragile axis and why, the flag floor
         with its scale (and the alternative it was checked against), and the items used (`budget`)."""
         alt = None if np.isnan(self.alt_scale) else (self.alt_scale, self.alt_scale_source)
@@ -169,7 +180,7 @@ def probe(
     reference: Sequence[Pair] | np.ndarray | float | None = None,
     scale: str | float = "items",
     min_effect: float = 0.25,
-    level: float = 0.05,
+    alpha: float = 0.05,
     seed: int = 0,
     n_boot: int = 2000,
     batch_size: int = 16,
@@ -177,6 +188,7 @@ def probe(
     cache: ReadCache | None = None,
     stages: Sequence[int] | None = None,
     memo: Chunks | None = None,
+    level: float | None = None,
 ) -> Probes:
     """Run the probe axes on base items and test each effect; returns `Probes`.
 
@@ -208,6 +220,8 @@ def probe(
     interim level with its CI beyond the flag floor, or negligible: its CI inside ±min_effect × scale),
     else at the last. The result holds the statistics of the stopping stage's items, exactly those of
     `probe` on them; `Probes.stage`, `stopped_because` and `decided` say where and why. None: one fixed set.
+    `alpha`: the significance level, an axis is flagged when its BH-adjusted q < alpha (and its effect clears
+    the flag floor); `level` is its deprecated name (one release).
     `memo`: where the scored sequences are kept chunk by chunk as they finish (`Chunks`, hacking/_scored.py; the
     audit's results store), so a killed run resumes without scoring a kept sequence again.
     """
@@ -217,9 +231,10 @@ def probe(
     unknown = [a for a in names if a not in AXES]
     if unknown or not names:
         raise UsageError(f"unknown probe axes {unknown}; choose from {list(AXES)}")
-    if not 0 < level < 1 or min_effect < 0:
-        raise UsageError(f"level must be in (0, 1) and min_effect >= 0, got level={level}, min_effect={min_effect}",
-                         option="level" if not 0 < level < 1 else "min_effect")
+    alpha = renamed("probe", "level", "alpha", level, alpha)
+    if not 0 < alpha < 1 or min_effect < 0:
+        raise UsageError(f"alpha must be in (0, 1) and min_effect >= 0, got alpha={alpha}, min_effect={min_effect}",
+                         option="alpha" if not 0 < alpha < 1 else "min_effect")
     check_choice(scale, reference)
     everything = base_items(items)
     pools = [everything] if stages is None else stage_items(stages, everything)
@@ -234,12 +249,12 @@ def probe(
     for k, items_k in enumerate(pools, 1):
         last = k == len(pools)
         res = _stage(model, items_k, names, quality, seed, scored, batch_size, progress, cache, (scale, pool, given),
-                     last, (min_effect, level, n_boot), memo)
+                     last, (min_effect, alpha, n_boot), memo)
         if stages is None:
             assert res is not None  # the one stage is the last: it raises rather than return None
             return res
         decided = (UNDECIDED,) * len(names) if res is None else decide(
-            res.mean, res.ci_low, res.ci_high, res.q, min_effect * res.scale, INTERIM_SHARE * level)
+            res.mean, res.ci_low, res.ci_high, res.q, min_effect * res.scale, INTERIM_SHARE * alpha)
         if res is not None and (last or UNDECIDED not in decided):
             return replace(res, stage=k, stages=tuple(len(p) for p in pools), decided=before if last else decided,
                            stopped_because="last stage" if last else "decided")

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Literal, get_args
 import numpy as np
 import torch
 
+from .. import _deprecated
 from ..data import Pair, effect, interleave, is_chosen, margin, pair_ids, rejected
 from ..errors import DataError, warn
 from ..model import RewardModel
@@ -82,7 +83,7 @@ class FeaturePatch(HtmlView):
     summed over a group's members); `total`, `direct`: clean margin − patched margin, with later
     layers recomputing and through the frozen read-out; `indirect` = total − direct. `clean`
     [2·n_pairs] the model's own rewards (interleaved chosen, rejected); `patched` [2·n_pairs, F] the
-    rewards with one column edited (the side a mode leaves alone keeps its clean reward). `mode`,
+    rewards with one column edited (the side an edit leaves alone keeps its clean reward). `edit`,
     `value` say what `f'` was. `total_approx` [n_pairs, F]: the first-order estimate of `total`
     (module docstring; None when not asked for).
     """
@@ -91,7 +92,7 @@ class FeaturePatch(HtmlView):
 
     layer: int
     features: np.ndarray
-    mode: FeatureMode
+    edit: FeatureMode
     value: float | None
     pair_ids: list[str]
     attribution: np.ndarray
@@ -113,6 +114,12 @@ class FeaturePatch(HtmlView):
     def _label(self, j: int) -> int | str:
         """Column `j`'s label: its latent id for a call by features, its name for a call by groups."""
         return self.names[j] if self.grouped else int(self.features[j])
+
+    @property
+    def mode(self) -> FeatureMode:
+        """`edit`'s deprecated name (one release)."""
+        _deprecated.warn("FeaturePatch.mode", "rewardlens.sae.FeaturePatch:edit", stacklevel=3)
+        return self.edit
 
     @property
     def indirect(self) -> np.ndarray:
@@ -189,7 +196,7 @@ class FeaturePatch(HtmlView):
         ax.set_yticks(y, [f"{'group' if self.grouped else 'feature'} {self._label(i)}" for i in top], fontsize=7)
         ax.axvline(0, color="black", lw=0.8)
         mean, lo, hi = self.faithfulness()
-        ax.set_title(f"{self.mode} at layer {self.layer}: ρ(attribution, total) {mean:.2f} [{lo:.2f}, {hi:.2f}]",
+        ax.set_title(f"{self.edit} at layer {self.layer}: ρ(attribution, total) {mean:.2f} [{lo:.2f}, {hi:.2f}]",
                      fontsize=9)
         ax.set_xlabel("mean effect on the margin (clean − patched, reward units)")
         ax.legend(fontsize=7)
@@ -233,12 +240,12 @@ def _check(model: RewardModel, sae: TopKSAE, pairs: Sequence[Pair], layer: int, 
     if not pairs or not all(isinstance(p, Pair) for p in pairs):
         raise DataError("feature_patch compares the two sides of preference pairs: pass a list of rewardlens.Pair")
     if mode not in get_args(FeatureMode):
-        raise DataError(f"mode must be 'ablate', 'clamp' or 'noising', got {mode!r}", option="mode")
+        raise DataError(f"edit must be 'ablate', 'clamp' or 'noising', got {mode!r}", option="edit")
     if mode == "clamp" and (value is None or not math.isfinite(float(value))):
-        raise DataError(f"mode='clamp' needs a finite value= to set the features to, got {value!r}")
+        raise DataError(f"edit='clamp' needs a finite value= to set the features to, got {value!r}")
     if mode != "clamp" and value is not None:
-        raise DataError(f"value= is the clamp level; mode={mode!r} takes none (got {value!r}): drop it or use "
-                        "mode='clamp'")
+        raise DataError(f"value= is the clamp level; edit={mode!r} takes none (got {value!r}): drop it or use "
+                        "edit='clamp'")
 
 
 def _dense(att: FeatureAttribution, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -302,8 +309,9 @@ def _columns(sae: TopKSAE, ranking: FeatureAttribution | FeatureTotals, features
 
 def feature_patch(model: RewardModel, sae: TopKSAE, pairs: Sequence[Pair], *, layer: int,
                   features: Sequence[int] | None = None, groups: Sequence[Sequence[int]] | None = None,
-                  mode: FeatureMode = "ablate", value: float | None = None, rank: FeatureRank = "direct",
-                  approx: bool = False, batch_size: int = 16, n_boot: int = 2000, seed: int = 0) -> FeaturePatch:
+                  edit: FeatureMode = "ablate", value: float | None = None, rank: FeatureRank = "direct",
+                  approx: bool = False, batch_size: int = 16, n_boot: int = 2000, seed: int = 0,
+                  mode: FeatureMode | None = None) -> FeaturePatch:
     """Edit each SAE feature (or each group of features, jointly) at the residual after `layer` and measure
     the margin's total, direct and indirect change (module docstring); error term kept.
 
@@ -311,13 +319,15 @@ def feature_patch(model: RewardModel, sae: TopKSAE, pairs: Sequence[Pair], *, la
     |margin| by `rank`: 'direct', the margin contribution, or 'total_approx', the first-order total
     effect of ablating it, which finds features that act through later layers). `groups`: instead,
     lists of latent ids, each list one joint edit (its column named e.g. '173+88+12'; `[]` the empty
-    edit). `mode`: 'ablate', 'clamp' (with a finite `value`, every member set to it) or 'noising'.
+    edit). `edit`: 'ablate', 'clamp' (with a finite `value`, every member set to it) or 'noising' (`mode` is
+    its deprecated name, one release: a mode is a patch mode, docs/design.md "Words").
     `approx`: also the first-order estimate `total_approx` of every column (one more forward and backward
     per batch; free with `rank='total_approx'`, which computes it anyway).
     `batch_size`: rows per forward (inputs × edits); 1 runs every edit on its own. One attribution pass
     (for `f`, `u_l` and the attribution), then the edited forwards.
     """
-    _check(model, sae, pairs, layer, mode, value)
+    edit = _deprecated.renamed("feature_patch", "mode", "edit", mode, edit)
+    _check(model, sae, pairs, layer, edit, value)
     if rank not in get_args(FeatureRank):
         raise DataError(f"rank must be 'direct' or 'total_approx', got {rank!r}")
     att, readout = attribute_with_readout(model, sae, pairs, layer=layer, batch_size=batch_size)
@@ -327,7 +337,7 @@ def feature_patch(model: RewardModel, sae: TopKSAE, pairs: Sequence[Pair], *, la
     ids = np.array(sorted({i for g in cols for i in g}), dtype=np.int64)  # every member once [U]
     member = np.array([np.isin(ids, g) for g in cols], dtype=np.float64).reshape(len(cols), len(ids))  # [G, U]
     acts, vals = _dense(att, ids)
-    new, edited = _targets(acts, mode, value)
+    new, edited = _targets(acts, edit, value)
     W = sae.W_dec.detach().to(model.device, torch.float32)[torch.as_tensor(ids, device=model.device)]  # [U, d]
     Wd = W.double().cpu().numpy()
     delta = np.where(edited[:, None], new - acts, 0.0)
@@ -339,7 +349,7 @@ def feature_patch(model: RewardModel, sae: TopKSAE, pairs: Sequence[Pair], *, la
         approx_rows = (delta * (totals.gradient.astype(np.float64) @ Wd.T)) @ member.T
     clean, patched = _rewards(model, pairs, layer, delta, edited, W, member, batch_size)
     return FeaturePatch(
-        layer=layer, features=np.array([g[0] if g else -1 for g in cols], dtype=np.int64), mode=mode,
+        layer=layer, features=np.array([g[0] if g else -1 for g in cols], dtype=np.int64), edit=edit,
         value=None if value is None else float(value), pair_ids=pair_ids(pairs), attribution=margin(vals) @ member.T,
         total=effect(margin(clean), margin(patched)), direct=effect(0.0, margin(direct_rows)), clean=clean,
         patched=patched, groups=cols, grouped=groups is not None, n_boot=n_boot, seed=seed,
