@@ -34,6 +34,7 @@ from . import (
     sae,
     serve,
     tokens,
+    transcoders,
 )
 from ._common import FLAGS, Command, Interrupted, check_common, command_line, print_json
 
@@ -43,7 +44,8 @@ _EPILOG = ("exit status: 0 done, 2 bad input (one line: 'rewardlens: error: ...'
 """What `rewardlens -h` says under the commands."""
 
 # Each module owns its commands; the order here is the order of `rewardlens -h`.
-_MODULES = (base, tokens, audit, bench, causal, circuit, probes, compare, concepts, conflict, edit, sae, organisms,
+_MODULES = (base, tokens, audit, bench, causal, circuit, probes, compare, concepts, conflict, edit, sae, transcoders,
+            organisms,
             monitor, loop, serve, parity)
 
 

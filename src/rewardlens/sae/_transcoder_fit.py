@@ -30,6 +30,7 @@ from torch import Tensor
 from ..data import Inputs
 from ..model import RewardModel
 from ..model.internal import Batch, rewriting
+from ..stats import summary_frame
 from ._transcoder import Transcoders
 from ._transcoder_load import check_transcoders
 from ._transcoder_train import mlp_module, mlp_pairs
@@ -59,7 +60,15 @@ class TranscoderFidelity:
                              "explained_variance": [self.explained_variance[la] for la in self.layers],
                              "l0": [self.l0[la] for la in self.layers]})
 
-    def summary(self) -> str:
+    def summary(self) -> pd.DataFrame:
+        """One row per number (`stats.summary_frame`): each layer's explained variance of the MLP output and
+        mean active features, then the reward recovered with every MLP replaced; `n` the tokens or sequences."""
+        rows = [{"name": f"{what}_layer_{la}", "value": getattr(self, what)[la], "n": self.n_tokens}
+                for la in self.layers for what in ("explained_variance", "l0")]
+        return summary_frame([*rows, {"name": "reward_recovered", "value": self.reward_recovered,
+                                      "n": len(self.reward)}])
+
+    def describe(self) -> str:
         """One line: the per-layer explained variance range and the reward recovered."""
         ev = [self.explained_variance[la] for la in self.layers]
         rec = "n/a (zeroing moves no reward)" if math.isnan(self.reward_recovered) else f"{self.reward_recovered:.3f}"
@@ -69,7 +78,7 @@ class TranscoderFidelity:
                 f"zeroed {float(np.abs(self.zeroed - self.reward).mean()):.4g})")
 
     def __str__(self) -> str:
-        return self.summary()
+        return self.describe()
 
 
 def transcoder_fidelity(model: RewardModel, transcoders: Transcoders, inputs: Inputs, *,

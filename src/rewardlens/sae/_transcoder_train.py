@@ -32,6 +32,7 @@ from ..data import Inputs, progress_bar
 from ..errors import UsageError
 from ..model import RewardModel
 from ..model.internal import Batch, get_module, rewriting
+from ..stats import summary_frame
 from ._activations import token_mask
 from ._provenance import model_fingerprint, model_name
 from ._transcoder import Transcoder, TranscoderConfig, Transcoders
@@ -169,7 +170,17 @@ class TranscoderTraining:
                          "dead_fraction": self.dead_fraction[layer], "steps": len(h)})
         return pd.DataFrame(rows)
 
-    def summary(self) -> str:
+    def summary(self) -> pd.DataFrame:
+        """One row per number (`stats.summary_frame`): each layer's final FVU and dead fraction, the tokens
+        trained on and the throughput (`n` the tokens per layer)."""
+        frame = self.to_frame()
+        rows = [{"name": f"{what}_layer_{r['layer']}", "value": r[what], "n": self.n_tokens}
+                for r in frame.to_dict("records") for what in ("final_fvu", "dead_fraction")]
+        return summary_frame([*rows, {"name": "tokens_per_second", "value": self.tokens_per_second,
+                                      "n": self.n_tokens}])
+
+    def describe(self) -> str:
+        """One line: how many transcoders, on how many tokens, how fast."""
         return (f"trained {len(self.fvu)} transcoder(s) of {self.transcoders.d_sae} features on {self.n_tokens} tokens "
                 f"in {self.seconds:.1f} s ({self.tokens_per_second:.0f} tokens/s)")
 
