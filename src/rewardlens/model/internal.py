@@ -29,7 +29,7 @@ from ._hooks import eval_mode as eval_mode
 from ._hooks import first_output as first_output
 from ._hooks import hidden_arg as hidden_arg
 from ._hooks import rewriting as rewriting
-from ._kinds import read_values as read_values
+from ._kind_loaders import read_values as read_values
 from ._moe import check_moe_map as check_moe_map
 from ._moe import expert_parts as expert_parts
 from ._moe import expert_writes as expert_writes
