@@ -47,8 +47,9 @@ def test_faithfulness_report_is_consistent_with_its_parts(tiny_root):
     assert rep.seed_positions == "read"  # the demo pairs are not token-aligned
     seed = rep.seed_rho[0]
     assert seed == pytest.approx(spearmanr(np.abs(rep.attribution[0]), np.abs(rep.total[0])).statistic)
-    assert [r["comparison"].split(" vs ")[-1] for r in rep.summary()[:4]] == [
+    assert [name.split(" vs ")[-1] for name in rep.summary().index[:4]] == [
         "direct", "total", "indirect", "attribution_patching"]
+    assert rep.summary().loc["attribution vs total", ["value", "low", "high"]].tolist() == list(rep.pooled("total"))
     frame = rep.to_frame()
     assert len(frame) == len(DEMO_PAIRS) * len(rep.names)
     # direct patching and attribution measure the same thing up to the final norm's scale change
@@ -92,7 +93,7 @@ def test_far_points_exceed_the_natural_threshold_and_natural_ones_do_not():
         thresholds(natural[:4])
 
 
-def test_divergence_scores_patched_runs_against_natural_activations(tiny_root, monkeypatch):
+def test_divergence_scores_patched_runs_against_natural_activations(tiny_root):
     model = rl.load(str(tiny_root["llama"]))
     res = patch(model, DEMO_PAIRS, mode="ablation", divergence=True)
     assert res.divergence.shape == res.effect.shape and np.isfinite(res.divergence).all()
@@ -100,30 +101,24 @@ def test_divergence_scores_patched_runs_against_natural_activations(tiny_root, m
     assert 0 <= rel["flagged_share"] <= 1 and 0 <= rel["effect_share_flagged"] <= 1
     assert res.to_frame()["flagged"].dtype == bool
     # the read-position engine and the batched engine see the same downstream activations
-    from rewardlens.causal import _patching as patching
-
-    monkeypatch.setattr(patching, "not_continuable", lambda *a: "forced")
-    batched = patch(model, DEMO_PAIRS, mode="ablation", divergence=True)
+    batched = patch(model, DEMO_PAIRS, mode="ablation", divergence=True, engine="batched_sweep")
     np.testing.assert_allclose(res.divergence, batched.divergence, rtol=1e-4, atol=1e-6)
     # zeroing a whole sublayer of a random model is not natural: something must get flagged
     assert res.flagged.any()
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_divergence_from_the_cached_engine_equals_the_copy_engines(tiny_root, arch, monkeypatch):
+def test_divergence_from_the_cached_engine_equals_the_copy_engines(tiny_root, arch):
     """Each copy's stream in the cached engine (its own layers' residuals, the clean ones below its group)
     scores as the copy engine's, which runs every copy through every layer; decoders take the cached one."""
-    from rewardlens.causal import _patching as patching
+    from rewardlens.model.internal import not_continuable
 
     model = rl.load(str(tiny_root[arch]))
-    used = []
-    cached = patching.cached_read_sweep
-    monkeypatch.setattr(patching, "cached_read_sweep",
-                        lambda *a, **k: (got := cached(*a, **k)) and used.append(1) or got)
     fast = patch(model, DEMO_PAIRS, level="head", divergence=True)
-    monkeypatch.setattr(patching, "cached_read_sweep", lambda *a, **k: None)
-    slow = patch(model, DEMO_PAIRS, level="head", divergence=True)
-    assert bool(used) == (patching.not_continuable(model, model.encode(DEMO_PAIRS)[0]) is None), "which engine ran"
+    copies = not_continuable(model, model.encode(DEMO_PAIRS)[0]) is None
+    slow = patch(model, DEMO_PAIRS, level="head", divergence=True, engine="read_sweep" if copies else None)
+    assert fast.provenance is not None
+    assert (fast.provenance.engine == "cached_read_sweep") == copies, "which engine ran"
     np.testing.assert_allclose(fast.patched_chosen, slow.patched_chosen, rtol=1e-5, atol=2e-5)
     np.testing.assert_allclose(fast.divergence, slow.divergence, rtol=1e-4, atol=1e-5)
     assert np.abs(fast.divergence).max() > 0.1  # a real stream was scored, not the zeros it starts as

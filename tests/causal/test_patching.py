@@ -1,4 +1,5 @@
-"""The patching engine against the naive yardstick (one full HF forward per part), on every architecture."""
+"""The patching engines against the library's reference engine (one unbatched forward per part and pair), on
+every architecture; tests/causal/test_engines.py checks the reference itself against a hook-based loop."""
 
 import numpy as np
 import pytest
@@ -9,7 +10,6 @@ from rewardlens.causal import patch
 from rewardlens.errors import DataError, TokenizationError
 from rewardlens.model import TraceKey
 from rewardlens.model.internal import tokenize
-from tests.helpers.naive import naive_patch
 from tests.helpers.tiny import ARCHS
 
 DECODERS = [a for a in ARCHS if a not in ("bert", "deberta-v2")]
@@ -58,15 +58,16 @@ def _check(model, pairs, case):
     mode, ablation, positions, level, estimand = case
     got = patch(model, pairs, mode=mode, ablation=ablation, positions=positions, level=level, estimand=estimand,
                 batch_size=2)
-    want_c, want_r = naive_patch(model, pairs, mode=mode, ablation=ablation, positions=positions, level=level,
-                                 estimand=estimand)
-    np.testing.assert_allclose(got.patched_chosen, want_c, atol=2e-5, rtol=1e-5)
-    np.testing.assert_allclose(got.patched_rejected, want_r, atol=2e-5, rtol=1e-5)
+    want = patch(model, pairs, mode=mode, ablation=ablation, positions=positions, level=level, estimand=estimand,
+                 engine="reference")
+    assert got.provenance is not None and want.provenance is not None and want.provenance.engine == "reference"
+    np.testing.assert_allclose(got.patched_chosen, want.patched_chosen, atol=2e-5, rtol=1e-5)
+    np.testing.assert_allclose(got.patched_rejected, want.patched_rejected, atol=2e-5, rtol=1e-5)
     return got
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_read_position_patching_equals_the_naive_loop(tiny_root, pairs, arch):
+def test_read_position_patching_equals_the_reference(tiny_root, pairs, arch):
     model = rl.load(str(tiny_root[arch]))
     for case in READ_CASES:
         got = _check(model, pairs, case)
@@ -74,34 +75,26 @@ def test_read_position_patching_equals_the_naive_loop(tiny_root, pairs, arch):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_whole_sequence_and_span_patching_equal_the_naive_loop(tiny_root, aligned, arch):
+def test_whole_sequence_and_span_patching_equal_the_reference(tiny_root, aligned, arch):
     model = rl.load(str(tiny_root[arch]))
     for case in WHOLE_CASES:
         _check(model, aligned, case)
 
 
-def test_read_engines_on_decoders_and_encoders(tiny_root, pairs, monkeypatch):
-    """Decoders take the cached engine (copies from their own layer on the prefix's cache); when it
-    declines, the copy engine gives the same numbers; encoders take neither."""
-    from rewardlens.causal import _patching as patching
-
-    calls = {"cached": 0, "copies": 0}
-    cached, copies = patching.cached_read_sweep, patching.read_sweep
-    monkeypatch.setattr(patching, "cached_read_sweep",
-                        lambda *a, **k: calls.__setitem__("cached", calls["cached"] + 1) or cached(*a, **k))
-    monkeypatch.setattr(patching, "read_sweep",
-                        lambda *a, **k: calls.__setitem__("copies", calls["copies"] + 1) or copies(*a, **k))
+def test_read_engines_on_decoders_and_encoders(tiny_root, pairs):
+    """Decoders take the cached engine (copies from their own layer on the prefix's cache); the copy engine,
+    forced, gives the same numbers; encoders take neither, and the result says why."""
     model = rl.load(str(tiny_root["llama"]))
     fast = patch(model, pairs, level="head")
-    assert calls == {"cached": 1, "copies": 0}
-    monkeypatch.setattr(patching, "cached_read_sweep", lambda *a, **k: None)
-    slow = patch(model, pairs, level="head")
-    assert calls["copies"] == 1
+    assert fast.provenance is not None and fast.provenance.engine == "cached_read_sweep"
+    slow = patch(model, pairs, level="head", engine="read_sweep")
+    assert slow.provenance is not None and slow.provenance.engine == "read_sweep" and slow.provenance.forced
     np.testing.assert_allclose(fast.patched_chosen, slow.patched_chosen, atol=2e-5)
     np.testing.assert_allclose(fast.chosen, slow.chosen, atol=2e-5)
-    calls.update(cached=0, copies=0)
-    patch(rl.load(str(tiny_root["bert"])), pairs)
-    assert calls == {"cached": 0, "copies": 0}
+    bert = patch(rl.load(str(tiny_root["bert"])), pairs).provenance
+    assert bert is not None and bert.engine not in ("cached_read_sweep", "read_sweep")
+    assert "attends both ways" in (bert.reason("cached_read_sweep") or "")
+    assert "attends both ways" in (bert.reason("read_sweep") or "")
 
 
 def test_chunking_and_batch_size_do_not_change_results(tiny_root, pairs):
@@ -208,26 +201,19 @@ def test_attribution_patching_is_the_first_order_term_of_exact_patching(tiny_roo
 
 
 @pytest.mark.parametrize("arch", ["llama", "gemma2", "gpt2", "gpt_neox", "bert", "deberta-v2", "armorm"])
-def test_whole_sequence_runs_start_at_their_own_layer_and_match_full_forwards(tiny_root, aligned, arch, monkeypatch):
-    """The stepped engine (each run from its patched layer, the model's own layer modules) is the
-    one used once the suffix engine declines, and equals the full-forward batched engine it falls back to."""
-    from rewardlens.causal import _patching as patching
+def test_whole_sequence_runs_start_at_their_own_layer_and_match_full_forwards(tiny_root, aligned, arch):
+    """The stepped engine (each run from its patched layer, the model's own layer modules) runs where the
+    suffix engine cannot (ablation changes every position), and equals the full-forward batched engine."""
     from rewardlens.causal import _stepped as patch_stepped
-
-    monkeypatch.setattr(patching, "suffix_sweep", lambda *a, **k: None)  # tests/causal/test_prefix_patching.py
 
     model = rl.load(str(tiny_root[arch]))
     seqs, _ = model.encode(aligned)
     batch = patch_stepped.collate(seqs, pad_id=model.pad_token_id, side="right", first=model.encoder,
                                   device=model.device)
     assert patch_stepped.stepping_works(model, patch_stepped.Recording(model, batch))
-    used = []
-    real = patching.stepped_sweep
-    monkeypatch.setattr(patching, "stepped_sweep", lambda *a, **k: used.append(1) or real(*a, **k))
-    stepped = patch(model, aligned, positions="all", level="head", batch_size=3)
-    assert used
-    monkeypatch.setattr(patching, "stepped_sweep", lambda *a, **k: None)
-    full = patch(model, aligned, positions="all", level="head", batch_size=3)
+    stepped = patch(model, aligned, mode="ablation", positions="all", level="head", batch_size=3)
+    assert stepped.provenance is not None and stepped.provenance.engine == "stepped_sweep"
+    full = patch(model, aligned, mode="ablation", positions="all", level="head", batch_size=3, engine="batched_sweep")
     np.testing.assert_allclose(stepped.patched_chosen, full.patched_chosen, atol=2e-5, rtol=1e-5)
 
 
@@ -264,13 +250,15 @@ def test_models_whose_copies_differ_by_column_fall_back_and_stay_exact(alibi_roo
     model = rl.load(str(alibi_root / arch))
     for level in ("sublayer", "head"):
         got = patch(model, pairs, level=level, batch_size=2)
-        want_c, _ = naive_patch(model, pairs, level=level)
-        np.testing.assert_allclose(got.patched_chosen, want_c, atol=2e-5, rtol=1e-5)
+        want = patch(model, pairs, level=level, engine="reference")
+        np.testing.assert_allclose(got.patched_chosen, want.patched_chosen, atol=2e-5, rtol=1e-5)
         np.testing.assert_allclose(got.chosen, model.score(pairs)[0::2], rtol=1e-5)
+        assert got.provenance is not None and got.provenance.engine not in ("cached_read_sweep", "read_sweep")
+        assert got.provenance.reason("cached_read_sweep") or got.provenance.reason("read_sweep")
     # Whole prefixes: each run continues the clean run's cache from its first changed position, or declines.
     got = patch(model, pairs, positions="prefix", batch_size=2)
-    want_c, want_r = naive_patch(model, pairs, positions="prefix")
-    np.testing.assert_allclose(got.patched_chosen, want_c, atol=2e-5, rtol=1e-5)
+    want = patch(model, pairs, positions="prefix", engine="reference")
+    np.testing.assert_allclose(got.patched_chosen, want.patched_chosen, atol=2e-5, rtol=1e-5)
 
 
 def test_a_single_pair_is_accepted(tiny_root, pairs):

@@ -1,4 +1,4 @@
-"""positions='prefix' (the seed paper's whole-prefix rule) against a naive prefix-patching loop."""
+"""positions='prefix' (the seed paper's whole-prefix rule) against the reference engine (one forward per part)."""
 
 import warnings
 
@@ -10,7 +10,6 @@ from rewardlens import Pair
 from rewardlens.causal import patch
 from rewardlens.errors import RewardLensWarning
 from rewardlens.model.internal import tokenize
-from tests.helpers.naive import naive_patch
 from tests.helpers.tiny import ARCHS
 
 CASES = [(mode, estimand) for mode in ("noising", "denoising") for estimand in ("total", "direct")]
@@ -19,6 +18,14 @@ CASES = [(mode, estimand) for mode in ("noising", "denoising") for estimand in (
 def _lengths(model, pairs):
     seqs, _ = model.encode(pairs)
     return np.array([len(s.ids) for s in seqs[0::2]]), np.array([len(s.ids) for s in seqs[1::2]])
+
+
+def _reference(model, pairs, **kwargs):
+    """Patched chosen and rejected rewards [n, S] of the reference engine, prefix positions."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RewardLensWarning)
+        got = patch(model, pairs, positions="prefix", engine="reference", **kwargs)
+    return got.patched_chosen, got.patched_rejected
 
 
 def _patch(model, pairs, **kwargs):
@@ -30,13 +37,13 @@ def _patch(model, pairs, **kwargs):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_prefix_patching_equals_the_naive_loop(tiny_root, pairs, arch):
+def test_prefix_patching_equals_the_reference(tiny_root, pairs, arch):
     model = rl.load(str(tiny_root[arch]))
     n_chosen, n_rejected = _lengths(model, pairs)
     assert (n_chosen > n_rejected).any() and (n_chosen < n_rejected).any(), "the pairs must differ both ways"
     for mode, estimand in CASES:
         got, said = _patch(model, pairs, mode=mode, estimand=estimand)
-        want_c, want_r = naive_patch(model, pairs, mode=mode, positions="prefix", estimand=estimand)
+        want_c, want_r = _reference(model, pairs, mode=mode, estimand=estimand)
         np.testing.assert_allclose(got.patched_chosen, want_c, atol=2e-5, rtol=1e-5, err_msg=f"{mode}/{estimand}")
         np.testing.assert_allclose(got.patched_rejected, want_r, atol=2e-5, rtol=1e-5, err_msg=f"{mode}/{estimand}")
         assert np.abs(got.effect).max() > 1e-5, f"{mode}/{estimand}: every effect is zero, the check would be empty"
@@ -53,10 +60,10 @@ def test_prefix_patching_equals_the_naive_loop(tiny_root, pairs, arch):
 
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2", "bert"])
-def test_prefix_heads_match_the_naive_loop(tiny_root, pairs, arch):
+def test_prefix_heads_match_the_reference(tiny_root, pairs, arch):
     model = rl.load(str(tiny_root[arch]))
     got, _ = _patch(model, pairs, mode="noising", level="head")
-    want_c, _ = naive_patch(model, pairs, mode="noising", positions="prefix", level="head")
+    want_c, _ = _reference(model, pairs, mode="noising", level="head")
     np.testing.assert_allclose(got.patched_chosen, want_c, atol=2e-5, rtol=1e-5)
 
 
@@ -106,39 +113,37 @@ def test_the_command_line_takes_prefix(capsys, tiny_root, tmp_path, pairs):
 
 
 # Where the suffix engine must decline, and why (the stepped engine then runs whole sequences).
-DECLINES = {"bert": "encoder", "deberta-v2": "encoder", "roberta": "encoder", "xlm-roberta": "encoder",
-            "armorm": "a gate read at its own position", "gemma3-mm": "a sliding window (8) shorter than the pairs"}
+DECLINES = {"bert": "attends both ways", "deberta-v2": "attends both ways", "roberta": "attends both ways",
+            "xlm-roberta": "attends both ways", "armorm": "a gate read at its own position",
+            "gemma3-mm": "sliding window (8 tokens)"}
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_runs_compute_only_what_the_patch_changes_and_equal_the_full_runs(tiny_root, pairs, arch, monkeypatch):
+def test_runs_compute_only_what_the_patch_changes_and_equal_the_full_runs(tiny_root, pairs, arch):
     """On a causal decoder the two sides share their prompt, so the suffix engine computes only positions
-    from the first that a patch changes (on the clean run's cache) and is the engine used; its patched
-    rewards equal the stepped engine's (whole sequences) and the naive loop, in every mode. Where it must
-    decline (`DECLINES`) it does, and the numbers are the same."""
-    from rewardlens.causal import _patching as patching
+    from the first that a patch changes (on the clean run's cache); forced, its patched rewards equal the
+    stepped engine's (whole sequences) and the reference, in noising and denoising. Where it must decline
+    (`DECLINES`, and ablation, which changes every position) the result says why, and forcing it is refused."""
+    from rewardlens.errors import UsageError
 
     model = rl.load(str(tiny_root[arch]))
     seqs, _ = model.encode(pairs)
     shared = [next(k for k, (a, b) in enumerate(zip(seqs[i].ids, seqs[i + 1].ids)) if a != b)
               for i in range(0, len(seqs), 2)]
     assert min(shared) > 5, "the pairs must share a prompt prefix, or the engine has nothing to skip"
-    used: list[object] = []
-    real = patching.suffix_sweep
-    monkeypatch.setattr(patching, "suffix_sweep", lambda *a, **k: used.append(got := real(*a, **k)) or got)
     for mode in ("noising", "denoising", "ablation"):
-        used.clear()
-        got, _ = _patch(model, pairs, mode=mode)
-        # Ablation changes every position it patches: nothing to skip, the stepped engine runs it.
+        default, _ = _patch(model, pairs, mode=mode)
+        assert default.provenance is not None
         if mode == "ablation" or arch in DECLINES:
-            assert used in ([], [None]), f"{arch}/{mode}: the suffix engine ran"
-        else:
-            assert len(used) == 1 and used[0] is not None, f"{arch}/{mode}: the suffix engine declined"
-        want_c, want_r = naive_patch(model, pairs, mode=mode, positions="prefix")
+            why = default.provenance.reason("suffix_sweep")
+            assert why is not None and (DECLINES.get(arch, "ablation") in why or "ablation" in why), why
+            with pytest.raises(UsageError, match="engine='suffix_sweep' cannot run"):
+                _patch(model, pairs, mode=mode, engine="suffix_sweep")
+            continue
+        got, _ = _patch(model, pairs, mode=mode, engine="suffix_sweep")
+        assert got.provenance is not None and got.provenance.engine == "suffix_sweep" and got.provenance.proof
+        want_c, want_r = _reference(model, pairs, mode=mode)
         np.testing.assert_allclose(got.patched_chosen, want_c, atol=2e-5, rtol=1e-5, err_msg=mode)
         np.testing.assert_allclose(got.patched_rejected, want_r, atol=2e-5, rtol=1e-5, err_msg=mode)
-    monkeypatch.setattr(patching, "suffix_sweep", lambda *a, **k: None)
-    stepped, _ = _patch(model, pairs, mode="noising", level="head")
-    monkeypatch.setattr(patching, "suffix_sweep", real)
-    suffix, _ = _patch(model, pairs, mode="noising", level="head")
-    np.testing.assert_allclose(suffix.patched_chosen, stepped.patched_chosen, atol=2e-5, rtol=1e-5)
+        stepped, _ = _patch(model, pairs, mode=mode, engine="stepped_sweep")
+        np.testing.assert_allclose(got.patched_chosen, stepped.patched_chosen, atol=2e-5, rtol=1e-5)

@@ -196,15 +196,14 @@ def test_a_held_group_whose_proof_fails_runs_its_own_forward_and_changes_nothing
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
-def test_divergence_from_the_held_caches_equals_the_copy_engines(tiny_root, arch, monkeypatch):
+def test_divergence_from_the_held_caches_equals_the_copy_engines(tiny_root, arch):
     """Divergence's streams from held caches (each copy's own layers, the trace's clean residuals below its
     group) score as the copy engine's, which runs every copy through every layer from scratch."""
-    patching = importlib.import_module("rewardlens.causal._patching")
     model = rl.load(str(tiny_root[arch]))
     pairs = list(DEMO_PAIRS[:4])  # divergence calibrates on 8 sequences or more
     got = rl.causal.patch(model, pairs, level="head", divergence=True, clean=_kept_caches(model, pairs).clean)
-    monkeypatch.setattr(patching, "cached_read_sweep", lambda *a, **k: None)
-    want = rl.causal.patch(model, pairs, level="head", divergence=True)
+    assert got.provenance is not None and got.provenance.engine == "cached_read_sweep"
+    want = rl.causal.patch(model, pairs, level="head", divergence=True, engine="read_sweep")
     np.testing.assert_allclose(got.patched_chosen, want.patched_chosen, rtol=1e-5, atol=2e-6)
     np.testing.assert_allclose(got.divergence, want.divergence, rtol=1e-4, atol=1e-5)
     assert np.abs(got.divergence).max() > 0.1

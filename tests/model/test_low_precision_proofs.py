@@ -166,7 +166,7 @@ def test_in_bf16_the_trace_keeps_caches_where_granted_and_patches_as_without(tin
     positions: GPT-2 adds its positions before layer 0, where the cached engine's copies start from the
     clean run's recorded input, so a shifted position id changes nothing there.)"""
     cached = importlib.import_module("rewardlens.causal._cached")
-    patching = importlib.import_module("rewardlens.causal._patching")
+    patching = importlib.import_module("rewardlens.causal._engines")  # where the registry's engine calls it
     model = rl.load(str(tiny_root[arch]), dtype=torch.bfloat16)
     plain = trace_pairs(model, PAIRS, level="head")
     want_ap = attribution_patch(model, PAIRS, level="head", clean=plain.clean)

@@ -49,6 +49,7 @@ from ._neurons import Neurons, check_traced, level_sites
 from ._patching import Patching, assemble
 from ._plan import Clean, PatchPlan, pair_seqs
 from ._reads_patch import ReadChunks, check_reads_options, mode_for
+from ._registry import Provenance
 from ._spec import PatchSpec, spec_of
 
 Tensors = dict[TraceKey, Tensor]
@@ -214,8 +215,8 @@ def attribution_patch(
         if model.reads.multi:
             check_reads_options(mode, ablation, positions, False)
             runs, targets, rewards = _reads_estimate(model, seqs, sweep, mode, level, batch_size)
-            return assemble(pairs, runs, targets, rewards, sweep, mode=mode, positions="read", level=level,
-                            estimand="total", approximate=True, min_margin=min_margin)
+            return assemble(pairs, runs.reward, targets, rewards, sweep, spec=spec, approximate=True,
+                            min_margin=min_margin, provenance=Provenance("attribution_patch (set of reads)"))
         if clean is None:
             clean = Clean.run(model, seqs, heads=level == "head", batch_size=batch_size, neurons=neuron_layers(sweep))
         check_traced(clean, sweep)
@@ -254,8 +255,8 @@ def attribution_patch(
         each_batch(sorted(range(len(lengths)), key=lengths.__getitem__), batch_size, work, ids=plan.targets,
                    is_pairs=True, lengths=lengths)
         rewards = clean.reward[plan.targets][:, None] + estimate
-        return assemble(pairs, clean, plan.targets, rewards, sweep, mode=mode, positions=positions, level=level,
-                        estimand="total", approximate=True, min_margin=min_margin)
+        return assemble(pairs, clean.reward, plan.targets, rewards, sweep, spec=spec, approximate=True,
+                        min_margin=min_margin, provenance=Provenance("attribution_patch"))
 
 
 def _reads_estimate(

@@ -1,7 +1,7 @@
 """`circuit`: keep the top edges and measure how much of the clean margin they carry alone.
 
 Edges are ranked by mean |score| over pairs (`stats.top_parts`). A circuit of the k first edges is
-evaluated by edge ablation (`_circuit_run`): every edge outside it carries its upstream part's
+evaluated by edge ablation (below): every edge outside it carries its upstream part's
 corrupted write, and the faithfulness (`share`) is each pair's circuit margin against its own clean
 margin, pooled with weights |m_i| (`stats.margin_share`: `Σ sign(m_i)·m_i(C) / Σ |m_i|`; 1 for every
 edge; `empty` is the margin with no edge kept), which pairs whose margins disagree in sign cannot send
@@ -11,31 +11,44 @@ runs over circuit sizes. Sublayer or head level
 (heads as parts, each head's input, or its q/k/v inputs apart, as nodes), as the edges were scored.
 With `verify=n` the cheap scores only propose: the estimated edges among the first n are path-patched
 (`Edges.verify`) and the ranking is by those exact scores; `exact` marks, per ranked edge, which are.
+
+Edge-ablation runs: node d (a sublayer's input, a head's query/key/value input, or the read-out) reads
+`x_d + δ_d` with, at the patched columns, `δ_d = Σ_{u → d ∉ C} (w'_u − w_u)`: `w_u` what upstream part u
+writes *in this run* (recorded as it is written; a head's `z_h W_O[:, h]ᵀ` from the output projection's
+input), `w'_u` its corrupted write (`patch`'s value through u's own post-norm; a head's corrupted
+`z'_h W_O[:, h]ᵀ`). So d sees the current write of its circuit parents and the corrupted write of every other
+part, the residual stream unchanged (`_receivers.receiving_all`, every node in one forward). C = every edge
+gives the clean run; C = ∅ every node reading the per-part corrupted stream.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+from torch import Tensor
 
-from ..data import Inputs, Pair
+from ..data import Inputs, Pair, margin
 from ..data.internal import counting
 from ..errors import ArchitectureError, CircuitError, UsageError
-from ..model import RewardModel
-from ..model.internal import collate, each_batch
-from ..stats import margin_share, mean_abs, share_warning, to_json, top_parts
+from ..model import RewardModel, TraceKey
+from ..model.internal import Batch, collate, each_batch, rewriting
+from ..plotting import HtmlView
+from ..stats import margin_share, mean_abs, share_warning, summary_frame, to_json, top_parts
 from ..types import Ablation, Mode, Positions, Spans
-from ._circuit_run import check_heads, circuit_rewards, corrupted_writes
+from ._direct import post_normed
 from ._edge_nodes import Level, check_model, nodes
 from ._edges import Edges, Method
 from ._edges import edges as edge_scores
-from ._engine import Site
+from ._engine import Site, head_write
 from ._plan import Clean, PatchPlan, pair_seqs
-from ._receivers import Receiver
+from ._receivers import Receiver, read_depth, receiving_all, sublayer_write, wiring, write_depth
+from ._registry import Provenance
+from ._spec import PatchSpec, spec_of
 from ._verify_edges import check_verify
 
 if TYPE_CHECKING:
@@ -45,7 +58,7 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class Circuit:
+class Circuit(HtmlView):
     """A circuit (`kept`: edges (upstream, downstream, mean score), best first) and its curve: `sizes`
     [S] circuits of the first k ranked edges with margins `margins` [S, n_pairs]; `clean` and `empty`
     [n_pairs] the margins with every edge and with none. `exact` [len(ranked)]: whether each ranked
@@ -65,6 +78,11 @@ class Circuit:
     exact: list[bool] = field(default_factory=list)
     verified: int = 0
     mean_abs: list[float] = field(default_factory=list)
+
+    @property
+    def provenance(self) -> Provenance:
+        """How the margins were computed: edge ablation (one forward per batch and size) on `method`'s ranking."""
+        return Provenance("edge_ablation", proof=f"ranked by {self.method}, {self.verified} edges path-patched")
 
     @property
     def shares(self) -> np.ndarray:
@@ -117,12 +135,26 @@ class Circuit:
                              "share_of_mean_margin": self.shares_of_mean_margin})
 
     def to_json(self) -> str:
-        return to_json(self.summary())
+        return to_json(self.to_dict())
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> pd.DataFrame:
+        """The headline numbers, one row each (`stats.summary_frame`): `share` (of each pair's clean margin the
+        kept circuit carries), `share_of_mean_margin`, the mean and mean |clean margin|, the empty circuit's
+        mean margin, the edges kept and how many were verified; `n` the pairs."""
+        n = len(self.clean)
+        d = self.to_dict()
+        names = ("share", "share_of_mean_margin", "clean_margin", "mean_abs_clean_margin", "empty_margin")
+        return summary_frame([*({"name": k, "value": d[k], "n": n} for k in names),
+                              {"name": "edges_kept", "value": len(self.kept), "n": n},
+                              {"name": "verified", "value": self.verified, "n": n}])
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every number as a JSON-ready nested dict: the headline numbers, the kept edges and the share curve
+        (what `rewardlens circuit --json` and the audit's `numbers.json` write)."""
         exact = self.exact or [d == "reward" for _, d, _ in self.ranked]  # a result made before `exact` existed
         size = self.mean_abs or [float("nan")] * len(self.ranked)  # a result made before `mean_abs` was kept
-        return {"method": self.method, "mode": self.mode, "level": self.level, "share": self.share,
+        return {"method": self.method, "mode": self.mode, "level": self.level, "engine": str(self.provenance),
+                "share": self.share,
                 "share_of_mean_margin": self.share_of_mean_margin, "warning": self.warning,
                 "verified": self.verified,
                 "kept": [{"upstream": u, "downstream": d, "mean_abs_score": a, "score": s, "exact": bool(x)}
@@ -181,13 +213,15 @@ def circuit(
     batch_size: int = 8,
     verify: int | None = None,
     progress: bool = False,
+    spec: PatchSpec | None = None,
 ) -> Circuit:
     """Rank every edge (`edges`, else `rl.edges` with `method`, `level` and `qkv`), keep the `top` first
     (or the fewest whose mean |score| reaches `share` of the total), and evaluate circuits of `sizes`
     edges (default: doubling up to every edge, and the kept one) by edge ablation, all of its nodes
     (heads and their q/k/v inputs at `level='head'`) in one forward per batch and size. `verify=n`:
     rank by exact scores, the estimated edges among the first n path-patched (`Edges.verify`, this
-    corruption) until the first n are all exact."""
+    corruption) until the first n are all exact. `spec`: the corruption (mode, ablation, positions) as one
+    `PatchSpec`, instead of those keywords (its level and estimand are not used: `level` and the edges say them)."""
     n_verify = check_verify(verify)
     with counting("circuit", progress):
         check_model(model, "circuit")
@@ -196,9 +230,12 @@ def circuit(
                                     "edge ablation is not a sum of writes; use rl.edges and rl.path_patch")
         if (edges.level if edges is not None else level) == "head":
             check_heads(model)
+        spec = spec_of(spec, mode=(mode or "noising") if spec is None else mode, ablation=ablation,
+                       positions=positions)
+        ablation, positions = spec.ablation, spec.positions
         if edges is None:
-            edges = edge_scores(model, pairs, method=method, steps=steps, level=level, qkv=qkv, mode=mode,
-                                ablation=ablation, positions=positions, reference=reference, batch_size=batch_size)
+            edges = edge_scores(model, pairs, method=method, steps=steps, level=level, qkv=qkv, spec=spec,
+                                reference=reference, batch_size=batch_size)
         if n_verify:
             edges = edges.verify(model, pairs, n_verify, ablation=ablation, positions=positions, reference=reference,
                                  batch_size=batch_size)
@@ -224,7 +261,7 @@ def circuit(
             margins.append(_margins(model, seqs, clean, plan.targets, cols, keep, ups, downs, bad, batch_size))
         m = np.stack(margins)
         reward = clean.reward.cpu().numpy()
-        return Circuit(ranked[:n_keep], ranked, want, m, reward[0::2] - reward[1::2], m[0], edges.method, edges.mode,
+        return Circuit(ranked[:n_keep], ranked, want, m, margin(reward), m[0], edges.method, edges.mode,
                        edges.level, [bool(exact[i]) for i in order],
                        0 if edges.verified is None else int(edges.verified.sum()), [float(size[i]) for i in order])
 
@@ -272,5 +309,76 @@ def _margins(model: RewardModel, seqs: list, clean: Clean, targets: list[int], c
         reward[torch.tensor(index, device=reward.device)] = got.to(reward.dtype)
 
     each_batch(list(range(len(targets))), batch_size, work, ids=targets, is_pairs=True)
-    r = reward.cpu().numpy()
-    return r[0::2] - r[1::2]
+    return margin(reward.cpu().numpy())
+
+
+def check_heads(model: RewardModel) -> None:
+    """Head-level edge ablation needs a head's write to be its own term of the stream (no attention
+    post-norm: Gemma-2, OLMo-2 renormalise the heads' sum, so one head's change is not additive) and
+    a head's own query input (separate projections, no q norm over every head)."""
+    if model.arch.attn_post_norm is not None:
+        raise ArchitectureError(f"circuit: map {model.arch.name!r} normalises the attention output after the "
+                                "heads are summed, so one head's write is not a term of the stream; evaluate "
+                                "circuits at level='sublayer'")
+    wiring(model, Receiver("head", 0, 0, "q"))  # refuses what no head receiver can have: fused qkv, q/k norms
+
+
+def corrupted_writes(model: RewardModel, ups: list[Site], values: dict[TraceKey, Tensor], n: int, m: int,
+                     ) -> dict[str, Tensor]:
+    """w'_u [n_targets, m, d]: what each upstream part writes with its corrupted activation."""
+    out = {}
+    for u in ups:
+        v = values[u.key].to(model.device).float()
+        v = v.expand(n, m, v.shape[-1]) if v.ndim == 1 else v
+        if u.head is not None:
+            out[u.name] = head_write(model, u, v)
+        else:
+            out[u.name] = v if u.kind == "embed" else post_normed(model, u.kind, u.layer, v)
+    return out
+
+
+def _record(store: dict[str, Tensor], name: str, rows: Tensor, cols: Tensor, x: Tensor) -> None:
+    store[name] = x[rows, cols].float()
+
+
+def _record_heads(model: RewardModel, store: dict[str, Tensor], heads: list[Site], rows: Tensor, cols: Tensor,
+                  z: Tensor) -> None:
+    for u in heads:
+        store[u.name] = head_write(model, u, z[rows, cols])
+
+
+def _fill(buf: Tensor, parents: list[str], cur: dict[str, Tensor], bad: dict[str, Tensor], rows: Tensor,
+          cols: Tensor, _x: Tensor) -> None:
+    """δ_d at the patched columns, written in place into the buffer the node reads (before it runs)."""
+    buf.zero_()
+    for u in parents:
+        buf[rows, cols] += (bad[u] - cur[u]).to(buf.dtype)
+
+
+def circuit_rewards(model: RewardModel, batch: Batch, coef: Tensor, cols: Tensor, keep: Tensor,
+                    ups: list[Site], downs: list[Receiver], bad: dict[str, Tensor]) -> Tensor:
+    """Rewards [B] of one batch with only the edges in `keep` [U, D] carrying the run; `cols` [B, m] the
+    patched columns (padding columns repeat a real one with zero change), `bad` the corrupted writes of
+    these rows. One forward: every node's δ is filled just before the node reads it."""
+    b, t = batch.input_ids.shape
+    rows = torch.arange(b, device=model.device)[:, None]
+    c = cols.to(model.device)
+    cur: dict[str, Tensor] = {}
+    hooks = [(model.layers[0], "in", functools.partial(_record, cur, "embed", rows, c))]
+    hooks += [(sublayer_write(model, u.kind, u.layer), "out", functools.partial(_record, cur, u.name, rows, c))
+              for u in ups if u.kind != "embed" and u.head is None]
+    for layer in sorted({u.layer for u in ups if u.head is not None}):
+        heads = [u for u in ups if u.head is not None and u.layer == layer]
+        hooks.append((model.layer_module(layer, model.arch.attn_out), "in",
+                      functools.partial(_record_heads, model, cur, heads, rows, c)))
+    bufs = {d: torch.zeros(b, t, model.d_model, device=model.device) for d in downs}
+    for k, d in enumerate(downs):
+        parents = [u.name for i, u in enumerate(ups)
+                   if write_depth(model, u) <= read_depth(model, d) and not keep[i, k]]
+        at = (model.layers[d.layer], "in") if d.kind == "head" else wiring(model, d).add
+        hooks.append((at[0], at[1], functools.partial(_fill, bufs[d], parents, cur, bad, rows, c)))
+    final = model.final_points(batch, gate=False)
+    with rewriting(hooks), receiving_all(model, bufs):  # registered after the fills: they run first
+        got = model.run(batch, final)
+    return (model.head_values(model.final_hidden(got[TraceKey.final()]), batch) * coef).sum(-1)
+

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..data import pair_of
 from ..errors import UsageError
 from ..model import RewardModel, TraceKey
 from ..model.internal import Tokenized
@@ -134,5 +135,6 @@ def score_patched(sweep: list[Site], targets: list[int], ratios: Tensor, n_pairs
     per_run = ratios.masked_fill(~downstream[None], 0.0).amax(-1)  # [n_targets, S]
     out = torch.zeros(n_pairs, len(sweep), dtype=per_run.dtype, device=ratios.device)
     for row, seq in enumerate(targets):
-        out[seq // 2] = torch.maximum(out[seq // 2], per_run[row])
+        pair = pair_of(seq)[0]
+        out[pair] = torch.maximum(out[pair], per_run[row])
     return out.cpu().numpy()

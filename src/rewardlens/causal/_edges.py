@@ -25,11 +25,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..data import Inputs, Pair, pair_ids
+from ..data import Inputs, Pair, effect, margin, pair_ids, pair_of
 from ..data.internal import counting
 from ..errors import CircuitError, UsageError
 from ..model import RewardModel, TraceKey
 from ..model.internal import Tokenized, collate, each_batch, out_projection
+from ..plotting import HtmlView
 from ..stats import rank_agreement, top_parts
 from ..types import Ablation, Mode, Positions, Spans
 from ._edge_grads import chunk_scores, node_grads
@@ -38,6 +39,7 @@ from ._engine import Site, head_write
 from ._path import PathPatching, delta_keys, path_deltas, reward_path_rewards
 from ._plan import Clean, PatchPlan, pair_seqs, sources_only
 from ._receivers import Receiver, read_depth, wiring, write_depth
+from ._registry import Provenance
 from ._spec import PatchSpec, spec_of
 from ._verify_edges import check_verify, verified_scores
 
@@ -48,11 +50,13 @@ Method = Literal["eap", "eap-ig"]
 
 
 @dataclass(frozen=True)
-class Edges:
+class Edges(HtmlView):
     """Edge scores [n_pairs, U, D]: upstream part u → downstream node input d, in reward units of the
     margin effect (clean − patched margin, as `patch`'s). NaN where d reads before u writes. The
     'reward' column is exact (`path_patch` to the read-out), and so is every `verified` [U, D] edge
     (path-patched by `verify`); the rest are first-order estimates (`exact` says which is which)."""
+
+    _html_top_names = ("upstream", "downstream", "mean score")
 
     upstream: list[str]
     downstream: list[str]
@@ -64,6 +68,12 @@ class Edges:
     mode: Mode
     pair_ids: list[str]
     verified: np.ndarray | None = None
+
+    @property
+    def provenance(self) -> Provenance:
+        """How the scores were computed: the estimator (`method`) and how many edges were path-patched exactly."""
+        done = 0 if self.verified is None else int(self.verified.sum())
+        return Provenance(self.method, proof=f"{done} edges verified by path patching" if done else None)
 
     @property
     def approximate(self) -> np.ndarray:
@@ -198,7 +208,7 @@ def edges(
         score = _per_pair(est, plan.targets, len(seqs) // 2)
         ok = np.array([[read_depth(model, d) >= write_depth(model, u) for d in downs] for u in ups])
         score[:, ~ok] = np.nan
-        out = Edges([u.name for u in ups], [d.name for d in downs], score, reward[0::2] - reward[1::2], method,
+        out = Edges([u.name for u in ups], [d.name for d in downs], score, margin(reward), method,
                     steps, level, spec.mode, pair_ids(pairs))
         return out.verify(model, pairs, n_verify, ablation=spec.ablation, positions=spec.positions,
                           reference=reference, batch_size=batch_size) if n_verify else out
@@ -213,11 +223,13 @@ def _clean_sources(model: RewardModel, seqs: list[Tokenized], heads: bool, mode:
 
 
 def _per_pair(est: Tensor, targets: list[int], n_pairs: int) -> np.ndarray:
-    """Margin effects [n_pairs, U, D] from reward changes [n_targets, U, D]: a chosen target's change
-    lowers the margin (effect −Δr), a rejected one's raises it (+Δr)."""
+    """Margin effects [n_pairs, U, D] from reward changes [n_targets, U, D]: a chosen target's change Δr moves
+    the margin by +Δr, a rejected one's by −Δr, and the effect of a margin change is `data.effect(0, Δm)`."""
     out = np.zeros((n_pairs, *est.shape[1:]))
     for j, t in enumerate(targets):
-        out[t // 2] += (-1.0 if t % 2 == 0 else 1.0) * est[j].double().cpu().numpy()
+        pair, which = pair_of(t)
+        change = est[j].double().cpu().numpy()
+        out[pair] += effect(0.0, change if which == "chosen" else -change)
     return out
 
 

@@ -26,14 +26,15 @@ from ..data.internal import counting, stage
 from ..errors import UsageError
 from ..model import Part, RewardModel
 from ..model.internal import Tokenized
-from ..stats import bootstrap_ci, rank_agreement, rowwise_spearman, top_parts
+from ..plotting import HtmlView
+from ..stats import bootstrap_ci, rank_agreement, rowwise_spearman, summary_frame, top_parts
 from ..types import Mode, PatchLevel, Positions, Stored, Versus
 from ._attribution_patching import attribution_patch
 from ._engine import sites
 from ._patching import Patching, patch
 from ._plan import Clean, encode_pairs
 from ._reads_patch import mode_for
-from ._spec import PatchSpec
+from ._spec import PatchSpec, spec_of
 from ._traced import Traced, trace_pairs
 
 if TYPE_CHECKING:
@@ -46,7 +47,7 @@ SEED_POSITIONS: tuple[Positions, ...] = ("all", "read")  # "prefix" is the paper
 
 
 @dataclass(frozen=True)
-class Faithfulness:
+class Faithfulness(HtmlView):
     """Attribution and the causal estimands, each [n_pairs, P] over `names`, in reward units.
 
     `seed_attribution`, `seed_effect` [n_pairs, S] are the sublayer-level attribution and noising
@@ -54,6 +55,8 @@ class Faithfulness:
     whole sequence ('all', token-aligned pairs) or only the read token ('read', when some pair is
     not token-aligned).
     """
+
+    _html_rank = "total"
 
     names: list[str]
     pair_ids: list[str]
@@ -140,8 +143,14 @@ class Faithfulness:
         """How well attribution patching ranks parts against exact total patching."""
         return rank_agreement(self.total, self.attribution_patching, k)
 
-    def summary(self) -> list[dict[str, Any]]:
-        """One row per estimand: mean ρ with attribution, its interval, and pairs with a defined ρ."""
+    def summary(self) -> pd.DataFrame:
+        """One row per estimand (then the seed statistics), indexed by `comparison` (`stats.summary_frame`):
+        `value` the mean ρ with attribution, `low`, `high` its interval, `n` the pairs with a defined ρ."""
+        lead = {"rho": "value", "lo": "low", "hi": "high", "pairs": "n"}
+        return summary_frame([{lead.get(k, k): v for k, v in row.items()} for row in self.rows()], name="comparison")
+
+    def rows(self) -> list[dict[str, Any]]:
+        """`summary()` as plain dicts (`comparison`, `rho`, `lo`, `hi`, `pairs`): what `--json` writes."""
         rows = []
         for name in ESTIMANDS:
             mean, lo, hi = self.pooled(name)
@@ -239,6 +248,7 @@ def faithfulness(
     paper: bool = False,
     traced: Traced | None = None,
     progress: bool = False,
+    spec: PatchSpec | None = None,
 ) -> Faithfulness:
     """Attribution, path-frozen, total and attribution patching (read position) side by side, with
     ρ per pair and pooled, and the seed paper's statistic (whole-sequence noising where pairs are
@@ -254,8 +264,16 @@ def faithfulness(
     The pairs are traced once (`trace_pairs`) and every estimand starts from those clean runs;
     `traced`: clean runs the caller already has (at `level`, or at head level for any level). `mode`
     None is `patch`'s default (noising, or zero ablation where a set of reads has no read-to-read map).
+    `spec`: the mode and level as one `PatchSpec` instead of those keywords (the estimands are compared at the
+    read token, so its positions must be 'read', its estimand 'total' and its ablation 'zero').
     """
     with counting("faithfulness", progress):
+        if spec is not None:
+            spec = spec_of(spec, mode=mode, level=level)
+            if spec.positions != "read" or spec.estimand != "total" or spec.ablation != "zero":
+                raise UsageError(f"faithfulness compares every estimand at the read token, so spec= takes a mode "
+                                 f"and a level only; got {spec}: pass PatchSpec(mode=..., level=...)", option="spec")
+            mode, level = spec.mode, spec.level
         if level == "neuron":  # before any forward: exact patching of every neuron is one run per neuron
             raise UsageError("faithfulness patches every part exactly, and level='neuron' would be one patched run "
                              "per MLP neuron; use level='head' or 'sublayer', or rank the neurons with "

@@ -1,8 +1,11 @@
-"""The sign and scale of a patched effect, owned once for every patched result (docs/design.md §5)."""
+"""The margins and the scale of a patched effect for every patched result; its sign is `data.effect`'s
+(docs/design.md §5)."""
 
 from __future__ import annotations
 
 import numpy as np
+
+from ..data import effect
 
 
 class PatchedMargins:
@@ -28,7 +31,7 @@ class PatchedMargins:
     @property
     def effect(self) -> np.ndarray:
         """Clean margin − patched margin [n, ...], in reward units."""
-        return self._per_pair(self.margin) - (self.patched_chosen - self.patched_rejected)
+        return effect(self.margin, self.patched_chosen - self.patched_rejected)
 
     @property
     def near_zero(self) -> np.ndarray:

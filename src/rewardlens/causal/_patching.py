@@ -12,8 +12,8 @@ patching: docs/design.md §1), the causal twin of attribution.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Literal
 
 import numpy as np
@@ -23,21 +23,20 @@ from ..data import Inputs, Pair, chosen, pair_ids, rejected
 from ..data.internal import counting
 from ..errors import UsageError
 from ..model import RewardModel
-from ..model.internal import Tokenized, not_continuable, sequence_label
+from ..model.internal import Tokenized
+from ..plotting import HtmlView
 from ..stats import top_parts
 from ..types import Ablation, Estimand, Mode, PatchLevel, Positions, Spans
-from ._cached import cached_read_sweep
-from ._direct import direct_rewards
+from . import _engines as _engines  # noqa: F401  # registers every engine
 from ._divergence import NaturalFit, score_patched, scorer
-from ._engine import Site, batched_sweep, neuron_layers, read_sweep
+from ._engine import Site, neuron_layers
 from ._margins import PatchedMargins
 from ._neurons import Neurons, check_traced, level_sites
 from ._plan import Clean, PatchPlan, pair_seqs, sources_only
-from ._reads_patch import check_reads_options, direct_reads, mode_for, patch_reads
+from ._reads_patch import check_reads_options, mode_for
+from ._registry import Choice, Job, Provenance, State, choose, log
 from ._spec import MODES as MODES
 from ._spec import PatchSpec, spec_of
-from ._stepped import stepped_sweep
-from ._suffix import suffix_possible, suffix_sweep
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -47,7 +46,7 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class Patching(PatchedMargins):
+class Patching(HtmlView, PatchedMargins):
     """Patched rewards of every pair under every part's patch, and the effects they imply.
 
     `chosen`, `rejected` [n] are the clean rewards; `patched_chosen`, `patched_rejected` [n, P] the
@@ -55,7 +54,10 @@ class Patching(PatchedMargins):
     `divergence` [n, P] (when asked for): how far the patched run's downstream residual stream left
     the natural one, as a ratio to the natural threshold (> 1: out of distribution).
     `approximate` is True for attribution patching (a first-order estimate, not a patched run).
+    `provenance`: the engine that ran (`str(result.provenance)` is its one line).
     """
+
+    _html_top_names = ("part", "mean effect")
 
     names: list[str]
     chosen: np.ndarray
@@ -70,6 +72,9 @@ class Patching(PatchedMargins):
     divergence: np.ndarray | None = None
     approximate: bool = False
     min_margin: float = 1e-4
+    provenance: Provenance | None = None
+    """Which engine computed the patched rewards, which declined and why (`Provenance`); None where no
+    engine ran (a first-order estimate records its method in `approximate`)."""
 
     @property
     def flagged(self) -> np.ndarray:
@@ -187,6 +192,7 @@ def patch(
     progress: bool = False,
     spec: PatchSpec | None = None,
     neurons: Neurons | None = None,
+    engine: str | None = None,
 ) -> Patching:
     """Patch every part (`level` 'sublayer' or 'head'), or the chosen MLP `neurons` (`level='neuron'`), of
     every pair and return the patched rewards.
@@ -213,124 +219,107 @@ def patch(
     `neurons`: with `level='neuron'`, the neurons to patch, one run each (names such as 'mlp_L1_N17', as
     `attribute(level='neuron')` names them); level 'neuron' without them is refused (every neuron is too many
     runs: choose some, or rank them all by `attribution_patch(level='neuron')`).
+    `engine`: run this engine of the registry (`causal._registry.REGISTRY`; 'reference' is the naive one forward
+    per part and pair) instead of the cheapest that accepts; a `UsageError` names why it declines. Every engine
+    gives the same numbers; `Patching.provenance` records which ran (docs/patching.md, "Engines").
     """
     with counting("patch", progress):
         seqs = pair_seqs(model, pairs, clean)
         given = mode if spec is not None else mode_for(model, pairs, mode, seqs)
         spec = spec_of(spec, mode=given, ablation=ablation, positions=positions, level=level, estimand=estimand)
-        mode, ablation, positions, level, estimand = spec.mode, spec.ablation, spec.positions, spec.level, spec.estimand
         if natural is not None and (not divergence or reference is not None):
             raise UsageError("natural= is divergence's fitted natural distribution: pass it with divergence=True "
                              "and without reference= (which would fit another one)", option="natural")
-        if divergence and estimand == "direct":
+        if divergence and spec.estimand == "direct":
             raise UsageError("divergence scores patched runs' later activations; estimand='direct' holds them "
                              "frozen, so there is nothing to score: use estimand='total'", option="divergence")
         if sweep is not None and neurons is not None:
-            raise UsageError("pass the parts to patch either as sweep= or as neurons=, not both")
-        sweep = level_sites(model, level, neurons) if sweep is None else list(sweep)
-        heads, neurons_at = level == "head", neuron_layers(sweep)  # what the clean trace keeps
+            raise UsageError("pass the parts to patch either as sweep= or as neurons=, not both", option="sweep")
+        sweep = level_sites(model, spec.level, neurons) if sweep is None else list(sweep)
         if model.reads.multi:  # a reward read at a set of positions is patched at that set
-            check_reads_options(mode, ablation, positions, divergence)
-            engine = direct_reads if estimand == "direct" else patch_reads
-            runs, read_targets, patched = engine(model, seqs, sweep, mode=mode, level=level, batch_size=batch_size)
-            return assemble(pairs, runs, read_targets, patched, sweep, mode=mode, positions="read", level=level,
-                            estimand=estimand, min_margin=min_margin)
-        # The read-position engine can read each target's clean reward off an unpatched copy, so the
-        # clean trace need only cover the sequences whose activations are inserted.
-        copies = estimand == "total" and positions == "read" and not_continuable(model, seqs) is None
-        # Where the targets' clean rewards come from the engine's own clean forward (the read-position
-        # copies, or the suffix engine's trace), only the sources are traced here.
-        suffix = (estimand == "total" and positions != "read" and not divergence and mode != "ablation"
-                  and suffix_possible(model, seqs))
-        only = sources_only(model, mode, len(seqs)) if (copies or suffix) and not divergence else None
-        if clean is None:
-            clean = Clean.run(model, seqs, heads=heads, batch_size=batch_size, only=only, neurons=neurons_at)
-        else:  # every side is traced already; the read-position engine rewrites its targets' clean
-            only = None  # rewards, so the caller's are kept intact
-            check_traced(clean, sweep)
-            clean = dataclasses.replace(clean, reward=clean.reward.clone())
+            check_reads_options(spec.mode, spec.ablation, spec.positions, divergence)
+        job = Job(model, seqs, spec, sweep, divergence, batch_size, chunk)
+        choice = choose(job, engine)
         ref_seqs = None if reference is None else model.encode(reference)[0]
-        plan = PatchPlan.make(model, clean, sweep, mode, ablation, positions, ref_seqs, batch_size, ids=pair_ids(pairs))
-        targets, cols_t, values = plan.targets, plan.cols, plan.values
-        tgt = [seqs[i] for i in targets]
-        score = natural if natural is not None or not divergence else scorer(model, clean, ref_seqs, batch_size)
-        rewards: Tensor | None = None
-        streams: Tensor | None = None
-        if estimand == "direct":
-            rewards = direct_rewards(model, clean, targets, sweep, values, cols_t)
-        elif copies:
-            read = [clean.read[i] for i in targets]
-            # Cheapest first: copies from their own layer on the prefix's cache, then copies through
-            # every layer; each proves itself or declines, and each gives divergence its streams.
-            # The caches a caller's trace kept (`trace_pairs(record=)`) are taken: the cached engine starts
-            # from them and lets each go once used (layer inputs stay, for attribution patching).
-            out = cached_read_sweep(model, tgt, read, sweep, values, clean.coef[targets], batch_size=batch_size,
-                                    index=targets, resid=score, states=clean.captured,
-                                    held=clean.recorded.take_caches() if clean.recorded is not None else None
-                                    ) or read_sweep(
-                model, tgt, read, sweep, values, clean.coef[targets], batch_size=batch_size, chunk=chunk, resid=score,
-                index=targets)
-            if out is not None:
-                clean_reward, rewards, streams = out
-                clean.reward[targets] = clean_reward.to(clean.reward.dtype)
-            elif only is not None:  # full forwards after all: they need the targets' clean runs too
-                clean, only = Clean.run(model, seqs, heads=heads, batch_size=batch_size, neurons=neurons_at), None
-        if rewards is None:
-            clean, rewards, streams = _any_positions(model, seqs, clean, plan, sweep, suffix=suffix,
-                                                     traced_all=only is None, heads=level == "head",
-                                                     batch_size=batch_size, score=score)
+        ran = _run(job, choice, clean, ref_seqs, natural, pair_ids(pairs))
+        return assemble(pairs, ran.reward, ran.targets, ran.rewards, sweep, spec=spec, divergence=ran.divergence,
+                        min_margin=min_margin, provenance=ran.provenance)
+
+
+@dataclass(frozen=True)
+class _Ran:
+    """What the engine that ran gave: every sequence's clean reward [N], the targets, their patched rewards
+    [n_targets, S], divergence scores (or None) and the record of how."""
+
+    reward: Tensor
+    targets: list[int]
+    rewards: Tensor
+    divergence: np.ndarray | None
+    provenance: Provenance
+
+
+def _run(job: Job, choice: Choice, clean: Clean | None, ref_seqs: list[Tokenized] | None,
+         natural: NaturalFit | None, ids: list[str]) -> _Ran:
+    """Run the chosen engines cheapest first until one does not decline at run time. The clean trace covers
+    what the first needs (`Engine.needs`): only the sources when its own forward gives the targets' clean
+    rewards (and no divergence scorer needs them), traced again in full should a later engine need them.
+    A caller's `clean` is read, never written."""
+    model, seqs, spec, sweep = job.model, job.seqs, job.spec, job.sweep
+    first_engine = choice.ranked[0][0]
+    if first_engine.needs == "own":  # the set-of-reads engines trace their own batches
+        out = first_engine.run(job, State(None, None))
+        assert out is not None and out.clean is not None and out.targets is not None  # they never decline
+        return _Ran(out.clean.reward, out.targets, out.rewards, None, choice.provenance(first_engine, out.proof))
+    heads, neurons_at = spec.level == "head", neuron_layers(sweep)  # what the clean trace keeps
+    only = None
+    if clean is None:
+        if first_engine.needs == "sources" and not job.divergence:
+            only = sources_only(model, spec.mode, len(seqs))
+        clean = Clean.run(model, seqs, heads=heads, batch_size=job.batch_size, only=only, neurons=neurons_at)
+    else:
+        check_traced(clean, sweep)
+    plan = PatchPlan.make(model, clean, sweep, spec.mode, spec.ablation, spec.positions, ref_seqs, job.batch_size,
+                          ids=ids)
+    score = natural if natural is not None or not job.divergence else scorer(model, clean, ref_seqs, job.batch_size)
+    declined = list(choice.declined)
+    for engine, _ in choice.ranked:
+        if engine.needs == "all" and only is not None:  # the targets' clean runs are needed after all
+            clean, only = Clean.run(model, seqs, heads=heads, batch_size=job.batch_size, neurons=neurons_at), None
+        out = engine.run(job, State(clean, plan, score))
+        if out is None:
+            log.debug("patch %s: %s declined at run time (its proof failed or the model refused its call)",
+                      spec.name, engine.name)
+            declined.append((engine.name, "declined at run time: its proof failed or the model refused its call"))
+            continue
+        log.debug("patch %s: %s ran", spec.name, engine.name)
+        reward = clean.reward.clone()
+        if out.target_clean is not None:  # the engine's own unpatched forward of each target
+            reward[plan.targets] = out.target_clean.to(reward.dtype)
         scores = None
-        if divergence:
-            assert streams is not None  # every engine given a scorer returns the streams it scored
-            scores = score_patched(sweep, targets, streams, len(seqs) // 2)
-        return assemble(pairs, clean, targets, rewards, sweep, mode=mode, positions=positions, level=level,
-                        estimand=estimand, divergence=scores, min_margin=min_margin)
-
-
-def _any_positions(
-    model: RewardModel, seqs: list[Tokenized], clean: Clean, plan: PatchPlan, sweep: list[Site], *, suffix: bool,
-    traced_all: bool, heads: bool, batch_size: int, score: Callable[[Tensor], Tensor] | None,
-) -> tuple[Clean, Tensor, Tensor | None]:
-    """(the clean runs, patched rewards [n_targets, S], divergence streams or None) of the total effect at
-    the plan's columns: the suffix engine (only what a patch changes, where `suffix`), then the stepped
-    engine (unless divergence `score`s the layers it skips), then full forwards. `traced_all`: whether
-    `clean` traced every sequence (else only the sources, and the suffix engine reads the targets')."""
-    targets = plan.targets
-    tgt, labels = [seqs[i] for i in targets], [sequence_label(i, True) for i in targets]
-    cols_t, _, values = plan.at_columns(clean)
-    if suffix and plan.unchanged is not None:
-        got = suffix_sweep(model, tgt, sweep, cols_t, values, plan.unchanged, batch_size=batch_size, labels=labels,
-                           index=targets)
-        if got is not None:
-            clean.reward[targets] = got[0].to(clean.reward.dtype)
-            return clean, got[1], None
-    if not traced_all:  # the other engines need the targets' clean runs too
-        clean = Clean.run(model, seqs, heads=heads, batch_size=batch_size, neurons=neuron_layers(sweep))
-    if score is None:
-        rewards = stepped_sweep(model, tgt, sweep, cols_t, values, batch_size=batch_size, labels=labels,
-                                index=targets)
-        if rewards is not None:
-            return clean, rewards, None
-    rewards, streams = batched_sweep(model, tgt, sweep, cols_t, values, batch_size=batch_size, resid=score,
-                                     labels=labels, index=targets)
-    return clean, rewards, streams
+        if job.divergence:
+            assert out.streams is not None  # every engine given a scorer returns the streams it scored
+            scores = score_patched(sweep, plan.targets, out.streams, len(seqs) // 2)
+        prov = replace(choice.provenance(engine, out.proof), declined=tuple(declined))
+        return _Ran(reward, plan.targets, out.rewards, scores, prov)
+    raise UsageError(f"every engine that accepts this patch ({spec.name}) declined at run time: {declined}; "
+                     "leave engine=None so the others can run it", option="engine")
 
 
 def assemble(
-    pairs: Pair | Sequence[Pair], clean: Clean, targets: list[int], rewards: Tensor, sweep: list[Site], *,
-    mode: Mode, positions: Positions | Spans, level: PatchLevel, estimand: Estimand,
-    divergence: np.ndarray | None = None,
-    approximate: bool = False, min_margin: float = 1e-4,
+    pairs: Pair | Sequence[Pair], reward: Tensor, targets: list[int], rewards: Tensor, sweep: list[Site], *,
+    spec: PatchSpec, divergence: np.ndarray | None = None, approximate: bool = False, min_margin: float = 1e-4,
+    provenance: Provenance | None = None,
 ) -> Patching:
-    """A `Patching` from the patched rewards [n_targets, S] of `targets` (other sequences keep their clean reward)."""
-    rows = clean.reward[:, None].repeat(1, len(sweep))
+    """A `Patching` from every sequence's clean `reward` [N] and the patched rewards [n_targets, S] of `targets`
+    (other sequences keep their clean reward)."""
+    rows = reward[:, None].repeat(1, len(sweep))
     rows[targets] = rewards.to(rows.dtype)
     patched = rows.cpu().numpy()
-    reward = clean.reward.cpu().numpy()
+    clean = reward.cpu().numpy()
     return Patching(
-        names=[s.name for s in sweep], chosen=chosen(reward), rejected=rejected(reward),
-        patched_chosen=chosen(patched), patched_rejected=rejected(patched), mode=mode,
-        positions=positions if isinstance(positions, str) else "spans", level=level, estimand=estimand,
-        pair_ids=pair_ids(pairs), divergence=divergence,
-        approximate=approximate, min_margin=min_margin,
+        names=[s.name for s in sweep], chosen=chosen(clean), rejected=rejected(clean),
+        patched_chosen=chosen(patched), patched_rejected=rejected(patched), mode=spec.mode,
+        positions=spec.positions if isinstance(spec.positions, str) else "spans", level=spec.level,
+        estimand=spec.estimand, pair_ids=pair_ids(pairs), divergence=divergence,
+        approximate=approximate, min_margin=min_margin, provenance=provenance,
     )

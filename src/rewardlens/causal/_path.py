@@ -35,6 +35,7 @@ from ..model.internal import (
     stepping_works,
     unambiguous,
 )
+from ..plotting import HtmlView
 from ..stats import top_parts
 from ..types import Ablation, Mode, Positions, Spans
 from ._direct import post_normed
@@ -42,6 +43,7 @@ from ._engine import Site, head_write
 from ._margins import PatchedMargins
 from ._plan import Clean, PatchPlan, capture_columns, pair_seqs
 from ._receivers import Receiver, Wiring, clean_points, read_depth, receiving, wiring, write_depth
+from ._registry import Provenance
 from ._spec import PatchSpec, spec_of
 
 if TYPE_CHECKING:
@@ -51,12 +53,14 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class PathPatching(PatchedMargins):
+class PathPatching(HtmlView, PatchedMargins):
     """Rewards of every pair with each sender's patch reaching the reward only through each receiver.
 
     `chosen`, `rejected` [n]: clean rewards; `patched_chosen`, `patched_rejected` [n, S, R]: the
     rewards with sender s's change given to receiver r's input alone (the clean reward on a side
     the mode leaves alone)."""
+
+    _html_top_names = ("sender", "receiver", "mean effect")
 
     senders: list[str]
     receivers: list[str]
@@ -68,6 +72,12 @@ class PathPatching(PatchedMargins):
     positions: Positions | Literal["spans"]
     pair_ids: list[str]
     min_margin: float = 1e-4
+
+    @property
+    def provenance(self) -> Provenance:
+        """How the numbers were computed: path patching's one method (its own engine, not `patch`'s registry)."""
+        return Provenance("path_patch", proof="each batch steps from its layers where stepping reproduces the "
+                          "model's forward, else full forwards")
 
     @property
     def edges(self) -> list[tuple[str, str]]:

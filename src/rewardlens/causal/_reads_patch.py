@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..data import Pair
+from ..data import Pair, chosen, rejected
 from ..errors import DataError, UsageError, warn
 from ..model import RewardModel, Trace, TraceKey, trace
 from ..model.internal import Tokenized, collate, sequence_label
@@ -52,7 +52,8 @@ def patch_mode(model: RewardModel, pairs: Sequence[Pair], seqs: Sequence[Tokeniz
     if not model.reads.multi:
         return "noising"
     counts = model.read_counts(list(pairs)) if seqs is None else [1 if s.reads is None else len(s.reads) for s in seqs]
-    return "noising" if counts[0::2] == counts[1::2] else "ablation"
+    per_row = np.asarray(counts)
+    return "noising" if np.array_equal(chosen(per_row), rejected(per_row)) else "ablation"
 
 
 def mode_for(model: RewardModel, pairs: Sequence[Pair], mode: Mode | None, seqs: Sequence[Tokenized]) -> Mode:

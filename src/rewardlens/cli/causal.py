@@ -107,6 +107,7 @@ def patch_summary(model: RewardModel, pairs: Sequence[Pair], *, mode: Mode | Non
         "reliability": {k: finite(v) for k, v in res.reliability().items()} if divergence else None,
         "attribution_patching_agreement": None,
         "neurons_chosen_by": chosen_by,
+        "engine": None if res.provenance is None else str(res.provenance),
         "pairs": [
             {"id": pid, "margin": float(m), "effects": dict(zip(res.names, map(float, e)))}
             for pid, m, e in zip(res.pair_ids, res.margin, res.effect)
@@ -134,6 +135,8 @@ def show_patch(result: dict[str, Any]) -> None:
     print("with the signed mean effect, its share of each pair's own margin (|margin|-weighted) and the mean "
           "effect / mean margin:")
     num = lambda v, spec: "-" if v is None else format(v, spec)
+    if result.get("engine"):
+        print(f"computed by {result['engine']}")
     rows = [(t["part"], num(t["mean_abs_effect"], ".4f"), num(t["mean_effect"], "+.4f"), num(t.get("share"), "+.3f"),
              num(t["share_of_mean_margin"], "+.3f"), num(t["flagged_share"], ".2f")) for t in result["top_parts"]]
     print(table(["part", "mean |effect|", "mean effect", "share of own margins", "mean effect / mean margin",
@@ -166,7 +169,7 @@ def _faithfulness(args: argparse.Namespace) -> dict[str, Any]:
     model = load_model(args)
     rep = faithfulness(model, pairs, level=args.level, mode=args.mode, n_boot=args.boot, batch_size=args.batch_size,
                        paper=args.paper_statistic, progress=not args.quiet)
-    rows = [{k: (finite(v) if isinstance(v, float) else v) for k, v in row.items()} for row in rep.summary()]
+    rows = [{k: (finite(v) if isinstance(v, float) else v) for k, v in row.items()} for row in rep.rows()]
     estimands: tuple[Versus, ...] = ("direct", "total", "indirect")
     return {
         "level": rep.level, "mode": rep.mode, "seed_positions": rep.seed_positions, "summary": rows,
