@@ -114,9 +114,10 @@ def command(model: Path, tmp: Path, *args: str) -> tuple[subprocess.Popen, int]:
     (tmp / "directions.json").write_text(json.dumps(directions(width)))
     port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    watch = [] if "--no-monitor" in args else ["--directions", str(tmp / "directions.json")]
     proc = subprocess.Popen(
         [sys.executable, "-m", "rewardlens", "serve", str(model), "--port", str(port), "--log",
-         str(tmp / "policy.jsonl"), "--directions", str(tmp / "directions.json"), *args],
+         str(tmp / "policy.jsonl"), *watch, *args],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     wait_healthy(port, proc)
     return proc, port
