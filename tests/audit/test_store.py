@@ -198,7 +198,8 @@ def test_schema_version_follows_the_stored_fields():
 
     from rewardlens.audit._plan import REVISION
     from rewardlens.audit.internal import STORED_RESULTS, VERSION, schema_version
-    from rewardlens.exact import STEP_FIELDS, Lens
+    from rewardlens.exact import Lens
+    from rewardlens.exact.internal import STEP_FIELDS
     from rewardlens.types import Stored
 
     assert schema_version(REVISION, STORED_RESULTS, STEP_FIELDS) == VERSION  # deterministic, and what runs use

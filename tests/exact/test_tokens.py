@@ -13,7 +13,7 @@ import transformers as tf
 
 import rewardlens as rl
 from rewardlens.errors import ArchitectureError
-from rewardlens.exact import readout_vectors
+from rewardlens.exact.internal import readout_vectors
 from rewardlens.model import Part, trace
 from tests.helpers import tiny
 from tests.helpers.tiny import ARCHS, own_scores

@@ -9,7 +9,8 @@ from typing import Any
 from ..causal import Circuit, Faithfulness, Patching, PatchSpec, aligned, encode_pairs, patch_mode
 from ..data import Pair
 from ..errors import UsageError
-from ..exact import STEP_FIELDS, Attribution, Lens, Steps, TokenAttribution
+from ..exact import Attribution, Lens, Steps, TokenAttribution
+from ..exact.internal import STEP_FIELDS
 from ..hacking import ITEMS, STAGES, Concepts, Conflicts, Item, Probes, spread_items
 from ..model import RewardModel
 from ..model.internal import Tokenized
