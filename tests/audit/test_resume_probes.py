@@ -27,7 +27,7 @@ CHILD = textwrap.dedent("""
     torch.set_num_threads(1)
     import rewardlens as rl
     from rewardlens.audit import Plan, Store, audit
-    from rewardlens.hacking import Chunks
+    from rewardlens.hacking.internal import Chunks
     save = Chunks.rewards
     def slow(self, *args):  # a chunk's write, then a pause: the parent's kill lands between chunks or inside one
         self.save = (lambda put: lambda unit, record: (put(unit, record), time.sleep(0.3)))(self.save)

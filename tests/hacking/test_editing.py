@@ -18,8 +18,9 @@ from rewardlens.cli import main
 from rewardlens.cli.edit import read_texts
 from rewardlens.data import save_pairs
 from rewardlens.errors import DataError, RewardLensWarning
-from rewardlens.hacking import EditReport, edit, edit_report, final_hidden_states
+from rewardlens.hacking import EditReport, edit, edit_report
 from rewardlens.hacking._editing import METADATA
+from rewardlens.hacking.internal import final_hidden_states
 from rewardlens.zoo.organisms import ORGANISMS, build
 from tests.helpers.tiny import unpadded
 

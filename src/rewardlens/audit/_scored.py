@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..hacking import Chunks
+from ..hacking.internal import Chunks
 from ..model import RewardModel
 from ._keys import RunKey, fingerprint
 from ._plan import VERSION, Plan

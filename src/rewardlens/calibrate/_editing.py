@@ -9,7 +9,8 @@ import numpy as np
 import torch
 
 from ..data import Pair
-from ..hacking import METHODS, Edit, edit, edit_report, final_hidden_states
+from ..hacking import METHODS, Edit, edit, edit_report
+from ..hacking.internal import final_hidden_states
 from ..model import RewardModel
 from ..zoo.organisms import ORGANISMS
 from ._concepts import contrast

@@ -1,6 +1,9 @@
 """Reward-hacking instruments: probes on built-in items, distortion, cascades, concepts, conflicts, editing.
+
+The plumbing the audit builds on (the probes' chunk store, an edit's hidden states) is `hacking.internal`.
 """
 
+from .._deprecated import moved as _moved
 from ._axes import AXES as AXES
 from ._axes import Axis as Axis
 from ._axes import contrast_sets as contrast_sets
@@ -22,7 +25,6 @@ from ._edit_report import edit_report as edit_report
 from ._editing import METHODS as METHODS
 from ._editing import Edit as Edit
 from ._editing import edit as edit
-from ._editing import final_hidden_states as final_hidden_states
 from ._editing import save_edit as save_edit
 from ._fit import spread_items as spread_items
 from ._items import DOMAINS as DOMAINS
@@ -32,8 +34,10 @@ from ._items import base_items as base_items
 from ._items import items as items
 from ._probes import Probes as Probes
 from ._probes import probe as probe
-from ._scored import Chunks as Chunks
 from ._stages import STAGES as STAGES
+
+# The plumbing moved to `rewardlens.hacking.internal` (0.2); the old names work for one release.
+__getattr__ = _moved(__name__, dict.fromkeys(("Chunks", "final_hidden_states"), "rewardlens.hacking.internal"))
 
 __all__ = [
     "spread_items",
@@ -41,7 +45,6 @@ __all__ = [
     "AXES",
     "Axis",
     "Cascades",
-    "Chunks",
     "ConceptSets",
     "Concepts",
     "Conflicts",
@@ -63,7 +66,6 @@ __all__ = [
     "distortion",
     "edit",
     "edit_report",
-    "final_hidden_states",
     "items",
     "probe",
     "STAGES",
