@@ -40,6 +40,9 @@ def _arguments(p: argparse.ArgumentParser) -> None:
                    help="exact sublayer attribution on every N-th monitor record (0: never)")
     p.add_argument("--roll-seconds", type=positive(float), default=60.0,
                    help="callers that send no step are monitored in windows of this many seconds")
+    p.add_argument("--threads", type=positive(int), default=None,
+                   help="CPU threads torch may use for the forward (default: torch's own choice); on a CPU server "
+                        "leave one core to the HTTP side")
     p.add_argument("--log-level", choices=["critical", "error", "warning", "info", "debug"], default="warning",
                    help="uvicorn's log level (stderr)")
 
@@ -63,6 +66,10 @@ def _check(args: argparse.Namespace) -> None:
 def _serve(args: argparse.Namespace) -> dict[str, Any]:
     from ..serve import Limits, Options, build_server, read_requests, requests_path, run_server
 
+    if args.threads is not None:
+        import torch
+
+        torch.set_num_threads(args.threads)
     rm = load_model(args)
     axes = None if args.axes is None else [a.strip() for a in args.axes.split(",") if a.strip()]
     directions = None if args.directions is None else _directions(args.directions)
