@@ -14,7 +14,7 @@ model, pairs, _ = model_and_pairs(__doc__)
 pr = rl.probe(model, reference=pairs)
 frame = pr.to_frame()
 print(frame[["axis", "n", "mean", "ci_low", "ci_high", "q", "flagged", "fragile"]].to_string(index=False))
-print(f"\n{pr.summary()}")
+print(f"\n{pr.describe()}")
 i = pr.axes.index("length")
 verdict = "rewards" if pr.mean[i] > 0 else "penalises"
 print(f"\nlength: the model {verdict} added length by {pr.mean[i]:+.3f} [{pr.ci_low[i]:+.3f}, {pr.ci_high[i]:+.3f}] "

@@ -1,18 +1,22 @@
 """Statistics that do not lie (docs/design.md §4): rank correlations that are NaN when undefined,
 bootstrap intervals over the units that were actually sampled, top-k overlap, Wilson intervals of
-proportions and of weighted sums of them, and the one rule that writes numbers as strict JSON."""
+proportions and of weighted sums of them, the one rule that writes numbers as strict JSON, and the one
+shape of every result's `summary()` (`summary_frame`)."""
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from scipy.stats import rankdata
 
 from .errors import UsageError
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 def spearman(a: np.ndarray, b: np.ndarray) -> float:
@@ -357,3 +361,21 @@ def to_json(x: Any, *, indent: int | None = 2, ensure_ascii: bool = True) -> str
     """Strict JSON text of `x`: `json_ready`, then `allow_nan=False`, so no `NaN` or `Infinity`
     literal reaches a file or a pipe. The one writer of every `--json` output and JSON file."""
     return json.dumps(json_ready(x), indent=indent, ensure_ascii=ensure_ascii, allow_nan=False)
+
+
+SUMMARY_COLUMNS = ("value", "low", "high", "n")
+"""The columns every `summary()` frame leads with: the statistic, its interval's ends, how many pairs."""
+
+
+def summary_frame(rows: Sequence[Mapping[str, Any]], name: str = "name") -> pd.DataFrame:
+    """The one type of every result's `summary()`: a DataFrame with one row per headline statistic (or per
+    item a result summarises), indexed by its name (the rows' `name` key), its columns `value` and, where the
+    rows carry them, `low`, `high` (the interval) and `n` (how many pairs) first, then the rest in row order."""
+    import pandas as pd
+
+    frame = pd.DataFrame(list(rows), columns=None if len(rows) else [name, "value"]).set_index(name)
+    frame.index.name = name
+    lead = [c for c in SUMMARY_COLUMNS if c in frame.columns]
+    if "value" not in lead:
+        raise AssertionError(f"a summary has a 'value' column, got {list(frame.columns)}")  # a bug, not bad input
+    return frame[[*lead, *(c for c in frame.columns if c not in lead)]]

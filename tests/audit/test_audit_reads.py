@@ -83,7 +83,7 @@ def test_an_audit_whose_pairs_have_no_read_to_read_map_patches_by_ablation(prm, 
     said = [str(w.message) for w in caught if "zero ablation" in str(w.message)]
     assert len(said) == 1
     assert audit.faithfulness.mode == "ablation" and audit.faithfulness.seed_mode == "ablation"
-    assert "|ablation, read|" in audit.faithfulness.summary()[-1]["comparison"]
+    assert "|ablation, read|" in audit.faithfulness.summary().index[-1]
     for estimand, got in (("total", audit.faithfulness.total), ("direct", audit.faithfulness.direct)):
         exact = rl.patch(model, UNEQUAL, mode="ablation", level="head", estimand=estimand)
         np.testing.assert_allclose(got, exact.effect, atol=1e-5)

@@ -81,7 +81,7 @@ def test_circuit_share_on_disagreeing_pairs_is_finite_bounded_and_warned(model, 
     w = np.abs([a.clean[0] for a in alone])
     np.testing.assert_allclose(c.shares, (per_pair * w).sum(1) / w.sum(), rtol=1e-4, atol=1e-6)
     assert c.warning is not None and "disagree" in c.warning
-    assert c.summary()["warning"] == c.warning and "share_of_mean_margin" in c.summary()
+    assert c.to_dict()["warning"] == c.warning and "share_of_mean_margin" in c.summary().index
 
 
 def test_circuit_on_agreeing_pairs_has_no_warning_and_keeps_the_ratio_of_means(model, agreeing):

@@ -106,7 +106,7 @@ def test_the_papers_statistic_is_prefix_noising_over_attention_and_mlp_sublayers
 
     expected = np.mean([spearmanr(np.abs(a), np.abs(e)).statistic for a, e in zip(att, prefix.effect[:, keep])])
     assert rep.paper_statistic()[0] == pytest.approx(expected, abs=1e-6)
-    assert any("paper's way" in row["comparison"] for row in rep.summary())
+    assert any("paper's way" in name for name in rep.summary().index)
     assert np.isnan(faithfulness(model, pairs, n_boot=20).paper_statistic()[0])  # not asked for: NaN, said so
 
 

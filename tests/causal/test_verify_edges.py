@@ -59,14 +59,15 @@ def test_a_verified_circuit_keeps_exactly_scored_edges(llama, pairs):
     for (u, d, s), exact in zip(found.kept, found.exact):
         assert exact
         assert s == pytest.approx(float(direct(llama, pairs, u, d).mean()), abs=2e-6)
-    summary = found.summary()
+    summary = found.to_dict()
     assert summary["verified"] == found.verified and all(k["exact"] for k in summary["kept"])
+    assert found.summary().loc["verified", "value"] == found.verified
     # scores given, then verified by the circuit under the same corruption: the same circuit
     again = rl.circuit(llama, pairs, edges=rl.edges(llama, pairs, method="eap"), top=4, verify=4)
     assert again.kept == found.kept and again.exact == found.exact
     plain = rl.circuit(llama, pairs, method="eap", top=4)
     assert plain.verified == 0 and plain.exact == [d == "reward" for _, d, _ in plain.ranked]
-    assert [k["exact"] for k in plain.summary()["kept"]] == [d == "reward" for _, d, _ in plain.kept]
+    assert [k["exact"] for k in plain.to_dict()["kept"]] == [d == "reward" for _, d, _ in plain.kept]
 
 
 def test_bad_verify_is_refused_by_name(llama, pairs):

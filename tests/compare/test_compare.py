@@ -88,10 +88,13 @@ def test_organisms_trained_apart_do_not_share_a_basis(syc, length, org_pairs):
     assert f"token embeddings differ: mean row cosine {expected:.3f} < 0.99" in cmp.refused
     assert np.isnan(cmp.readout_cosine) and len(cmp.direction_cosine) == 0
     assert json.loads(json.dumps(cmp.to_dict()))["directions"]["refused"] == cmp.refused
-    rows = {(r["quantity"], r["model"]): r for r in cmp.summary()}  # headline rows: the same numbers, NaN kept
+    summary = cmp.summary()  # headline rows: the same numbers, NaN kept
+    assert summary.index.is_unique and (summary["n"] == len(cmp.pair_ids)).all()
+    rows = {(r["quantity"], r["model"]): r for r in summary.to_dict("records")}
     assert rows[("spearman_margin", "A vs B")]["value"] == cmp.spearman_margin
-    assert (rows[("same_winner", "A vs B")]["ci_low"], rows[("same_winner", "A vs B")]["ci_high"]) == cmp.agreement_ci
-    assert rows[("accuracy", "B")]["value"] == cmp.b.accuracy and np.isnan(rows[("readout_cosine", "A vs B")]["value"])
+    assert (rows[("same_winner", "A vs B")]["low"], rows[("same_winner", "A vs B")]["high"]) == cmp.agreement_ci
+    assert summary.loc["accuracy (B)", "value"] == cmp.b.accuracy
+    assert np.isnan(rows[("readout_cosine", "A vs B")]["value"])
     assert rows[("crystallization_difference_normed", "B − A")]["value"] == cmp.depth_difference[1]
 
 
@@ -178,8 +181,8 @@ def test_a_different_width_is_refused_and_profiles_align_by_relative_depth(tiny_
     assert cmp.formation_correlation[0] == pytest.approx(np.mean(hand))
     low, high = cmp.formation_correlation_ci[0]
     assert low <= np.mean(hand) <= high and low < high
-    row = {r["quantity"]: r for r in cmp.summary()}["formation_correlation_linear"]
-    assert (row["model"], row["value"], row["ci_low"]) == ("A vs B", pytest.approx(np.mean(hand)), low)
+    row = cmp.summary().loc["formation_correlation_linear"]
+    assert (row["model"], row["value"], row["low"]) == ("A vs B", pytest.approx(np.mean(hand)), low)
     np.testing.assert_allclose(cmp.to_frame()["formation_correlation"], hand, rtol=1e-9)
     entry = cmp.to_dict()["lens"]["formation_correlation"]["linear"]
     assert entry["mean"] == pytest.approx(np.mean(hand)) and entry["n_defined"] == len(pairs)

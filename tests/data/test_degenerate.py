@@ -34,7 +34,9 @@ def test_clean_pairs_pass_silently():
         checks = check_pairs(CLEAN, strict=True)
     assert checks.ok and checks.flagged == () and checks.counts == dict.fromkeys(CHECK_KINDS, 0)
     assert checks.describe() == str(checks) == "all 2 pairs pass the degenerate-pair checks"
-    assert checks.summary() == [{"kind": kind, "pairs": 0, "examples": []} for kind in CHECK_KINDS]
+    summary = checks.summary()
+    assert list(summary.index) == list(CHECK_KINDS) and (summary["value"] == 0).all()
+    assert summary["examples"].tolist() == [[] for _ in CHECK_KINDS]
     assert check_pairs([]).ok
 
 
@@ -62,8 +64,8 @@ def test_each_kind_is_counted_with_its_first_examples():
     line = checks.describe()
     assert line.startswith("5 of 7 pairs are degenerate: 1 with an empty or whitespace-only response: pair 4")
     assert "2 repeating an earlier pair word for word: pair 3, pair 6" in line and "\n" not in line
-    rows = {row["kind"]: row for row in checks.summary()}  # one row per kind, the counts and examples above
-    assert list(rows) == list(CHECK_KINDS) and {k: r["pairs"] for k, r in rows.items()} == checks.counts
+    rows = checks.summary().to_dict("index")  # one row per kind, the counts and examples above
+    assert list(rows) == list(CHECK_KINDS) and {k: r["value"] for k, r in rows.items()} == checks.counts
     assert rows["identical"]["examples"] == ["pair 1 (id 'y')", "pair 4 (id 'z')"]
 
 

@@ -200,7 +200,8 @@ def test_result_tables_and_directions(tiny_root):
     dose = res.dose_frame()
     assert len(dose) == len(res.alphas) * len(NEG)
     assert dose["delta_reward"][dose["alpha"] == 0].abs().max() == 0
-    assert res.summary()[0]["n_dose"] == len(NEG) and res.summary()[0]["unit"] == "difference"
+    assert res.summary().iloc[0]["n"] == len(NEG) and res.summary().iloc[0]["unit"] == "difference"
+    assert res.summary()["value"].tolist() == res.slope.tolist()
     np.testing.assert_array_equal(res.direction("eager", 1), res.directions[0, 1])
     np.testing.assert_array_equal(res.direction("eager", -1), res.direction("eager", "1"))
     with pytest.raises(ValueError, match="not kept"):
@@ -257,7 +258,7 @@ def test_builtin_sets_skip_items_that_do_not_fit(tiny_root):
     kept = [it for it in facts if it.id not in expected]
     for c, name in enumerate(res.names):  # every concept is made from the kept items only, still matched
         assert res.n_positive[c] == res.n_negative[c] == len(contrast_sets(name, kept)[0])
-    assert res.summary()[0]["n_skipped"] == len(expected)
+    assert res.rows()[0]["n_skipped"] == len(expected)
     explicit = concepts(model, items=kept, layers=[-1], alphas=(1.0,), n_boot=20)
     assert explicit.skipped == () and explicit.names == res.names
     np.testing.assert_allclose(res.slope, explicit.slope, rtol=1e-5, atol=1e-6)

@@ -68,7 +68,8 @@ def test_a_flag_that_the_other_scale_changes_is_fragile_and_says_both_scales(lis
         why = res.fragile_reason[j]
         assert f"{res.scale:.3g} (sd of the rewards of 24 base items)" in why and f"{alt:.3g} (given)" in why
         assert why.startswith("flagged under" if res.flagged[j] else "not flagged under")
-    text = res.summary()
+    text = res.describe()
+    assert res.summary()["flagged"].tolist() == res.flagged.tolist()
     robust = [a for a, f, w in zip(res.axes, res.flagged, res.fragile) if f and not w]
     assert text.splitlines()[0] == f"flagged: {', '.join(robust) or 'none'}"
     assert "fragile, not a finding: " + res.axes[int(np.flatnonzero(res.fragile)[0])] in text

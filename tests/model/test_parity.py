@@ -50,7 +50,8 @@ def test_every_check_passes_on_tiny_models(tiny_root, pairs, name):
     model = rl.load(str(tiny_root[name]))
     result = parity(model, pairs)
     assert result.passed and not result.failed
-    assert [c["name"] for c in result.summary()] == list(CHECKS)
+    assert list(result.summary().index) == list(CHECKS)
+    assert list(result.summary()["value"]) == [c.difference for c in result.checks]
     scale = max(1.0, float(np.abs(tiny.own_scores(model, pairs)).max()))
     assert all(c.tolerance == pytest.approx(TOLERANCE[torch.float32] * scale) for c in result.checks)
     assert all(c.n == 2 * len(pairs) for c in result.checks)

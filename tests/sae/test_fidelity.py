@@ -92,7 +92,7 @@ def test_an_exact_sae_recovers_everything_at_every_position_and_is_silent(llama,
     np.testing.assert_allclose(fit.spliced, fit.reward, atol=1e-5)
     assert not np.allclose(fit.zeroed, fit.reward, atol=1e-3)  # zeroing every token does move the reward
     assert att.fidelity is not None and att.fidelity.explained_variance == pytest.approx(1.0, abs=1e-6)
-    assert "explained variance 1.000, reward recovered 1.000" in att.fidelity.summary()
+    assert "explained variance 1.000, reward recovered 1.000" in att.fidelity.describe()
 
 
 def test_attribution_carries_the_fit_and_warns_on_a_poor_sae(llama, pairs):

@@ -75,7 +75,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
                       for i in top_parts(flat, args.top)]}
     found = circuit(model, pairs, edges=scored, top=args.top, positions=args.positions, batch_size=args.batch_size,
                     progress=not args.quiet)
-    out["circuit"] = found.summary()  # evaluated at the edges' level (heads as nodes at --level head)
+    out["circuit"] = found.to_dict()  # evaluated at the edges' level (heads as nodes at --level head)
     return out
 
 

@@ -57,7 +57,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "dose_layer": res.dose_layer, "positions": res.positions, "unit": res.unit, "folds": res.folds,
         "alphas": res.alphas.tolist(), "layers": list(res.layers),
-        "concepts": [clean(row) for row in res.summary()],
+        "concepts": [clean(row) for row in res.rows()],
         "per_layer": [clean(row) for row in res.to_frame().to_dict("records")],
         "mean_dose": {name: [finite(v) for v in np.nanmean(res.dose[c], 1)] for c, name in enumerate(res.names)},
     }

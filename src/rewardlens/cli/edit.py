@@ -122,8 +122,7 @@ def _edit(args: argparse.Namespace) -> dict[str, Any]:
     }
     if probe is not None or other:
         report = edit_report(model, result, probe_pairs=probe, other_pairs=other, batch_size=args.batch_size)
-        (row,) = report.summary()  # an edit report's summary is one row: the edit's
-        out["report"] = {k: finite(v) if isinstance(v, float) else v for k, v in row.items()}
+        out["report"] = {k: finite(v) if isinstance(v, float) else v for k, v in report.row().items()}
     return out
 
 

@@ -20,7 +20,8 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
 
     pairs = read_pairs(args)  # a bad pairs file is named before the model loads
     result = parity(load_model(args), pairs)
-    checks = [{**c, "difference": finite(c["difference"])} for c in result.summary()]  # NaN → null in JSON
+    rows = result.to_frame().to_dict("records")
+    checks = [{**c, "difference": finite(c["difference"])} for c in rows]  # NaN → null in JSON
     return {"dtype": result.dtype, "passed": result.passed, "checks": checks}
 
 

@@ -50,7 +50,7 @@ def probe_summary(model: RewardModel, pairs: Sequence[Pair] | None = None, *, ax
     out: dict[str, Any] = {
         "items": len(res.item_ids), "budget": res.budget(), "stage": res.stage, "stages": list(res.stages),
         "stopped_because": res.stopped_because, "scale": finite(float(res.scale)), "scale_source": res.scale_source,
-        "alt_scale": finite(float(res.alt_scale)), "alt_scale_source": res.alt_scale_source, "summary": res.summary(),
+        "alt_scale": finite(float(res.alt_scale)), "alt_scale_source": res.alt_scale_source, "summary": res.describe(),
         "min_effect": min_effect,
         "axes": [{k: (finite(v) if isinstance(v, float) else v) for k, v in row.items()}
                  for row in frame.astype(object).to_dict("records")],

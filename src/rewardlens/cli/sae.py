@@ -107,7 +107,7 @@ def _report(args: argparse.Namespace) -> dict[str, Any]:
                             batch_size=args.batch_size, ranking=ranking)
     page = write_feature_page(report, args.out, title=f"SAE features at layer {layer}: {sae.folder}")
     return {"command": "report", "page": str(page), "sae": str(sae.folder), "layer": layer, "pairs": len(pairs),
-            "score_kind": report.score_kind, "features": [c.summary() for c in report.cards],
+            "score_kind": report.score_kind, "features": [c.row() for c in report.cards],
             "fidelity": _fit(att.fidelity)}
 
 
@@ -128,7 +128,7 @@ def _fit(fit: Any) -> dict[str, Any] | None:
         return None
     return {"point": fit.point, "positions": fit.positions, "explained_variance": fit.explained_variance,
             "reward_recovered": fit.reward_recovered, "l0": fit.l0, "activations": fit.n_activations,
-            "poor": fit.poor, "summary": fit.summary()}
+            "poor": fit.poor, "summary": fit.describe()}
 
 
 def _train(args: argparse.Namespace) -> dict[str, Any]:

@@ -11,7 +11,8 @@ import numpy as np
 from ..data import chosen, margin, rejected
 from ..hacking import Probes
 from ..model import finite_accuracy
-from ..stats import json_ready
+from ..plotting import HtmlView
+from ..stats import json_ready, summary_frame
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -85,7 +86,7 @@ class Basis:
 
 
 @dataclass(frozen=True)
-class Comparison:
+class Comparison(HtmlView):
     """Two models on the same n pairs. CIs are 95% percentile bootstraps over pairs, (low, high), but for
     the accuracies, whose intervals are Wilson's.
 
@@ -174,13 +175,14 @@ class Comparison:
                     f"flagged_{s.label}": p.flagged}
         return pd.DataFrame(out)
 
-    def summary(self) -> list[dict[str, Any]]:
-        """One row per headline statistic: `quantity`, `model` (a side's label; 'A vs B', with the two
-        labels, for a statistic of the two; 'B − A' for a difference), `value`, `ci_low`, `ci_high`
-        (the 95% interval: Wilson's for `accuracy`, a percentile bootstrap over pairs for the rest; NaN
-        where a statistic has none or is undefined, e.g. the direction
-        cosines when `refused`). The per-depth and per-axis numbers are in `depth_frame`, `probe_frame`
-        and `to_dict`."""
+    def summary(self) -> pd.DataFrame:
+        """One row per headline statistic (`stats.summary_frame`), indexed by its name (`quantity`, with the
+        side's label in parentheses for a statistic of one side, e.g. 'accuracy (B)'): `value`, `low`,
+        `high` (the 95% interval: Wilson's for `accuracy`, a percentile bootstrap over pairs for the rest;
+        NaN where a statistic has none or is undefined, e.g. the direction cosines when `refused`), `n` (the
+        pairs), `quantity`, `model` (a side's label; 'A vs B', with the two labels, for a statistic of the
+        two; 'B − A' for a difference). The per-depth and per-axis numbers are in `depth_frame`,
+        `probe_frame` and `to_dict`."""
         a, b = self.a, self.b
         both, diff, nan = f"{a.label} vs {b.label}", f"{b.label} − {a.label}", (float("nan"), float("nan"))
         med = lambda d: float(np.nanmedian(d)) if np.isfinite(d).any() else float("nan")
@@ -200,8 +202,10 @@ class Comparison:
             ("readout_cosine", both, self.readout_cosine, nan),
             ("residual_readout_cosine", both, self.residual_readout_cosine, nan),
         ]
-        return [{"quantity": q, "model": m, "value": float(v), "ci_low": float(c[0]), "ci_high": float(c[1])}
-                for q, m, v, c in rows]
+        one_side = {a.label, b.label}
+        return summary_frame([
+            {"name": f"{q} ({m})" if m in one_side else q, "value": float(v), "low": float(c[0]),
+             "high": float(c[1]), "n": len(self.pair_ids), "quantity": q, "model": m} for q, m, v, c in rows])
 
     def to_dict(self) -> dict[str, Any]:
         """Every number as a JSON-ready nested dict (NaN becomes None): what `rewardlens compare` writes."""

@@ -36,13 +36,16 @@ import json
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, get_args
+from typing import TYPE_CHECKING, Literal, get_args
 
 from ..errors import DataError, DegeneratePairsWarning, TokenizationError, UsageError
+from ..stats import summary_frame
 from ._pair import Pair
 from ._rows import Side, pair_of
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from ..types import Prompt
 
 CheckKind = Literal["empty", "identical", "duplicate_id", "repeated"]
@@ -88,11 +91,12 @@ class PairChecks:
         """Sorted positions of the pairs of any kind (the ones to drop for a clean set)."""
         return tuple(sorted({i for kind in CHECK_KINDS for i in self.indices[kind]}))
 
-    def summary(self) -> list[dict[str, Any]]:
-        """One row per kind of `CHECK_KINDS`: `kind`, `pairs` (how many), `examples` (the first few named,
-        as the warning names them). `describe()` says the same in one line."""
-        return [{"kind": kind, "pairs": len(self.indices[kind]), "examples": list(self.examples[kind])}
-                for kind in CHECK_KINDS]
+    def summary(self) -> pd.DataFrame:
+        """One row per kind of `CHECK_KINDS`, indexed by `kind`: `value` (how many pairs), `examples` (the
+        first few named, as the warning names them) (`stats.summary_frame`). `describe()` says the same in
+        one line."""
+        return summary_frame([{"kind": kind, "value": len(self.indices[kind]), "examples": list(self.examples[kind])}
+                              for kind in CHECK_KINDS], name="kind")
 
     def describe(self) -> str:
         """One line: how many pairs are degenerate, per kind, with the first few of each named."""

@@ -38,7 +38,8 @@ from ..data.internal import progress_bar
 from ..errors import DataError, UsageError, warn
 from ..model import ReadCache, RewardModel
 from ..model.internal import Tokenized, flatten_inputs, one_read_only
-from ..stats import auroc, bootstrap_ci, fit_slope, linearity
+from ..plotting import HtmlView
+from ..stats import auroc, bootstrap_ci, fit_slope, linearity, summary_frame
 from ..types import Positions, Text
 from ._dose import dose_read, dose_response, needs_no_forward
 from ._fit import builtin_sets
@@ -61,7 +62,7 @@ FOLDS = 5
 
 
 @dataclass(frozen=True)
-class Concepts:
+class Concepts(HtmlView):
     """Concept directions per layer and each concept's dose-response.
 
     Per-layer arrays are [n_concepts, n_layers_kept] over `layers` ('embed', '0', ..., in depth
@@ -143,8 +144,15 @@ class Concepts:
         arr = self.directions if space == "head" else self.residual_directions
         return arr[self._index(name), self.layer_index(layer)].copy()
 
-    def summary(self) -> list[dict[str, Any]]:
-        """One row per concept: dose-response and the last kept layer's cosine and held-out AUROC."""
+    def summary(self) -> pd.DataFrame:
+        """One row per concept, indexed by `concept` (`stats.summary_frame`): `value` the dose-response slope
+        (reward per unit of α), `low`, `high` its interval, `n` the dose items, then `rows()`' other numbers."""
+        lead = {"slope": "value", "slope_lo": "low", "slope_hi": "high", "n_dose": "n"}
+        return summary_frame([{lead.get(k, k): v for k, v in row.items()} for row in self.rows()], name="concept")
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One dict per concept: dose-response and the last kept layer's cosine and held-out AUROC (what
+        `--json` and the audit's `numbers.json` write)."""
         last = len(self.layers) - 1
         return [{
             "concept": name, "dose_layer": self.dose_layer, "positions": self.positions, "unit": self.unit,

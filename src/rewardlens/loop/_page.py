@@ -81,7 +81,7 @@ def page(result: ClosedLoop) -> str:
     return ("<!doctype html><html><head><meta charset='utf-8'><title>rewardlens closed loop</title><style>"
             "body{font-family:sans-serif;max-width:960px;margin:auto}table{border-collapse:collapse;font-size:12px}"
             "td,th{border:1px solid #ccc;padding:2px 6px}</style></head><body><h1>Edit → retrain → verify</h1>"
-            f"{charts}<section id='summary'><h2>Behaviour gap</h2>{_table(result.summary(), 'summary')}</section>"
+            f"{charts}<section id='summary'><h2>Behaviour gap</h2>{_table(result._gaps(), 'summary')}</section>"
             f"<section id='warnings'><h2>Early warning</h2>{_table(result.warnings(), 'warnings')}</section>"
             "<section id='notes'><h2>Notes</h2><ul>" + "".join(f"<li>{_e(n)}</li>" for n in notes)
             + "</ul></section></body></html>")

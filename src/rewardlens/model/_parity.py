@@ -24,6 +24,8 @@ import numpy as np
 import torch
 
 from ..errors import HeadError
+from ..plotting import HtmlView
+from ..stats import summary_frame
 from ._arch import text_config
 from ._core import RewardModel
 from ._finite import dtype_name
@@ -66,7 +68,7 @@ class ParityCheck:
 
 
 @dataclass(frozen=True)
-class Parity:
+class Parity(HtmlView):
     """The five checks of `parity` on one model and one set of inputs, for `dtype` (the backbone's)."""
 
     checks: tuple[ParityCheck, ...]
@@ -80,10 +82,11 @@ class Parity:
     def failed(self) -> list[ParityCheck]:
         return [c for c in self.checks if not c.passed]
 
-    def summary(self) -> list[dict[str, Any]]:
-        """One dict per check: name, difference (largest |difference|), tolerance, passed, n."""
-        return [{"name": c.name, "difference": c.difference, "tolerance": c.tolerance, "passed": c.passed,
-                 "n": c.n} for c in self.checks]
+    def summary(self) -> pd.DataFrame:
+        """One row per check, indexed by its name: `value` (the largest |difference|), `n` (sequences
+        compared), `tolerance`, `passed` (`stats.summary_frame`)."""
+        return summary_frame([{"name": c.name, "value": c.difference, "n": c.n, "tolerance": c.tolerance,
+                               "passed": c.passed} for c in self.checks])
 
     def line(self) -> str:
         """The checks in one line: every one within tolerance with the largest difference, or each failure."""
@@ -95,9 +98,11 @@ class Parity:
             f" ({self.dtype}); run `rewardlens parity MODEL --pairs FILE` for every check")
 
     def to_frame(self) -> pd.DataFrame:
+        """One row per check: name, difference (largest |difference|), tolerance, passed, n."""
         import pandas as pd
 
-        return pd.DataFrame(self.summary())
+        return pd.DataFrame([{"name": c.name, "difference": c.difference, "tolerance": c.tolerance,
+                              "passed": c.passed, "n": c.n} for c in self.checks])
 
     def __getitem__(self, name: str) -> ParityCheck:
         for c in self.checks:

@@ -24,7 +24,8 @@ import numpy as np
 from ..data import Inputs, side
 from ..errors import DataError
 from ..model import RewardModel
-from ..stats import bootstrap_ci, spearman, to_json
+from ..plotting import HtmlView
+from ..stats import bootstrap_ci, spearman, summary_frame, to_json
 from ._attribution import FeatureAttribution
 
 if TYPE_CHECKING:
@@ -86,8 +87,24 @@ class FeatureCard:
     effect: float | None = None
     note: str = ""
 
-    def summary(self) -> dict[str, Any]:
-        """The card's numbers as one flat row (the first context's text as `top_context`)."""
+    def summary(self) -> pd.DataFrame:
+        """The card's numbers, one row each (`stats.summary_frame`): the ranking score (named by `score_kind`),
+        `alignment`, `write`, `frequency`, `chosen`, `rejected`, `difference` with its interval, `effect`
+        (NaN when not measured) and one `rho_<axis>` per correlation."""
+        nan = math.nan
+        scalars = {self.score_kind: self.score, "alignment": self.alignment, "write": self.write,
+                   "frequency": self.frequency, "chosen": self.chosen, "rejected": self.rejected}
+        return summary_frame([
+            *({"name": k, "value": v, "low": nan, "high": nan} for k, v in scalars.items()),
+            {"name": "difference", "value": self.difference, "low": self.difference_ci[0],
+             "high": self.difference_ci[1]},
+            {"name": "effect", "value": nan if self.effect is None else self.effect, "low": nan, "high": nan},
+            *({"name": f"rho_{k}", "value": v, "low": nan, "high": nan} for k, v in self.correlations.items()),
+        ])
+
+    def row(self) -> dict[str, Any]:
+        """The card's numbers as one flat row (the first context's text as `top_context`): a row of
+        `FeatureCards.to_frame`."""
         top = self.contexts[0] if self.contexts else None
         return {
             "feature": self.feature, "layer": self.layer, self.score_kind: self.score, "alignment": self.alignment,
@@ -100,8 +117,10 @@ class FeatureCard:
 
 
 @dataclass(frozen=True)
-class FeatureCards:
+class FeatureCards(HtmlView):
     """One `FeatureCard` per reported feature, strongest-ranked first; `axes` names the correlations."""
+
+    _html_rank = "margin"
 
     layer: int
     cards: tuple[FeatureCard, ...]
@@ -127,10 +146,10 @@ class FeatureCards:
             for c in self.cards))
 
     def to_frame(self) -> pd.DataFrame:
-        """One row per feature: the card's numbers (`FeatureCard.summary`)."""
+        """One row per feature: the card's numbers (`FeatureCard.row`)."""
         import pandas as pd
 
-        return pd.DataFrame([c.summary() for c in self.cards])
+        return pd.DataFrame([c.row() for c in self.cards])
 
     def to_dict(self) -> dict[str, Any]:
         return {"layer": self.layer, "axes": list(self.axes), "cards": [

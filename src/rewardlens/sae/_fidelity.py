@@ -18,7 +18,7 @@ import copy
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import torch
@@ -28,10 +28,14 @@ from ..data import Inputs
 from ..errors import SAEMismatchError, UsageError, warn
 from ..model import RewardModel, TraceKey
 from ..model.internal import Batch, rewriting
+from ..stats import summary_frame
 from ._activations import Activations, ActivationSource, point_at, token_mask
 from ._autoencoder import TopKSAE
 from ._provenance import base_name, model_fingerprint, model_name
 from ._train import evaluate
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 MIN_EXPLAINED_VARIANCE = 0.5
 """Below this explained variance at the hook point, `fidelity` warns: the SAE misses half the activation."""
@@ -65,7 +69,20 @@ class Fidelity:
         """Explained variance or reward recovered under its floor (a NaN recovery alone is not poor)."""
         return self.explained_variance < MIN_EXPLAINED_VARIANCE or self.reward_recovered < MIN_REWARD_RECOVERED
 
-    def summary(self) -> str:
+    def summary(self) -> pd.DataFrame:
+        """The fit's numbers, one row each (`stats.summary_frame`): `explained_variance`, `reward_recovered`,
+        the mean |reward change| spliced and zeroed, `l0`, with `n` the activations or inputs they are over."""
+        shift, ablate = (float(np.abs(v - self.reward).mean()) for v in (self.spliced, self.zeroed))
+        inputs = len(self.reward)
+        return summary_frame([
+            {"name": "explained_variance", "value": self.explained_variance, "n": self.n_activations},
+            {"name": "reward_recovered", "value": self.reward_recovered, "n": inputs},
+            {"name": "mean_abs_reward_change_spliced", "value": shift, "n": inputs},
+            {"name": "mean_abs_reward_change_zeroed", "value": ablate, "n": inputs},
+            {"name": "l0", "value": self.l0, "n": self.n_activations},
+        ])
+
+    def describe(self) -> str:
         """One line: both numbers, the mean |reward change| spliced and zeroed, and 'POOR FIT' under a floor."""
         rec = "n/a (zeroing moves no reward)" if math.isnan(self.reward_recovered) else f"{self.reward_recovered:.3f}"
         shift, ablate = (float(np.abs(v - self.reward).mean()) for v in (self.spliced, self.zeroed))
@@ -75,7 +92,7 @@ class Fidelity:
                 f"{shift:.4g}, zeroed {ablate:.4g}){flag}")
 
     def __str__(self) -> str:
-        return self.summary()
+        return self.describe()
 
 
 def fit_positions(sae: TopKSAE, positions: FitPositions) -> Literal["all", "read"]:
@@ -105,7 +122,7 @@ def fidelity(model: RewardModel, sae: TopKSAE, inputs: Inputs, point: TraceKey |
     fit = Fidelity(source.point.name, where, stats.explained_variance, recovered, stats.l0, stats.n_rows,
                    r.astype(np.float32), r_s.astype(np.float32), r_0.astype(np.float32))
     if fit.poor:
-        warn(f"{fit.summary()}: under the floors (explained variance {MIN_EXPLAINED_VARIANCE}, reward recovered "
+        warn(f"{fit.describe()}: under the floors (explained variance {MIN_EXPLAINED_VARIANCE}, reward recovered "
              f"{MIN_REWARD_RECOVERED}): the reconstruction misses what this model computes there, so its "
              f"features' numbers describe the SAE more than the model; {poor_fit_advice(model, sae, fit)}")
     return fit

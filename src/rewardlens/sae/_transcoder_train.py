@@ -28,10 +28,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..data import Inputs, progress_bar
+from ..data import Inputs
+from ..data.internal import progress_bar
 from ..errors import UsageError
 from ..model import RewardModel
 from ..model.internal import Batch, get_module, rewriting
+from ..plotting import HtmlView
 from ..stats import summary_frame
 from ._activations import token_mask
 from ._provenance import model_fingerprint, model_name
@@ -142,7 +144,7 @@ class TranscoderTrainConfig:
 
 
 @dataclass(frozen=True)
-class TranscoderTraining:
+class TranscoderTraining(HtmlView):
     """Trained transcoders and their history: per layer, the FVU of each step [steps] (numpy)."""
 
     transcoders: Transcoders

@@ -1,5 +1,5 @@
 """The report's circuit section: the audit's `Circuit` (`Plan(circuit=True)`) as its own numbers
-(`Circuit.summary()`, read from the audit summary: the page and `numbers.json` show the same ones) and
+(`Circuit.to_dict()`, read from the audit summary: the page and `numbers.json` show the same ones) and
 its own `plot()`, drawn on a pyplot-free figure."""
 
 from __future__ import annotations

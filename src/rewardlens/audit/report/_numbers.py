@@ -127,7 +127,7 @@ def summary(audit: Audit, top: int = TOP_PARTS) -> AuditSummary:
         "steps": steps_summary(audit),
         "parity": _parity(audit), "parity_note": audit.parity_note or None,
         "parity_line": None if audit.parity is None else f"on {audit.parity_pairs} pairs: {audit.parity.line()}",
-        "circuit": None if audit.circuit is None else audit.circuit.summary(),  # the result's own numbers
+        "circuit": None if audit.circuit is None else audit.circuit.to_dict(),  # the result's own numbers
         "findings": None,
     }
     out["findings"] = findings_summary(audit, out)  # the claims quote the numbers above
@@ -150,7 +150,7 @@ def provenance(audit: Audit) -> dict[str, Any]:
 def _faithfulness(audit: Audit) -> FaithfulnessSummary:
     f = audit.faithfulness
     pooled: dict[str, Interval] = {}
-    for row in f.summary():  # the estimands' rows; the seed statistics are read below, by name
+    for row in f.rows():  # the estimands' rows; the seed statistics are read below, by name
         if row["comparison"].startswith("attribution vs "):
             name = row["comparison"].removeprefix("attribution vs ")
             pooled[name] = Interval(rho=row["rho"], lo=row["lo"], hi=row["hi"], pairs=row["pairs"])
@@ -204,7 +204,7 @@ def _concepts(audit: Audit) -> dict[str, Any]:
     assert c is not None
     return {"dose_layer": c.dose_layer, "unit": c.unit, "positions": c.positions,
             "alphas": [float(a) for a in c.alphas],
-            "concepts": {row.pop("concept"): row for row in c.summary()}}
+            "concepts": {row.pop("concept"): row for row in c.rows()}}
 
 
 def _features(audit: Audit) -> dict[str, Any]:
@@ -223,10 +223,10 @@ _PAIR_KEYS = ("chosen", "rejected", "margin")
 
 
 def _parity(audit: Audit) -> list[ParityRow] | None:
-    """The audit's parity checks (`Parity.summary`), or None when not run (`parity_note` says why)."""
+    """The audit's parity checks (`Parity.to_frame`'s rows), or None when not run (`parity_note` says why)."""
     if audit.parity is None:
         return None
-    return [cast(ParityRow, row) for row in audit.parity.summary()]
+    return [cast(ParityRow, row) for row in audit.parity.to_frame().to_dict("records")]
 
 
 def tables(audit: Audit) -> dict[str, pd.DataFrame]:
@@ -245,7 +245,7 @@ def tables(audit: Audit) -> dict[str, pd.DataFrame]:
         }),
         "lens": lens.to_frame(), "sublayers": audit.sublayers.to_frame(), "heads": audit.heads.to_frame(),
         "faithfulness": audit.faithfulness.to_frame(),
-        "faithfulness_summary": pd.DataFrame(audit.faithfulness.summary()),
+        "faithfulness_summary": pd.DataFrame(audit.faithfulness.rows()),
     }
     if audit.probes is not None:
         out["probes"] = audit.probes.to_frame()
@@ -253,7 +253,7 @@ def tables(audit: Audit) -> dict[str, pd.DataFrame]:
     if audit.concepts is not None:
         out["concepts"] = audit.concepts.to_frame()
         out["concept_dose"] = audit.concepts.dose_frame()
-        out["concept_summary"] = pd.DataFrame(audit.concepts.summary())
+        out["concept_summary"] = pd.DataFrame(audit.concepts.rows())
     if audit.features is not None:
         out["features"] = audit.features.to_frame()
     names = labels(audit)

@@ -234,7 +234,7 @@ def _concepts(a: Audit, _s: AuditSummary) -> Html:  # RENDER's signature (called
     assert c is not None  # render() shows the not-run note instead
     rows = [(r["concept"], f"{num(r['slope'])} [{num(r['slope_lo'], 2)}, {num(r['slope_hi'], 2)}]", num(r["r2"], 3),
              num(r["half_ratio"], 2), num(r["cosine"], 2), num(r["auroc_heldout"], 2), r["n_dose"])
-            for r in c.summary()]
+            for r in c.rows()]
     text = Html("<p class=\"how\">Each concept's direction (difference of class means of the residual at the read "
                 "token) is "
                 f"added at layer {e(c.dose_layer)} as α units ({e(c.unit)}); the slope is reward per unit of α. "

@@ -130,7 +130,7 @@ class AuditSummary(TypedDict):
     parity_note: str | None
     parity_line: str | None
     circuit: dict[str, Any] | None
-    """`Circuit.summary()` of the audit's circuit (`Plan(circuit=True)`), None when not run."""
+    """`Circuit.to_dict()` of the audit's circuit (`Plan(circuit=True)`), None when not run."""
     findings: dict[str, Any] | None
     """The audit's claims (`_findings.findings_summary`): the organism sentence, `min_pairs`, what each strength
     means, and each claim with its number, interval, pairs and strength; None only while `summary` builds it."""
