@@ -14,7 +14,8 @@ import rewardlens as rl
 from rewardlens import _deprecated
 
 FACES = ["rewardlens", *(f"rewardlens.{p}" for p in ("audit", "bench", "calibrate", "causal", "compare", "data",
-                                                    "exact", "hacking", "loop", "model", "monitor", "sae", "zoo"))]
+                                                    "exact", "hacking", "loop", "model", "monitor", "sae", "zoo",
+                                                    "zoo.organisms"))]
 
 
 def test_the_top_level_holds_at_most_thirty_names():

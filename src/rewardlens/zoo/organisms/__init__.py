@@ -21,7 +21,6 @@ from ._cache import ORGANISM_VERSION as ORGANISM_VERSION
 from ._cache import READY as READY
 from ._cache import build as build
 from ._cache import built_once as built_once
-from ._cache import locked as locked
 from ._cache import organism_dir as organism_dir
 from ._cache import record as record
 from ._dpo import PolicyOrganism as PolicyOrganism
@@ -40,10 +39,11 @@ from ._train import forward_margins as forward_margins
 
 # Renamed in 0.2 (docs/design.md "Words"); the old names work for one release.
 __getattr__ = _moved(__name__, {"KINDS": "rewardlens.zoo.organisms:KIND_ORGANISMS",
-                                "Recipe": "rewardlens.zoo.organisms:RMRecipe"})
+                                "Recipe": "rewardlens.zoo.organisms:RMRecipe",
+                                "locked": "rewardlens.zoo.organisms.internal"})
 
 __all__ = ["KIND_ORGANISMS", "ORGANISMS", "READY", "ORGANISM_VERSION", "Organism", "PolicyOrganism", "RMRecipe",
            "StepOrganism",
            "ablated", "built_once",
-           "bank", "build", "dpo_paths", "forward_margins", "implicit_rewards", "locked", "open_kind", "organism_dir",
+           "bank", "build", "dpo_paths", "forward_margins", "implicit_rewards", "open_kind", "organism_dir",
            "prm_accuracy", "record", "step_scores"]
