@@ -232,7 +232,8 @@ def test_the_command_line_names_allow_pickle_as_its_flag(llama, tmp_path, capsys
     pairs = str(save_pairs(tiny.PAIRS[:1], tmp_path / "pairs.jsonl"))
     assert main(["score", str(folder), "--pairs", pairs]) == 2
     err = capsys.readouterr().err
-    assert "if you trust the file, pass --allow-pickle; better" in err and "allow_pickle" not in err
+    # the library's line, then the flag named from the error's option (cli FLAGS), never a reworded message
+    assert "allow_pickle=True" in err and err.rstrip().endswith("(on the command line: --allow-pickle)")
     assert main(["score", str(folder), "--pairs", pairs, "--allow-pickle"]) == 0
 
 
@@ -317,3 +318,17 @@ def test_trusted_custom_code_whose_module_is_missing_is_one_line_naming_it(llama
     assert "names modeling_custom.py, which the folder lacks" in text
     assert "copy the model's own .py files into the folder" in text
     assert no_prompt == []
+
+
+@pytest.mark.parametrize("config, said", [
+    ("not json", "not a valid JSON file"),
+    ('{"model_type": "llama", "hidden_size": "x"}', "expected int, got str"),
+    ('{"model_type": "llama", "hidden_size": 8, "num_attention_heads": 3}', "validate_architecture"),
+])
+def test_a_folder_transformers_refuses_is_one_line_of_bad_input(tmp_path, config, said):
+    """transformers' (and huggingface_hub's config validation) refusal of a folder is the user's input, not our
+    bug: one ModelLoadError line that keeps what transformers said, the chain kept for REWARDLENS_DEBUG."""
+    (tmp_path / "config.json").write_text(config)
+    with pytest.raises(ModelLoadError, match=said) as caught:
+        rl.load(str(tmp_path))
+    assert "\n" not in str(caught.value) and str(tmp_path) in str(caught.value)

@@ -224,9 +224,22 @@ def _load_errors(path_or_id: str, kwargs: dict[str, Any]) -> Iterator[None]:
         text = str(exc)
         one_line = (_pickle_failure(exc, text, path_or_id, kwargs)
                     or _code_failure(exc, text, path_or_id, _custom_code(_local_config(path_or_id, kwargs))))
+        if one_line is None and isinstance(exc, (ValueError, OSError)):
+            # transformers' own refusal of what it was pointed at (a config it cannot parse, a folder that is
+            # not a model): bad input, one line, with its first line kept; the chain stays for REWARDLENS_DEBUG
+            first = (text.strip().splitlines() or [type(exc).__name__])[0].rstrip(".")
+            raise ModelLoadError(f"{path_or_id}: transformers could not load it: {first}; point at a folder saved "
+                                 "by save_pretrained (config.json, weights and tokenizer files) or a hub id") from exc
         if one_line is None:
             raise
         raise one_line from None  # the line names file and fix; transformers' 40-line chain would bury it
+    except Exception as exc:
+        if not type(exc).__module__.startswith("huggingface_hub"):
+            raise
+        # huggingface_hub validates a config's fields (StrictDataclassError): the folder's config.json is wrong
+        said = " ".join(str(exc).split())[:300].rstrip(".:") or type(exc).__name__  # its lines, as one
+        raise ModelLoadError(f"{path_or_id}: its config.json does not validate ({said}): fix the field it names, or "
+                             "point at a folder saved by save_pretrained") from exc
 
 
 def _warn_ignored_code(path_or_id: str, model: nn.Module, config: Any, kwargs: dict[str, Any]) -> None:
