@@ -29,6 +29,7 @@ from ..errors import HeadError, OutOfMemoryError, RewardLensWarning, StoreError
 from ..exact import STEP_FIELDS, Attribution, Lens, Steps
 from ..hacking import Concepts, Conflicts, Probes, cascade, distortion
 from ..model import Parity, RewardModel
+from ..plotting import CompositeView
 from ..sae import FeatureAttribution, TopKSAE
 from ._keys import RunKey, checksum
 from ._natural import NaturalStates
@@ -44,7 +45,7 @@ _Result = TypeVar("_Result")
 
 
 @dataclass(frozen=True)
-class Audit:
+class Audit(CompositeView):
     """One model's audit over one set of pairs, assembled from the results store.
 
     Per-pair instruments hold every pair (rows alternate chosen, rejected where they are per

@@ -10,6 +10,7 @@ import numpy as np
 
 from ..data import Pair, margin, record_columns, record_fields
 from ..errors import DataError, NonFiniteError
+from ..plotting import HtmlView
 from ..stats import json_ready, percentile_interval
 from ._best_of_n import RULES
 from ._items import layout, ties_mask
@@ -53,7 +54,7 @@ class SubsetScore:
 
 
 @dataclass(frozen=True)
-class BenchComparison:
+class BenchComparison(HtmlView):
     """Two models on the same items: each score of `a` and `b` and the paired difference a − b.
 
     Row r is the score `keys[r]` = (level, name), level `subset`, `section` or `score`; `n[r]`
@@ -63,6 +64,8 @@ class BenchComparison:
     exact up to 12 differing items (`rewardlens.bench._stats`: a bootstrap of two items that both
     favour one model collapses to one value and would claim p ≈ 0). NaN where fewer than two
     items stand behind a score."""
+
+    _html_rank = "difference"
 
     models: tuple[str, str]
     keys: tuple[Key, ...]
@@ -109,7 +112,7 @@ class BenchComparison:
 
 
 @dataclass(frozen=True)
-class Bench:
+class Bench(HtmlView):
     """One reward model on a RewardBench-schema set: n pairs forming m items.
 
     `reward` [2n] rows alternate chosen, rejected (`rewardlens.data` layout); `item_of_pair` [n]

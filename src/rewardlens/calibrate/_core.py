@@ -15,6 +15,7 @@ import numpy as np
 from ..data import Pair
 from ..errors import UsageError
 from ..model import Part, RewardModel, load
+from ..plotting import HtmlView
 from ..stats import spearman
 from ..types import Level
 from ..zoo.organisms import ORGANISMS, READY, build, organism_dir
@@ -71,7 +72,7 @@ class Grade:
 
 
 @dataclass(frozen=True)
-class Scorecard:
+class Scorecard(HtmlView):
     """Every grade of one calibration run, with the settings it ran under (`settings`)."""
 
     rows: tuple[Grade, ...]

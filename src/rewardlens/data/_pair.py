@@ -61,6 +61,16 @@ class Pair:
             raise TypeError(f"Pair.group must be a string or None, got {type(self.group).__name__}; "
                             f"pass the id of the record the pair came from.")
 
+    def _repr_html_(self) -> str:
+        """The pair in a notebook: id, subset and group, the prompt's turns, chosen beside rejected (escaped)."""
+        from ..plotting import pair_view
+
+        turns = [("user", self.prompt)] if isinstance(self.prompt, str) else [
+            (str(m.get("role", "")), str(m.get("content", ""))) for m in self.prompt]
+        about = [(k, v) for k, v in (("id", self.id), ("subset", self.subset), ("group", self.group)) if v is not None]
+        return pair_view("Pair", turns, self.chosen, self.rejected, about + [(f"extra: {k}", str(v)) for k, v in
+                                                                              self.extra.items()])
+
     def conversation(self, side: Side) -> Conversation:
         """The full chat for one side ("chosen" or "rejected"): prompt messages + assistant turn."""
         if side not in ("chosen", "rejected"):

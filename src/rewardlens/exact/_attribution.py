@@ -11,6 +11,7 @@ import numpy as np
 from ..data import Inputs, Side, row_labels, side
 from ..errors import UsageError
 from ..model import RewardModel
+from ..plotting import HtmlView
 from ..stats import ranked, top_parts
 from ..types import Level, PaddingSide, Ranking, Stored
 from ._decompose import Decomposition, decompose
@@ -25,7 +26,7 @@ RANKINGS: tuple[Ranking, ...] = get_args(Ranking)
 
 
 @dataclass(frozen=True)
-class Attribution:
+class Attribution(HtmlView):
     """Direct contributions of every part to the reward, in reward units.
 
     `values` [n, P] for the readout scalar, `constant` [n] (head bias and norm biases), `reward`
@@ -34,6 +35,8 @@ class Attribution:
     [n, k] hold the same per head output (k = 1, the readout itself, when not kept). For pairs,
     rows alternate chosen, rejected.
     """
+
+    _html_top_names = ("part", "mean |contribution|")
 
     names: list[str]
     values: np.ndarray

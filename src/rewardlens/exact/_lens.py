@@ -10,6 +10,7 @@ import numpy as np
 from ..data import Inputs, chosen, margin, rejected, row_labels
 from ..errors import UsageError
 from ..model import RewardModel
+from ..plotting import HtmlView
 from ..types import CrystallizationRule, LensKind, PaddingSide, Stored
 from ._decompose import Decomposition, decompose
 
@@ -23,7 +24,7 @@ CRYSTALLIZATION_RULES: tuple[CrystallizationRule, ...] = get_args(Crystallizatio
 
 
 @dataclass(frozen=True)
-class Lens:
+class Lens(HtmlView):
     """Reward lens [n, L+1]: depth 0 is the embeddings, depth l+1 the output of layer l.
 
     `linear`: cumulative exact contributions with the final norm's scale frozen (what the parts

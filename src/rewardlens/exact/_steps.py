@@ -15,13 +15,14 @@ import torch
 from torch import Tensor
 
 from ..model.internal import Batch
+from ..plotting import HtmlView
 
 STEP_FIELDS = ("sequence", "step", "position", "weight", "reward", "constant")
 """The per-read columns every `Steps` has (its `values`, per part, are optional)."""
 
 
 @dataclass(frozen=True)
-class Steps:
+class Steps(HtmlView):
     """One row per read: `sequence` [M] (its row in the inputs, pairs interleaved chosen, rejected),
     `step` [M] (its index within the sequence), `position` [M] (its token position in the unpadded
     sequence), `weight` [M] (α: how much it counts in the sequence's reward), `reward` [M] (its own

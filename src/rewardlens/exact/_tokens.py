@@ -36,6 +36,7 @@ from ..data.internal import counting
 from ..errors import ArchitectureError, UsageError
 from ..model import Part, RewardModel, Trace, TraceKey, trace, verify
 from ..model.internal import ROLES, Batch, flatten_inputs, out_projection, roles_of
+from ..plotting import TOKEN_ROWS, Html, HtmlView
 from ..stats import ranked, spearman, topk_overlap
 from ..types import PaddingSide
 from ._attention_rows import rows_at_read
@@ -53,7 +54,7 @@ BASELINES: tuple[Baseline, ...] = get_args(Baseline)
 
 
 @dataclass(frozen=True)
-class TokenAttribution:
+class TokenAttribution(HtmlView):
     """Exact per-token direct contributions to the reward, one ragged table per row (module docstring).
 
     Per row `i` (pairs interleave chosen, rejected: `rows` labels them): `tokens[i]` each token's
@@ -198,6 +199,28 @@ class TokenAttribution:
         frames = [self.table(i).assign(row=label) for i, label in enumerate(self.rows)]
         frame = pd.concat(frames, ignore_index=True)
         return frame[["row", *[c for c in frame.columns if c != "row"]]]
+
+    _html_table = False
+
+    def _html_body(self) -> Html:
+        """The notebook's token view: each row's tokens coloured by `values` (plotting/_token_html.py), pairs
+        side by side, its header the row's exact split (`groups` when roles are known)."""
+        from ..plotting import token_rows, token_view
+
+        n = min(len(self.rows), TOKEN_ROWS)
+        roles = [self.role_names(r) if self.roles is not None else None for r in range(n)]
+        return token_view(token_rows(self.rows[:n], [self._split(r) for r in range(n)], self.tokens[:n],
+                                     self.values[:n], self.read_index[:n], roles), self.is_pairs, TOKEN_ROWS)
+
+    def _split(self, row: int) -> str:
+        """`row`'s reward and its exact split, in one line."""
+        if self.roles is None:
+            return (f"{self.rows[row]}: reward {self.reward[row]:+.4g} = Σ tokens {self.values[row].sum():+.4g} "
+                    f"+ at read {self.at_read[row]:+.4g} + constant {self.constant[row]:+.4g}")
+        g = self.groups(row)
+        return (f"{self.rows[row]}: reward {self.reward[row]:+.4g} = response {g['response']:+.4g} + prompt "
+                f"{g['prompt']:+.4g} + template {g['template']:+.4g} + at read {g['at_read']:+.4g} + constant "
+                f"{g['constant']:+.4g}")
 
     def plot(self, row: int = 0, ax: Axes | None = None) -> Figure:
         """Bar chart of every token's exact contribution for `row`, tokens in order, `t*` marked; into

@@ -24,6 +24,7 @@ from torch import Tensor
 from ..data import Pair, margin
 from ..errors import UsageError
 from ..model import RewardModel
+from ..plotting import HtmlView
 from ..stats import spearman, spearman_matrix
 
 if TYPE_CHECKING:
@@ -37,7 +38,7 @@ _BOOT_BLOCK = 4_000_000
 
 
 @dataclass(frozen=True)
-class Conflicts:
+class Conflicts(HtmlView):
     """Pairwise relations of k terms measured on `n_pairs` preference pairs.
 
     `cosine` [k, k]: cosine of the terms' effective directions in the space the head reads (the
@@ -50,6 +51,8 @@ class Conflicts:
     `spearman`, `disagree`, `agree` [k, k] and their 95% percentile bootstrap intervals over pairs
     `*_ci` [k, k, 2]; `relation` [k, k] labels ('self' on the diagonal).
     """
+
+    _html_rank = "cosine"
 
     names: list[str]
     source: str

@@ -40,6 +40,7 @@ from ..data import Inputs, Pair
 from ..errors import ArchitectureError, DataError, HeadError, UsageError, warn
 from ..model import RewardModel, wrap
 from ..model.internal import get_module
+from ..plotting import HtmlView
 from ..types import EditMethod, Text
 
 if TYPE_CHECKING:
@@ -53,7 +54,7 @@ _RCOND = 1e-10
 
 
 @dataclass(frozen=True)
-class Edit:
+class Edit(HtmlView):
     """An edited copy of a reward model and the eraser it applies to the final hidden state.
 
     The eraser is `r(h) = h − along · (read · (h − mean))` on `h` [.., d] (the head's input):

@@ -381,6 +381,11 @@ class RewardModel:
             scalar[rows] = (values * coef).sum(-1).cpu().numpy()
         return objectives, scalar
 
+    def _repr_html_(self) -> str:
+        from ._view import model_html  # what a notebook shows: architecture, kind, dtype, device, read rule
+
+        return model_html(self)
+
     def __repr__(self) -> str:
         return (f"RewardModel({type(self.model).__name__}, arch={self.arch.name!r}, layers={self.n_layers}, "
                 f"objectives={self.head.n_objectives}, dtype={next(self.model.parameters()).dtype})")

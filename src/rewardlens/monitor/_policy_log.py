@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import DataError
+from ..plotting import HtmlView
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -151,7 +152,7 @@ class PolicyRecord:
 
 
 @dataclass(frozen=True)
-class PolicyRun:
+class PolicyRun(HtmlView):
     """Every record of a monitored policy run, in order (`PolicyRun.from_jsonl(log)` reads a log back)."""
 
     records: tuple[PolicyRecord, ...]

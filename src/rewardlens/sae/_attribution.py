@@ -28,6 +28,7 @@ from ..errors import ArchitectureError, UsageError
 from ..exact import decompose_trace, part_names, readout_vectors
 from ..model import RewardModel, Trace, TraceKey, trace, verify
 from ..model.internal import check_bookkeeping
+from ..plotting import HtmlView
 from ..stats import ranked
 from ..types import PaddingSide
 from ._autoencoder import TopKSAE
@@ -52,7 +53,7 @@ def resid_readout(model: RewardModel, tr: Trace, layer: int, coef: Tensor) -> Te
 
 
 @dataclass(frozen=True)
-class FeatureAttribution:
+class FeatureAttribution(HtmlView):
     """Each input's reward split over the SAE's features at `layer` (read position), in reward units.
 
     `features` [F]: the latents that fired on some input (ids into the SAE), `activations` and
@@ -66,6 +67,8 @@ class FeatureAttribution:
     SAE's explained variance and reward recovered at `resid_{layer}` on these inputs (`Fidelity`;
     None when not measured).
     """
+
+    _html_top_names = ("feature", "mean |contribution|")
 
     layer: int
     features: np.ndarray

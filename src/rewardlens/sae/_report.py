@@ -22,6 +22,7 @@ from torch import Tensor
 from ..data import Inputs
 from ..errors import DataError
 from ..model import RewardModel, TraceKey
+from ..plotting import HtmlView
 from ..stats import to_json
 from ..types import SaePositions
 from ._activations import Activations, ActivationSource
@@ -41,7 +42,7 @@ __all__ = ["Context", "FeatureReport", "feature_report"]
 
 
 @dataclass(frozen=True)
-class FeatureReport:
+class FeatureReport(HtmlView):
     """Top features of an attribution with their cards, and the SAE's fit on the corpus.
 
     `cards`: one `FeatureCard` per feature, strongest-ranked first (`features`, `score`,

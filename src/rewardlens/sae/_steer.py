@@ -23,6 +23,7 @@ import torch
 from ..data import Inputs
 from ..errors import DataError
 from ..model import RewardModel
+from ..plotting import HtmlView
 from ..stats import bootstrap_ci, fit_slope
 from ..types import SaePositions
 from ._attribution import check_width
@@ -39,7 +40,7 @@ DOSES = (-2.0, -1.0, -0.5, 0.0, 0.5, 1.0, 2.0)
 
 
 @dataclass(frozen=True)
-class FeatureSteer:
+class FeatureSteer(HtmlView):
     """Reward as `α · d_feature` is added at `layer`: `alphas` [a] (0 always included), `base` [n] the
     reward at α = 0, `dose` [a, n] reward(α) − reward(0); `slope` (Δreward per unit of α, mean of
     the per-input least-squares slopes `slopes` [n]) and its bootstrap interval `slope_ci`."""

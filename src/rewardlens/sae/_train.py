@@ -19,6 +19,7 @@ from torch import Tensor
 
 from ..data.internal import progress_bar
 from ..errors import UsageError, warn
+from ..plotting import HtmlView
 from ._activations import Activations, shuffled
 from ._autoencoder import SAEConfig, TopKSAE
 from ._provenance import trained_provenance
@@ -88,7 +89,7 @@ class TrainConfig:
 
 
 @dataclass(frozen=True)
-class TrainResult:
+class TrainResult(HtmlView):
     """A trained SAE and its history: per step `fvu`, `auxk` and `dead_fraction` [steps] (numpy)."""
 
     sae: TopKSAE

@@ -30,6 +30,7 @@ from torch import Tensor
 from ..data import Inputs
 from ..model import RewardModel
 from ..model.internal import Batch, rewriting
+from ..plotting import HtmlView
 from ..stats import summary_frame
 from ._transcoder import Transcoders
 from ._transcoder_load import check_transcoders
@@ -40,7 +41,7 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class TranscoderFidelity:
+class TranscoderFidelity(HtmlView):
     """Per-layer fit and the whole set's reward recovered (module docstring); rewards per sequence [n]."""
 
     layers: tuple[int, ...]

@@ -10,7 +10,8 @@ colours. An attribution without token roles (stored before they existed) colours
 The text is the tokenizer's own decoding of each token (`TokenAttribution.tokens`), HTML-escaped, so a
 response holding markup or a `<script>` renders as text. Colours are diverging and symmetric around 0
 (red raises the side's reward, blue lowers it) on one scale for every shown pair, with a legend in
-reward units; each token's position and value are in its `title` (shown on hover).
+reward units; each token's position and value are in its `title` (shown on hover). The spans and their
+colours are the token view's (`rewardlens.plotting.token_spans`), the one a notebook shows too.
 """
 
 from __future__ import annotations
@@ -22,42 +23,13 @@ import numpy as np
 
 from ...data import SIDES, pair_of
 from ...errors import RewardLensError
+from ...plotting import token_colour as colour
+from ...plotting import token_spans
 from .._whole import TOKEN_PAIRS, shown_pairs
 from ._html import Html, e, num
 
 if TYPE_CHECKING:
     from ...exact import TokenAttribution
-
-GREY = "background:#ececec;color:#8a8a8a"
-"""A template token's style in the content view: its value is on hover, not in the colour scale."""
-UP, DOWN = (214, 39, 40), (31, 119, 180)
-"""Full-scale colours of a token that raises (red) and lowers (blue) its side's reward."""
-STRENGTH = 0.8
-"""The largest |value| is mixed this far from white, so dark text stays readable on it."""
-
-
-def colour(value: float, vmax: float) -> str:
-    """CSS colour of a contribution on the symmetric scale ±`vmax`: white at 0, red up, blue down."""
-    if not np.isfinite(value) or vmax <= 0:
-        return "rgb(255,255,255)"
-    t = min(abs(value) / vmax, 1.0) * STRENGTH
-    end = UP if value > 0 else DOWN
-    r, g, b = (round(255 + (c - 255) * t) for c in end)
-    return f"rgb({r},{g},{b})"
-
-
-def _side(tokens: list[str], values: np.ndarray, read: int, vmax: float, roles: list[str] | None = None) -> Html:
-    spans = []
-    for pos, (text, v) in enumerate(zip(tokens, values)):
-        role = "" if roles is None else f" · {roles[pos]}"
-        where = f"position {pos}{' (read token)' if pos == read else ''}{role}"
-        title = f"{where} · {text!r} · {float(v):+.4g} reward units"
-        grey = roles is not None and roles[pos] == "template"
-        cls = ("tok read" if pos == read else "tok") + (" tpl" if grey else "")
-        style = GREY if grey else f"background:{colour(float(v), vmax)}"
-        spans.append(f'<span class="{cls}" style="{style}" title="{e(title)}">{e(text)}</span>')
-    return Html('<div class="toks">' + "".join(spans) + "</div>")
-
 
 def legend(vmax: float) -> Html:
     """The colour scale: −vmax (blue) through 0 (white) to +vmax (red), in reward units."""
@@ -120,7 +92,7 @@ def token_section(tokens: TokenAttribution, pair_ids: Sequence[str], margins: np
         for s in SIDES:
             r = row[i, s]
             head = _header(tokens, r, s, float(values[r].sum()))
-            side = _side(list(tokens.tokens[r]), values[r], int(tokens.read_index[r]), vmax, roles.get(r))
+            side = token_spans(list(tokens.tokens[r]), values[r], int(tokens.read_index[r]), vmax, roles.get(r))
             cols.append(f"<div>{head}{side}</div>")
         tag = "" if subsets is None else f' data-subset="{e(subsets[i])}"'
         blocks.append(f'<div class="tokpair" data-pair="{e(pair_ids[i])}"{tag}><h3>pair {e(pair_ids[i])} · margin '
