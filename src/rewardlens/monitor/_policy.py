@@ -148,25 +148,37 @@ class PolicyMonitor:
         return self.observe_read(convs, texts, reading.reward, reading.hidden, reading.readout, step)
 
     def observe_read(self, convs: Sequence[Text], texts: Sequence[str], reward: torch.Tensor, hidden: torch.Tensor,
-                     readout: torch.Tensor, step: int) -> PolicyRecord:
+                     readout: torch.Tensor, step: int, n_tokens: Sequence[int] | None = None) -> PolicyRecord:
         """`observe` for a batch already read elsewhere (a reward server's batched forward): `convs` what the
         model read, `texts` the completions, and the read's `reward` [n], head input `hidden` [n, d] and
-        effective read-out `readout` [n, d] (`RewardModel.read(..., readout=True)`), rows in `convs` order."""
+        effective read-out `readout` [n, d] (`RewardModel.read(..., readout=True)`), rows in `convs` order.
+        `n_tokens`: each completion's length in the reward model's tokens, when the caller has counted them;
+        with it, the reward model is used only when `parts_due` (another thread may be using it meanwhile)."""
         texts = list(texts)
         along, rest, constant = split_reward(hidden, readout, reward, self._vectors.to(hidden.device))
-        n_tokens = [len(self.rm.tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts]
+        if n_tokens is None:
+            n_tokens = self.completion_tokens(texts)
         record = PolicyRecord(int(step), reward.cpu().double().numpy(), self.directions, along, rest,
-                              constant, self.stats, surface(texts, n_tokens, self.stats))
+                              constant, self.stats, surface(texts, list(n_tokens), self.stats))
         record = self._summarise(record, list(convs))
         self.records.append(record)
         self._write(record)
         return record
 
+    def completion_tokens(self, texts: Sequence[str]) -> list[int]:
+        """Each completion's length in the reward model's tokens (the `length` statistic)."""
+        return [len(self.rm.tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts]
+
+    @property
+    def parts_due(self) -> bool:
+        """Whether the next record runs the exact sublayer attribution (a traced forward of the reward model)."""
+        return bool(self.parts_every) and len(self.records) % self.parts_every == 0
+
     def _summarise(self, rec: PolicyRecord, convs: list[Text]) -> PolicyRecord:
         """The record with the gain's split, the window's rank correlations, the parts and the alarms."""
         history = [*self.records, rec]
         extra: dict[str, Any] = {}
-        if self.parts_every and len(self.records) % self.parts_every == 0:
+        if self.parts_due:
             att = attribute(self.rm, convs, level="sublayer", batch_size=self.batch_size, per_objective=False)
             parts = {n: float(v) for n, v in zip(att.names, att.values.mean(0))}
             self._first_parts = self._first_parts or parts

@@ -4,7 +4,7 @@ budget, so N callers at once cost about one batched forward, not N.
 The worker takes queued requests in arrival order while their tokens fit `max_batch_tokens` (a request
 bigger than the budget goes alone), reads them in one `RewardModel.read` (length-sorted forwards of
 `batch_size` rows), appends every request's rewards to the request log and syncs it, and only then answers
-the callers; the policy monitor then sees the monitored samples (`Roller`), off the callers' clock. A full
+the callers; the monitored samples then go to the policy monitor (`Roller`, which records on its own thread). A full
 queue refuses at once (503); a request whose caller has gone is dropped unscored.
 """
 
@@ -56,6 +56,7 @@ class Batcher:
         self.rm, self.max_batch_tokens, self.capacity, self.batch_size = rm, max_batch_tokens, queue, batch_size
         self.max_tokens = max_tokens if max_tokens is not None else max_batch_tokens
         self.log, self.roller, self.metrics = log, roller, metrics or Metrics()
+        self.lock = roller.lock if roller is not None else threading.Lock()  # the model's: one forward at a time
         self._queue: deque[Pending] = deque()
         self._carry: Pending | None = None
         self._cond = threading.Condition()
@@ -66,6 +67,8 @@ class Batcher:
 
     # ---- the caller's side (event loop) ------------------------------------------------------
     def start(self) -> None:
+        if self.roller is not None:
+            self.roller.start()
         self._thread.start()
 
     def submit(self, pending: Pending) -> None:
@@ -98,7 +101,7 @@ class Batcher:
         if self._thread.is_alive():
             self._thread.join(timeout)
         if self.roller is not None:
-            self._guard(self.roller.flush)
+            self.roller.stop()
         if self.log is not None:
             self.log.close()
 
@@ -157,7 +160,8 @@ class Batcher:
     def _tokenize(self, p: Pending) -> bool:
         """Token ids of `p`'s items, or answer it 4xx (over the length limit, or unreadable) and say False."""
         try:
-            p.seqs, _ = self.rm.encode(p.job.items)
+            with self.lock:
+                p.seqs, _ = self.rm.encode(p.job.items)
         except RewardLensError as exc:
             p.answer(RequestError(422, str(exc).splitlines()[0]))
             return False
@@ -176,7 +180,8 @@ class Batcher:
         seqs = [s for p in batch for s in p.seqs or ()]
         monitored = self.roller is not None and any(p.job.monitored for p in batch)
         try:
-            reading = self.rm.read(seqs, batch_size=self.batch_size, readout=monitored)
+            with self.lock:
+                reading = self.rm.read(seqs, batch_size=self.batch_size, readout=monitored)
             rewards = reading.reward.detach().float().cpu()
         except Exception:  # a bug or a device fault: these callers get a 500, the server keeps serving
             logger.error("scoring a batch failed:\n%s", traceback.format_exc())
@@ -205,7 +210,9 @@ class Batcher:
 
     def _feed(self, p: Pending, reward: Any, hidden: Any, readout: Any) -> None:
         assert self.roller is not None
-        self.roller.add(p.job.step, p.job.items, p.job.texts, reward, hidden, readout)
+        with self.lock:  # the tokenizer is the model's: counted here, so the monitor thread never touches it
+            n_tokens = self.roller.monitor.completion_tokens(p.job.texts)
+        self.roller.add(p.job.step, p.job.items, p.job.texts, n_tokens, reward, hidden, readout)
 
     def _guard(self, work: Callable[[], None]) -> None:
         """Run the monitor's `work`; a failure there is logged, never allowed to stop the scoring."""
