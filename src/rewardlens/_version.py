@@ -5,4 +5,4 @@ the 40 ms `import rewardlens` takes, and every CLI error pays for the import. No
 the package face for it.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
