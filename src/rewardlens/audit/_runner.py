@@ -1,14 +1,13 @@
 """`audit`: every per-pair instrument and the whole-model ones in one resumable run.
 
-The distinct pairs are cut into fixed chunks of `chunk_size`; each chunk runs the lens,
-attribution at sublayer and head level and the faithfulness report (attribution next to
-read-position patching, total and direct), and its pairs' rows are committed to the results
-store in one transaction, each pair under its content (`content_key`). A run that dies loses at
-most the chunk in flight; run again with the same store (with the same pairs, or a subset, a
-superset or a reordering of them) and it computes only the pairs that are missing, or damaged.
-Chunks are the unit of sharding too (chunk c goes to rank c mod world size), so a sharded run
-does the very same computations as a single process and its merged store is bit-for-bit the
-same. The `Audit` is then read back from the store, pair by pair in the order given: the report is a view.
+The distinct pairs are cut into fixed chunks of `chunk_size`; each chunk runs the lens, attribution at sublayer and
+head level and the faithfulness report (attribution next to read-position patching, total and direct), and its
+pairs' rows are committed to the results store in one transaction, each pair under its content (`content_key`). A
+run that dies loses at most the chunk in flight; run again with the same store (the same pairs, a subset, a superset
+or a reordering) and it computes only the pairs that are missing, or damaged. Chunks are the unit of sharding too
+(chunk c goes to rank c mod world size), so a sharded run does the same computations as one process and its merged
+store is bit-for-bit the same. The `Audit` is read back from the store, pair by pair in the order given; the report
+is a view.
 """
 
 from __future__ import annotations
@@ -26,7 +25,8 @@ from ..causal import Circuit, Faithfulness, Patching, faithfulness, trace_pairs
 from ..data import Pair, record_columns, record_fields, row_labels
 from ..data.internal import UnitMeter, progress_bar
 from ..errors import HeadError, OutOfMemoryError, RewardLensWarning, StoreError
-from ..exact import STEP_FIELDS, Attribution, Lens, Steps
+from ..exact import Attribution, Lens, Steps
+from ..exact.internal import STEP_FIELDS
 from ..hacking import Concepts, Conflicts, Probes, cascade, distortion
 from ..model import Parity, RewardModel
 from ..plotting import CompositeView

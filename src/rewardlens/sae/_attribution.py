@@ -25,7 +25,7 @@ from torch import Tensor
 
 from ..data import Inputs, row_labels, side
 from ..errors import ArchitectureError, UsageError
-from ..exact import decompose_trace, part_names, readout_vectors
+from ..exact.internal import decompose_trace, part_names, readout_vectors
 from ..model import RewardModel, Trace, TraceKey, trace, verify
 from ..model.internal import check_bookkeeping
 from ..plotting import HtmlView
