@@ -2,12 +2,11 @@
 
 The distinct pairs are cut into fixed chunks of `chunk_size`; each chunk runs the lens, attribution at sublayer and
 head level and the faithfulness report (attribution next to read-position patching, total and direct), and its
-pairs' rows are committed to the results store in one transaction, each pair under its content (`content_key`). A
-run that dies loses at most the chunk in flight; run again with the same store (the same pairs, a subset, a superset
-or a reordering) and it computes only the pairs that are missing, or damaged. Chunks are the unit of sharding too
-(chunk c goes to rank c mod world size), so a sharded run does the same computations as one process and its merged
-store is bit-for-bit the same. The `Audit` is read back from the store, pair by pair in the order given; the report
-is a view.
+pairs' rows are committed to the results store in one transaction, each pair under its `content_key`. A run that
+dies loses at most the chunk in flight; run again with the same store (the same pairs, a subset, a superset or a
+reordering) and it computes only the pairs that are missing, or damaged. Chunks are the unit of sharding too (chunk
+c goes to rank c mod world size), so a sharded run does the same computations as one process and its merged store is
+bit-for-bit the same. The `Audit` is read back from the store,, in the order given; the report is a view.
 """
 
 from __future__ import annotations
