@@ -6,7 +6,7 @@ pairs' rows are committed to the results store in one transaction, each pair und
 dies loses at most the chunk in flight; run again with the same store (the same pairs, a subset, a superset or a
 reordering) and it computes only the pairs that are missing, or damaged. Chunks are the unit of sharding too (chunk
 c goes to rank c mod world size), so a sharded run does the same computations as one process and its merged store is
-bit-for-bit the same. The `Audit` is read back from the store,, in the order given; the report is a view.
+bit-for-bit the same. The `Audit` is read back from the store in the order given; the report is a view.
 """
 
 from __future__ import annotations
