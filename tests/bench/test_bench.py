@@ -229,7 +229,9 @@ def test_results_are_json_safe_frames_and_plots():
 
     pairs, model = crafted(SPEC)
     b = bench(model, pairs, against=model, n_boot=40, weighting="items")  # type: ignore[arg-type]
-    assert isinstance(b, Bench) and rl.bench is bench
+    assert isinstance(b, Bench)
+    with pytest.warns(DeprecationWarning, match="use rewardlens.bench.bench"):
+        assert rl.bench is bench  # the old top-level name, one release
     out = json.loads(json.dumps(b.to_dict(), allow_nan=False))
     assert out["rewardbench2"]["value"] is None and out["missing_sections"] == ["Chat Hard"]
     assert out["sections"]["Reasoning"]["value"] == pytest.approx(7 / 12)
@@ -388,7 +390,7 @@ def test_the_docs_worked_example_is_the_default_weighting_and_its_numbers():
 
     text = (Path(__file__).resolve().parents[2] / "docs" / "bench.md").read_text(encoding="utf-8")
     example = text[text.index("## Worked example"):text.index("## Results")]
-    call = next(line for line in example.splitlines() if line.startswith("b = rl.bench("))
+    call = next(line for line in example.splitlines() if line.startswith("b = bench("))
     assert "weighting" not in call.split("#")[0]
     shown = json.loads(re.search(r"b\.sections\s+# (\{.*\})", example).group(1).replace("'", '"'))
     overall = float(re.search(r"b\.overall\s+# ([0-9.]+)", example).group(1))
