@@ -150,7 +150,7 @@ def main() -> None:
             "attribute head": lambda: rl.attribute(model, pairs, level="head", batch_size=bs),
             "patch head total": lambda: rl.patch(model, pairs, level="head", batch_size=bs),
             "patch head direct": lambda: rl.patch(model, pairs, level="head", estimand="direct", batch_size=bs),
-            "attribution_patch head": lambda: rl.attribution_patch(model, pairs, level="head", batch_size=bs),
+            "attribution_patch head": lambda: rl.causal.attribution_patch(model, pairs, level="head", batch_size=bs),
             "faithfulness head": lambda: rl.faithfulness(model, pairs, level="head", batch_size=bs),
         }
         print("breakdown (each instrument called alone):")

@@ -75,7 +75,7 @@ def main() -> None:
           lambda a, b: (gap(a.delta, b.delta), scale(a.delta), f"flags equal: {bool((a.flagged == b.flagged).all())}"))
     check("concepts", lambda m: rl.concepts(m, {"formatting": (pos, neg)}, n_boot=200),
           lambda a, b: (gap(a.slope, b.slope), scale(a.slope), f"cosine gap {gap(a.cosine, b.cosine):.2e}"))
-    check("conflict", lambda m: rl.conflict(m, pairs, n_boot=200),
+    check("conflict", lambda m: rl.hacking.conflict(m, pairs, n_boot=200),
           lambda a, b: (gap(a.margins, b.margins), scale(a.margins),
                         f"relations equal: {bool((a.relation == b.relation).all())}"))
     for method in ("project", "leace"):

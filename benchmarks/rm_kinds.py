@@ -57,9 +57,9 @@ def main() -> None:
     device, folder = torch.device(args.device), str(reward_model_dir("smollm2-dpo"))
     opts = {"device": args.device, "dtype": getattr(torch, args.dtype)}
     kinds = {
-        "judge": rl.load_judge(folder, tokens=("Yes", "No"), **opts),
-        "prm": rl.load_prm(folder, separator="\n", tokens=("+", "-"), **opts),
-        "dpo": rl.load_dpo(folder, folder, beta=0.1, **opts),
+        "judge": rl.model.load_judge(folder, tokens=("Yes", "No"), **opts),
+        "prm": rl.model.load_prm(folder, separator="\n", tokens=("+", "-"), **opts),
+        "dpo": rl.model.load_dpo(folder, folder, beta=0.1, **opts),
     }
     prm = kinds["prm"]
     pairs = []
@@ -89,7 +89,7 @@ def main() -> None:
             "attribute head": lambda m=model: rl.attribute(m, pairs, level="head", batch_size=bs),
             "lens": lambda m=model: rl.lens(m, pairs, batch_size=bs),
             f"patch sublayer ({mode})": lambda m=model, how=mode: rl.patch(m, pairs, mode=how, batch_size=bs),
-            f"attribution_patch ({mode})": lambda m=model, how=mode: rl.attribution_patch(m, pairs, mode=how,
+            f"attribution_patch ({mode})": lambda m=model, how=mode: rl.causal.attribution_patch(m, pairs, mode=how,
                                                                                          batch_size=bs),
         }
         print(f"\n{name}: {len(seqs)} sequences of {min(map(len, seqs))}-{max(map(len, seqs))} tokens, {reads} reads; "

@@ -63,10 +63,10 @@ def test_concept_conflict_and_feature_plots_draw(model, pairs):
     cv = rl.concepts(model, POLITE, n_boot=50)
     right = _drawn(cv.plot()).axes[1].get_lines()[0]
     np.testing.assert_allclose(right.get_ydata(), np.nanmean(cv.dose[0], axis=1))
-    cf = rl.conflict(model, pairs, terms={"a": pairs[:2], "b": pairs[1:]}, n_boot=100)
+    cf = rl.hacking.conflict(model, pairs, terms={"a": pairs[:2], "b": pairs[1:]}, n_boot=100)
     image = _drawn(cf.plot()).axes[0].images[0].get_array()
     np.testing.assert_allclose(np.ma.filled(image, np.nan), cf.cosine, equal_nan=True)  # NaN cells are masked
-    sae = rl.TopKSAE(model.d_model, rl.SAEConfig(expansion_factor=2, k=4), seed=0)
+    sae = rl.sae.TopKSAE(model.d_model, rl.sae.SAEConfig(expansion_factor=2, k=4), seed=0)
     fa = rl.attribute_features(model, sae, pairs, layer=0)
     bars = _drawn(fa.plot(n=3)).axes[0].patches
     np.testing.assert_allclose(sorted(b.get_width() for b in bars), sorted(v for _, v in fa.top(3, by="margin")))
@@ -104,7 +104,7 @@ def _policy_run() -> PolicyRun:
 @pytest.fixture(scope="module")
 def results(model, pairs, organisms, small_loop):
     """{class name: (a result of that class, its panels as (rows, cols), plot keywords)}."""
-    sae = rl.TopKSAE(model.d_model, rl.SAEConfig(expansion_factor=2, k=4), seed=0)
+    sae = rl.sae.TopKSAE(model.d_model, rl.sae.SAEConfig(expansion_factor=2, k=4), seed=0)
     features = rl.attribute_features(model, sae, pairs, layer=0)
     probes = rl.probe(rl.load(str(organisms[("sycophancy", 1.0)])), axes=["length", "hedging", "emoji"], n_boot=100)
     edited = rl.edit(model, *POLITE["polite"])
@@ -120,11 +120,12 @@ def results(model, pairs, organisms, small_loop):
         "Patching": (rl.patch(model, pairs), (1, 1), {"n": 4}),
         "Faithfulness": (rl.faithfulness(model, pairs, n_boot=50), (1, 2), {}),
         "Concepts": (rl.concepts(model, POLITE, n_boot=50), (1, 2), {}),
-        "Conflicts": (rl.conflict(model, pairs, terms={"a": pairs[:2], "b": pairs[1:]}, n_boot=100), (1, 2), {}),
+        "Conflicts": (rl.hacking.conflict(model, pairs, terms={"a": pairs[:2], "b": pairs[1:]}, n_boot=100), (1, 2),
+                      {}),
         "EditReport": (edit_report(model, edited, probe_pairs=pairs[:2], other_pairs=pairs[2:]), (1, 1), {}),
         "Probes": (probes, (1, 1), {}),
-        "Distortion": (rl.distortion(probes, n_boot=50), (1, 1), {"quality": probes.quality[0]}),
-        "Cascades": (rl.cascade(probes, n_boot=50), (1, 1), {}),
+        "Distortion": (rl.hacking.distortion(probes, n_boot=50), (1, 1), {"quality": probes.quality[0]}),
+        "Cascades": (rl.hacking.cascade(probes, n_boot=50), (1, 1), {}),
         "FeatureAttribution": (features, (1, 1), {"n": 3}),
         "FeatureReport": (report, (1, 1), {}),
         "TrainResult": (TrainResult(sae, np.array([0.9, 0.5, 0.3]), np.zeros(3), np.array([0.5, 0.2, 0.1]), 30, 1.0),
@@ -138,7 +139,7 @@ def results(model, pairs, organisms, small_loop):
                                        receivers=["attn_L1", "reward"]), (1, 1), {"n": 4}),
         "Circuit": (rl.circuit(model, pairs, top=3), (1, 1), {}),
         "FeaturePatch": (rl.feature_patch(model, sae, pairs, layer=0, features=top, n_boot=50), (1, 1), {"n": 3}),
-        "FeatureSteer": (rl.feature_steer(model, sae, pairs, layer=0, feature=top[0], doses=(-1, 0, 1), n_boot=50),
+        "FeatureSteer": (rl.sae.feature_steer(model, sae, pairs, layer=0, feature=top[0], doses=(-1, 0, 1), n_boot=50),
                          (1, 1), {}),
         "FeatureCards": (report.cards, (1, 1), {}),
         "ClosedLoop": (small_loop, (1, 1), {}),

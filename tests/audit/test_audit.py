@@ -202,14 +202,14 @@ def test_a_quick_plan_probes_a_spread_of_the_builtin_items(organisms):
 
 def test_sae_features_are_stored_and_read_back_under_the_saes_own_key(tiny_root, pairs):
     model = rl.load(str(tiny_root["llama"]))
-    sae = rl.TopKSAE(model.d_model, rl.SAEConfig(expansion_factor=2, k=4), seed=0)
+    sae = rl.sae.TopKSAE(model.d_model, rl.sae.SAEConfig(expansion_factor=2, k=4), seed=0)
     plan = Plan(chunk_size=2, probes=False, concepts=False, sae_layer=0)
     store = Store(":memory:")
     res = audit(model, pairs, store=store, plan=plan, sae=sae)
     direct = rl.attribute_features(model, sae, pairs, layer=0)
     np.testing.assert_array_equal(res.features.values, direct.values)
     np.testing.assert_array_equal(res.features.features, direct.features)
-    other = rl.TopKSAE(model.d_model, rl.SAEConfig(expansion_factor=2, k=4), seed=1)
+    other = rl.sae.TopKSAE(model.d_model, rl.sae.SAEConfig(expansion_factor=2, k=4), seed=1)
     assert collect(model, pairs, store, plan, sae=other).features is None  # another SAE is another run
     with pytest.raises(ValueError, match="sae_layer"):
         audit(model, pairs, plan=Plan(probes=False, concepts=False), sae=sae)

@@ -73,7 +73,7 @@ def test_a_kind_parity_refuses_is_none_with_the_reason(pairs):
     from tests.model.test_rm_kinds import SEP, STEPS, build
 
     tok = build_tokenizer()
-    prm = rl.wrap_prm(build(tok, "llama", "tc"), tok, separator=SEP, combine="min")
+    prm = rl.model.wrap_prm(build(tok, "llama", "tc"), tok, separator=SEP, combine="min")
     store = Store(":memory:")
     store.write([(whole_key(prm, STEPS, PARITY), "all", 0, _Parity.run(prm, STEPS).record())])
     result, reason, n = stored_parity(prm, STEPS, store)

@@ -21,7 +21,7 @@ from tests.model.test_rm_kinds import SEP, STEPS, build
 @pytest.fixture(scope="module")
 def prm():
     tok = build_tokenizer()
-    return rl.wrap_prm(build(tok, "llama", "tc"), tok, separator=SEP, combine="min")
+    return rl.model.wrap_prm(build(tok, "llama", "tc"), tok, separator=SEP, combine="min")
 
 
 def test_audit_of_a_process_reward_model(prm, tmp_path):
@@ -74,7 +74,8 @@ def test_an_audit_whose_pairs_have_no_read_to_read_map_patches_by_ablation(prm, 
     """A DPO reward's two responses almost never have one length: the audit must not refuse them, but
     patch by zero ablation at every read (defined for any pair), say so once, and match `patch`."""
     tok = build_tokenizer()
-    model = prm if kind == "prm" else rl.wrap_dpo(build(tok, "llama", "lm"), build(tok, "llama", "lm", seed=1), tok)
+    model = prm if kind == "prm" else rl.model.wrap_dpo(build(tok, "llama", "lm"), build(tok, "llama", "lm", seed=1),
+                                                        tok)
     with pytest.raises(DataError, match="mode='ablation'"):
         rl.patch(model, UNEQUAL, mode="noising")  # noising has no map here, and says what to do
     with warnings.catch_warnings(record=True) as caught:

@@ -142,20 +142,20 @@ def test_fingerprint_follows_every_choice_that_defines_a_reward(tiny_root):
     plain = rl.load(str(tiny_root["llama"]))
     before = fingerprint(plain)
     models = {
-        "prm": rl.wrap_prm(lm, tok, separator=SEP, tokens=(23, 29), combine="min"),
-        "prm-sum": rl.wrap_prm(lm, tok, separator=SEP, tokens=(23, 29), combine="sum"),
-        "prm-dot": rl.wrap_prm(lm, tok, separator=".", tokens=(23, 29), combine="min"),
-        "prm-last-token": rl.wrap_prm(lm, tok, separator=SEP, tokens=(23, 29), combine="min", final="last-token"),
-        "judge": rl.wrap_judge(lm, tok, tokens=(23, 29)),
-        "judge-asked": rl.wrap_judge(lm, tok, tokens=(23, 29), question="Rate: {response}"),
-        "dpo": rl.wrap_dpo(lm, other, tok, beta=0.5),
-        "dpo-beta": rl.wrap_dpo(lm, other, tok, beta=2.0),
-        "dpo-self": rl.wrap_dpo(lm, lm, tok, beta=0.5),
-        "dpo-separate": rl.wrap_dpo(lm, other, tok, beta=0.5, reference_term="separate"),
+        "prm": rl.model.wrap_prm(lm, tok, separator=SEP, tokens=(23, 29), combine="min"),
+        "prm-sum": rl.model.wrap_prm(lm, tok, separator=SEP, tokens=(23, 29), combine="sum"),
+        "prm-dot": rl.model.wrap_prm(lm, tok, separator=".", tokens=(23, 29), combine="min"),
+        "prm-last-token": rl.model.wrap_prm(lm, tok, separator=SEP, tokens=(23, 29), combine="min", final="last-token"),
+        "judge": rl.model.wrap_judge(lm, tok, tokens=(23, 29)),
+        "judge-asked": rl.model.wrap_judge(lm, tok, tokens=(23, 29), question="Rate: {response}"),
+        "dpo": rl.model.wrap_dpo(lm, other, tok, beta=0.5),
+        "dpo-beta": rl.model.wrap_dpo(lm, other, tok, beta=2.0),
+        "dpo-self": rl.model.wrap_dpo(lm, lm, tok, beta=0.5),
+        "dpo-separate": rl.model.wrap_dpo(lm, other, tok, beta=0.5, reference_term="separate"),
     }
     prints = {name: fingerprint(model) for name, model in models.items()}
     assert len(set(prints.values())) == len(prints), prints
-    assert prints["prm"] == fingerprint(rl.wrap_prm(lm, tok, separator=SEP, tokens=(23, 29), combine="min"))
+    assert prints["prm"] == fingerprint(rl.model.wrap_prm(lm, tok, separator=SEP, tokens=(23, 29), combine="min"))
     assert fingerprint(plain) == before  # a sequence classifier's fingerprint did not move
 
 
@@ -172,14 +172,14 @@ def test_what_defines_a_kind_hashes_to_the_bytes_it_always_did(tiny_root):
     lm, other, tc = build(tok, "llama", "lm"), build(tok, "llama", "lm", seed=1), build(tok, "llama", "tc")
     assert _kind(rl.load(str(tiny_root["llama"]))) == []  # a sequence classifier adds nothing
     pinned = {
-        "prm": (rl.wrap_prm(lm, tok, separator=SEP, tokens=(23, 29)),
+        "prm": (rl.model.wrap_prm(lm, tok, separator=SEP, tokens=(23, 29)),
                 b'["separator", "\\n", "min", null, [23, 29], 1.0, false, false]'),
-        "prm-tc": (rl.wrap_prm(tc, tok, separator=SEP, combine="sum"),
+        "prm-tc": (rl.model.wrap_prm(tc, tok, separator=SEP, combine="sum"),
                    b'["separator", "\\n", "sum", null, null, 1.0, false, false]'),
-        "judge": (rl.wrap_judge(lm, tok, tokens=(23, 29), question="Rate: {response}"),
+        "judge": (rl.model.wrap_judge(lm, tok, tokens=(23, 29), question="Rate: {response}"),
                   b'["last", null, "sum", "Rate: {response}", [23, 29], 1.0, false, false]'),
-        "dpo": (rl.wrap_dpo(lm, other, tok, beta=0.5), b'["response", null, "sum", null, null, 0.5, true, true]'),
-        "dpo-separate": (rl.wrap_dpo(lm, other, tok, beta=0.5, reference_term="separate"),
+        "dpo": (rl.model.wrap_dpo(lm, other, tok, beta=0.5), b'["response", null, "sum", null, null, 0.5, true, true]'),
+        "dpo-separate": (rl.model.wrap_dpo(lm, other, tok, beta=0.5, reference_term="separate"),
                          b'["response", null, "sum", null, null, 0.5, true, false]'),
     }
     for name, (model, kind) in pinned.items():

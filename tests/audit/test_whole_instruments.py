@@ -56,7 +56,7 @@ def test_divergence_and_conflicts_equal_the_instruments_and_are_stored_once(armo
     pairs = _pairs(5)
     path = tmp_path / "results.sqlite"
     res = audit(armo, pairs, store=path, plan=PLAN)
-    own = rl.conflict(armo, pairs)
+    own = rl.hacking.conflict(armo, pairs)
     assert res.conflicts is not None and res.conflicts.names == own.names
     np.testing.assert_allclose(res.conflicts.margins, own.margins, atol=1e-5)
     np.testing.assert_allclose(res.conflicts.disagree, own.disagree)

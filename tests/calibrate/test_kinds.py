@@ -100,7 +100,7 @@ def test_prm_reads_what_its_own_forward_says(kinds):
     path, spec = kinds["prm_steps"], PRM
     rec = record(path)
     assert rec["kind"] == "prm" and rec["planted_part"] == spec.planted_part == "attn_L1_H2"
-    rm = rl.load_prm(str(path), separator="\n", combine="min")
+    rm = rl.model.load_prm(str(path), separator="\n", combine="min")
     pairs = spec.pairs(PAIRS, seed=5)
     texts = [(str(p.prompt), t) for p in pairs for t in (p.chosen, p.rejected)]
     own = step_scores(rm.model, rm.tokenizer, texts)  # HF logits at the template's separators
@@ -120,7 +120,7 @@ def test_dpo_reads_what_its_own_forward_says(kinds):
     rec = record(path)
     assert rec["kind"] == "dpo" and rec["planted_part"] == spec.planted_part and rec["keyword"] == "Importantly"
     policy_path, reference_path = dpo_paths(path)
-    rm = rl.load_dpo(str(policy_path), str(reference_path), beta=spec.beta)
+    rm = rl.model.load_dpo(str(policy_path), str(reference_path), beta=spec.beta)
     pairs = spec.pairs(PAIRS, seed=5)
     policy = tf.AutoModelForCausalLM.from_pretrained(policy_path).eval()
     reference = tf.AutoModelForCausalLM.from_pretrained(reference_path).eval()
@@ -164,7 +164,7 @@ def test_training_is_seeded():
 def test_graders_fail_on_an_untrained_prm(kinds):
     bench = KindBench(organisms=[], kinds=["prm_steps"], n_pairs=20)
     tok = organism_tokenizer()
-    bench._kind_models["prm_steps"] = rl.wrap_prm(initial_prm(0).eval(), tok, separator="\n")
+    bench._kind_models["prm_steps"] = rl.model.wrap_prm(initial_prm(0).eval(), tok, separator="\n")
     failed = {r.check for r in grade_prm(bench) if not r.passed}
     assert {"held-out step accuracy (both sides)", "rank of attn_L1_H2 by mean margin (head level)",
             "share of pairs whose largest step-score gap is the hedged step"} <= failed

@@ -80,11 +80,11 @@ def _ablation_estimates(tok, rm, policy, reference) -> np.ndarray:
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
 def test_attribution_patching_takes_dpo_rewards_of_two_lengths(tok, arch):
     policy, reference = build(tok, arch, "lm", seed=0), build(tok, arch, "lm", seed=1)
-    rm = rl.wrap_dpo(policy, reference, tok, beta=BETA)
+    rm = rl.model.wrap_dpo(policy, reference, tok, beta=BETA)
     counts = rm.read_counts(PAIRS)
     assert all(a != b for a, b in zip(counts[0::2], counts[1::2]))  # no read-to-read map in any pair
     with pytest.warns(RewardLensWarning, match="zero ablation at every read"):
-        got = rl.attribution_patch(rm, PAIRS)
+        got = rl.causal.attribution_patch(rm, PAIRS)
     assert got.mode == "ablation" and got.approximate and np.isfinite(got.effect).all()
     per_side = _ablation_estimates(tok, rm, policy, reference)
     # Ablation patches both sides: the effect is minus the chosen side's change plus the rejected side's.
@@ -95,5 +95,5 @@ def test_attribution_patching_takes_dpo_rewards_of_two_lengths(tok, arch):
     top = np.argsort(-np.abs(exact.effect).mean(0))[:3]  # the first-order estimate keeps their signs
     np.testing.assert_array_equal(np.sign(got.effect[:, top]), np.sign(exact.effect[:, top]))
     with pytest.raises(DataError, match="different numbers of positions.*mode='ablation'"):
-        rl.attribution_patch(rm, PAIRS, mode="noising")  # noising asked for still has no map to patch by
+        rl.causal.attribution_patch(rm, PAIRS, mode="noising")  # noising asked for still has no map to patch by
 

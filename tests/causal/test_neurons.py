@@ -218,7 +218,7 @@ def test_a_reward_read_at_a_set_of_positions_patches_neurons_too(tokenizer):
     from tests.causal.test_dpo_attribution_patching import BETA, PAIRS
     from tests.model.test_rm_kinds import build
 
-    rm = rl.wrap_dpo(build(tokenizer, "llama", "lm", seed=0), build(tokenizer, "llama", "lm", seed=1), tokenizer,
+    rm = rl.model.wrap_dpo(build(tokenizer, "llama", "lm", seed=0), build(tokenizer, "llama", "lm", seed=1), tokenizer,
                      beta=BETA)
     with pytest.warns(rl.errors.RewardLensWarning, match="zero ablation at every read"):
         fine = attribution_patch(rm, PAIRS, level="neuron")

@@ -69,7 +69,7 @@ def test_a_shared_clean_run_is_not_changed_by_the_sweeps_that_read_it(tiny_root)
     traced = trace_pairs(model, DEMO_PAIRS[:3], level="head")
     before = traced.clean.reward.clone()
     patch(model, DEMO_PAIRS[:3], level="head", clean=traced.clean)
-    rl.attribution_patch(model, DEMO_PAIRS[:3], level="head", clean=traced.clean)
+    rl.causal.attribution_patch(model, DEMO_PAIRS[:3], level="head", clean=traced.clean)
     assert torch.equal(traced.clean.reward, before)
 
 
@@ -83,7 +83,7 @@ def test_faithfulness_from_one_trace_equals_each_estimand_alone(tiny_root, arch)
     np.testing.assert_allclose(rep.total, patch(model, pairs, level="head").effect, **TOL)
     np.testing.assert_allclose(rep.direct, patch(model, pairs, level="head", estimand="direct").effect, **TOL)
     np.testing.assert_allclose(rep.attribution_patching,
-                               rl.attribution_patch(model, pairs, level="head").effect, **TOL)
+                               rl.causal.attribution_patch(model, pairs, level="head").effect, **TOL)
     seed = patch(model, pairs)  # the demo pairs are not token-aligned: read-position sublayer noising
     sub = rl.attribute(model, pairs)
     np.testing.assert_allclose(rep.seed_effect, seed.effect, **TOL)

@@ -45,8 +45,8 @@ def test_a_common_logit_shift_moves_no_part_and_parts_rank_on_the_margins_scale(
     shifted = _shifted(policy, 50.0)
     own = own_dpo(tok, policy, reference, PAIRS, BETA)
     np.testing.assert_allclose(own_dpo(tok, shifted, reference, PAIRS, BETA), own, atol=1e-4)
-    plain = rl.attribute(rl.wrap_dpo(policy, reference, tok, beta=BETA), PAIRS)
-    att = rl.attribute(rl.wrap_dpo(shifted, reference, tok, beta=BETA), PAIRS)
+    plain = rl.attribute(rl.model.wrap_dpo(policy, reference, tok, beta=BETA), PAIRS)
+    att = rl.attribute(rl.model.wrap_dpo(shifted, reference, tok, beta=BETA), PAIRS)
     for a in (plain, att):
         np.testing.assert_allclose(a.values.sum(1) + a.constant, own, atol=1e-4)  # parts + constant = reward
     np.testing.assert_allclose(att.values, plain.values, atol=1e-4)
@@ -60,7 +60,7 @@ def test_each_reads_constant_is_minus_beta_times_its_entropy(tok):
     """With the reference decomposed on its own (no offset) and an LM head without bias, a read's constant
     is `−β H(p)`, the entropy of the policy's next-token distribution at that read."""
     policy, reference = build(tok, "llama", "lm", seed=0), build(tok, "llama", "lm", seed=1)
-    rm = rl.wrap_dpo(policy, reference, tok, beta=BETA, reference_term="separate")
+    rm = rl.model.wrap_dpo(policy, reference, tok, beta=BETA, reference_term="separate")
     steps = rl.attribute(rm, PAIRS).steps
     assert steps is not None
     for i, conv in enumerate(conversations(PAIRS)):

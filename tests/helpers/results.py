@@ -49,7 +49,7 @@ def every_result(model: Any, pairs: list[Any], sycophancy: Any, loop: Any = None
     from rewardlens.model import parity
     from rewardlens.sae import TrainResult, feature_report
 
-    sae = rl.TopKSAE(model.d_model, rl.SAEConfig(expansion_factor=2, k=4), seed=0)
+    sae = rl.sae.TopKSAE(model.d_model, rl.sae.SAEConfig(expansion_factor=2, k=4), seed=0)
     features = rl.attribute_features(model, sae, pairs, layer=0)
     probes = rl.probe(sycophancy, axes=["length", "hedging", "emoji"], n_boot=100)
     edited = rl.edit(model, *POLITE["polite"])
@@ -64,12 +64,12 @@ def every_result(model: Any, pairs: list[Any], sycophancy: Any, loop: Any = None
         "Patching": rl.patch(model, pairs),
         "Faithfulness": rl.faithfulness(model, pairs, n_boot=50),
         "Concepts": rl.concepts(model, POLITE, n_boot=50),
-        "Conflicts": rl.conflict(model, pairs, terms={"a": pairs[:2], "b": pairs[1:]}, n_boot=100),
+        "Conflicts": rl.hacking.conflict(model, pairs, terms={"a": pairs[:2], "b": pairs[1:]}, n_boot=100),
         "EditReport": edit_report(model, edited, probe_pairs=pairs[:2], other_pairs=pairs[2:]),
         "Edit": edited,
         "Probes": probes,
-        "Distortion": rl.distortion(probes, n_boot=50),
-        "Cascades": rl.cascade(probes, n_boot=50),
+        "Distortion": rl.hacking.distortion(probes, n_boot=50),
+        "Cascades": rl.hacking.cascade(probes, n_boot=50),
         "FeatureAttribution": features,
         "FeatureReport": report,
         "TrainResult": TrainResult(sae, np.array([0.9, 0.5, 0.3]), np.zeros(3), np.array([0.5, 0.2, 0.1]), 30, 1.0),
@@ -88,7 +88,7 @@ def every_result(model: Any, pairs: list[Any], sycophancy: Any, loop: Any = None
                                {"n_boot": 50}),
         "Parity": parity(model, pairs),
         "FeaturePatch": rl.feature_patch(model, sae, pairs, layer=0, features=top, n_boot=50),
-        "FeatureSteer": rl.feature_steer(model, sae, pairs, layer=0, feature=top[0], doses=(-1, 0, 1), n_boot=50),
+        "FeatureSteer": rl.sae.feature_steer(model, sae, pairs, layer=0, feature=top[0], doses=(-1, 0, 1), n_boot=50),
         "FeatureCards": report.cards,
     }
     if loop is not None:

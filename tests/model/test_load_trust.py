@@ -141,7 +141,7 @@ def test_a_dpo_reference_with_a_nan_lm_head_is_refused_naming_it(causal, tmp_pat
     """The reference is proven by its own check forward; a NaN head there names its tensor."""
     reference = edited(causal["lm"], tmp_path / "ref", "lm_head.weight", (40, 3), NAN)
     with pytest.raises(ModelLoadError, match=r"the weight lm_head\.weight holds nan at \[40, 3\]"):
-        rl.load_dpo(str(causal["lm"]), str(reference))
+        rl.model.load_dpo(str(causal["lm"]), str(reference))
 
 
 # ---- safetensors by default ----------------------------------------------------------------------
@@ -166,16 +166,16 @@ def test_use_safetensors_false_does_not_bypass_the_refusal(llama):
 def test_every_kind_refuses_pickle_only_and_loads_it_when_allowed(causal, tmp_path):
     lm, tc = pickled(causal["lm"], tmp_path / "lm"), pickled(causal["tc"], tmp_path / "tc")
     loads = {
-        "judge": lambda **kw: rl.load_judge(str(lm), tokens=("A", "B"), **kw),
-        "prm": lambda **kw: rl.load_prm(str(tc), separator="\n", **kw),
-        "dpo policy": lambda **kw: rl.load_dpo(str(lm), str(causal["lm"]), **kw),
-        "dpo reference": lambda **kw: rl.load_dpo(str(causal["lm"]), str(lm), **kw),
+        "judge": lambda **kw: rl.model.load_judge(str(lm), tokens=("A", "B"), **kw),
+        "prm": lambda **kw: rl.model.load_prm(str(tc), separator="\n", **kw),
+        "dpo policy": lambda **kw: rl.model.load_dpo(str(lm), str(causal["lm"]), **kw),
+        "dpo reference": lambda **kw: rl.model.load_dpo(str(causal["lm"]), str(lm), **kw),
     }
     for what, load in loads.items():
         with pytest.raises(ModelLoadError, match="is pickle-only"):
             load()
-        safe = {"judge": rl.load_judge(str(causal["lm"]), tokens=("A", "B")),
-                "prm": rl.load_prm(str(causal["tc"]), separator="\n")}.get(what)
+        safe = {"judge": rl.model.load_judge(str(causal["lm"]), tokens=("A", "B")),
+                "prm": rl.model.load_prm(str(causal["tc"]), separator="\n")}.get(what)
         model = load(allow_pickle=True)
         if safe is not None:
             np.testing.assert_allclose(model.score(STEPS), safe.score(STEPS), rtol=1e-6, err_msg=what)

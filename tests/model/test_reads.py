@@ -51,7 +51,7 @@ def _by_hand(tok, lm, append: bool, last_token: bool = False) -> tuple[list[floa
 
 def test_the_last_step_is_scored_at_an_appended_separator(tok):
     lm = build(tok, "llama", "lm")
-    rm = rl.wrap_prm(lm, tok, separator=SEP, tokens=(PLUS, MINUS), combine="sum")
+    rm = rl.model.wrap_prm(lm, tok, separator=SEP, tokens=(PLUS, MINUS), combine="sum")
     own, where = _by_hand(tok, lm, append=True)
     att = rl.attribute(rm, [PAIR])
     steps = att.steps.to_frame()
@@ -68,11 +68,11 @@ def test_the_last_step_is_scored_at_an_appended_separator(tok):
 
 def test_ignoring_the_last_step_warns_and_last_token_reads_it_in_place(tok):
     lm = build(tok, "llama", "lm")
-    ignore = rl.wrap_prm(lm, tok, separator=SEP, tokens=(PLUS, MINUS), combine="sum", final="ignore")
+    ignore = rl.model.wrap_prm(lm, tok, separator=SEP, tokens=(PLUS, MINUS), combine="sum", final="ignore")
     with pytest.warns(RewardLensWarning, match=r"2 of 2 responses end without the step separator.*final='append'"):
         scores = ignore.score([PAIR])
     np.testing.assert_allclose(scores, _by_hand(tok, lm, append=False)[0], atol=1e-4)
-    in_place = rl.wrap_prm(lm, tok, separator=SEP, tokens=(PLUS, MINUS), combine="sum", final="last-token")
+    in_place = rl.model.wrap_prm(lm, tok, separator=SEP, tokens=(PLUS, MINUS), combine="sum", final="last-token")
     own, where = _by_hand(tok, lm, append=False, last_token=True)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -85,7 +85,7 @@ def test_ignoring_the_last_step_warns_and_last_token_reads_it_in_place(tok):
 def test_an_answer_ending_with_the_separator_is_read_as_it_is(tok):
     lm = build(tok, "llama", "lm")
     closed = rl.Pair(PAIR.prompt, PAIR.chosen + SEP, PAIR.rejected + SEP)
-    rm = rl.wrap_prm(lm, tok, separator=SEP, tokens=(PLUS, MINUS), combine="sum")
+    rm = rl.model.wrap_prm(lm, tok, separator=SEP, tokens=(PLUS, MINUS), combine="sum")
     assert [len(s.ids) for s in rm.encode([closed])[0]] == [len(s.ids) for s in rm.encode([PAIR])[0]]
     np.testing.assert_allclose(rm.score([closed]), rm.score([PAIR]), atol=1e-5)
 
@@ -93,10 +93,10 @@ def test_an_answer_ending_with_the_separator_is_read_as_it_is(tok):
 def test_the_appended_separator_keeps_to_max_length(tok):
     lm = build(tok, "llama", "lm")
     limit = max(len(template_ids(tok, conv)[0]) for conv in conversations([PAIR]))
-    strict = rl.wrap_prm(lm, tok, separator=SEP, tokens=(PLUS, MINUS), max_length=limit)
+    strict = rl.model.wrap_prm(lm, tok, separator=SEP, tokens=(PLUS, MINUS), max_length=limit)
     with pytest.raises(TokenizationError, match=f"has {limit} tokens, the limit, before the separator closing"):
         strict.score([PAIR])
-    cut = rl.wrap_prm(lm, tok, separator=SEP, tokens=(PLUS, MINUS), combine="sum", max_length=limit,
+    cut = rl.model.wrap_prm(lm, tok, separator=SEP, tokens=(PLUS, MINUS), combine="sum", max_length=limit,
                       truncation="left")
     sep = tok.encode(SEP, add_special_tokens=False)[0]
     own = []
@@ -112,6 +112,6 @@ def test_the_appended_separator_keeps_to_max_length(tok):
 
 def test_final_is_validated():
     with pytest.raises(ValueError, match="final says how a process reward model's last step is read"):
-        rl.Reads(at="response", final="ignore")
+        rl.model.Reads(at="response", final="ignore")
     with pytest.raises(ValueError, match="one of"):
-        rl.Reads(at="separator", separator="\n", final="drop")  # type: ignore[arg-type]
+        rl.model.Reads(at="separator", separator="\n", final="drop")  # type: ignore[arg-type]

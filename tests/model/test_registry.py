@@ -86,8 +86,8 @@ def test_user_registered_map(tokenizer, pairs, monkeypatch):
     tiny.perturb_(model, 2)
     with pytest.raises(rl.RewardLensError):
         rl.RewardModel.from_model(model, tokenizer)  # no linear head of width num_labels to discover
-    rl.register_architecture(
-        rl.ArchitectureMap(name="vhead-llama", layers="model.layers", attn_out="self_attn.o_proj",
+    rl.model.register_architecture(
+        rl.model.ArchitectureMap(name="vhead-llama", layers="model.layers", attn_out="self_attn.o_proj",
                            mlp_out="mlp.down_proj", final_norm="model.norm", head="v_head"),
         architectures=("ValueHeadRewardModel",),
     )
@@ -103,9 +103,9 @@ def test_user_registered_map(tokenizer, pairs, monkeypatch):
 
 def test_map_validation_names_the_conflict():
     with pytest.raises(ValueError, match="post_norm.*attn_residual_norm"):
-        rl.ArchitectureMap(name="x", layers="l", attn_out="a", mlp_out="m", final_norm=None, layout="post_norm")
+        rl.model.ArchitectureMap(name="x", layers="l", attn_out="a", mlp_out="m", final_norm=None, layout="post_norm")
     with pytest.raises(ValueError, match="norm must be one of"):
-        rl.ArchitectureMap(name="x", layers="l", attn_out="a", mlp_out="m", final_norm="n", norm="batch")
+        rl.model.ArchitectureMap(name="x", layers="l", attn_out="a", mlp_out="m", final_norm="n", norm="batch")
 
 
 def test_a_wrong_map_is_caught_before_any_number(tiny_root, pairs):

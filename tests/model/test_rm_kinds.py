@@ -149,7 +149,7 @@ def test_judge_reads_two_vocabulary_rows_where_its_answer_starts(tok, arch):
     lm = build(tok, arch, "lm")
     a, b = 11, 17
     question = "Q: {prompt}\nA: {response}\nGood?"
-    rm = rl.wrap_judge(lm, tok, tokens=(a, b), question=question)
+    rm = rl.model.wrap_judge(lm, tok, tokens=(a, b), question=question)
     own = []
     for pair in STEPS:
         for response in (pair.chosen, pair.rejected):
@@ -165,7 +165,7 @@ def test_judge_reads_two_vocabulary_rows_where_its_answer_starts(tok, arch):
 def test_prm_reading_lm_rows_at_every_step(tok, arch, how):
     lm = build(tok, arch, "lm")
     plus, minus = 23, 29
-    rm = rl.wrap_prm(lm, tok, separator=SEP, tokens=(plus, minus), combine=how)
+    rm = rl.model.wrap_prm(lm, tok, separator=SEP, tokens=(plus, minus), combine=how)
     own = own_steps(tok, lm, STEPS, lambda z: z[:, plus] - z[:, minus], how)
     att = assert_closes(rm, STEPS, own, level="head")
     steps = att.steps.to_frame()
@@ -178,7 +178,7 @@ def test_prm_reading_lm_rows_at_every_step(tok, arch, how):
 def test_dpo_implicit_reward(tok, arch):
     policy, reference = build(tok, arch, "lm", seed=0), build(tok, arch, "lm", seed=1)
     beta = 0.1
-    rm = rl.wrap_dpo(policy, reference, tok, beta=beta)
+    rm = rl.model.wrap_dpo(policy, reference, tok, beta=beta)
     att = assert_closes(rm, STEPS, own_dpo(tok, policy, reference, STEPS, beta))
     frame = att.steps.to_frame()
     np.testing.assert_allclose(frame.groupby("sequence")["reward"].sum(), att.reward, atol=1e-4)
@@ -187,7 +187,7 @@ def test_dpo_implicit_reward(tok, arch):
 @pytest.mark.parametrize("arch", ["llama", "gpt2", "gemma2"])
 def test_dpo_reference_as_its_own_decomposition(tok, arch):
     policy, reference = build(tok, arch, "lm", seed=0), build(tok, arch, "lm", seed=1)
-    rm = rl.wrap_dpo(policy, reference, tok, beta=0.5, reference_term="separate")
+    rm = rl.model.wrap_dpo(policy, reference, tok, beta=0.5, reference_term="separate")
     ours = rl.attribute(rm, STEPS)
     theirs = rl.attribute(rm.reference, STEPS)
     total = ours.values.sum(1) + ours.constant - theirs.values.sum(1) - theirs.constant
@@ -208,11 +208,11 @@ def test_a_template_that_writes_a_think_block_before_the_content(tok):
     think = copy.deepcopy(tok)
     think.chat_template = THINK
     policy, reference = build(tok, "llama", "lm", seed=0), build(tok, "llama", "lm", seed=1)
-    prm = rl.wrap_prm(policy, think, separator=SEP, tokens=(23, 29), combine="last")
+    prm = rl.model.wrap_prm(policy, think, separator=SEP, tokens=(23, 29), combine="last")
     att = assert_closes(prm, STEPS, own_steps(think, policy, STEPS, lambda z: z[:, 23] - z[:, 29], "last"))
     n_steps = [response.count("\n") for pair in STEPS for response in (pair.chosen, pair.rejected)]
     assert att.steps.to_frame().groupby("sequence").size().tolist() == n_steps
-    dpo = rl.wrap_dpo(policy, reference, think, beta=0.1)
+    dpo = rl.model.wrap_dpo(policy, reference, think, beta=0.1)
     assert_closes(dpo, STEPS, own_dpo(think, policy, reference, STEPS, 0.1))
 
 
@@ -224,8 +224,8 @@ def test_without_a_chat_template_the_join_belongs_to_the_prompt(tok):
     policy, reference = build(tok, "llama", "lm", seed=0), build(tok, "llama", "lm", seed=1)
     sep = tok.encode(SEP, add_special_tokens=False)[0]
     assert plain.encode("\n\n", add_special_tokens=False) == [sep, sep]  # the case the rule must get right
-    prm = rl.wrap_prm(policy, plain, separator=SEP, tokens=(23, 29), combine="sum")
-    dpo = rl.wrap_dpo(policy, reference, plain, beta=0.1)
+    prm = rl.model.wrap_prm(policy, plain, separator=SEP, tokens=(23, 29), combine="sum")
+    dpo = rl.model.wrap_dpo(policy, reference, plain, beta=0.1)
     own_prm, own_dpo_, n_steps = [], [], []
     for pair in STEPS:
         for response in (pair.chosen, pair.rejected):
@@ -248,7 +248,7 @@ def test_without_a_chat_template_the_join_belongs_to_the_prompt(tok):
 @pytest.mark.parametrize("how", ["mean", "last"])
 def test_two_label_token_classification_prm(tok, arch, how):
     tc = build(tok, arch, "tc")
-    rm = rl.wrap_prm(tc, tok, separator=SEP, combine=how)
+    rm = rl.model.wrap_prm(tc, tok, separator=SEP, combine=how)
     own = own_steps(tok, tc, STEPS, lambda z: z[:, 1] - z[:, 0], how)
     assert_closes(rm, STEPS, own, level="head")
 
@@ -258,7 +258,7 @@ def test_steps_are_read_where_they_are_even_when_the_separator_is_the_pad_id(tok
     token) moves no read and earns no warning about reading early."""
     lm = copy.deepcopy(build(tok, "llama", "lm"))
     lm.config.pad_token_id = tok.encode(SEP, add_special_tokens=False)[0]
-    rm = rl.wrap_prm(lm, tok, separator=SEP, tokens=(23, 29), combine="mean")
+    rm = rl.model.wrap_prm(lm, tok, separator=SEP, tokens=(23, 29), combine="mean")
     assert rm.pad_token_id == lm.config.pad_token_id
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -272,11 +272,11 @@ def test_a_judges_fits_is_the_rule_its_encode_refuses_by(tok):
     takes, or the built-in probe items would crash it instead of being skipped."""
     lm = build(tok, "llama", "lm")
     texts = [p.chosen for p in STEPS] + ["Step 1: " + "long " * 30 + "\n"]
-    asked = [len(s.ids) for s in rl.wrap_judge(lm, tok, tokens=("A", "B")).encode(texts)[0]]
+    asked = [len(s.ids) for s in rl.model.wrap_judge(lm, tok, tokens=("A", "B")).encode(texts)[0]]
     limit = min(asked)
     raw = [len(tok(t)["input_ids"]) for t in texts]
     assert any(r <= limit < a for r, a in zip(raw, asked))  # a text that fits as it is, not as a question
-    judge = rl.wrap_judge(lm, tok, tokens=("A", "B"), max_length=limit)
+    judge = rl.model.wrap_judge(lm, tok, tokens=("A", "B"), max_length=limit)
     takes = []
     for text in texts:
         try:
@@ -289,7 +289,7 @@ def test_a_judges_fits_is_the_rule_its_encode_refuses_by(tok):
 
 @pytest.mark.parametrize("side", ["left", "right"])
 def test_padding_side_and_batch_size_change_nothing(tok, side):
-    rm = rl.wrap_prm(build(tok, "llama", "lm"), tok, separator=SEP, tokens=(23, 29), combine="min")
+    rm = rl.model.wrap_prm(build(tok, "llama", "lm"), tok, separator=SEP, tokens=(23, 29), combine="min")
     one = rl.attribute(rm, STEPS, batch_size=1)
     att = rl.attribute(rm, STEPS, batch_size=4, padding_side=side)
     np.testing.assert_allclose(att.values, one.values, atol=1e-5)
@@ -416,7 +416,7 @@ def test_patching_at_the_set_of_reads_equals_a_naive_loop(tok, arch, engine, mon
 
         monkeypatch.setattr(reads_patch, "stepped_sweep", lambda *args, **kwargs: None)
     lm = build(tok, arch, "lm")
-    rm = rl.wrap_prm(lm, tok, separator=SEP, tokens=(23, 29), combine="min")
+    rm = rl.model.wrap_prm(lm, tok, separator=SEP, tokens=(23, 29), combine="min")
     got = rl.patch(rm, STEPS, mode="noising", level="sublayer")
     naive = _naive_patched(rm, lm, tok, STEPS, lambda z: z[:, 23] - z[:, 29], "min")
     np.testing.assert_allclose(got.patched_chosen, naive, atol=PATCH_TOL)
@@ -427,7 +427,7 @@ def test_patching_at_the_set_of_reads_equals_a_naive_loop(tok, arch, engine, mon
 @pytest.mark.parametrize("arch", ["llama", "gemma2", "gpt_neox", "qwen2_moe"])
 def test_path_frozen_patching_at_the_set_of_reads_equals_a_naive_loop(tok, arch, mode):
     lm = build(tok, arch, "lm")
-    rm = rl.wrap_prm(lm, tok, separator=SEP, tokens=(23, 29), combine="min")
+    rm = rl.model.wrap_prm(lm, tok, separator=SEP, tokens=(23, 29), combine="min")
     got = rl.patch(rm, STEPS, mode=mode, level="sublayer", estimand="direct")
     naive = _naive_patched(rm, lm, tok, STEPS, lambda z: z[:, 23] - z[:, 29], "min", direct=True,
                            ablate=mode == "ablation")
@@ -448,7 +448,7 @@ def test_path_frozen_patching_at_the_set_of_reads_equals_a_naive_loop(tok, arch,
 
 def test_path_frozen_patching_of_heads_at_the_set_of_reads_equals_a_naive_loop(tok):
     lm = build(tok, "llama", "lm")
-    rm = rl.wrap_prm(lm, tok, separator=SEP, tokens=(23, 29), combine="min")
+    rm = rl.model.wrap_prm(lm, tok, separator=SEP, tokens=(23, 29), combine="min")
     got = rl.patch(rm, STEPS, mode="noising", level="head", estimand="direct")
     naive = _naive_head_direct(rm, lm, tok, STEPS, lambda z: z[:, 23] - z[:, 29], "min")
     np.testing.assert_allclose(got.patched_chosen, naive, atol=PATCH_TOL)
@@ -467,9 +467,9 @@ def test_reads_weights_by_hand():
 def test_bad_inputs_get_clear_errors(tok):
     lm = build(tok, "llama", "lm")
     with pytest.raises(HeadError, match="not one"):
-        rl.wrap_prm(lm, tok, separator="Step 1", tokens=(23, 29))
-    rm = rl.wrap_prm(lm, tok, separator=SEP, tokens=(23, 29))
-    ignore = rl.wrap_prm(lm, tok, separator=SEP, tokens=(23, 29), final="ignore")
+        rl.model.wrap_prm(lm, tok, separator="Step 1", tokens=(23, 29))
+    rm = rl.model.wrap_prm(lm, tok, separator=SEP, tokens=(23, 29))
+    ignore = rl.model.wrap_prm(lm, tok, separator=SEP, tokens=(23, 29), final="ignore")
     with pytest.raises(TokenizationError, match="no step separator.*final=.ignore."):
         ignore.score([rl.Pair("q?", "one step without a break", "another")])
     with pytest.raises(DataError, match="different numbers of positions"):
@@ -480,17 +480,17 @@ def test_bad_inputs_get_clear_errors(tok):
         rl.probe(rm)
     with pytest.raises(ValueError, match="positions='read'"):
         rl.patch(rm, STEPS, positions="all")
-    dpo = rl.wrap_dpo(lm, build(tok, "llama", "lm", seed=1), tok)
+    dpo = rl.model.wrap_dpo(lm, build(tok, "llama", "lm", seed=1), tok)
     with pytest.raises(TokenizationError, match="no prompt/response split"):
         dpo.score(["a plain text has no response to read"])
     with pytest.raises(ValueError, match="beta"):
-        rl.wrap_dpo(lm, lm, tok, beta=0.0)
+        rl.model.wrap_dpo(lm, lm, tok, beta=0.0)
     with pytest.raises(ValueError, match="separator"):
-        rl.Reads(at="separator")
+        rl.model.Reads(at="separator")
     config = copy.deepcopy(configs(tok)["llama"][1])
     classifier = tf.AutoModelForSequenceClassification.from_config(config)
     with pytest.raises(HeadError, match="sequence classifier"):
-        rl.wrap_prm(classifier, tok, separator=SEP)
+        rl.model.wrap_prm(classifier, tok, separator=SEP)
     with pytest.raises(TokenizationError, match="ends with a 'user' turn"):
         rm.score([[{"role": "user", "content": "Step 1: a.\nStep 2: b.\n"}]])
 
@@ -511,9 +511,9 @@ def test_soft_capped_logits_are_read_with_their_gain_frozen(tok):
         z = logits(lm, list(ids))[-1]
         own.append(float(z[11] - z[17]))
     assert max(abs(x) for x in own) < 0.4  # the cap is active: raw logit differences are far larger
-    judge = rl.wrap_judge(lm, tok, tokens=(11, 17), question="{response}")
+    judge = rl.model.wrap_judge(lm, tok, tokens=(11, 17), question="{response}")
     assert_closes(judge, STEPS, np.array(own), level="head")
-    assert_closes(rl.wrap_dpo(lm, ref, tok, beta=1.0), STEPS, own_dpo(tok, lm, ref, STEPS, 1.0))
+    assert_closes(rl.model.wrap_dpo(lm, ref, tok, beta=1.0), STEPS, own_dpo(tok, lm, ref, STEPS, 1.0))
 
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
@@ -521,8 +521,8 @@ def test_attribution_patching_at_the_set_of_reads_equals_autograd(tok, arch):
     """The first-order estimate Σ_k (a_rejected,k − a_chosen,k)·∂r/∂a_chosen,k, recomputed here through
     the model's own forward and its own logits (torch.min routes the gradient to the lowest step)."""
     lm = build(tok, arch, "lm")
-    rm = rl.wrap_prm(lm, tok, separator=SEP, tokens=(23, 29), combine="min")
-    got = rl.attribution_patch(rm, STEPS, level="sublayer")
+    rm = rl.model.wrap_prm(lm, tok, separator=SEP, tokens=(23, 29), combine="min")
+    got = rl.causal.attribution_patch(rm, STEPS, level="sublayer")
     sep = tok.encode(SEP, add_special_tokens=False)[0]
     modules = [(rm.layers[0], "in")] + [
         (rm.layer_module(layer, path), "out") for layer in range(rm.n_layers)
@@ -570,10 +570,11 @@ def test_command_line_reads_each_kind(tok, tmp_path, capsys):
     pairs = str(save_pairs(STEPS, tmp_path / "steps.jsonl"))
     runs = {
         "prm": (["--prm-separator", "\\n", "--prm-combine", "sum"],
-                rl.wrap_prm(build(tok, "llama", "tc"), tok, separator=SEP, combine="sum"), "tc"),
-        "judge": (["--judge-tokens", "A,B"], rl.wrap_judge(build(tok, "llama", "lm"), tok, tokens=("A", "B")), "lm"),
+                rl.model.wrap_prm(build(tok, "llama", "tc"), tok, separator=SEP, combine="sum"), "tc"),
+        "judge": (["--judge-tokens", "A,B"], rl.model.wrap_judge(build(tok, "llama", "lm"), tok, tokens=("A", "B")),
+                  "lm"),
         "dpo": (["--dpo-reference", folders["ref"], "--dpo-beta", "0.2"],
-                rl.wrap_dpo(build(tok, "llama", "lm"), build(tok, "llama", "lm", seed=1), tok, beta=0.2), "lm"),
+                rl.model.wrap_dpo(build(tok, "llama", "lm"), build(tok, "llama", "lm", seed=1), tok, beta=0.2), "lm"),
     }
     for what, (flags, api, folder) in runs.items():
         assert main(["score", folders[folder], "--pairs", pairs, "--json", *flags]) == 0, what
@@ -589,7 +590,7 @@ def test_command_line_reads_each_kind(tok, tmp_path, capsys):
 def test_experts_split_every_step_exactly(tok, arch):
     """A mixture-of-experts PRM at expert level: each step's experts sum to the step's MLP, and close."""
     lm = build(tok, arch, "lm")
-    rm = rl.wrap_prm(lm, tok, separator=SEP, tokens=(23, 29), combine="sum")
+    rm = rl.model.wrap_prm(lm, tok, separator=SEP, tokens=(23, 29), combine="sum")
     own = own_steps(tok, lm, STEPS, lambda z: z[:, 23] - z[:, 29], "sum")
     att = assert_closes(rm, STEPS, own, level="neuron")
     assert any("_E" in name for name in att.names)
@@ -600,7 +601,7 @@ def test_experts_split_every_step_exactly(tok, arch):
 
 def test_the_reference_runs_once_per_sequence_across_instruments(tok):
     policy, reference = build(tok, "llama", "lm", seed=0), build(tok, "llama", "lm", seed=1)
-    rm = rl.wrap_dpo(policy, reference, tok, beta=0.1, batch_size=2)
+    rm = rl.model.wrap_dpo(policy, reference, tok, beta=0.1, batch_size=2)
     seen = []
     handle = reference.model.register_forward_hook(lambda m, a, o: seen.append(1))
     try:

@@ -114,7 +114,7 @@ def test_offloaded_model_gives_the_plain_models_numbers(tiny_root, tmp_path, arc
         _close(got.effect, want.effect)
         _close(got.margin, score[0::2] - score[1::2])
     # One backward pass through accelerate's hooks (weights loaded on the fly keep their gradients).
-    _close(rl.attribution_patch(model, PAIRS).effect, rl.attribution_patch(plain, PAIRS).effect)
+    _close(rl.causal.attribution_patch(model, PAIRS).effect, rl.causal.attribution_patch(plain, PAIRS).effect)
 
     # Nothing of ours is left: no torch hooks, accelerate's hooks as they were, and every weight
     # that was offloaded is offloaded again (not left materialised in memory).
@@ -224,8 +224,8 @@ def test_a_judge_whose_lm_head_is_offloaded_reads_its_real_rows(tmp_path):
     offloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "lm", device_map=placement,
                                                      offload_folder=str(tmp_path / "offload"))
     assert offloaded.lm_head.weight.is_meta
-    judge = rl.wrap_judge(offloaded, tok, tokens=("A", "B"))
-    plain = rl.wrap_judge(AutoModelForCausalLM.from_pretrained(tmp_path / "lm"), tok, tokens=("A", "B"))
+    judge = rl.model.wrap_judge(offloaded, tok, tokens=("A", "B"))
+    plain = rl.model.wrap_judge(AutoModelForCausalLM.from_pretrained(tmp_path / "lm"), tok, tokens=("A", "B"))
     torch.testing.assert_close(judge.head.weight, plain.head.weight, rtol=0, atol=0)
     _close(judge.score(PAIRS), plain.score(PAIRS))
     assert offloaded.lm_head.weight.is_meta  # offloaded again, not left in memory

@@ -41,7 +41,7 @@ def test_wrap_refuses_a_map_naming_a_module_inside_the_sparse_block(folders, tok
     """Modules inside a sparse block see flattened [n·T, d] states and write part of the sum (or nothing):
     refused by name, with the fix, before the closure proof runs (it used to die on a tensor size)."""
     model = tf.AutoModelForSequenceClassification.from_pretrained(folders[model_type]).eval()
-    llama_like = rl.ArchitectureMap(name="llama-like", layers="model.layers", attn_out="self_attn.o_proj",
+    llama_like = rl.model.ArchitectureMap(name="llama-like", layers="model.layers", attn_out="self_attn.o_proj",
                                    mlp_out=inside, final_norm="model.norm")
     with pytest.raises(ArchitectureError) as info:
         rl.wrap(model, tokenizer, arch=llama_like)

@@ -60,18 +60,18 @@ def test_the_command_line_refuses_it_too(causal_lm, pairs, tmp_path, capsys):
 def test_a_prm_loaded_without_tokens_from_a_causal_lm_is_refused_naming_the_fix(causal_lm):
     """A causal-LM PRM (Math-Shepherd's kind) loaded as a token classifier would read a random `score`."""
     with pytest.raises(HeadError, match="initialised them at random") as info:
-        rl.load_prm(str(causal_lm), separator="\n")
+        rl.model.load_prm(str(causal_lm), separator="\n")
     assert "score.weight" in str(info.value) and "tokens=(" in str(info.value)
-    rl.load_prm(str(causal_lm), separator="\n", tokens=("+", "-"))  # its LM head is trained: it loads
+    rl.model.load_prm(str(causal_lm), separator="\n", tokens=("+", "-"))  # its LM head is trained: it loads
 
 
 def test_judges_and_dpo_rewards_refuse_a_folder_without_an_lm_head(causal_lm, tiny_root):
     classifier = str(tiny_root["llama"])  # a sequence classifier: no lm_head in the folder
     with pytest.raises(HeadError, match="lm_head.weight") as info:
-        rl.load_judge(classifier, tokens=("A", "B"))
+        rl.model.load_judge(classifier, tokens=("A", "B"))
     assert "ForCausalLM" in str(info.value) and classifier in str(info.value)
     with pytest.raises(HeadError, match="lm_head.weight"):
-        rl.load_dpo(str(causal_lm), classifier)
+        rl.model.load_dpo(str(causal_lm), classifier)
     with pytest.raises(HeadError, match="lm_head.weight"):
-        rl.load_dpo(classifier, str(causal_lm))
-    rl.load_judge(str(causal_lm), tokens=("A", "B"))
+        rl.model.load_dpo(classifier, str(causal_lm))
+    rl.model.load_judge(str(causal_lm), tokens=("A", "B"))

@@ -1,6 +1,6 @@
 """A TRL GRPO run on the `list` organism whose reward function is the reward server, called through
-`rewardlens.serve.remote_reward`, raises the same alarms at the same steps as `rl.monitored_reward` in-process on
-the same samples (the policy's completions, recorded as the run went)."""
+`rewardlens.serve.remote_reward`, raises the same alarms at the same steps as `rl.monitor.monitored_reward`
+in-process on the same samples (the policy's completions, recorded as the run went)."""
 
 from __future__ import annotations
 
@@ -62,7 +62,7 @@ def test_grpo_through_the_server_raises_the_alarms_monitored_reward_raises(tmp_p
                     train_dataset=Dataset.from_dict({"prompt": prompts})).train()
     served = PolicyRun.from_jsonl(tmp_path / "policy.jsonl")  # the last step rolled when the server stopped
 
-    local = rl.monitored_reward(rm, directions=dirs, parts_every=5, progress=False)
+    local = rl.monitor.monitored_reward(rm, directions=dirs, parts_every=5, progress=False)
     for step, p, c, out in calls:
         np.testing.assert_allclose(local(p, c, trainer_state=SimpleNamespace(global_step=step)), out, atol=1e-5)
     mine = local.monitor.run
