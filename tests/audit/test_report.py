@@ -52,7 +52,7 @@ def audit(model):
     ids = [f"pair-{i}" for i in range(len(pairs))]
     ids[1] = EVIL  # pair ids are user input
     # An untrained SAE: feature attribution is exact for any dictionary, which is all the report needs.
-    sae = rl.TopKSAE(model.d_model, rl.SAEConfig(num_latents=64, k=4), seed=0)
+    sae = rl.sae.TopKSAE(model.d_model, rl.sae.SAEConfig(num_latents=64, k=4), seed=0)
     probes = rl.probe(model)
     return Audit(
         model=repr(model), fingerprint="fp<1>", data_checksum="sum&2", pair_ids=ids,
@@ -62,7 +62,7 @@ def audit(model):
         features=rl.attribute_features(model, sae, pairs, layer=SAE_LAYER), subsets=SUBSETS,
         tokens=rl.tokens(model, pairs), token_pairs=list(range(len(pairs))),
         divergence=rl.patch(model, pairs, level="head", divergence=True),
-        distortion=rl.distortion(probes), cascades=rl.cascade(probes),
+        distortion=rl.hacking.distortion(probes), cascades=rl.hacking.cascade(probes),
     )
 
 
@@ -209,8 +209,9 @@ def test_instrument_numbers_equal_the_results_own(audit, numbers):
     for row in div["parts"]:
         j = d.names.index(row["part"])
         assert row["flagged_runs"] == int((d.divergence[:, j] > 1).sum())
-        inside = d.effect[d.divergence[:, j] <= 1, j]
+        inside = f.total[d.divergence[:, j] <= 1, f.names.index(row["part"])]  # the audit's effects, d's flags
         assert row["mean_effect_in_distribution"] == (pytest.approx(inside.mean()) if len(inside) else None)
+        assert row["mean_effect"] == pytest.approx(f.total[:, f.names.index(row["part"])].mean())
     dist = numbers["distortion"]
     for k, q in enumerate(audit.distortion.quality):
         assert dist["quality"][q]["note"] == audit.distortion.note[k]

@@ -10,7 +10,7 @@ import pytest
 
 import rewardlens as rl
 from rewardlens.audit import Audit
-from rewardlens.audit.report import summary, write_report
+from rewardlens.audit.report import summary, tables, write_report
 from rewardlens.data import margin
 from rewardlens.stats import wilson
 from tests.helpers import finite
@@ -58,3 +58,36 @@ def test_numbers_json_is_strict_and_the_report_names_the_pairs(audit, tmp_path):
     assert "2 pairs with non-finite rewards excluded: p3, p5" in html and "<td>1 of 3</td>" in html
     wins = numbers["scores"]["correct"]
     assert f"({wins} of 4 counted)" in html and f"({wins} of 6)" not in html  # the summary counts what it scored
+
+
+def test_figures_tables_and_subsets_read_one_pair_mask(audit):
+    """With non-finite pairs (p3, p5; their faithfulness is finite here, so a mean over every pair differs from
+    one over the counted pairs), the estimand figure and table, the heatmap, the top-parts table and the
+    depth figures show the same numbers: the counted pairs' (a hand mask, not the report's)."""
+    from rewardlens.audit.report import figures
+
+    s, f = summary(audit), audit.faithfulness
+    good = np.isfinite(margin(audit.lens.reward.astype(np.float64)))
+    assert good.tolist() == [True, True, False, True, False, True]
+    want = f.total[good].mean(0)
+    assert not np.allclose(want, f.total.mean(0))  # the two masks would disagree here
+    table = {row["part"]: row["total_effect"] for row in s["top_parts"]}
+    split = {row["part"]: row["total"] for row in s["estimands"]}
+    assert table.keys() == split.keys()
+    for name, value in table.items():
+        assert value == split[name] == pytest.approx(want[f.names.index(name)], rel=1e-12)
+    bars = figures.fig_estimands(audit).axes[0].containers[2]  # direct, indirect, then total bars
+    assert [b.get_width() for b in bars] == [row["total"] for row in s["estimands"]]
+    heat = figures.fig_heatmaps(audit).axes[1].images[0].get_array()
+    _, _, grid = figures.part_grid(list(f.names), want)
+    np.testing.assert_array_equal(np.ma.filled(heat, np.nan), grid)
+    for kind in ("linear", "normed"):
+        depth = np.where(good, audit.lens.crystallization(kind, audit.fraction), np.nan)
+        defined = depth[np.isfinite(depth)]
+        median = float(np.median(defined)) if len(defined) else float("nan")
+        assert s["lens"]["crystallization_defined"][kind] == len(defined)
+        assert s["lens"]["crystallization_median"][kind] == pytest.approx(median, nan_ok=True)
+        assert tables(audit)["scores"][f"crystallization_{kind}"].isna().tolist() == (~np.isfinite(depth)).tolist()
+    titles = [ax.get_title() for ax in figures.fig_crystallization(audit).axes[:2]]
+    assert [t.split(" pairs have")[0] for t in titles] == [
+        f"{k} lens: {s['lens']['crystallization_defined'][k]} of 6" for k in ("linear", "normed")]

@@ -11,8 +11,6 @@ import io
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-import numpy as np
-
 from ...errors import RewardLensError
 
 if TYPE_CHECKING:
@@ -67,10 +65,3 @@ def need(value: _T | None, name: str, how: str) -> _T:
         raise RewardLensError(f"this audit has no {name} result (audit.{name} is None), so there is nothing to "
                               f"plot; {how}")
     return value
-
-
-def nanmedian(x: np.ndarray) -> float:
-    """Median of the finite entries (NaN when there are none), without numpy's all-NaN warning."""
-    x = np.asarray(x, dtype=np.float64)
-    x = x[np.isfinite(x)]
-    return float(np.median(x)) if len(x) else float("nan")

@@ -25,9 +25,9 @@ from ...types import LensKind
 from ._canvas import KIND_COLORS as KIND_COLORS
 from ._canvas import PART_COLORS as PART_COLORS
 from ._canvas import legend_below, need, new_figure
-from ._canvas import nanmedian as nanmedian
 from ._canvas import to_png as to_png
 from ._circuit import fig_circuit as fig_circuit
+from ._groups import counted_mean, depths, spread
 from ._more_figures import fig_cascades as fig_cascades
 from ._more_figures import fig_conflicts as fig_conflicts
 from ._more_figures import fig_crystallization as fig_crystallization
@@ -51,13 +51,15 @@ def fig_lens(audit: Audit) -> Figure:
     fig = new_figure(9, 3.6)
     axes = fig.subplots(1, 2, sharey=True)
     kinds: tuple[LensKind, ...] = ("linear", "normed")
+    depth_of = depths(audit)
     for ax, kind in zip(axes, kinds):
         margin, color = lens.margin(kind), KIND_COLORS[kind]
         alpha = float(np.clip(8 / len(margin), 0.04, 0.3))  # many pairs: fainter lines, same ink
         for row in margin:
             ax.plot(x, row, color=color, lw=0.7, alpha=alpha)
-        ax.plot(x, margin.mean(0), color=color, lw=2.2, marker="o", ms=3.5, label=f"{kind} lens, mean over pairs")
-        depth = nanmedian(lens.crystallization(kind, audit.fraction))
+        ax.plot(x, counted_mean(audit, margin), color=color, lw=2.2, marker="o", ms=3.5,
+                label=f"{kind} lens, mean over pairs")
+        depth = spread(depth_of[kind])["median"]
         title = f"{kind} lens"
         if np.isfinite(depth):
             ax.axvline(depth, color="black", ls="--", lw=1,
@@ -112,9 +114,9 @@ def fig_heatmaps(audit: Audit) -> Figure:
     layers × heads with the MLPs (and the embeddings, top row) in the right-hand column."""
     import matplotlib
 
-    panels = [("mean attribution (chosen − rejected)", audit.heads.names, audit.heads.margin.mean(0)),
+    panels = [("mean attribution (chosen − rejected)", audit.heads.names, counted_mean(audit, audit.heads.margin)),
               (f"mean total patching effect ({audit.faithfulness.mode})", audit.faithfulness.names,
-               audit.faithfulness.total.mean(0))]
+               counted_mean(audit, audit.faithfulness.total))]
     grids = [part_grid(names, values) for _, names, values in panels]
     n_rows, n_cols = max(len(g[0]) for g in grids), max(len(g[1]) for g in grids)
     fig = new_figure(min(14.0, max(8.0, 2.0 + 1.1 * n_cols)), min(14.0, max(2.6, 0.9 + 0.32 * n_rows)))

@@ -4,7 +4,10 @@ statistic differ by subset (`Pair.subset`, e.g. RewardBench's `chat`, `math-prm`
 Accuracy carries a Wilson interval (`stats.wilson`: a proportion over a few dozen pairs), the seed
 statistic a percentile bootstrap over the subset's pairs, depth its median and interquartile range.
 Every number counts only the pairs whose reward and parts are finite (`counted`,
-`rewardlens.model.finite_pairs`); the others are named, never counted as losses.
+`rewardlens.model.finite_pairs`); the others are named, never counted as losses. This module is the one
+owner of that pair mask and of the numbers read under it: each pair's crystallization depth (`depths`)
+and every per-part (or per-depth) mean over the counted pairs (`counted_mean`), so the report's figures, tables and
+per-subset blocks show the same numbers.
 Pairs without a subset, among pairs that have one, form their own group `NO_SUBSET`; when no pair
 has a subset there are no groups (`labels` is None) and the report says so in one line.
 """
@@ -15,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ...data import margin
+from ...data import interleave, margin
 from ...model import FinitePairs, finite_pairs, pair_accuracy
 from ...stats import bootstrap_ci
 from ...types import LensKind
@@ -57,6 +60,22 @@ def counted(audit: Audit) -> FinitePairs:
     return finite_pairs(audit.lens.reward, [str(i) for i in audit.pair_ids], parts=parts(audit))
 
 
+def depths(audit: Audit) -> dict[LensKind, np.ndarray]:
+    """Each pair's crystallization depth l/L [n] per lens kind (`Lens.crystallization` at the audit's fraction),
+    NaN on the pairs `counted` leaves out: the depth every figure, table and per-subset block reads."""
+    ok = counted(audit).finite
+    return {kind: np.where(ok, audit.lens.crystallization(kind, audit.fraction), np.nan) for kind in KINDS}
+
+
+def counted_mean(audit: Audit, values: np.ndarray) -> np.ndarray:
+    """Column means [P] of per-pair values [n, P] (a part's effect or attribution, a lens margin per depth), or
+    of per-sequence rows [2n, P] (both sides of each pair), over the counted pairs: the mean every figure and
+    table shows (NaN for every column when no pair is counted)."""
+    ok = counted(audit).finite
+    kept = values[ok if len(values) == len(ok) else interleave(ok, ok)]
+    return kept.mean(0) if len(kept) else np.full(values.shape[1], np.nan)
+
+
 def accuracy(margins: np.ndarray, pairs: FinitePairs, level: float = LEVEL) -> dict[str, Any]:
     """Share of the finite pairs with chosen > rejected [n] (`pair_accuracy`), with its Wilson interval
     (NaN over no pairs): n (counted), total, correct, ties, accuracy, lo, hi, excluded, saturated, notes."""
@@ -64,13 +83,14 @@ def accuracy(margins: np.ndarray, pairs: FinitePairs, level: float = LEVEL) -> d
 
 
 def spread(depth: np.ndarray) -> dict[str, Any]:
-    """Median and interquartile range of the finite depths [n] (NaN when none is defined)."""
+    """Median and interquartile range of the finite depths [n] (NaN when none is defined): the one median of a
+    depth the summary, the figures and the per-subset blocks show (`np.median` of the finite depths)."""
     finite = np.asarray(depth, dtype=np.float64)
     finite = finite[np.isfinite(finite)]
     if not len(finite):
         return {"median": float("nan"), "q25": float("nan"), "q75": float("nan"), "defined": 0}
-    q25, med, q75 = np.quantile(finite, [0.25, 0.5, 0.75])
-    return {"median": float(med), "q25": float(q25), "q75": float(q75), "defined": int(len(finite))}
+    q25, q75 = np.quantile(finite, [0.25, 0.75])
+    return {"median": float(np.median(finite)), "q25": float(q25), "q75": float(q75), "defined": int(len(finite))}
 
 
 def top_parts(audit: Audit, k: int = TOP_PARTS) -> list[int]:
@@ -95,7 +115,7 @@ def subsets(audit: Audit) -> dict[str, Any] | None:
     if masks is None:
         return None
     m = margin(np.asarray(audit.lens.reward, dtype=np.float64))
-    depth = {kind: audit.lens.crystallization(kind, audit.fraction) for kind in KINDS}
+    depth = depths(audit)
     f = audit.faithfulness
     top = top_parts(audit)
     pairs = counted(audit)

@@ -14,7 +14,7 @@ import numpy as np
 from ...stats import mean_abs
 from .._runner import Audit
 from .._whole import TOKEN_PAIRS, shown_pairs
-from ._groups import TOP_PARTS, counted, top_parts
+from ._groups import TOP_PARTS, counted, counted_mean, top_parts
 from ._schema import TopPart
 
 """The token section shows at most this many pairs: those with the largest |margin|."""
@@ -23,18 +23,18 @@ from ._schema import TopPart
 def estimands(audit: Audit) -> list[dict[str, Any]]:
     """Per top part (largest mean |total effect| over the counted pairs, `Faithfulness.top`, shown as
     `mean_abs_total`): mean attribution, direct, indirect and total effect, and the indirect share
-    mean|indirect| / (mean|direct| + mean|indirect|) (NaN when both are zero)."""
+    mean|indirect| / (mean|direct| + mean|indirect|) (NaN when both are zero). Every mean is over the
+    counted pairs (`counted_mean`), as in the table of top parts."""
     f = audit.faithfulness
     ranking = mean_abs(f.total[counted(audit).finite])
+    att, direct, indirect, total = (counted_mean(audit, v) for v in (f.attribution, f.direct, f.indirect, f.total))
+    size_direct, size_indirect = counted_mean(audit, np.abs(f.direct)), counted_mean(audit, np.abs(f.indirect))
     out = []
     for i in top_parts(audit):
-        direct, indirect = f.direct[:, i], f.indirect[:, i]
-        size = float(np.abs(direct).mean() + np.abs(indirect).mean())
-        out.append({"part": f.names[i], "mean_abs_total": float(ranking[i]),
-                    "attribution": float(f.attribution[:, i].mean()),
-                    "direct": float(direct.mean()), "indirect": float(indirect.mean()),
-                    "total": float(f.total[:, i].mean()),
-                    "indirect_share": float(np.abs(indirect).mean()) / size if size > 0 else float("nan")})
+        size = float(size_direct[i] + size_indirect[i])
+        out.append({"part": f.names[i], "mean_abs_total": float(ranking[i]), "attribution": float(att[i]),
+                    "direct": float(direct[i]), "indirect": float(indirect[i]), "total": float(total[i]),
+                    "indirect_share": float(size_indirect[i]) / size if size > 0 else float("nan")})
     return out
 
 
@@ -44,7 +44,7 @@ def top_parts_table(audit: Audit, k: int = TOP_PARTS) -> list[TopPart]:
     natural distribution (None when divergence was not run). Means are over the counted pairs (`counted`)."""
     f, d, ok = audit.faithfulness, audit.divergence, counted(audit).finite
     flagged = {} if d is None else dict(zip(d.names, d.flagged.sum(0).tolist()))
-    att, total, direct = f.attribution[ok].mean(0), f.total[ok].mean(0), f.direct[ok].mean(0)
+    att, total, direct = (counted_mean(audit, v) for v in (f.attribution, f.total, f.direct))
     ranking = mean_abs(f.total[ok])  # what `top_parts` ranks by, shown beside the signed means
     return [{"part": f.names[i], "mean_abs_total_effect": float(ranking[i]), "attribution": float(att[i]),
              "total_effect": float(total[i]),
@@ -53,22 +53,28 @@ def top_parts_table(audit: Audit, k: int = TOP_PARTS) -> list[TopPart]:
 
 
 def divergence(audit: Audit) -> dict[str, Any] | None:
-    """Divergence flags for the patching effects the report shows (the top parts), and their reliability."""
+    """Divergence flags for the patching effects the report shows (the top parts), and their reliability.
+
+    The effects are the audit's own (`Faithfulness.total` over the counted pairs, as every table of parts);
+    the divergence run contributes which of those runs it flags, and `max_abs_difference_from_total` checks
+    that it scored the same patching."""
     d = audit.divergence
     if d is None or d.divergence is None:
         return None
-    f = audit.faithfulness
+    f, ok = audit.faithfulness, counted(audit).finite
     shared = [n for n in f.names if n in d.names]
     gap = np.abs(d.effect[:, [d.names.index(n) for n in shared]] - f.total[:, [f.names.index(n) for n in shared]])
-    ranking = mean_abs(f.total[counted(audit).finite])  # the rows' order (`top_parts`), shown as a column
+    ranking = mean_abs(f.total[ok])  # the rows' order (`top_parts`), shown as a column
+    mean = counted_mean(audit, f.total)
     parts = []
     for i in top_parts(audit):
         j = d.names.index(f.names[i])
-        flagged, effect = d.flagged[:, j], d.effect[:, j]
+        flagged, effect = d.flagged[:, j], f.total[:, i]
+        inside = ok & ~flagged
         parts.append({"part": f.names[i], "mean_abs_total": float(ranking[i]), "runs": int(len(effect)),
                       "flagged_runs": int(flagged.sum()),
-                      "max_score": float(np.max(d.divergence[:, j])), "mean_effect": float(effect.mean()),
-                      "mean_effect_in_distribution": float(effect[~flagged].mean()) if (~flagged).any()
+                      "max_score": float(np.max(d.divergence[:, j])), "mean_effect": float(mean[i]),
+                      "mean_effect_in_distribution": float(effect[inside].mean()) if inside.any()
                       else float("nan")})
     return {"mode": d.mode, "positions": d.positions, "level": d.level, **d.reliability(),
             "max_abs_difference_from_total": float(gap.max()) if gap.size else float("nan"), "parts": parts}

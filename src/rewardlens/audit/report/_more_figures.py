@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ._canvas import KIND_COLORS, legend_below, need, new_figure
-from ._groups import KINDS, groups, spread
+from ._groups import KINDS, depths, groups, spread
 from ._instruments import estimands
 
 LEGEND_COLUMNS = 6
@@ -49,8 +49,9 @@ def fig_crystallization(audit: Audit) -> Figure:
     rows = 0 if masks is None else -(-len(masks) // LEGEND_COLUMNS)
     fig = new_figure(9, 3.4 + 0.2 * rows)
     axes = fig.subplots(1, 2, sharey=True)
+    depth_of = depths(audit)
     for ax, kind in zip(axes, KINDS):
-        depth = lens.crystallization(kind, audit.fraction)
+        depth = depth_of[kind]
         stats = spread(depth)
         if masks is None:
             ax.hist(depth[np.isfinite(depth)], bins=edges, color=KIND_COLORS[kind], edgecolor="white")

@@ -22,7 +22,7 @@ from ...types import SEED_PAPER, SEED_PAPER_RHO
 from .._runner import Audit
 from . import _instruments as more
 from ._findings import findings_summary
-from ._groups import TOP_PARTS, counted, labels, parts, spread, subsets, subsets_frame
+from ._groups import TOP_PARTS, counted, depths, labels, parts, spread, subsets, subsets_frame
 from ._schema import AuditSummary, FaithfulnessSummary, Interval, PairScore, ParityRow
 from ._steps import steps_summary
 
@@ -47,12 +47,6 @@ def check(audit: Audit) -> None:
             f"found {wrong or 'inputs not given as pairs'} — build every instrument from the same list of "
             "rewardlens.Pair and pass their ids as pair_ids"
         )
-
-
-def _median(x: np.ndarray) -> float:
-    finite = np.asarray(x, dtype=np.float64)
-    finite = finite[np.isfinite(finite)]
-    return float(np.median(finite)) if len(finite) else float("nan")
 
 
 def _largest(x: np.ndarray) -> float:
@@ -82,7 +76,7 @@ def summary(audit: Audit, top: int = TOP_PARTS) -> AuditSummary:
     kept, acc = score_pairs(audit.lens.reward, [str(i) for i in audit.pair_ids], parts=parts(audit))
     ok = kept.finite
     lens = audit.lens
-    crystal = {kind: lens.crystallization(kind, audit.fraction) for kind in ("linear", "normed")}
+    crystal = depths(audit)
     closure = {
         "sublayers": _largest(audit.sublayers.residual_error),
         "heads": _largest(audit.heads.residual_error),
@@ -106,7 +100,7 @@ def summary(audit: Audit, top: int = TOP_PARTS) -> AuditSummary:
         },
         "lens": {
             "fraction": audit.fraction,
-            "crystallization_median": {k: _median(v) for k, v in crystal.items()},
+            "crystallization_median": {k: spread(v)["median"] for k, v in crystal.items()},
             "crystallization_iqr": {k: [spread(v)["q25"], spread(v)["q75"]] for k, v in crystal.items()},
             "crystallization_defined": {k: int(np.isfinite(v).sum()) for k, v in crystal.items()},
             "near_zero_margin_pairs": int(lens.near_zero_margin().sum()),
@@ -240,8 +234,7 @@ def tables(audit: Audit) -> dict[str, pd.DataFrame]:
             "index": np.arange(len(margin)), "pair": [str(p) for p in audit.pair_ids], "chosen": chosen,
             "rejected": rejected, "margin": margin, "chosen_wins": margin > 0,
             "counted": counted(audit).finite,
-            "crystallization_linear": lens.crystallization("linear", audit.fraction),
-            "crystallization_normed": lens.crystallization("normed", audit.fraction),
+            **{f"crystallization_{kind}": depth for kind, depth in depths(audit).items()},
         }),
         "lens": lens.to_frame(), "sublayers": audit.sublayers.to_frame(), "heads": audit.heads.to_frame(),
         "faithfulness": audit.faithfulness.to_frame(),

@@ -23,6 +23,7 @@ from . import _html
 from . import _sections as more
 from ._circuit import circuit_section
 from ._findings import findings_html
+from ._groups import counted, counted_mean
 from ._html import TOP_ROWS, Html, e, figure, how, kv, notrun, num, rho, subset_picker, table
 from ._pairs import scores
 from ._schema import AuditSummary
@@ -152,9 +153,10 @@ def _attribution(a: Audit, s: AuditSummary) -> Html:
     c = s["closure_error"]
     sub = a.sublayers
     rows = [(name, num(m), num(v)) for name, m, v in
-            zip(sub.names, sub.margin.mean(0), np.abs(sub.values).mean(0))]
-    heads = a.heads.margin
+            zip(sub.names, counted_mean(a, sub.margin), counted_mean(a, np.abs(sub.values)))]
+    heads = a.heads.margin[counted(a).finite]  # the counted pairs, as every table of parts
     size, top = mean_abs(heads), top_parts(heads, 10)  # the one ranking rule, its statistic shown as a column
+    mean = counted_mean(a, a.heads.margin)
     text = Html("<p class=\"how\">Each part's exact direct contribution to the reward (the final norm's scale "
                 "frozen); the "
                 f"parts plus a constant equal the reward: max |reward − Σ parts − constant| is "
@@ -171,7 +173,7 @@ def _attribution(a: Audit, s: AuditSummary) -> Html:
                 + more.subset_parts(s)
                 + Html("<h3>Top heads and MLPs by mean |margin contribution|</h3>")
                 + table(["part", "mean |margin contribution| (ranked by)", "mean margin contribution"],
-                        [(a.heads.names[i], num(size[i]), num(heads[:, i].mean())) for i in top]) + fig)
+                        [(a.heads.names[i], num(size[i]), num(mean[i])) for i in top]) + fig)
 
 
 def _patching(a: Audit, s: AuditSummary) -> Html:

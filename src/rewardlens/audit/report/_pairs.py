@@ -14,7 +14,7 @@ import numpy as np
 from ...data import SIDES, pair_of
 from .._runner import Audit
 from .._whole import shown_pairs
-from ._groups import labels
+from ._groups import depths, labels
 from ._html import TOP_ROWS, Html, e, how, num, table
 from ._numbers import margins
 from ._schema import AuditSummary
@@ -67,7 +67,7 @@ def drill(a: Audit, i: int) -> Html:
 
 def scores(a: Audit, _s: AuditSummary) -> Html:  # RENDER's signature (called positionally)
     chosen, rejected, margin = margins(a)
-    cl, cn = (a.lens.crystallization(k, a.fraction) for k in ("linear", "normed"))
+    cl, cn = depths(a).values()  # linear, normed
     names = labels(a)
     rows: list[tuple[object, ...]] = [
         (i, pid, *([names[i]] if names is not None else []), num(c), num(r), num(m),
