@@ -25,8 +25,23 @@ from rewardlens.zoo._realbuild import (  # noqa: F401  (re-exported for the test
 )
 from rewardlens.zoo.realmodels import dpo_pairs, dpo_split, reward_model_dir  # noqa: F401
 
+
+def smollm2_transcoders_dir():
+    """SmolLM2's cached transcoders (scripts/train_real_transcoders.py: trained once, ~20 min on one core)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / "train_real_transcoders.py"
+    spec = importlib.util.spec_from_file_location("train_real_transcoders", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.transcoders_dir()
+
+
 if __name__ == "__main__":  # python -m tests.helpers.realmodels: build (or find) both and print paths
     for fn in (smollm2_reward_dir, minilm_reward_dir):
         t0 = time.monotonic()
         path = fn()
         print(f"{fn.__name__}: {path} ({time.monotonic() - t0:.1f}s)")
+
