@@ -181,3 +181,15 @@ def test_head_level_circuits_with_key_and_value_inputs_equal_the_naive_loop(orga
         heads = {d for _, d, _ in c.ranked[:12] if "_H" in d}
         assert len(heads) >= 3 and (not qkv or {d[-2:] for d in heads} >= {"_k", "_v"}), heads
         _check_against_naive(model, pairs, c, scored.names, (4, 12), every=True)
+
+
+def test_a_spec_is_the_keywords_it_stands_for(found, tiny_root, pairs):
+    """`spec=` only builds what the keywords build: the same circuit, and its provenance says how it ran."""
+    from rewardlens.causal import PatchSpec
+
+    model = rl.load(str(tiny_root["llama"]))
+    got = rl.circuit(model, pairs, method="eap", top=3, spec=PatchSpec(mode="noising"))
+    np.testing.assert_array_equal(got.margins, found.margins)
+    assert got.kept == found.kept and got.provenance.engine == "edge_ablation"
+    with pytest.raises(ValueError, match="either as spec= or as keywords"):
+        rl.circuit(model, pairs, method="eap", top=3, spec=PatchSpec(), mode="denoising")

@@ -202,8 +202,9 @@ def test_attribution_patching_is_the_first_order_term_of_exact_patching(tiny_roo
 
 @pytest.mark.parametrize("arch", ["llama", "gemma2", "gpt2", "gpt_neox", "bert", "deberta-v2", "armorm"])
 def test_whole_sequence_runs_start_at_their_own_layer_and_match_full_forwards(tiny_root, aligned, arch):
-    """The stepped engine (each run from its patched layer, the model's own layer modules) runs where the
-    suffix engine cannot (ablation changes every position), and equals the full-forward batched engine."""
+    """The stepped engine (each run from its patched layer, the model's own layer modules), which the registry
+    may choose where the suffix engine cannot (ablation changes every position), equals the full-forward
+    batched engine."""
     from rewardlens.causal import _stepped as patch_stepped
 
     model = rl.load(str(tiny_root[arch]))
@@ -211,8 +212,9 @@ def test_whole_sequence_runs_start_at_their_own_layer_and_match_full_forwards(ti
     batch = patch_stepped.collate(seqs, pad_id=model.pad_token_id, side="right", first=model.encoder,
                                   device=model.device)
     assert patch_stepped.stepping_works(model, patch_stepped.Recording(model, batch))
-    stepped = patch(model, aligned, mode="ablation", positions="all", level="head", batch_size=3)
-    assert stepped.provenance is not None and stepped.provenance.engine == "stepped_sweep"
+    stepped = patch(model, aligned, mode="ablation", positions="all", level="head", batch_size=3,
+                    engine="stepped_sweep")
+    assert stepped.provenance is not None and stepped.provenance.proof
     full = patch(model, aligned, mode="ablation", positions="all", level="head", batch_size=3, engine="batched_sweep")
     np.testing.assert_allclose(stepped.patched_chosen, full.patched_chosen, atol=2e-5, rtol=1e-5)
 

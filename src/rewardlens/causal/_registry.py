@@ -232,20 +232,24 @@ def copies_possible(job: Job) -> str | None:
 
 
 def suffix_reason(job: Job) -> str | None:
-    """Why `suffix_sweep` cannot run `job`, or None (it still proves itself on every batch)."""
-    model = job.model
-    return first(
-        multi_reads(job),
-        "estimand='direct' runs no patched forward" if job.spec.estimand != "total" else None,
-        "positions='read': the read-token engines run it" if job.spec.positions == "read" else None,
-        "divergence scores every layer of a whole run" if job.divergence else None,
-        "ablation changes every position it patches: no shared prefix to skip" if job.spec.mode == "ablation"
+    """Why `suffix_sweep` cannot run `job`, or None (it still proves itself on every batch). The checks run
+    in order and stop at the first that fails, so the costly ones (a low-precision proof's calibration) run
+    only for a job the engine could otherwise take."""
+    model, spec = job.model, job.spec
+    checks: list[Callable[[], str | None]] = [
+        lambda: multi_reads(job),
+        lambda: "estimand='direct' runs no patched forward" if spec.estimand != "total" else None,
+        lambda: "positions='read': the read-token engines run it" if spec.positions == "read" else None,
+        lambda: "divergence scores every layer of a whole run" if job.divergence else None,
+        lambda: "ablation changes every position it patches: no shared prefix to skip" if spec.mode == "ablation"
         else None,
-        "a gate read at its own position" if model.gated else None,
-        not_continuable(model, job.seqs),
-        "the model keeps no cache to continue" if cache_name(model) is None else None,
-        "no proof can tell a bug from rounding at this dtype" if proof_tol(model) is None else None,
-        "no target shares a leading position with its source" if not any(job.unchanged) else None)
+        lambda: "a gate read at its own position" if model.gated else None,
+        lambda: not_continuable(model, job.seqs),
+        lambda: "the model keeps no cache to continue" if cache_name(model) is None else None,
+        lambda: "no target shares a leading position with its source" if not any(job.unchanged) else None,
+        lambda: "no proof can tell a bug from rounding at this dtype" if proof_tol(model) is None else None,
+    ]
+    return next((why for check in checks if (why := check()) is not None), None)
 
 
 def total_reason(job: Job) -> str | None:
