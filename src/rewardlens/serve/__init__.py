@@ -13,7 +13,7 @@ server = build_server(rl.load(path), log="run/policy.jsonl"); run_server(server,
 One worker thread owns the model; requests queue (bounded: a full queue answers 503) and are scored in
 batches up to a token budget, each caller getting exactly its own rewards (`RewardModel.read`, the reward
 `model.score` gives). Every answered request is in the request log before its answer leaves; every monitored
-sample reaches the `PolicyMonitor` `rewardlens.monitored_reward` uses, one record per training step.
+sample reaches the `PolicyMonitor` `rewardlens.monitor.monitored_reward` uses, one record per training step.
 See docs/serve.md.
 """
 

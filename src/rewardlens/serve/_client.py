@@ -1,5 +1,5 @@
 """Clients of the reward server, on the standard library alone (`urllib`): `Client` for any loop, and
-`RemoteReward`, a TRL reward function (`reward_funcs=`) with `rewardlens.monitored_reward`'s signature whose
+`RemoteReward`, a TRL reward function (`reward_funcs=`) with `rewardlens.monitor.monitored_reward`'s signature whose
 monitoring happens on the server.
 """
 
