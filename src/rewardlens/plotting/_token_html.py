@@ -11,7 +11,7 @@ sets the colours. The text is the token's own decoding, escaped by `tag`: a `<sc
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
 from ._html import Html, join, num, tag
@@ -36,7 +36,7 @@ def token_colour(value: float, vmax: float) -> str:
     return f"rgb({r},{g},{b})"
 
 
-def token_spans(tokens: Sequence[str], values: Sequence[float], read: int, vmax: float,
+def token_spans(tokens: Sequence[str], values: Iterable[Any], read: int, vmax: float,
                 roles: Sequence[str] | None = None) -> Html:
     """One row's tokens as `<span class="tok">` in a `<div class="toks">`: coloured by value (template
     tokens grey when `roles` are given), the read token classed `read`, each value on hover."""
@@ -52,7 +52,7 @@ def token_spans(tokens: Sequence[str], values: Sequence[float], read: int, vmax:
     return tag("div", join(spans), class_="toks")
 
 
-def token_scale(values: Sequence[Sequence[float]], roles: Sequence[Sequence[str] | None]) -> float:
+def token_scale(values: Sequence[Iterable[Any]], roles: Sequence[Sequence[str] | None]) -> float:
     """The scale's end `vmax`: the largest finite |value| over the rows' non-template tokens (0 when none)."""
     out = 0.0
     for vals, rol in zip(values, roles):
@@ -78,7 +78,7 @@ class TokenRow(NamedTuple):
     label: str
     header: str
     tokens: Sequence[str]
-    values: Sequence[float]
+    values: Iterable[Any]
     read: int
     roles: Sequence[str] | None
 
@@ -103,6 +103,6 @@ def token_view(rows: Sequence[TokenRow], pairs: bool, limit: int = TOKEN_ROWS) -
 
 
 def token_rows(labels: Sequence[str], headers: Sequence[str], tokens: Sequence[Sequence[str]],
-               values: Sequence[Any], reads: Sequence[int], roles: Sequence[Sequence[str] | None]) -> list[TokenRow]:
+               values: Iterable[Any], reads: Iterable[Any], roles: Sequence[Sequence[str] | None]) -> list[TokenRow]:
     """`TokenRow`s from parallel per-row sequences."""
     return [TokenRow(*row) for row in zip(labels, headers, tokens, values, (int(r) for r in reads), roles)]
