@@ -15,6 +15,7 @@ Every import is counted, also one inside a function: a lazy import still ties tw
 from __future__ import annotations
 
 import ast
+import warnings
 from collections import defaultdict
 from pathlib import Path
 
@@ -46,7 +47,10 @@ ALLOWED: dict[str, set[str]] = {
 }
 # Item text is prose, not code: the one module allowed past the length limit.
 LONG_TEXT = {"rewardlens.hacking._items"}
-MAX_LINES = 400
+# A module holds one concept: past WARN_LINES it is worth a look (a warning), past MAX_LINES it is two things
+# (a failure). Split by concept, never by size: a cap that splits by size scatters one concept over files.
+WARN_LINES = 400
+MAX_LINES = 600
 
 
 def _modules() -> dict[str, Path]:
@@ -189,10 +193,17 @@ def test_the_cycle_finder_finds_a_planted_cycle(tmp_path, monkeypatch):
         test_no_import_cycle(False)
 
 
+class LongModuleWarning(UserWarning):
+    """A module past `WARN_LINES` (and within `MAX_LINES`): check it still holds one concept."""
+
+
 @pytest.mark.parametrize("module", sorted(set(MODULES) - LONG_TEXT))
 def test_modules_stay_short(module):
     n = len(MODULES[module].read_text(encoding="utf-8").splitlines())
-    assert n <= MAX_LINES, f"{module} has {n} lines (> {MAX_LINES}): it is two things; split it"
+    assert n <= MAX_LINES, f"{module} has {n} lines (> {MAX_LINES}): it is two things; split it by concept"
+    if n > WARN_LINES:
+        warnings.warn(f"{module} has {n} lines (> {WARN_LINES}): check it still holds one concept",
+                      LongModuleWarning, stacklevel=1)
 
 
 def test_faces_re_export_explicitly():
