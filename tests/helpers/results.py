@@ -45,6 +45,7 @@ def every_result(model: Any, pairs: list[Any], sycophancy: Any, loop: Any = None
     sycophancy organism (a loaded RM; probes need real signal), `loop` a `ClosedLoop` (left out when None)."""
     from rewardlens.bench import bench
     from rewardlens.calibrate import Grade, Scorecard
+    from rewardlens.compare import compare
     from rewardlens.hacking import edit_report
     from rewardlens.model import parity
     from rewardlens.sae import TrainResult, feature_report
@@ -73,7 +74,7 @@ def every_result(model: Any, pairs: list[Any], sycophancy: Any, loop: Any = None
         "FeatureAttribution": features,
         "FeatureReport": report,
         "TrainResult": TrainResult(sae, np.array([0.9, 0.5, 0.3]), np.zeros(3), np.array([0.5, 0.2, 0.1]), 30, 1.0),
-        "Comparison": rl.compare(model, model, pairs, n_boot=50),
+        "Comparison": compare(model, model, pairs, n_boot=50),
         "Trajectory": snapshots(),
         "PolicyRun": policy_run(),
         "Bench": benched,
