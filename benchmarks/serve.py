@@ -4,7 +4,8 @@ a time, latency, the batches formed, errors, and a soak with memory watched.
 Starts `rewardlens serve DEMO` as a subprocess (the demo model, the policy monitor on with two fixed random
 directions, so start-up fits no concept directions), then drives it from this process with real HTTP
 clients on loopback (`http.client`, one keep-alive connection per client thread, `--samples` (prompt,
-response) records a request on the native `/score`, no step: the monitor rolls by time).
+response) records a request on the native `/score`, each with a trainer step that advances every 2 s, so the
+monitor records one step at a time, on its own thread, as it would for a trainer).
 
 Rounds are interleaved (1, 8, 32, 1, 8, 32, ...) for `--reps` repetitions of `--seconds` each, so a busy
 stretch of the shared machine slows every concurrency alike; each ratio is the median (and range) of the
@@ -74,8 +75,14 @@ def metrics(port: int) -> dict[str, float]:
     return out
 
 
+T0 = time.monotonic()
+STEP_SECONDS = 2.0
+
+
 def round_(port: int, clients: int, seconds: float, bodies: list[bytes]) -> dict[str, object]:
-    """`clients` threads posting for `seconds`: sequences/s, latencies (s), errors, sequences per forward."""
+    """`clients` threads posting for `seconds`: sequences/s, latencies (s), errors, sequences per forward. Each
+    request carries a trainer step that advances every `STEP_SECONDS`, so the monitor records a step's samples
+    as it would for a trainer (one record per step, on its own thread)."""
     before = metrics(port)
     latencies: list[float] = []
     errors = [0]
@@ -87,7 +94,8 @@ def round_(port: int, clients: int, seconds: float, bodies: list[bytes]) -> dict
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
         n = 0
         while time.monotonic() < stop:
-            body = bodies[(k + n) % len(bodies)]
+            step = int((time.monotonic() - T0) / STEP_SECONDS)
+            body = bodies[(k + n) % len(bodies)][:-1] + b', "step": %d}' % step
             t0 = time.perf_counter()
             try:
                 conn.request("POST", "/score", body=body, headers={"Content-Type": "application/json"})
