@@ -35,22 +35,15 @@ from rewardlens.audit import Plan
 from rewardlens.causal import Patching, patch, trace_pairs
 from rewardlens.zoo.realmodels import NAMES
 
-PATCHING = importlib.import_module("rewardlens.causal._patching")
 WHOLE = importlib.import_module("rewardlens.audit._whole")
 NATURAL = importlib.import_module("rewardlens.audit._natural")
 
 
 def timed(model: Any, pairs: list[Any], cached: bool) -> tuple[float, Patching]:
     """(seconds, result) of the audit's divergence call, the cached engine on or off (then the copy engine)."""
-    real = PATCHING.cached_read_sweep
-    if not cached:
-        PATCHING.cached_read_sweep = lambda *a, **k: None
-    try:
-        start = time.perf_counter()
-        res = patch(model, pairs, level="head", divergence=True)
-        return time.perf_counter() - start, res
-    finally:
-        PATCHING.cached_read_sweep = real
+    start = time.perf_counter()
+    res = patch(model, pairs, level="head", divergence=True, engine=None if cached else "read_sweep")
+    return time.perf_counter() - start, res
 
 
 def step(model: Any, pairs: list[Any], rounds: int) -> None:

@@ -105,17 +105,14 @@ def test_head_attribution_and_lens_back_off_to_the_same_numbers(llama, pairs):
 @pytest.mark.parametrize("case", [
     dict(level="head"),                                     # cached read-position engine
     dict(level="sublayer", divergence=True),                # cached engine, with divergence's streams
-    dict(level="sublayer", divergence=True, copies=True),   # copy engine (read_sweep: the cached one declined)
-    dict(level="sublayer", positions="prefix"),             # suffix engine (only what a patch changes)
-    dict(level="sublayer", positions="prefix", mode="ablation"),  # stepped engine
+    dict(level="sublayer", divergence=True, engine="read_sweep"),  # copy engine
+    dict(level="sublayer", positions="prefix", engine="suffix_sweep"),  # suffix engine (only what a patch changes)
+    dict(level="sublayer", positions="prefix", mode="ablation", engine="stepped_sweep"),  # stepped engine
     dict(level="sublayer", positions="prefix", divergence=True),  # full forwards (batched_sweep)
 ])
-def test_every_patch_engine_backs_off_to_the_same_numbers(llama, pairs, case, monkeypatch):
+def test_every_patch_engine_backs_off_to_the_same_numbers(llama, pairs, case):
     pairs = list(pairs) * 2 if case.get("divergence") else pairs  # divergence calibrates on 8+ sequences
     case = dict(case)  # the parameter itself stays as listed
-    if case.pop("copies", False):
-        monkeypatch.setattr(importlib.import_module("rewardlens.causal._patching"), "cached_read_sweep",
-                            lambda *a, **k: None)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RewardLensWarning)
         want = patch(llama, pairs, batch_size=4, **case)

@@ -32,12 +32,20 @@ from ._suffix import suffix_sweep
 FACTORS.update({
     "batched_sweep": 1.0,
     "stepped_sweep": 1.0,
-    "suffix_sweep": 1.0,
+    "suffix_sweep": 1.7,
     "read_sweep": 1.0,
     "cached_read_sweep": 1.0,
     "reference": 4.0,
 })
-"""Measured by `python benchmarks/engines.py` (time per token-layer relative to `batched_sweep`)."""
+"""Time per token-layer relative to `batched_sweep`, measured by `python benchmarks/engines.py` (CPU, 2 shared
+cores, 2026-12-05). The suffix engine's token-layers cost 1.7× the stepped engine's: on SmolLM2-135M's reward
+model (30 layers, prefix noising, `--real`) it ran 2.71× [2.61, 2.96] faster than stepped where token-layers
+alone predict 4.52× (toy Llamas of 2 and 24 layers: 1.35-1.4×); a cached continuation moves a copy of the
+cache per run. The others stay 1.0: on width-64 toys per-call overhead dominates (batched measured 0.5-0.8×
+stepped, the copy engine 0.7× the cached one), which no per-token factor transfers to real widths: the last full
+run of benchmarks/patching.py (32 layers, hidden 128) had the cached engine 1.6-2.4× faster than the copy engine
+on the head sweep, and no measurement at a real width separates stepped from batched (token-layers decide:
+stepped on deep models). `reference` is 4: it never wins."""
 
 
 def _state(state: State) -> tuple[Clean, PatchPlan, list[int], list[str]]:
