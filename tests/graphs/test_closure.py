@@ -1,0 +1,108 @@
+"""Closure of the attribution graph on every decoder the closure tests cover, for transcoders and neurons.
+
+Three independent computations meet: the targets' values from the model's own forward (Hugging Face's
+logit; the transcoder's `pre` on the MLP input a plain hook captures), the edges from batched backward
+passes, and the constants from a forward with every source at zero. And the reward's edges from last-layer
+neurons at the read token must be rewardlens' exact neuron decomposition (nothing lies between them)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from transformers.modeling_utils import AttentionInterface
+
+import rewardlens as rl
+from rewardlens.graphs import graph
+from rewardlens.model import Part
+from tests.graphs.conftest import SHORT, random_transcoders
+from tests.helpers.tiny import ARCHS, own_scores
+
+ENCODERS = ("bert", "deberta-v2", "roberta", "xlm-roberta")
+DECODERS = [a for a in ARCHS if a not in ENCODERS]
+MOE = ("mixtral", "qwen2_moe", "qwen3_moe")
+FULL = ("llama", "gpt2")
+TOL = 1e-5
+
+
+@pytest.fixture(scope="module", params=DECODERS)
+def model(request, tiny_root):
+    return rl.load(str(tiny_root[request.param]))
+
+
+def _side_closes(g) -> None:
+    value, const = g.nodes.value[g.rows], g.nodes.constant[g.rows]
+    scale = np.abs(g.adjacency).astype(np.float64).sum(1) + np.abs(const)
+    np.testing.assert_array_less(np.abs(value - g.adjacency.astype(np.float64).sum(1) - const), TOL * scale + 1e-7)
+
+
+def _mlp_inputs(model, pair) -> list[dict[int, torch.Tensor]]:
+    """Each side's MLP inputs per layer, by plain hooks on one unpadded forward (the yardstick)."""
+    from rewardlens.graphs._basis import mlp_module
+
+    out = []
+    for ids in (model.encode(pair)[0][i].ids for i in (0, 1)):
+        seen: dict[int, torch.Tensor] = {}
+        hooks = [mlp_module(model, layer).register_forward_pre_hook(
+            lambda _m, a, k, layer=layer, seen=seen: seen.__setitem__(layer, (a[0] if a else k["hidden_states"])[0].detach()),
+            with_kwargs=True) for layer in range(model.n_layers)]
+        with torch.no_grad():
+            model.model(input_ids=torch.tensor([ids]))
+        for h in hooks:
+            h.remove()
+        out.append(seen)
+    return out
+
+
+def test_transcoder_graph_closes_on_reward_and_every_feature(model):
+    tcs = random_transcoders(model)
+    before = {k: v.clone() for k, v in model.model.state_dict().items()}
+    interface = AttentionInterface.get_interface
+    pg = graph(model, SHORT, tcs, max_nodes=40, batch_size=16)[0]
+    theirs = own_scores(model, [SHORT])
+    inputs = _mlp_inputs(model, SHORT)
+    for g, score, x in ((pg.chosen, theirs[0], inputs[0]), (pg.rejected, theirs[1], inputs[1])):
+        assert g.reward == pytest.approx(score, rel=1e-5, abs=1e-6)
+        _side_closes(g)
+        feats = np.nonzero(g.nodes.kind == 0)[0]
+        assert len(feats) == min(40, len(feats)) and g.dropped > 0  # the cap holds and the rest still closes
+        for i in feats:
+            layer, pos, f = int(g.nodes.layer[i]), int(g.nodes.position[i]), int(g.nodes.feature[i])
+            pre = float(tcs[layer].pre(x[layer][pos].float())[f].detach())
+            assert g.nodes.value[i] == pytest.approx(pre, rel=1e-5, abs=1e-6)
+            assert g.nodes.names[i] == Part.transcoder(layer, f).at(pos).name
+    m = pg.margin
+    assert m.nodes.value[m.rows[-1]] == pytest.approx(theirs[0] - theirs[1], rel=1e-5, abs=1e-6)
+    # relative to each target's Σ|incoming| + |constant| (as the decomposition's closure is), floored at 1e-3 of
+    # the largest: a prompt feature's two sides cancel to rounding
+    assert m.closure_gap <= TOL
+    # nothing of the model changed: weights, hooks, the attention interface
+    assert all(torch.equal(before[k], v) for k, v in model.model.state_dict().items())
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.model.modules())
+    assert AttentionInterface.get_interface is interface
+
+
+def test_neuron_graph_is_exact_and_matches_the_neuron_decomposition(model):
+    if model.arch.name in MOE:
+        with pytest.raises(rl.errors.UsageError, match="dense MLPs"):
+            graph(model, SHORT, basis="neurons")
+        return
+    full = model.arch.name in FULL  # every neuron a node (slow): a gated and a plain MLP; the others capped
+    pg = graph(model, SHORT, basis="neurons", max_nodes=10**6 if full else 48, batch_size=64 if full else 16)[0]
+    theirs = own_scores(model, [SHORT])
+    for g, score in ((pg.chosen, theirs[0]), (pg.rejected, theirs[1])):
+        assert g.reward == pytest.approx(score, rel=1e-5, abs=1e-6)
+        assert ((g.nodes.kind == 1).any() and g.dropped > 0) != full  # exact: no error node unless capped
+        _side_closes(g)
+    assert pg.margin.closure_gap <= TOL
+    if not full:
+        return
+    att = rl.attribute(model, SHORT, level="neuron", layers=[model.n_layers - 1])
+    last, at = model.n_layers - 1, pg.chosen.read_at
+    names = {n: i for i, n in enumerate(pg.chosen.nodes.names)}
+    for j, name in enumerate(att.names):
+        part = Part.parse(name)
+        if part.layer == last and part.neuron is not None:
+            i = names.get(part.at(at).name)
+            edge = 0.0 if i is None else float(pg.chosen.adjacency[-1, i])
+            assert edge == pytest.approx(float(att.values[0, j]), rel=1e-4, abs=1e-6)
