@@ -17,6 +17,7 @@ import traceback
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from ..errors import RewardLensError
@@ -202,11 +203,11 @@ class Batcher:
         for p, (a, b) in zip(batch, spans):
             p.answer(values[a:b])
         if monitored:
-            assert reading.readout is not None  # asked for
+            readout = reading.readout
+            assert readout is not None  # asked for
             for p, (a, b) in zip(batch, spans):
                 if p.job.monitored:
-                    self._guard(lambda p=p, a=a, b=b: self._feed(p, reading.reward[a:b], reading.hidden[a:b],
-                                                                 reading.readout[a:b]))  # type: ignore[index]
+                    self._guard(partial(self._feed, p, reading.reward[a:b], reading.hidden[a:b], readout[a:b]))
 
     def _feed(self, p: Pending, reward: Any, hidden: Any, readout: Any) -> None:
         assert self.roller is not None
