@@ -4,7 +4,8 @@ The layers (docs/design.md §2), top to bottom:
 
     faces      rewardlens/__init__.py, cli/, __main__
     workflows  audit/, compare, monitor, calibrate/, bench/, loop/ (which may use the monitor's face)
-    instruments exact/ (lowest), then causal/, hacking/, sae/ (which do not import each other);
+    instruments exact/ (lowest), then causal/, hacking/, sae/ (which do not import each other), graphs/ (which
+                reads sae's transcoders);
                zoo/ beside them (demo, tokenizer, organisms, real models: no instrument imports it)
     model      model/
     base       data/, plotting/, stats, errors, types, _version, _deprecated (old names, one release)
@@ -26,7 +27,7 @@ import rewardlens
 ROOT = Path(rewardlens.__file__).parent
 BASE = {"data", "plotting", "stats", "errors", "types", "_version", "_deprecated"}
 WORKFLOWS = {"audit", "compare", "monitor", "calibrate", "bench", "loop", "serve"}
-INSTRUMENTS = {"exact", "causal", "hacking", "sae"}
+INSTRUMENTS = {"exact", "causal", "hacking", "sae", "graphs"}
 # What each group may import besides itself. A workflow imports another workflow's face only where listed.
 ALLOWED: dict[str, set[str]] = {
     "base": set(),
@@ -35,6 +36,7 @@ ALLOWED: dict[str, set[str]] = {
     "causal": {"exact", "model", "base"},
     "hacking": {"exact", "model", "base"},
     "sae": {"exact", "model", "base"},
+    "graphs": {"sae", "exact", "model", "base"},
     "zoo": {"model", "base"},
     "audit": {*INSTRUMENTS, "model", "base"},
     "compare": {*INSTRUMENTS, "model", "base"},

@@ -15,6 +15,7 @@ from transformers.modeling_utils import AttentionInterface
 import rewardlens as rl
 from rewardlens.graphs import graph
 from rewardlens.model import Part
+from rewardlens.sae import mlp_module
 from tests.graphs.conftest import SHORT, random_transcoders
 from tests.helpers.tiny import ARCHS, own_scores
 
@@ -38,14 +39,16 @@ def _side_closes(g) -> None:
 
 def _mlp_inputs(model, pair) -> list[dict[int, torch.Tensor]]:
     """Each side's MLP inputs per layer, by plain hooks on one unpadded forward (the yardstick)."""
-    from rewardlens.graphs._basis import mlp_module
-
     out = []
     for ids in (model.encode(pair)[0][i].ids for i in (0, 1)):
         seen: dict[int, torch.Tensor] = {}
+
+        def keep(layer: int, args: tuple, kwargs: dict, seen: dict = seen) -> None:
+            seen[layer] = (args[0] if args else kwargs["hidden_states"])[0].detach()
+
         hooks = [mlp_module(model, layer).register_forward_pre_hook(
-            lambda _m, a, k, layer=layer, seen=seen: seen.__setitem__(layer, (a[0] if a else k["hidden_states"])[0].detach()),
-            with_kwargs=True) for layer in range(model.n_layers)]
+            lambda _m, a, k, layer=layer, keep=keep: keep(layer, a, k), with_kwargs=True)
+            for layer in range(model.n_layers)]
         with torch.no_grad():
             model.model(input_ids=torch.tensor([ids]))
         for h in hooks:

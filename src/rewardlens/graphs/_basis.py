@@ -24,15 +24,10 @@ from torch import Tensor, nn
 from ..errors import ArchitectureError, UsageError
 from ..model import Part, RewardModel
 from ..model.internal import first_output, hidden_arg, is_moe_layer
+from ..sae import mlp_module
 from ._frozen import Frozen, Run, layer_module
 
 Hook = tuple[nn.Module, str, Any]
-
-
-def mlp_module(model: RewardModel, layer: int) -> nn.Module:
-    """Layer `layer`'s MLP module (the parent of the map's output projection; a sparse block itself)."""
-    path = model.arch.mlp_out.rsplit(".", 1)[0] if "." in model.arch.mlp_out else model.arch.mlp_out
-    return layer_module(model, layer, path)
 
 
 class Active:

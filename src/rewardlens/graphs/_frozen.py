@@ -53,15 +53,20 @@ class Run:
     """[B, T, d] the residual the head reads (the final norm's input)."""
 
 
+def check_model(model: RewardModel) -> None:
+    """Refuse, in one line, a model whose forward these hooks cannot freeze."""
+    if model.arch.attn_values is not None or model.arch.layout == "post_norm":
+        raise ArchitectureError(
+            f"attribution graphs need a pre-norm decoder whose attention goes through transformers' "
+            f"AttentionInterface and whose MLP is one module; {model.arch.name!r} is not one (GPT-2, Llama, "
+            "Qwen, Gemma, SmolLM2 ... are)")
+
+
 class Frozen:
     """The hooks that freeze one sequence's forward, and the values its first run recorded."""
 
     def __init__(self, model: RewardModel, batch: Batch, basis: Any) -> None:
-        if model.arch.attn_values is not None or model.arch.layout == "post_norm":
-            raise ArchitectureError(
-                f"attribution graphs need a pre-norm decoder whose attention goes through transformers' "
-                f"AttentionInterface and whose MLP is one module; {model.arch.name!r} is not one (GPT-2, Llama, "
-                "Qwen, Gemma, SmolLM2 ... are)")
+        check_model(model)
         self.model, self.batch, self.basis = model, batch, basis
         self.norms = NormFreezer(model)
         self.qk: dict[tuple[int, int], tuple[Tensor, Tensor]] = {}

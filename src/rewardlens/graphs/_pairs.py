@@ -10,6 +10,7 @@ from ..data import Pair
 from ..errors import UsageError
 from ..model import RewardModel, verify
 from ._basis import NeuronBasis, TranscoderBasis
+from ._frozen import check_model
 from ._graph import AttributionGraph
 from ._margin import ALIGNS, Align, margin_graph, shared_prefix
 from ._side import side_graph
@@ -63,6 +64,7 @@ def graph(
     if model.reads.multi:
         raise UsageError("attribution graphs read the reward at one token; this model reads a set of positions "
                          "(a PRM or DPO read-out)", option="model")
+    check_model(model)
     chosen_basis = _basis(model, transcoders, basis, set(exact_layers))
     if not model.verified:
         verify(model)
