@@ -187,3 +187,24 @@ def test_pairs_score_as_load_pairs_reads_them_and_the_monitor_rolls_by_step(demo
     # the page fetches its own server's data only, and writes it as text, never as markup
     assert "dashboard.json" in page and "innerHTML" not in page and "textContent" in page
     assert "://" not in page.replace("http://www.w3.org/2000/svg", "") and "src=" not in page and "href" not in page
+
+
+def test_a_process_reward_model_is_served_with_model_score_exactly_and_refuses_the_monitor(tmp_path):
+    """A PRM reads every step of a sequence: the server scores it as `model.score` does (the one-read loop does
+    not apply), and refuses a monitor that splits one read a sequence."""
+    import rewardlens as rl
+    from rewardlens.errors import UsageError
+    from rewardlens.serve import build_server
+    from rewardlens.zoo import build_tokenizer
+    from tests.model.test_rm_kinds import SEP, build
+
+    tok = build_tokenizer()
+    prm = rl.model.wrap_prm(build(tok, "llama", "lm"), tok, separator=SEP, tokens=(23, 29), combine="sum")
+    records = [("What is 2+3?", "step one\nstep two"), ("What is 2+3?", "step one\nstep three, maybe")]
+    want = prm.score([conv(p, r) for p, r in records])
+    with pytest.raises(UsageError, match="--no-monitor"):
+        build_server(prm, progress=False)
+    with threaded(prm, tmp_path, monitor=False, directions=None) as (port, _):
+        status, _, body = post(port, "/score", {"records": [{"prompt": p, "response": r} for p, r in records]})
+    assert status == 200, body
+    np.testing.assert_allclose(body["rewards"], want, rtol=0, atol=1e-5)

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
+import torch
+
 from ..errors import RewardLensError
 from ..model import RewardModel
 from ._log import Logged, RequestLog
@@ -180,10 +182,15 @@ class Batcher:
     def _score(self, batch: list[Pending]) -> None:
         seqs = [s for p in batch for s in p.seqs or ()]
         monitored = self.roller is not None and any(p.job.monitored for p in batch)
+        reading = None
         try:
             with self.lock:
-                reading = self.rm.read(seqs, batch_size=self.batch_size, readout=monitored)
-            rewards = reading.reward.detach().float().cpu()
+                if self.rm.reads.multi:  # a PRM reads several steps a sequence: the read loop reads one
+                    rewards = torch.as_tensor(self.rm.score([i for p in batch for i in p.job.items],
+                                                            batch_size=self.batch_size))
+                else:
+                    reading = self.rm.read(seqs, batch_size=self.batch_size, readout=monitored)
+                    rewards = reading.reward.detach().float().cpu()
         except Exception:  # a bug or a device fault: these callers get a 500, the server keeps serving
             logger.error("scoring a batch failed:\n%s", traceback.format_exc())
             for p in batch:
@@ -202,7 +209,7 @@ class Batcher:
                              for p, (a, b) in zip(batch, spans)])
         for p, (a, b) in zip(batch, spans):
             p.answer(values[a:b])
-        if monitored:
+        if monitored and reading is not None:
             readout = reading.readout
             assert readout is not None  # asked for
             for p, (a, b) in zip(batch, spans):

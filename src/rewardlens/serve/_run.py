@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
+from ..errors import UsageError
 from ..model import RewardModel
 from ..monitor import PolicyMonitor
 from ._app import Options, create_app
@@ -51,6 +52,10 @@ def build_server(rm: RewardModel, *, log: str | os.PathLike[str] | None = None, 
     its records appended to `log`), the request log beside it (`requests_path(log)`), the batcher and the app.
     The pad token's text (stripped from OpenRLHF queries) is the model's, unless `options` names one."""
     mon = None
+    if monitor and rm.reads.multi:
+        raise UsageError("the policy monitor splits a reward read at one position a sequence, and this reward model "
+                         "reads several (a process RM's steps); serve it with monitor=False (--no-monitor)",
+                         option="monitor")
     if monitor:
         mon = PolicyMonitor(rm, directions=directions, axes=axes, log=log, progress=progress, **monitor_options)
     metrics = Metrics()
