@@ -208,3 +208,26 @@ def test_a_process_reward_model_is_served_with_model_score_exactly_and_refuses_t
         status, _, body = post(port, "/score", {"records": [{"prompt": p, "response": r} for p, r in records]})
     assert status == 200, body
     np.testing.assert_allclose(body["rewards"], want, rtol=0, atol=1e-5)
+
+
+def test_the_client_waits_out_a_full_queue_and_gets_its_own_rewards(demo, tmp_path):
+    """`Client` retries a 503 after its Retry-After; a TRL-shaped call through `remote_reward` gets what
+    `model.score` gives, at TRL's step."""
+    from types import SimpleNamespace
+
+    from rewardlens.serve import Client, remote_reward
+
+    want = demo.score([conv("What is 2+2?", "Four."), conv("Name a colour.", "Blue.")])
+    with threaded(demo, tmp_path, queue=1) as (port, server):
+        server.batcher.hold()
+        with ThreadPoolExecutor(2) as pool:
+            first = pool.submit(post, port, "/score", {"records": [{"prompt": "What is 2+2?", "response": "Four."}]})
+            wait_for(lambda: server.batcher.depth == 1, "the queue full")
+            second = pool.submit(remote_reward(f"http://127.0.0.1:{port}"), ["Name a colour."], ["Blue."],
+                                 trainer_state=SimpleNamespace(global_step=7))
+            wait_for(lambda: '"/score",code="503"' in Client(f"http://127.0.0.1:{port}").metrics(), "a 503")
+            server.batcher.release()
+            got = [first.result()[2]["rewards"][0], second.result()[0]]
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
+    logged = read_requests(requests_path(tmp_path / "policy.jsonl"))
+    assert [e.step for e in logged] == [None, 7]
