@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from .exact import attribute as attribute
     from .exact import lens as lens
     from .exact import tokens as tokens
+    from .graphs import graph as graph
     from .hacking import concepts as concepts
     from .hacking import edit as edit
     from .hacking import probe as probe
@@ -43,11 +44,11 @@ if TYPE_CHECKING:
 
 # The mental model, and nothing else (docs/design.md "Words"): load or wrap a reward model, read pairs,
 # run an instrument `rl.X(model, pairs, **options)` → a frozen result in reward units, or the whole audit.
-# `graph` (attribution graphs over transcoders) joins once `rewardlens.graphs` exports it.
+# `graph`: attribution graphs over transcoders (rewardlens.graphs).
 __all__ = [
     "Attribution", "Audit", "Circuit", "Lens", "Pair", "PatchSpec", "Patching", "RewardLensError", "RewardModel",
     "attribute", "attribute_features", "audit", "circuit", "concepts", "edges", "edit", "faithfulness",
-    "feature_patch", "lens", "load", "load_pairs", "patch", "path_patch", "probe", "tokens", "wrap",
+    "feature_patch", "graph", "lens", "load", "load_pairs", "patch", "path_patch", "probe", "tokens", "wrap",
 ]
 
 # Each public name → the subpackage face that defines it (the imports above, for the type checker).
@@ -61,6 +62,7 @@ _FACE: dict[str, str] = {
     **dict.fromkeys(("concepts", "edit", "probe"), "hacking"),
     **dict.fromkeys(("RewardModel", "load", "wrap"), "model"),
     **dict.fromkeys(("attribute_features", "feature_patch"), "sae"),
+    **dict.fromkeys(("graph",), "graphs"),
 }
 
 # Names the face held until 0.1: each still resolves, with a DeprecationWarning naming its home (one release).
@@ -85,7 +87,8 @@ _MOVED: dict[str, str] = {
 
 # Subpackages a user reaches as `rl.model.load_prm`, `rl.hacking.cascade`: imported on first use. (`audit`,
 # `bench`, `calibrate` and `compare` name functions here; reach those subpackages with `import rewardlens.audit`.)
-_SUBPACKAGES = frozenset(("causal", "data", "exact", "hacking", "loop", "model", "monitor", "plotting", "sae", "zoo"))
+_SUBPACKAGES = frozenset(("causal", "data", "exact", "graphs", "hacking", "loop", "model", "monitor", "plotting", "sae",
+                          "zoo"))
 
 
 def __getattr__(name: str) -> _Any:
