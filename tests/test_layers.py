@@ -235,12 +235,14 @@ def test_no_top_level_module_but_the_faces_and_the_base():
 
 
 def test_plotting_is_a_leaf():
-    """`plotting` is the `plot(ax=)` rule every result follows; it imports no other rewardlens module."""
+    """`plotting` is the `plot(ax=)` rule every result follows and the notebook views; it imports no other
+    rewardlens module but `errors` (a leaf: a wrong `ax` is a `UsageError`)."""
     mine = {"rewardlens.plotting", "rewardlens.plotting._axes", "rewardlens.plotting._html",
             "rewardlens.plotting._token_html"}
     assert {m for m in MODULES if m.startswith("rewardlens.plotting")} == mine
+    assert [t for t, _, _ in imports("rewardlens.errors", annotations=True)] == []
     for module in mine:
-        assert {t for t, _, _ in imports(module, annotations=True)} <= mine, module
+        assert {t for t, _, _ in imports(module, annotations=True)} <= mine | {"rewardlens.errors"}, module
 
 
 def test_types_is_a_leaf():

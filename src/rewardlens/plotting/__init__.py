@@ -1,8 +1,8 @@
 """The base layer's plotting rule: every result's `plot(..., ax=None)` draws into the caller's axes, or
 into a new figure (`plotting/_axes.py`); and the one owner of the HTML a result shows in a notebook
 (`HtmlView`, `result_html`: plotting/_html.py) and of the token view (plotting/_token_html.py), which the
-audit report's token section uses too. It imports no other rewardlens module, and matplotlib only
-when a figure is made."""
+audit report's token section uses too. It imports no other rewardlens module but `errors` (a leaf), and
+matplotlib only when a figure is made."""
 
 from ._axes import finish as finish
 from ._axes import one_panel as one_panel
