@@ -94,6 +94,8 @@ class TranscoderBasis:
         `a_f · (W_dec[f] · g[p_f])`, a few rows at a time so the gathered [rows, n, d] stays small."""
         act = self.active[layer]
         out = grad.new_zeros(grad.shape[0], len(act), dtype=torch.float32)
+        if not len(act):  # an MLP kept whole (exact_layers): no feature
+            return out
         step = max(1, 2**24 // max(1, len(act) * grad.shape[-1]))
         for i in range(0, grad.shape[0], step):
             out[i: i + step] = torch.einsum("bnd,nd->bn", grad[i: i + step, act.pos].float(), self._dec[layer])
