@@ -1,7 +1,9 @@
 """Conventions held by code, read from the source with `ast`: each has one owner, and nobody else writes it.
 
 - The row layout (rows alternate chosen, rejected): only `data/_rows.py` slices rows with step 2
-  (`[0::2]`, `[1::2]`, `[::2]`); everyone else calls `chosen`, `rejected`, `margin`, `side`, `interleave`.
+  (`[0::2]`, `[1::2]`, `[::2]`) or indexes a pair's rows as `[2 * i]`, `[2 * i + 1]`, `[2 * a:2 * b]`;
+  everyone else calls `chosen`, `rejected`, `margin`, `side` (`rewardlens.data`) or `interleave`,
+  `rows_of`, `pair_rows`, `pair_span` (`rewardlens.data.internal`).
 - Part names (`attn_L3_H2`, `mlp_L1_N17`, ...): only `model/_parts.py` (`Part`) formats them in an
   f-string or parses them with `split("_L")`-style string surgery; everyone else uses `Part.name`/`Part.parse`.
 
@@ -22,8 +24,9 @@ import rewardlens
 ROOT = Path(rewardlens.__file__).parent
 ROW_OWNER = "data/_rows.py"
 PART_OWNER = "model/_parts.py"
-# Engineer A moves causal/ onto the owners in the same change (issue 43 item 1); until then it is exempt.
-PENDING = ("causal/",)
+# Engineer A moves causal/ onto the owners in the same change (issue 43 item 1), and graphs/ is being written
+# (issue 43, E1/E2); until they land they are exempt.
+PENDING = ("causal/", "graphs/")
 # A part-name fragment right before an interpolated field: `attn_L{l}`, `_H{h}`, `_N{i}`, `_E{e}`.
 PART_FRAGMENT = re.compile(r"(?:^|[^A-Za-z0-9])(?:attn|mlp)?_[LHNE]$")
 PART_SEPARATORS = ("_L", "_H", "_N", "_E")
@@ -49,6 +52,27 @@ def _row_slices(tree: ast.AST) -> list[int]:
     return out
 
 
+def _twice(node: ast.expr | None) -> bool:
+    """`2 * x` or `2 * x + 1` (either order): a pair index turned into a row by hand."""
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        one = [s for s in (node.left, node.right) if isinstance(s, ast.Constant) and s.value == 1]
+        rest = [s for s in (node.left, node.right) if s not in one]
+        return bool(one) and len(rest) == 1 and _twice(rest[0])
+    return isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult) and any(
+        isinstance(s, ast.Constant) and s.value == 2 for s in (node.left, node.right))
+
+
+def _pair_indexing(tree: ast.AST) -> list[int]:
+    """Lines indexing rows by a pair's number: `x[2 * i]`, `x[2 * i + 1]`, `x[2 * a:2 * b]`."""
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Subscript):
+            index = node.slice
+            if _twice(index) or (isinstance(index, ast.Slice) and (_twice(index.lower) or _twice(index.upper))):
+                out.append(node.lineno)
+    return out
+
+
 def _part_names(tree: ast.AST) -> list[int]:
     """Lines that format a part name in an f-string or cut one apart at `_L`, `_H`, `_N`, `_E`."""
     out = []
@@ -69,7 +93,7 @@ def _part_names(tree: ast.AST) -> list[int]:
 def test_only_the_owners_write_the_row_layout_and_part_names(rel):
     tree = ast.parse((ROOT / rel).read_text(encoding="utf-8"))
     if not _exempt(rel, ROW_OWNER):
-        lines = _row_slices(tree)
+        lines = _row_slices(tree) + _pair_indexing(tree)
         assert not lines, (f"{rel} slices rows by hand at lines {lines}; use rewardlens.data's chosen/rejected/"
                            "margin/side/interleave (data/_rows.py owns the row layout)")
     if not _exempt(rel, PART_OWNER):
@@ -84,3 +108,6 @@ def test_the_scan_sees_what_it_forbids():
     tree = ast.parse(code)
     assert sorted(set(_row_slices(tree))) == [1, 2]
     assert sorted(set(_part_names(tree))) == [3, 4, 5]
+    rows = ast.parse("a = s[2 * i]\nb = s[2 * i + 1]\nc = s[2 * a:2 * b]\nd = s[i + 1]\ne = s[2 + i]\n"
+                     "f = s[1 + 2 * k]\n")
+    assert sorted(set(_pair_indexing(rows))) == [1, 2, 3, 6]

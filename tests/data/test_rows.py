@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from rewardlens.data import chosen, effect, interleave, is_chosen, margin, rejected
+from rewardlens.data import chosen, effect, margin, pair_of, rejected
+from rewardlens.data.internal import interleave, is_chosen, pair_rows, pair_span, rows_of
 
 
 @pytest.mark.parametrize("axis", [0, 1, 2])
@@ -39,3 +40,11 @@ def test_effect_is_clean_minus_patched_and_broadcasts_per_pair():
     assert np.array_equal(effect(0.0, np.array([0.25, -1.0])), np.array([-0.25, 1.0]))
     t = effect(torch.tensor([1.0, 2.0]), torch.tensor([[0.0], [3.0]]))
     assert t.tolist() == [[1.0], [-1.0]]
+
+
+def test_pair_indices_by_hand():
+    assert [rows_of(i) for i in range(3)] == [(0, 1), (2, 3), (4, 5)]
+    assert all(pair_of(rows_of(i)[0]) == (i, "chosen") and pair_of(rows_of(i)[1]) == (i, "rejected")
+               for i in range(4))
+    assert pair_rows(np.array([2, 0])).tolist() == [4, 5, 0, 1]
+    assert list(range(10))[pair_span(1, 3)] == [2, 3, 4, 5]

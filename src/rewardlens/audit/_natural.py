@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from ..causal import NaturalFit, natural_states
+from ..data.internal import pair_span, rows_of
 from ..errors import UsageError
 from ..model import RewardModel, TraceKey
 from ..model.internal import Tokenized
@@ -56,7 +57,7 @@ class NaturalStates:
             return
         stacked = torch.stack([captured[k] for k in keys], dim=1).cpu()  # [2n, L, d]
         for j, unit in enumerate(units):
-            self.by_unit[unit] = stacked[2 * j:2 * j + 2]
+            self.by_unit[unit] = stacked[pair_span(j, j + 1)]
 
     def missing(self, units: Sequence[str]) -> int:
         """How many of the pairs `units` (a unit given twice counts twice) this run did not keep."""
@@ -69,13 +70,13 @@ class NaturalStates:
         self.bind(model)
         missing = [j for j, unit in enumerate(units) if unit not in self.by_unit]
         traced = {k: v.cpu() for k, v in natural_states(
-            model, [seqs[2 * j + side] for j in missing for side in (0, 1)], batch_size).items()} if missing else {}
-        row = {j: 2 * k for k, j in enumerate(missing)}
+            model, [seqs[row] for j in missing for row in rows_of(j)], batch_size).items()} if missing else {}
+        at = {j: k for k, j in enumerate(missing)}  # pair j is the k-th traced pair
 
         def side_rows(layer: int) -> Tensor:
             """[2·len(units), d] on the CPU: every side's residual after `layer`, pairs in order."""
             key = TraceKey.resid(layer)
-            return torch.cat([traced[key][row[j]:row[j] + 2] if j in row else self.by_unit[u][:, layer]
+            return torch.cat([traced[key][pair_span(at[j], at[j] + 1)] if j in at else self.by_unit[u][:, layer]
                               for j, u in enumerate(units)])
 
         return NaturalFit(model, {TraceKey.resid(layer): side_rows(layer) for layer in range(model.n_layers)})

@@ -22,7 +22,7 @@ import numpy as np
 
 from ..causal import Circuit, Faithfulness, Patching, faithfulness, trace_pairs
 from ..data import Pair, record_columns, record_fields, row_labels
-from ..data.internal import UnitMeter, progress_bar
+from ..data.internal import UnitMeter, progress_bar, rows_of
 from ..errors import HeadError, OutOfMemoryError, RewardLensWarning, StoreError
 from ..exact import Attribution, Lens, Steps
 from ..exact.internal import STEP_FIELDS
@@ -178,9 +178,10 @@ def _step_entries(steps: Steps, units: Sequence[str], span: Sequence[int], key: 
     the same whatever the pair's place in a run) as one store unit."""
     out = []
     for j, (unit, i) in enumerate(zip(units, span)):
-        mine = (steps.sequence == 2 * j) | (steps.sequence == 2 * j + 1)
+        first, second = rows_of(j)
+        mine = (steps.sequence == first) | (steps.sequence == second)
         record = {f: getattr(steps, f)[mine] for f in STEP_FIELDS}
-        record["sequence"] = record["sequence"] - 2 * j
+        record["sequence"] = record["sequence"] - first
         out.append((key, unit, i, record))
     return out
 

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..causal import Circuit, NaturalFit, Patching, circuit, encode_pairs, patch, patch_mode, trace_pairs
 from ..data import Pair, margin
-from ..data.internal import progress_bar
+from ..data.internal import pair_span, progress_bar
 from ..errors import ArchitectureError, CircuitError, HeadError, RewardLensWarning, UsageError
 from ..exact import TokenAttribution, tokens
 from ..hacking import Concepts, Conflicts, Probes, concepts, conflict, probe
@@ -174,7 +174,7 @@ def audit_divergence(model: RewardModel, pairs: Sequence[Pair], seqs: Sequence[T
     parts = []
     for start in range(0, len(pairs), plan.chunk_size):
         part = pairs[start:start + plan.chunk_size]
-        parts.append(_divergence_chunk(model, part, seqs[2 * start:2 * (start + len(part))], fit, mode, plan))
+        parts.append(_divergence_chunk(model, part, seqs[pair_span(start, start + len(part))], fit, mode, plan))
         bar.update(len(part))
     bar.close()
     return Patching.joined(parts, pairs)

@@ -29,6 +29,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..data import Pair, side
+from ..data.internal import pair_span
 from ..errors import DataError, UsageError
 
 BEST_OF_N_TIES = ("shared", "argmax")
@@ -89,7 +90,7 @@ def _from_ids(group: Sequence[Pair]) -> int | None:
 def credit(reward: np.ndarray, start: int, size: int, chosen: int, best_of_n_ties: str) -> float:
     """One record's best-of-N score from the pairs' rewards [2n] (chosen, rejected alternating): its
     `size` pairs from `start`, `chosen` chosen responses (module docstring, by `best_of_n_ties`)."""
-    rows = np.asarray(reward, dtype=np.float64)[2 * start:2 * (start + size)]
+    rows = np.asarray(reward, dtype=np.float64)[pair_span(start, start + size)]
     good, bad = side(rows, "chosen"), side(rows, "rejected")
     if best_of_n_ties == "argmax":
         return float(np.min(good - bad) >= 0)

@@ -10,6 +10,7 @@ import numpy as np
 
 from ..causal import Edges, circuit, edges, encode_pairs, path_patch
 from ..data import Pair
+from ..data.internal import rows_of
 from ..errors import CircuitError
 from ..exact import attribute
 from ..model import Part, RewardModel
@@ -70,7 +71,7 @@ def grade_circuits(bench: OrganismBench) -> list[Grade]:
 def _aligned(model: RewardModel, pairs: list[Pair]) -> list[Pair]:
     """The pairs whose two sides have as many tokens (28 of 100 held-out `circuit` pairs at seed 0)."""
     seqs = encode_pairs(model, pairs)
-    return [p for k, p in enumerate(pairs) if len(seqs[2 * k].ids) == len(seqs[2 * k + 1].ids)]
+    return [p for k, p in enumerate(pairs) if len(seqs[rows_of(k)[0]].ids) == len(seqs[rows_of(k)[1]].ids)]
 
 
 def _hops(model: RewardModel, pairs: list[Pair], scored: Edges, name: str, path: tuple[str, str]) -> list[Grade]:

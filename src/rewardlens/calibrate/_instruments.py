@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..causal import attribution_patch, patch
-from ..data import Pair, is_chosen, margin
+from ..data import Pair, margin
+from ..data.internal import is_chosen
 from ..exact import attribute, lens
 from ..model import Part, RewardModel
 from ..stats import auroc

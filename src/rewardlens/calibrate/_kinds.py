@@ -19,6 +19,7 @@ from torch import nn
 
 from ..causal import patch
 from ..data import Pair
+from ..data.internal import rows_of
 from ..errors import UsageError
 from ..exact import attribute, lens
 from ..model import Part, RewardModel
@@ -139,7 +140,7 @@ def _crystallizes(name: str, model: RewardModel, pairs: list[Pair], part: str) -
 def _gap_at(att_steps_reward: np.ndarray, seq: np.ndarray, i: int) -> np.ndarray:
     """Per read of pair `i`: chosen's read reward − rejected's (reads k to k; equal counts). Signed: the
     preference forms where the chosen side's read is most above the rejected side's."""
-    chosen, rejected = att_steps_reward[seq == 2 * i], att_steps_reward[seq == 2 * i + 1]
+    chosen, rejected = (att_steps_reward[seq == row] for row in rows_of(i))
     if len(chosen) != len(rejected):
         raise UsageError(f"pair {i} has {len(chosen)} reads on the chosen side and {len(rejected)} on the rejected")
     return chosen - rejected

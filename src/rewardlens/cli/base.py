@@ -76,10 +76,12 @@ def _lens(model: RewardModel, pairs: list[Pair], args: argparse.Namespace) -> di
 def _attribute(model: RewardModel, pairs: list[Pair], args: argparse.Namespace) -> dict[str, Any]:
     import numpy as np
 
+    from ..data import margin as pair_margin
     from ..exact import attribute
     from ..stats import mean_abs, top_parts
 
     att = attribute(model, pairs, level=args.level, batch_size=args.batch_size)
+    reward_margin = pair_margin(att.reward)
     margin = att.margin
     size = mean_abs(margin)  # what the table is ranked by (`stats.top_parts`), beside the signed mean
     return {
@@ -88,7 +90,7 @@ def _attribute(model: RewardModel, pairs: list[Pair], args: argparse.Namespace) 
         "top_parts": [{"part": att.names[i], "mean_abs_margin": float(size[i]),
                        "mean_margin": float(margin[:, i].mean())} for i in top_parts(margin, args.top)],
         "pairs": [
-            {"id": pair_id(p, i), "margin": float(att.reward[2 * i] - att.reward[2 * i + 1]),
+            {"id": pair_id(p, i), "margin": float(reward_margin[i]),
              "parts": dict(zip(att.names, map(float, margin[i])))}
             for i, p in enumerate(pairs)
         ] if args.all_parts else [],

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from ..data import Pair, margin
-from ..data.internal import metering, progress_bar
+from ..data.internal import metering, pair_rows, progress_bar
 from ..errors import DataError, UsageError
 from ..exact import attribute, lens
 from ..model import Part, RewardModel
@@ -229,7 +229,7 @@ def _compared(ma: RewardModel, mb: RewardModel, pairs: list[Pair], labels: tuple
     b = replace(a, label=labels[1]) if mb is ma else _side(mb, pairs, labels[1], fraction, probes, probe_items,
                                                             seed, n_boot, batch_size, step, progress)
     n = len(pairs)
-    rows = lambda idx: np.stack([2 * idx, 2 * idx + 1], 1).ravel()
+    rows = pair_rows  # a bootstrap draw of pairs → the rows of both their sides
     same = (np.sign(a.margin) == np.sign(b.margin)).astype(np.float64)
     diff = np.stack([b.crystallization_linear - a.crystallization_linear,
                      b.crystallization_normed - a.crystallization_normed])

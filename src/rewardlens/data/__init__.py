@@ -1,9 +1,9 @@
 """Preference data in, and the row layout every result shares.
 
 `Pair` and `load_pairs` read JSONL, JSON, CSV, Parquet and saved HF datasets. A list of `n` pairs is
-scored as `2n` rows alternating chosen, rejected; `chosen`, `rejected`, `margin`, `side`,
-`interleave` and `row_labels` are the one owner of that layout, and `effect` of an effect's sign
-(clean margin − patched margin; docs/design.md §2). `check_pairs` finds degenerate
+scored as `2n` rows alternating chosen, rejected; `chosen`, `rejected`, `margin`, `side` and
+`row_labels` (the index plumbing in `data.internal`) are the one owner of that layout, and `effect`
+of an effect's sign (clean margin − patched margin; docs/design.md §2). `check_pairs` finds degenerate
 pairs (empty responses, identical sides, duplicate ids, repeats); `load_pairs` runs it on every load.
 `check_tokens` finds what only token ids show (sides encoded alike, a response the template drops, a
 read token before the response's end); the model layer runs it on every encoding of pairs.
@@ -38,8 +38,6 @@ from ._rows import SIDES as SIDES
 from ._rows import Side as Side
 from ._rows import chosen as chosen
 from ._rows import effect as effect
-from ._rows import interleave as interleave
-from ._rows import is_chosen as is_chosen
 from ._rows import margin as margin
 from ._rows import pair_of as pair_of
 from ._rows import rejected as rejected
@@ -74,8 +72,6 @@ __all__ = [
     "check_tokens",
     "chosen",
     "effect",
-    "interleave",
-    "is_chosen",
     "load_pairs",
     "pairs_from_records",
     "margin",

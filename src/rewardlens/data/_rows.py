@@ -87,6 +87,22 @@ def pair_of(row: int) -> tuple[int, Side]:
     return row // 2, SIDES[row % 2]
 
 
+def rows_of(pair: int) -> tuple[int, int]:
+    """The rows of pair `pair`: (its chosen row 2i, its rejected row 2i + 1); the inverse of `pair_of`."""
+    return 2 * pair, 2 * pair + 1
+
+
+def pair_rows(pairs: np.ndarray) -> np.ndarray:
+    """The rows of the pairs `pairs` [k] (indices), each pair's chosen then rejected row [2k]."""
+    index = np.asarray(pairs, dtype=np.int64)
+    return interleave(2 * index, 2 * index + 1)
+
+
+def pair_span(start: int, stop: int) -> slice:
+    """The rows of the pairs `start` to `stop` (exclusive), as one slice: rows 2·start to 2·stop."""
+    return slice(2 * start, 2 * stop)
+
+
 def row_labels(n: int, is_pairs: bool) -> list[str]:
     """Row names: `0`, `1`, ... or `0/chosen`, `0/rejected`, ... for pairs."""
     if is_pairs:

@@ -42,7 +42,8 @@ import numpy as np
 import torch
 
 from .. import _deprecated
-from ..data import Pair, effect, interleave, is_chosen, margin, pair_ids, rejected
+from ..data import Pair, effect, margin, pair_ids, rejected
+from ..data.internal import interleave, is_chosen
 from ..errors import DataError, warn
 from ..model import RewardModel
 from ..plotting import HtmlView

@@ -18,7 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from ...data import interleave, margin
+from ...data import margin
+from ...data.internal import interleave
 from ...model import FinitePairs, finite_pairs, pair_accuracy
 from ...stats import bootstrap_ci
 from ...types import LensKind

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from ...data.internal import rows_of
 from ...exact import Steps
 from .._runner import Audit
 from ._html import Html, e, how, num, table
@@ -31,7 +32,7 @@ def _side(steps: Steps, row: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 def forms_at(steps: Steps, pair: int) -> int | None:
     """The step (0-based) whose score differs most between the two sides of `pair`, over the steps both
     sides have; None when a side has no read or no such step has a finite score on both sides."""
-    chosen, rejected = _side(steps, 2 * pair)[0], _side(steps, 2 * pair + 1)[0]
+    chosen, rejected = (_side(steps, row)[0] for row in rows_of(pair))
     shared = min(len(chosen), len(rejected))
     return _largest(np.abs(chosen[:shared] - rejected[:shared]))
 

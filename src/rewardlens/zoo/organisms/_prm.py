@@ -23,6 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from ...data import Pair
+from ...data.internal import rows_of
 from ...errors import UsageError
 from ._specs import RMRecipe
 from ._train import HIDDEN, TRAIN_THREADS, organism_config, organism_tokenizer, part_parameters, threads
@@ -185,9 +186,9 @@ def prm_accuracy(model: nn.Module, tok: PreTrainedTokenizerBase, pairs: list[Pai
     scores = step_scores(model, tok, texts)
     truth = [StepOrganism.step_labels(t) for _, t in texts]
     steps = np.concatenate([(s > 0) == np.array(y) for s, y in zip(scores, truth)])
-    pair = [scores[2 * i].min() > scores[2 * i + 1].min() for i in range(len(pairs))]
-    where = [int(np.argmax(scores[2 * i] - scores[2 * i + 1])) == StepOrganism.wrong_step(p)
-             for i, p in enumerate(pairs)]
+    sides = [tuple(scores[row] for row in rows_of(i)) for i in range(len(pairs))]  # (chosen, rejected) per pair
+    pair = [c.min() > r.min() for c, r in sides]
+    where = [int(np.argmax(c - r)) == StepOrganism.wrong_step(p) for (c, r), p in zip(sides, pairs)]
     return {"step": float(steps.mean()), "pair": float(np.mean(pair)), "wrong_step": float(np.mean(where))}
 
 
