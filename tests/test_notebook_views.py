@@ -33,9 +33,11 @@ torch.set_num_threads(1)
 sys.path.insert(0, {str(REPO)!r})
 import rewardlens as rl
 from rewardlens.audit import Audit
+from rewardlens.graphs import graph
 from rewardlens.loop import Recipe, verify_edit
 from rewardlens.zoo import build_tokenizer
 from rewardlens.zoo.organisms import build
+from tests.graphs.conftest import SHORT, random_transcoders
 from tests.helpers import tiny
 from tests.helpers.results import POLITE, every_result
 
@@ -49,6 +51,8 @@ results["Audit"] = Audit(model=repr(model), fingerprint="fp", data_checksum="sum
                          sublayers=rl.attribute(model, pairs), heads=results["Attribution"],
                          faithfulness=rl.faithfulness(model, pairs, level="head", n_boot=50),
                          tokens=results["TokenAttribution"])
+paired = graph(model, SHORT, random_transcoders(model), max_nodes=40, batch_size=16)[0]
+results["AttributionGraph"], results["PairGraph"] = paired.margin, paired
 results["ClosedLoop"] = verify_edit(("list",), seeds=(0, 1), recipe=Recipe(grpo_steps=5))
 results["Pair"] = pairs[-1]
 results["RewardModel"] = model
@@ -151,7 +155,7 @@ def executed(tmp_path_factory):
              "EditReport", "Edit", "Probes", "Distortion", "Cascades", "FeatureAttribution", "FeatureReport",
              "TrainResult", "Comparison", "Trajectory", "PolicyRun", "Bench", "BenchComparison", "PathPatching",
              "Circuit", "Edges", "Steps", "Scorecard", "Parity", "FeaturePatch", "FeatureSteer", "FeatureCards",
-             "ClosedLoop", "Pair", "RewardModel", "Audit"]
+             "ClosedLoop", "AttributionGraph", "PairGraph", "Pair", "RewardModel", "Audit"]
     for name in names:  # the cell's last expression is the result: Jupyter displays it by its _repr_html_
         nb.cells.append(nbformat.v4.new_code_cell(f"# {name}\nresults[{name!r}]"))
     nb.cells.append(nbformat.v4.new_code_cell(EXPECT))

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from ..plotting import HtmlView
 from ._influence import influence, normalise, prune_masks, scores
 
 if TYPE_CHECKING:
@@ -63,8 +64,10 @@ class Scores:
 
 
 @dataclass(frozen=True)
-class AttributionGraph:
+class AttributionGraph(HtmlView):
     """One attribution graph (module docstring). Build with `rewardlens.graphs.graph`."""
+
+    _html_rank = "influence"
 
     nodes: Nodes
     adjacency: np.ndarray

@@ -9,6 +9,7 @@ from typing import Any, Literal
 from ..data import Pair
 from ..errors import UsageError
 from ..model import RewardModel, verify
+from ..plotting import CompositeView
 from ._basis import NeuronBasis, TranscoderBasis
 from ._frozen import check_model
 from ._graph import AttributionGraph
@@ -22,7 +23,7 @@ MAX_NODES = 4096
 
 
 @dataclass(frozen=True)
-class PairGraph:
+class PairGraph(CompositeView):
     """One pair's graphs: `chosen`, `rejected`, and `margin` (chosen − rejected, graphs/_margin.py)."""
 
     chosen: AttributionGraph

@@ -197,7 +197,9 @@ def result_html(result: Any) -> Html:
     if names is not None:
         rows_html = table(names, result.top(TOP_ROWS), f"top {TOP_ROWS} as .top() ranks them")
     elif getattr(result, "_html_table", True) and callable(getattr(result, "to_frame", None)):
-        rows_html = frame_table(result.to_frame(), getattr(result, "_html_rank", None))
+        frames = result.to_frame()  # one frame, or several (a graph's nodes and edges)
+        rank = getattr(result, "_html_rank", None)
+        rows_html = join(frame_table(f, rank) for f in (frames if isinstance(frames, tuple) else (frames,)))
     else:
         rows_html = Html("")
     body = result._html_body() if hasattr(result, "_html_body") else Html("")
