@@ -59,6 +59,8 @@ def _argv(name: str, model: str, other: str, f: dict[str, str], out: Path) -> li
         "sae": ["sae", "train", model, *one, "--layer", "1", "--out", str(out / "sae"), "--latents", "16", "--k", "2"],
         "transcoders": ["transcoders", "train", model, *one, "--layers", "0-1", "--out", str(out / "tc"),
                         "--features", "16", "--k", "2", "--tc-batch-size", "8"],
+        "graph": ["graph", model, *one, "--basis", "neurons", "--out", str(out / "graph"), "--max-nodes", "32",
+                  "--contexts", "1"],
         "calibrate": ["calibrate", "--organism", "length", "--n-pairs", "10"],
         "monitor-report": ["monitor-report", _policy_log(out), "--out", str(out / "policy.html")],
         # the suite's reduced closed loop (tests/loop/conftest.py): cached on disk, trained once per cache

@@ -26,6 +26,7 @@ from . import (
     concepts,
     conflict,
     edit,
+    graph,
     loop,
     monitor,
     organisms,
@@ -45,7 +46,7 @@ _EPILOG = ("exit status: 0 done, 2 bad input (one line: 'rewardlens: error: ...'
 
 # Each module owns its commands; the order here is the order of `rewardlens -h`.
 _MODULES = (base, tokens, audit, bench, causal, circuit, probes, compare, concepts, conflict, edit, sae, transcoders,
-            organisms,
+            graph, organisms,
             monitor, loop, serve, parity)
 
 
