@@ -22,9 +22,13 @@ from ..plotting import HtmlView
 from ._influence import influence, normalise, prune_masks, scores
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     import pandas as pd
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
+
+    from ._interventions import InterventionCheck
 
 KINDS = ("feature", "error", "token", "reward")
 """Node kinds by their code in `Nodes.kind`."""
@@ -172,6 +176,15 @@ class AttributionGraph(HtmlView):
         from ._paths import top_paths
 
         return top_paths(self, k)
+
+    def intervene(self, model: Any, transcoders: Any, interventions: Mapping[str, tuple[str, float] | str]
+                  ) -> InterventionCheck:
+        """Ablate, clamp or steer feature nodes in the real model (transcoders spliced in, errors kept, attention
+        live) and report each one's real change of the reward beside the graph's predictions
+        (graphs/_interventions.py): `{"tc_L3_F120_P5": "ablate", "tc_L1_F7_P2": ("steer", 2.0)}`."""
+        from ._interventions import intervene
+
+        return intervene(self, model, transcoders, interventions)
 
     def plot(self, *, max_nodes: int = 60, ax: Axes | None = None) -> Figure:
         """Nodes laid out by layer (y; the reward on top) and position (x), the `max_nodes` most influential
