@@ -190,8 +190,8 @@ def _depth(name: str) -> float:
         return 1e3
     if name == "embed":
         return -1
-    layer = int(name.split("_L")[1].split("_")[0])
-    return layer + (0.5 if name.startswith("mlp") else 0)
+    node = Receiver.parse(name)  # an upstream part's name is also its input's (a sublayer or a head)
+    return node.layer + (0.5 if node.kind == "mlp" else 0)
 
 
 def circuit(

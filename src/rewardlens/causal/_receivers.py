@@ -189,7 +189,7 @@ def _projections(model: RewardModel, receiver: Receiver) -> list[tuple[str, nn.M
         raise ArchitectureError(
             f"receiver {receiver.name!r}: map {arch.name!r} names no separate query/key/value projections "
             "(attn_q/attn_k/attn_v; a fused qkv projection cannot give one head's input apart); use the "
-            f"sublayer receiver 'attn_L{receiver.layer}' or register a map naming them")
+            f"sublayer receiver {Part.attn(receiver.layer).name!r} or register a map naming them")
     n_heads = model.n_heads
     if receiver.head >= n_heads:
         raise UsageError(f"receiver {receiver.name!r}: the model has {n_heads} heads (0..{n_heads - 1})")
@@ -219,13 +219,13 @@ def _check_heads(model: RewardModel, receiver: Receiver, x: str, groups: int, wi
             f"receiver {receiver.name!r}: the {x} projection has {groups} heads for {n_heads} query heads "
             "(grouped-query attention), so head "
             f"{receiver.head}'s {x} input is shared with other heads; use input='q' or the receiver "
-            f"'attn_L{receiver.layer}'")
+            f"{Part.attn(receiver.layer).name!r}")
     attn = model.layer_module(receiver.layer, str(model.arch.attn_q).rpartition(".")[0])
     norm = getattr(attn, f"{x}_norm", None)
     if norm is not None and getattr(norm, "weight", torch.empty(0)).numel() == width and n_heads > 1:
         raise ArchitectureError(
             f"receiver {receiver.name!r}: a {x}_norm over all heads' {x} (OLMo-2) couples the heads, so one "
-            f"head's {x} input cannot change alone; use the receiver 'attn_L{receiver.layer}'")
+            f"head's {x} input cannot change alone; use the receiver {Part.attn(receiver.layer).name!r}")
 
 
 def clean_points(wire: Wiring, cols: Tensor) -> dict[str, Point]:
@@ -294,8 +294,8 @@ def receiving_all(model: RewardModel, deltas: Mapping[Receiver, Tensor]) -> Iter
             hooks.append((wire.cancel, "out", functools.partial(_shift, delta=delta, sign=-1.0)))
     for layer, group in heads.items():
         if Receiver("attn", layer) in deltas:
-            raise UsageError(f"receivers 'attn_L{layer}' and {[r.name for r, _ in group]} both read layer {layer}'s "
-                             "attention input; give either the sublayer or its heads")
+            raise UsageError(f"receivers {Part.attn(layer).name!r} and {[r.name for r, _ in group]} both read layer "
+                             f"{layer}'s attention input; give either the sublayer or its heads")
         hooks += _head_group(model, layer, group)
     with rewriting(hooks):
         yield
