@@ -16,6 +16,7 @@ from ._core import Scorecard as Scorecard
 from ._core import localisation as localisation
 from ._core import strength_response as strength_response
 from ._editing import grade_editing as grade_editing
+from ._graphs import grade_graphs as grade_graphs
 from ._instruments import grade_attribution as grade_attribution
 from ._instruments import grade_lens as grade_lens
 from ._instruments import grade_organisms as grade_organisms
@@ -47,6 +48,7 @@ __all__ = [
     "grade_distortion",
     "grade_dpo",
     "grade_editing",
+    "grade_graphs",
     "grade_lens",
     "grade_neurons",
     "grade_organisms",

@@ -12,6 +12,7 @@ from ._concepts import grade_concepts
 from ._conflict import grade_conflict
 from ._core import STRENGTHS, Grader, Scorecard
 from ._editing import grade_editing
+from ._graphs import grade_graphs
 from ._instruments import grade_attribution, grade_lens, grade_organisms, grade_patching, grade_sae
 from ._kinds import KindBench, grade_dpo, grade_prm
 from ._neurons import grade_neurons
@@ -19,7 +20,7 @@ from ._probes import grade_distortion, grade_probes
 
 GRADERS: list[Grader] = [grade_organisms, grade_attribution, grade_lens, grade_patching, grade_sae, grade_probes,
                          grade_distortion, grade_concepts, grade_conflict, grade_editing, grade_circuits,
-                         grade_neurons, grade_prm, grade_dpo]
+                         grade_neurons, grade_graphs, grade_prm, grade_dpo]
 """The suite, in order. A new instrument appends its grader (before the PRM and DPO graders, which stay last)."""
 
 
