@@ -53,11 +53,10 @@ def _row_slices(tree: ast.AST) -> list[int]:
 
 
 def _twice(node: ast.expr | None) -> bool:
-    """`2 * x` or `2 * x + 1` (either order): a pair index turned into a row by hand."""
+    """`2 * x`, `2 * x + 1` or `2 * x + side` (either order): a pair index turned into a row by hand."""
     if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
-        one = [s for s in (node.left, node.right) if isinstance(s, ast.Constant) and s.value == 1]
-        rest = [s for s in (node.left, node.right) if s not in one]
-        return bool(one) and len(rest) == 1 and _twice(rest[0])
+        return any(_twice(s) and not isinstance(s.op, ast.Add) for s in (node.left, node.right)
+                   if isinstance(s, ast.BinOp))
     return isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult) and any(
         isinstance(s, ast.Constant) and s.value == 2 for s in (node.left, node.right))
 
@@ -109,5 +108,5 @@ def test_the_scan_sees_what_it_forbids():
     assert sorted(set(_row_slices(tree))) == [1, 2]
     assert sorted(set(_part_names(tree))) == [3, 4, 5]
     rows = ast.parse("a = s[2 * i]\nb = s[2 * i + 1]\nc = s[2 * a:2 * b]\nd = s[i + 1]\ne = s[2 + i]\n"
-                     "f = s[1 + 2 * k]\n")
-    assert sorted(set(_pair_indexing(rows))) == [1, 2, 3, 6]
+                     "f = s[1 + 2 * k]\ng = s[2 * i + side]\n")
+    assert sorted(set(_pair_indexing(rows))) == [1, 2, 3, 6, 7]

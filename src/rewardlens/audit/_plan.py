@@ -8,6 +8,7 @@ from typing import Any
 
 from ..causal import Circuit, Faithfulness, Patching, PatchSpec, aligned, encode_pairs, patch_mode
 from ..data import Pair
+from ..data.internal import rows_of
 from ..errors import UsageError
 from ..exact import Attribution, Lens, Steps, TokenAttribution
 from ..exact.internal import STEP_FIELDS
@@ -178,7 +179,7 @@ class Decided:
         """The token ids of the pairs `span` (indices into the run's pairs), both sides in pair order."""
         if not self.seqs:
             return None
-        return [self.seqs[2 * i + side] for i in span for side in (0, 1)]
+        return [self.seqs[row] for i in span for row in rows_of(i)]
 
 
 BY_CONTENT = "pairs-by-content"
