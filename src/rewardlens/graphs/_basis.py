@@ -56,14 +56,26 @@ class TranscoderBasis:
         self.err0: dict[int, Tensor] = {}
         self.active: dict[int, Active] = {}
         self._dec: dict[int, Tensor] = {}
+        self._inputs: dict[int, Tensor] = {}
 
     def hooks(self, run: Run, zero: bool) -> list[Hook]:
-        return [(mlp_module(self.model, layer), "post", functools.partial(self._mlp, layer, run, zero))
-                for layer in range(self.model.n_layers)]
+        out: list[Hook] = []
+        for layer in range(self.model.n_layers):
+            module = mlp_module(self.model, layer)
+            out.append((module, "pre", functools.partial(self._one_row, layer)))
+            out.append((module, "post", functools.partial(self._mlp, layer, run, zero)))
+        return out
 
-    def _mlp(self, layer: int, run: Run, zero: bool, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any
+    def _one_row(self, layer: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor:
+        """The MLP's own output is only read on the first row (every row is the same sequence, and the rows'
+        outputs are replaced), so it computes one row, not one per copy: the copies cost attention only."""
+        x = hidden_arg(args, kwargs)
+        self._inputs[layer] = x
+        return x[:1]
+
+    def _mlp(self, layer: int, run: Run, zero: bool, _args: tuple[Any, ...], _kwargs: dict[str, Any], out: Any
              ) -> Tensor:
-        x, y = hidden_arg(args, kwargs), first_output(out)
+        x, y = self._inputs.pop(layer), first_output(out)
         tc = self.tcs.get(layer)
         if layer not in self.x0:  # first run: the active set and the error, frozen from now on
             x0, y0 = x.detach()[0].float(), y.detach()[0].float()  # every row is the same sequence
@@ -81,7 +93,7 @@ class TranscoderBasis:
                     self.src0[layer] = y0 - tc.b_dec.detach() - tc.skip(x0)
                     self._dec[layer] = tc.W_dec.detach()[ids]
         run.targets[layer] = x
-        delta = torch.zeros_like(y, requires_grad=not zero)
+        delta = torch.zeros_like(x, dtype=y.dtype, requires_grad=not zero)
         run.deltas[layer] = delta
         base = torch.zeros_like(self.src0[layer]) if zero else self.src0[layer]
         new = base + delta.float()
