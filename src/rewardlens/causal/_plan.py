@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from ..data import Pair, flatten_pairs, pair_of
+from ..data.internal import rows_of
 from ..errors import DataError, RewardLensWarning, TokenizationError, UsageError
 from ..model import RewardModel, Trace, TraceKey, trace
 from ..model.internal import Batch, Tokenized, sequence_label
@@ -137,7 +138,7 @@ def resolve_positions(
     for j, t in enumerate(targets):
         s = None if sources is None else sources[j]
         if positions == "prefix":
-            ct = list(range(min(len(seqs[t].ids), len(seqs[_partner(t)].ids))))
+            ct = list(range(min(len(seqs[t].ids), len(seqs[partner(t)].ids))))
             cs = list(ct)
         elif positions == "all":
             if s is not None and len(seqs[t].ids) != len(seqs[s].ids):
@@ -174,15 +175,16 @@ def resolve_positions(
     return torch.tensor(pad(cols_t)), torch.tensor(pad(cols_s)), valid
 
 
-def _partner(row: int) -> int:
-    """The other side of `row`'s pair (rows 2i and 2i+1 are pair i: the layout `rewardlens.data` owns)."""
-    return row ^ 1
+def partner(row: int) -> int:
+    """The other side of `row`'s pair (the row layout is `rewardlens.data`'s: `pair_of`, `rows_of`)."""
+    pair, which = pair_of(row)
+    return rows_of(pair)[1 if which == "chosen" else 0]
 
 
 def unpatched_read(seqs: list[Tokenized], read: list[int], targets: list[int]) -> list[int]:
     """Pairs (indices) in which positions='prefix' leaves a target's read token unpatched: the
     target is longer than its partner, so `t*` ≥ min_len."""
-    return sorted({pair_of(t)[0] for t in targets if read[t] >= min(len(seqs[t].ids), len(seqs[_partner(t)].ids))})
+    return sorted({pair_of(t)[0] for t in targets if read[t] >= min(len(seqs[t].ids), len(seqs[partner(t)].ids))})
 
 
 def warn_unpatched_read(pairs: list[int], ids: Sequence[str] | None) -> None:
@@ -283,7 +285,8 @@ def sides(mode: Mode, n_seqs: int) -> tuple[list[int], list[int] | None]:
     noising patches the chosen sides from the rejected, denoising the reverse, ablation every side (no source)."""
     if mode == "ablation":
         return list(range(n_seqs)), None
-    chosen, rejected = list(range(0, n_seqs, 2)), list(range(1, n_seqs, 2))
+    rows = [rows_of(pair) for pair in range(n_seqs // 2)]
+    chosen, rejected = [c for c, _ in rows], [r for _, r in rows]
     return (chosen, rejected) if mode == "noising" else (rejected, chosen)
 
 

@@ -27,7 +27,7 @@ from ..model.internal import Tokenized, collate, sequence_label
 from ..types import Ablation, Mode, PatchLevel, Positions, Spans
 from ._direct import patched_final
 from ._engine import Site, batched_sweep
-from ._plan import Clean
+from ._plan import Clean, partner, sides
 from ._stepped import stepped_sweep
 
 
@@ -122,14 +122,13 @@ class ReadChunks:
         self.level = level
         # Ablation patches both sides, as it does at one read token (docs/patching.md); noising the chosen
         # side, denoising the rejected one.
-        self.targets = list(range(len(seqs))) if mode == "ablation" else list(
-            range(0 if mode == "noising" else 1, len(seqs), 2))
+        self.targets = sides(mode, len(seqs))[0]
         self.clean = torch.zeros(len(seqs))
 
     def __iter__(self) -> Iterator[tuple[int, list[int], list[int], dict[int, dict[TraceKey, Tensor]]]]:
         for lo in range(0, len(self.targets), self.batch_size):
             tgt = self.targets[lo:lo + self.batch_size]
-            src = [t + 1 if t % 2 == 0 else t - 1 for t in tgt]
+            src = [partner(t) for t in tgt]
             acts, reward = traced_reads(self.model, self.seqs, sorted({*tgt, *src}), self.heads, self.batch_size,
                                         self.level == "neuron")
             for i, r in reward.items():
