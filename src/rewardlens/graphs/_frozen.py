@@ -192,10 +192,12 @@ def _copies(batch: Batch, copies: int) -> Batch:
     """`batch` (one row) repeated `copies` times."""
     if copies == 1:
         return batch
-    rep = lambda t: None if t is None else t.expand(copies, *t.shape[1:])  # noqa: E731
+    def rep(t: Tensor) -> Tensor:
+        return t.expand(copies, *t.shape[1:])
+
+    types = None if batch.token_type_ids is None else rep(batch.token_type_ids)
     return replace(batch, input_ids=rep(batch.input_ids), attention_mask=rep(batch.attention_mask),
-                   position_ids=rep(batch.position_ids), token_type_ids=rep(batch.token_type_ids),
-                   read_at=batch.read_at.expand(copies))
+                   position_ids=rep(batch.position_ids), token_type_ids=types, read_at=batch.read_at.expand(copies))
 
 
 def layer_module(model: RewardModel, layer: int, path: str) -> nn.Module:

@@ -52,9 +52,9 @@ class Nodes:
 
     def take(self, index: np.ndarray) -> Nodes:
         """The nodes at `index`, in that order."""
-        return Nodes([self.names[i] for i in index], *(getattr(self, f)[index] for f in (
-            "kind", "layer", "position", "feature", "activation", "value", "constant")),
-            side=None if self.side is None else self.side[index])
+        return Nodes([self.names[i] for i in index], self.kind[index], self.layer[index], self.position[index],
+                     self.feature[index], self.activation[index], self.value[index], self.constant[index],
+                     side=None if self.side is None else self.side[index])
 
 
 @dataclass(frozen=True)

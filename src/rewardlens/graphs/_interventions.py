@@ -66,7 +66,7 @@ def intervene(g: AttributionGraph, model: RewardModel, transcoders: Any,
             raise UsageError(f"{name!r} is not a feature node of this graph; pick one from graph.to_frame()[0]",
                              option="interventions")
         plan.append((name, mode, float(value)))
-    batch, errors = _batch(g, model), {}
+    batch, errors = _batch(g, model), dict[int, Tensor]()
     reward = _reward(model, transcoders, batch, None, errors)
     rows = []
     for name, mode, value in plan:

@@ -72,7 +72,7 @@ def graph(
     seqs, _ = model.encode(list(pairs))
     out = []
     for i in range(len(pairs)):
-        sides = []
+        sides: list[AttributionGraph] = []
         for j, side in enumerate(("chosen", "rejected")):
             (_, batch), = model.batches([seqs[2 * i + j]], 1)
             label = f"pair {i} ({side})"

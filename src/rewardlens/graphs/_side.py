@@ -123,19 +123,38 @@ def _error_column(rows: Rows, column: int) -> int:
 
 def _nodes(model: RewardModel, batch: Batch, rows: Rows, chosen: list[int], errors: bool, root: tuple[float, float],
            run: Any, zero: Any) -> Nodes:
-    basis, length = rows.basis, rows.length
-    names, kind, layer, pos, feat, act, value, const = [], [], [], [], [], [], [], []
+    basis, length, nan = rows.basis, rows.length, float("nan")
+    cols: dict[str, list[Any]] = {k: [] for k in ("names", "kind", "layer", "pos", "feat", "act", "value", "const")}
+
+    def add(name: str, kind: int, layer: int, pos: int, feat: int, act: float = nan, value: float = nan,
+            const: float = nan) -> None:
+        for key, v in zip(cols, (name, kind, layer, pos, feat, act, value, const)):
+            cols[key].append(v)
+
     targets = [rows.feature_of(c) for c in chosen]
-    for t in targets:
+    totals = _feature_totals(rows, targets, run, zero)
+    for i, t in enumerate(targets):
         a = basis.active[t.layer]
         p, f = int(a.pos[t.index]), int(a.ids[t.index])
-        names.append(basis.part(t.layer, f).at(p).name)
-        kind.append(0), layer.append(t.layer), pos.append(p), feat.append(f), act.append(float(a.acts[t.index]))
+        add(basis.part(t.layer, f).at(p).name, 0, t.layer, p, f, float(a.acts[t.index]), *totals[i])
+    if errors:
+        for lay in rows.layers:
+            for p in range(length):
+                add(basis.error_part(lay).at(p).name, 1, lay, p, -1)
+    for p in range(length):
+        add(Part.embed().at(p).name, 2, -1, p, int(batch.input_ids[0, p]))
+    add("reward", 3, model.n_layers, rows.read_at, -1, nan, *root)
+    return Nodes(names=cols["names"], kind=np.array(cols["kind"], dtype=np.int8), layer=np.array(cols["layer"]),
+                 position=np.array(cols["pos"]), feature=np.array(cols["feat"]), activation=np.array(cols["act"]),
+                 value=np.array(cols["value"]), constant=np.array(cols["const"]))
+
+
+def _feature_totals(rows: Rows, targets: list[Target], run: Any, zero: Any) -> list[tuple[float, float]]:
+    """Each target feature's (pre-activation, constant): read from the graph run and from the zero run."""
+    basis, out = rows.basis, [(0.0, 0.0)] * len(targets)
     by_layer: dict[int, list[int]] = {}
     for i, t in enumerate(targets):
         by_layer.setdefault(t.layer, []).append(i)
-    value += [0.0] * len(targets)
-    const += [0.0] * len(targets)
     with torch.no_grad():
         for lay, idx in by_layer.items():
             a = basis.active[lay]
@@ -143,27 +162,8 @@ def _nodes(model: RewardModel, batch: Batch, rows: Rows, chosen: list[int], erro
             v = basis.read(lay, run.targets[lay][0].detach(), a.pos[index], a.ids[index])
             c = basis.read(lay, zero.targets[lay][0], a.pos[index], a.ids[index])
             for j, i in enumerate(idx):
-                value[i], const[i] = float(v[j]), float(c[j])
-    if errors:
-        for lay in rows.layers:
-            for p in range(length):
-                names.append(basis.error_part(lay).at(p).name)
-                kind.append(1), layer.append(lay), pos.append(p), feat.append(-1)
-        n_err = rows.n_errors
-        act += [float("nan")] * n_err
-        value += [float("nan")] * n_err
-        const += [float("nan")] * n_err
-    for p in range(length):
-        names.append(Part.embed().at(p).name)
-        kind.append(2), layer.append(-1), pos.append(p), feat.append(int(batch.input_ids[0, p]))
-    act += [float("nan")] * length
-    value += [float("nan")] * length
-    const += [float("nan")] * length
-    names.append("reward")
-    kind.append(3), layer.append(model.n_layers), pos.append(rows.read_at), feat.append(-1)
-    act.append(float("nan")), value.append(root[0]), const.append(root[1])
-    return Nodes(names=names, kind=np.array(kind, dtype=np.int8), layer=np.array(layer), position=np.array(pos),
-                 feature=np.array(feat), activation=np.array(act), value=np.array(value), constant=np.array(const))
+                out[i] = (float(v[j]), float(c[j]))
+    return out
 
 
 __all__ = ["KINDS", "side_graph"]
