@@ -118,3 +118,18 @@ def test_each_decision_logs_one_debug_line(tiny_root, pairs, caplog):
     assert got.provenance is not None
     assert any(f"{got.provenance.engine} ran" in m for m in said), said
     assert sum("declines" in m for m in said) == len(got.provenance.declined)
+
+
+def test_provenance_survives_the_plain_record_a_store_keeps(tiny_root, pairs):
+    """The audit's store keeps a `Patching` as plain fields (`dataclasses.asdict` for nested ones, lists for
+    tuples); rebuilt from them, the result carries the same `Provenance`."""
+    import dataclasses
+
+    from rewardlens.causal import Patching
+
+    got = _patch(rl.load(str(tiny_root["llama"])), pairs)
+    record = {f.name: getattr(got, f.name) for f in dataclasses.fields(got)}
+    plain = dataclasses.asdict(got.provenance)
+    plain["declined"] = [list(d) for d in plain["declined"]]
+    back = Patching(**{**record, "provenance": plain})
+    assert back.provenance == got.provenance and isinstance(back.provenance.declined, tuple)

@@ -73,8 +73,12 @@ class Patching(HtmlView, PatchedMargins):
     approximate: bool = False
     min_margin: float = 1e-4
     provenance: Provenance | None = None
-    """Which engine computed the patched rewards, which declined and why (`Provenance`); None where no
-    engine ran (a first-order estimate records its method in `approximate`)."""
+    """Which engine computed the patched rewards, which declined and why (`Provenance`); None on a result
+    made before it was recorded."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.provenance, dict):  # read back from the audit's store, which keeps plain records
+            object.__setattr__(self, "provenance", Provenance.of(self.provenance))
 
     @property
     def flagged(self) -> np.ndarray:

@@ -31,7 +31,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from torch import Tensor
 
@@ -64,6 +64,12 @@ class Provenance:
         how = "forced" if self.forced else "cheapest that accepted"
         proof = f"; proof: {self.proof}" if self.proof else ""
         return f"engine {self.engine} ({how}{proof}; {len(self.declined)} declined)"
+
+    @classmethod
+    def of(cls, record: dict[str, Any]) -> Provenance:
+        """A `Provenance` from its plain record (`dataclasses.asdict`, as a store keeps it)."""
+        return cls(str(record["engine"]), tuple((str(a), str(b)) for a, b in record.get("declined", ())),
+                   record.get("proof"), bool(record.get("forced", False)))
 
     def reason(self, engine: str) -> str | None:
         """Why `engine` declined (None: it did not)."""
