@@ -170,3 +170,21 @@ def test_plot_draws_the_graph(pair_graph):
     matplotlib.use("Agg")
     fig = pair_graph.chosen.prune().plot()
     assert fig.axes and fig.axes[0].collections
+
+
+def test_margin_matches_prompt_nodes_by_position_or_by_distance_to_the_read(pair_graph, tiny_root):
+    m = pair_graph.margin
+    prefix = m.meta["shared_prefix"]
+    assert prefix > 0
+    # a causal model computes the shared prompt identically on both sides: its matched features' edges cancel
+    scale = np.abs(pair_graph.chosen.adjacency).max()
+    for r, node in enumerate(m.rows[:-1]):
+        if m.nodes.side[node] == "both" and m.nodes.position[node] < prefix:
+            assert np.abs(m.adjacency[r]).max() <= 1e-5 * scale
+    assert {"chosen", "rejected", "both"} <= set(m.nodes.side)
+    model = rl.load(str(tiny_root["llama"]))
+    read = graph(model, SHORT, random_transcoders(model), max_nodes=30, batch_size=16, align="read")[0].margin
+    assert read.reward == pytest.approx(m.reward, rel=1e-6) and read.closure_gap <= 1e-5
+    tokens = read.nodes.kind == 2
+    both = tokens & (read.nodes.side == "both")
+    assert both.any() and (read.meta["align"], m.meta["align"]) == ("read", "prefix")
