@@ -51,8 +51,11 @@ results["Audit"] = Audit(model=repr(model), fingerprint="fp", data_checksum="sum
                          sublayers=rl.attribute(model, pairs), heads=results["Attribution"],
                          faithfulness=rl.faithfulness(model, pairs, level="head", n_boot=50),
                          tokens=results["TokenAttribution"])
-paired = graph(model, SHORT, random_transcoders(model), max_nodes=40, batch_size=16)[0]
+transcoders = random_transcoders(model)
+paired = graph(model, SHORT, transcoders, max_nodes=40, batch_size=16)[0]
 results["AttributionGraph"], results["PairGraph"] = paired.margin, paired
+feature = next(n for n, k in zip(paired.chosen.nodes.names, paired.chosen.nodes.kind) if k == 0)
+results["InterventionCheck"] = paired.chosen.intervene(model, transcoders, {{feature: "ablate"}})
 results["ClosedLoop"] = verify_edit(("list",), seeds=(0, 1), recipe=Recipe(grpo_steps=5))
 results["Pair"] = pairs[-1]
 results["RewardModel"] = model
@@ -155,7 +158,8 @@ def executed(tmp_path_factory):
              "EditReport", "Edit", "Probes", "Distortion", "Cascades", "FeatureAttribution", "FeatureReport",
              "TrainResult", "Comparison", "Trajectory", "PolicyRun", "Bench", "BenchComparison", "PathPatching",
              "Circuit", "Edges", "Steps", "Scorecard", "Parity", "FeaturePatch", "FeatureSteer", "FeatureCards",
-             "ClosedLoop", "AttributionGraph", "PairGraph", "Pair", "RewardModel", "Audit"]
+             "ClosedLoop", "AttributionGraph", "PairGraph", "InterventionCheck",
+             "Pair", "RewardModel", "Audit"]
     for name in names:  # the cell's last expression is the result: Jupyter displays it by its _repr_html_
         nb.cells.append(nbformat.v4.new_code_cell(f"# {name}\nresults[{name!r}]"))
     nb.cells.append(nbformat.v4.new_code_cell(EXPECT))
@@ -218,7 +222,8 @@ def test_every_view_is_well_formed_escaped_and_shows_its_numbers(executed):
         missing = [x for x in expected[name] if x not in text]
         assert not missing, f"{name}'s view lacks {missing[:5]} (of {len(expected[name])} expected)"
     for name in names:  # every view but the plain facts' draws its figure inline
-        if name not in ("Pair", "RewardModel", "Edit", "Steps", "Scorecard", "Parity", "TokenAttribution", "Edges"):
+        if name not in ("Pair", "RewardModel", "Edit", "Steps", "Scorecard", "Parity", "TokenAttribution", "Edges",
+                        "InterventionCheck"):
             assert "<svg" in shown[name], f"{name}'s view has no inline figure"
 
 

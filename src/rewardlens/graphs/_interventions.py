@@ -25,6 +25,7 @@ from torch import Tensor
 from ..errors import UsageError
 from ..model import RewardModel
 from ..model.internal import Batch, Tokenized, first_output, hidden_arg
+from ..plotting import HtmlView
 from ..sae import mlp_module
 
 if TYPE_CHECKING:
@@ -36,7 +37,7 @@ MODES = ("ablate", "clamp", "steer")
 
 
 @dataclass(frozen=True)
-class InterventionCheck:
+class InterventionCheck(HtmlView):
     """One row per intervention: node, mode, value, the activation before and after, the graph's predictions
     (`direct`, `graph`) and the `real` change of the reward."""
 
