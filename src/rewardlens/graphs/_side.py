@@ -99,7 +99,9 @@ def _assemble(model: RewardModel, batch: Batch, rows: Rows, matrix: Tensor, row_
     errors = matrix[:, n_feat: n_feat + rows.n_errors].clone()
     if bool(dropped.any()):  # features past the cap join the error node at their layer and position
         cols = dropped.nonzero().flatten()
-        spot = torch.tensor([_error_column(rows, c) for c in cols.tolist()], device=errors.device)
+        layer_of = torch.repeat_interleave(torch.arange(len(rows.counts)), torch.tensor(rows.counts))
+        pos_of = torch.cat([basis.active[layer].pos.cpu() for layer in rows.layers])
+        spot = (layer_of * rows.length + pos_of)[cols].to(errors.device)
         errors.index_add_(1, spot, matrix[:, cols.to(matrix.device)])
     keep_errors = basis.has_errors() or bool(dropped.any())
     blocks = [matrix[:, chosen], *([errors] if keep_errors else []), matrix[:, n_feat + rows.n_errors:]]
@@ -113,12 +115,6 @@ def _assemble(model: RewardModel, batch: Batch, rows: Rows, matrix: Tensor, row_
     return AttributionGraph(nodes=nodes, adjacency=adjacency.cpu().numpy(), rows=row_nodes, tokens=list(tokens),
                             label=label, basis=basis.name, n_layers=model.n_layers, read_at=rows.read_at,
                             dropped=int(dropped.sum()))
-
-
-def _error_column(rows: Rows, column: int) -> int:
-    target = rows.feature_of(column)
-    pos = int(rows.basis.active[target.layer].pos[target.index])
-    return target.layer * rows.length + pos
 
 
 def _nodes(model: RewardModel, batch: Batch, rows: Rows, chosen: list[int], errors: bool, root: tuple[float, float],
