@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import torch
@@ -118,7 +119,7 @@ def _paths(model: RewardModel, pairs: list[Pair], name: str) -> list[Grade]:
 
 def _graphs(model: RewardModel, pairs: list[Pair], tcs: Transcoders | None) -> list[PairGraph]:
     """Each pair's graphs, one call per pair (a graph is per pair; basis='neurons' when `tcs` is None)."""
-    basis = "neurons" if tcs is None else "transcoders"
+    basis: Literal["transcoders", "neurons"] = "neurons" if tcs is None else "transcoders"
     return [graph(model, pair, tcs, basis=basis, max_nodes=MAX_NODES, batch_size=64)[0] for pair in pairs]
 
 

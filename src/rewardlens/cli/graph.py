@@ -44,9 +44,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _run(args: argparse.Namespace) -> dict[str, Any]:
-    from ..graphs import MAX_NODES, graph
-    from ..graphs._contexts import feature_contexts
-    from ..graphs._page import write_graph_page
+    from ..graphs import MAX_NODES, feature_contexts, graph, node_feature, write_graph_page
     from ..sae import check_transcoders, load_transcoders, transcoder_fidelity
 
     pairs = read_pairs(args)[:args.limit or DEFAULT_PAIRS]
@@ -65,8 +63,9 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
         g = pg.margin
         pruned = g.prune(args.node_threshold, args.edge_threshold)
         features = [n for n, k in zip(pruned.nodes.names, pruned.nodes.kind) if k == 0]
-        contexts = (feature_contexts(model, pairs, [_base(n) for n in features], transcoders=tcs, n=args.contexts)
-                    if args.contexts > 0 and features else {})
+        names = [node_feature(n) for n in features]
+        contexts = (feature_contexts(model, pairs, names, transcoders=tcs, n=args.contexts)
+                    if args.contexts > 0 and names else {})
         s = g.scores
         notes = [f"margin {g.reward:+.4g} (chosen {pg.chosen.reward:+.4g}, rejected {pg.rejected.reward:+.4g})",
                  f"closure gap {g.closure_gap:.2e}; replacement score {s.replacement:.3f}; completeness "
@@ -85,12 +84,6 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
                                                   "reward_recovered": finite(fit.reward_recovered),
                                                   "explained_variance": {str(k): finite(v) for k, v in
                                                                          fit.explained_variance.items()}}}
-
-
-def _base(name: str) -> str:
-    from ..graphs._page import _base as base
-
-    return base(name)
 
 
 def _show(result: dict[str, Any]) -> None:

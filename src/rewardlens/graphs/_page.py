@@ -79,7 +79,7 @@ def page_data(g: AttributionGraph, contexts: dict[str, list[Context]] | None = N
                  f"{_number(float(direct[i]))}", f"influence on it: {float(rec['influence']):.4g}"]
         if "side" in rec:
             lines.append(f"side: {rec['side']}")
-        ctx = [[c.text, f"{c.activation:.4g}"] for c in (contexts or {}).get(_base(rec["node"]), [])]
+        ctx = [[c.text, f"{c.activation:.4g}"] for c in (contexts or {}).get(node_feature(rec["node"]), [])]
         nodes.append({"name": rec["node"], "kind": rec["kind"], "x": round(float(x[i]), 2),
                       "y": round(float(y[i]), 2), "colour": COLOURS[KINDS[int(g.nodes.kind[i])]],
                       "label": str(rec["token"]) if rec["kind"] == "token" else rec["node"], "lines": lines,
@@ -96,7 +96,7 @@ def page_data(g: AttributionGraph, contexts: dict[str, list[Context]] | None = N
             "height": round(float(y.max()) + 60.0, 1) if len(y) else 200.0}
 
 
-def _base(name: str) -> str:
+def node_feature(name: str) -> str:
     """A node's feature, without its position or side suffix: `tc_L3_F120_P5_rejected` → `tc_L3_F120`."""
     name = name.removesuffix("_rejected")
     head, _, tail = name.rpartition("_P")

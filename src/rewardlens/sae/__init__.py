@@ -46,10 +46,10 @@ from ._transcoder import Transcoder as Transcoder
 from ._transcoder import TranscoderConfig as TranscoderConfig
 from ._transcoder import TranscoderProvenance as TranscoderProvenance
 from ._transcoder import Transcoders as Transcoders
-from ._transcoder import load_transcoders as load_transcoders
 from ._transcoder_fit import TranscoderFidelity as TranscoderFidelity
 from ._transcoder_fit import transcoder_fidelity as transcoder_fidelity
 from ._transcoder_load import check_transcoders as check_transcoders
+from ._transcoder_load import load_transcoders as load_transcoders
 from ._transcoder_train import TranscoderTrainConfig as TranscoderTrainConfig
 from ._transcoder_train import TranscoderTraining as TranscoderTraining
 from ._transcoder_train import mlp_module as mlp_module

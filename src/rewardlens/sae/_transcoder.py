@@ -16,6 +16,7 @@ too (`activation`): `f = ReLU(pre)`, or `f = pre · [pre > θ]`.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -30,6 +31,8 @@ from ..errors import SAEMismatchError
 Activation = Literal["topk", "relu", "jumprelu"]
 ACTIVATIONS: tuple[Activation, ...] = ("topk", "relu", "jumprelu")
 SOURCE_HOOK, TARGET_HOOK = "mlp_in", "mlp_out"
+CONFIG, WEIGHTS, RUN_CONFIG = "cfg.json", "sae.safetensors", "config.json"
+"""A layer's folder: sparsify's config and weights; the run's config beside the layers' folders."""
 
 
 @dataclass(frozen=True)
@@ -239,14 +242,35 @@ class Transcoders(Mapping[int, Transcoder]):
     def save(self, folder: str | Path) -> Path:
         """Write one sparsify-layout folder per layer (`layers.<l>.mlp/cfg.json` + `sae.safetensors`) and a
         sparsify run `config.json` naming the base model (sae/_transcoder_load.py)."""
-        from ._transcoder_load import save_transcoders
-
         return save_transcoders(self, Path(folder))
 
 
-def load_transcoders(folder: str | Path, *, layers: list[int] | None = None, device: torch.device | str = "cpu",
-                     dtype: torch.dtype = torch.float32) -> Transcoders:
-    """Read a transcoder set: rewardlens'/sparsify's per-layer folders or circuit-tracer's per-layer files."""
-    from ._transcoder_load import load_transcoder_folder
+def save_transcoders(tcs: Transcoders, folder: Path) -> Path:
+    """Write `tcs` in sparsify's layout with rewardlens' provenance keys (module docstring)."""
+    from safetensors.torch import save_file
 
-    return load_transcoder_folder(Path(folder), layers=layers, device=device, dtype=dtype)
+    folder.mkdir(parents=True, exist_ok=True)
+    hookpoints = []
+    for layer, tc in tcs.items():
+        c, name = tc.cfg, f"layers.{layer}.mlp"
+        hookpoints.append(name)
+        cpu = lambda t: t.detach().contiguous().cpu()  # noqa: E731
+        state = {"encoder.weight": cpu(tc.W_enc.T), "encoder.bias": cpu(tc.b_enc), "W_dec": cpu(tc.W_dec),
+                 "b_dec": cpu(tc.b_dec)}
+        if tc.W_skip is not None:
+            state["W_skip"] = cpu(tc.W_skip.T)
+        if tc.threshold is not None:
+            state["threshold"] = cpu(tc.threshold)
+        sub = folder / name
+        sub.mkdir(exist_ok=True)
+        save_file(state, str(sub / WEIGHTS))
+        cfg = {"expansion_factor": max(c.d_sae // c.d_in, 1), "normalize_decoder": False, "num_latents": c.d_sae,
+               "k": c.k, "activation": c.activation, "multi_topk": False, "skip_connection": c.skip,
+               "transcode": True, "d_in": c.d_in, "layer": layer, "d_out": c.d_out,
+               "dtype": str(tc.W_dec.dtype).removeprefix("torch."), "source": c.source, "target": c.target}
+        cfg |= {k: v for k, v in (("model_name", c.base_model), ("model_fingerprint", c.model_fingerprint)) if v}
+        (sub / CONFIG).write_text(json.dumps(cfg))
+    run = {"model": tcs.provenance.base_model or "", "hookpoints": hookpoints, "transcode": True,
+           "sae": {"k": tcs[tcs.layers[0]].k, "num_latents": tcs.d_sae, "transcode": True}}
+    (folder / RUN_CONFIG).write_text(json.dumps(run))
+    return folder

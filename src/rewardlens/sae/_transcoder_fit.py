@@ -32,7 +32,7 @@ from ..model import RewardModel
 from ..model.internal import Batch, rewriting
 from ..plotting import HtmlView
 from ..stats import summary_frame
-from ._transcoder import Transcoders
+from ._transcoder import Transcoder, Transcoders
 from ._transcoder_load import check_transcoders
 from ._transcoder_train import mlp_module, mlp_pairs
 
@@ -106,12 +106,13 @@ def transcoder_fidelity(model: RewardModel, transcoders: Transcoders, inputs: In
             r_t = _reward(model, batch, [(la, mask, _transcode(tcs[la])) for la in layers])
             r_0 = _reward(model, batch, [(la, mask, torch.zeros_like) for la in layers])
             rewards.append((np.asarray(rows), r, r_t, r_0))
-    ev, l0 = {}, {}
+    ev: dict[int, float] = {}
+    l0: dict[int, float] = {}
     for la in layers:
         sq, err, n, active = sums[la]
         total = sq - float(s1[la].pow(2).sum()) / max(n, 1)
-        ev[la] = 1 - err / total if total > 0 else math.nan
-        l0[la] = active / max(n, 1)
+        ev[la] = float(1 - err / total) if total > 0 else math.nan
+        l0[la] = float(active / max(n, 1))
     order = np.argsort(np.concatenate([row[0] for row in rewards]))  # back to the inputs' order
     r, r_t, r_0 = (np.concatenate([row[i] for row in rewards])[order] for i in (1, 2, 3))
     ablated = float(np.abs(r_0 - r).mean())
@@ -119,7 +120,7 @@ def transcoder_fidelity(model: RewardModel, transcoders: Transcoders, inputs: In
     return TranscoderFidelity(tuple(layers), ev, l0, recovered, int(sums[layers[0]][2]), r, r_t, r_0)
 
 
-def _transcode(tc: torch.nn.Module) -> Callable[[Tensor, Tensor], Tensor]:
+def _transcode(tc: Transcoder) -> Callable[[Tensor, Tensor], Tensor]:
     def fn(y: Tensor, x: Tensor) -> Tensor:
         return tc(x.to(tc.W_enc.dtype)).to(y.dtype)
 
@@ -130,9 +131,9 @@ def _reward(model: RewardModel, batch: Batch,
             replace: list[tuple[int, Tensor, Callable[..., Tensor]]]) -> np.ndarray:
     """The scalar reward [b] of one forward of `batch`, each listed layer's MLP output at its mask replaced by
     `fn(output, input)` (`fn(output)` for torch.zeros_like)."""
-    hooks = []
+    hooks: list[tuple[torch.nn.Module, str, Callable[[Tensor], Tensor | None]]] = []
     for layer, mask, fn in replace:
-        module, seen = mlp_module(model, layer), {}
+        module, seen = mlp_module(model, layer), dict[str, Tensor]()
 
         def grab(v: Tensor, seen: dict[str, Tensor] = seen) -> None:
             seen["x"] = v

@@ -27,9 +27,9 @@ from torch import Tensor
 from ..errors import DataError, SAEMismatchError, warn
 from ..model import RewardModel
 from ._provenance import RUN_CONFIG, base_name, model_fingerprint, model_name
-from ._transcoder import Activation, Transcoder, TranscoderConfig, Transcoders
+from ._transcoder import CONFIG, WEIGHTS, Activation, Transcoder, TranscoderConfig, Transcoders
 
-CONFIG, WEIGHTS, CT_CONFIG = "cfg.json", "sae.safetensors", "config.yaml"
+CT_CONFIG = "config.yaml"
 _CT_FILE = re.compile(r"layer_(\d+)\.safetensors")
 _MODULE = re.compile(r"(?:\w+\.)*?(\d+)\.mlp")
 _CT_INPUTS = ("mlp.hook_in", "ln2.hook_normalized", "hook_mlp_in")
@@ -39,37 +39,6 @@ _CT_OUTPUTS = ("mlp.hook_out", "hook_mlp_out")
 
 def _dtype_name(t: Tensor | torch.dtype) -> str:
     return str(t if isinstance(t, torch.dtype) else t.dtype).removeprefix("torch.")
-
-
-def save_transcoders(tcs: Transcoders, folder: Path) -> Path:
-    """Write `tcs` in sparsify's layout with rewardlens' provenance keys (module docstring)."""
-    from safetensors.torch import save_file
-
-    folder.mkdir(parents=True, exist_ok=True)
-    hookpoints = []
-    for layer, tc in tcs.items():
-        c, name = tc.cfg, f"layers.{layer}.mlp"
-        hookpoints.append(name)
-        cpu = lambda t: t.detach().contiguous().cpu()  # noqa: E731
-        state = {"encoder.weight": cpu(tc.W_enc.T), "encoder.bias": cpu(tc.b_enc), "W_dec": cpu(tc.W_dec),
-                 "b_dec": cpu(tc.b_dec)}
-        if tc.W_skip is not None:
-            state["W_skip"] = cpu(tc.W_skip.T)
-        if tc.threshold is not None:
-            state["threshold"] = cpu(tc.threshold)
-        sub = folder / name
-        sub.mkdir(exist_ok=True)
-        save_file(state, str(sub / WEIGHTS))
-        cfg = {"expansion_factor": max(c.d_sae // c.d_in, 1), "normalize_decoder": False, "num_latents": c.d_sae,
-               "k": c.k, "activation": c.activation, "multi_topk": False, "skip_connection": c.skip,
-               "transcode": True, "d_in": c.d_in, "layer": layer, "d_out": c.d_out,
-               "dtype": _dtype_name(tc.W_dec), "source": c.source, "target": c.target}
-        cfg |= {k: v for k, v in (("model_name", c.base_model), ("model_fingerprint", c.model_fingerprint)) if v}
-        (sub / CONFIG).write_text(json.dumps(cfg))
-    run = {"model": tcs.provenance.base_model or "", "hookpoints": hookpoints, "transcode": True,
-           "sae": {"k": tcs[tcs.layers[0]].k, "num_latents": tcs.d_sae, "transcode": True}}
-    (folder / RUN_CONFIG).write_text(json.dumps(run))
-    return folder
 
 
 def load_transcoder_folder(folder: Path, *, layers: list[int] | None = None, device: torch.device | str = "cpu",
@@ -285,3 +254,9 @@ def check_transcoders(model: RewardModel, tcs: Transcoders, layers: list[int] | 
 def config_dict(cfg: TranscoderConfig) -> dict[str, Any]:
     """The config as a plain dict (for reports)."""
     return asdict(cfg)
+
+
+def load_transcoders(folder: str | Path, *, layers: list[int] | None = None, device: torch.device | str = "cpu",
+                     dtype: torch.dtype = torch.float32) -> Transcoders:
+    """Read a transcoder set: rewardlens'/sparsify's per-layer folders or circuit-tracer's per-layer files."""
+    return load_transcoder_folder(Path(folder), layers=layers, device=device, dtype=dtype)
