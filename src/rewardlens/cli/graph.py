@@ -55,7 +55,8 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
         check_transcoders(model, tcs, trust_base_model=args.transcoders_any_model)
         fit = transcoder_fidelity(model, tcs, pairs, batch_size=args.batch_size,
                                   trust_base_model=args.transcoders_any_model)
-    graphs = graph(model, pairs, tcs, basis=args.basis, max_nodes=args.max_nodes or MAX_NODES, align=args.align)
+    graphs = [graph(model, pair, tcs, basis=args.basis, max_nodes=args.max_nodes or MAX_NODES, align=args.align)[0]
+              for pair in pairs]  # one pair per call: each pair's sides get their own basis
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = []
