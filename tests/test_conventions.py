@@ -24,9 +24,8 @@ import rewardlens
 ROOT = Path(rewardlens.__file__).parent
 ROW_OWNER = "data/_rows.py"
 PART_OWNER = "model/_parts.py"
-# Engineer A moves causal/ onto the owners in the same change (issue 43 item 1), and graphs/ is being written
-# (issue 43, E1/E2); until they land they are exempt.
-PENDING = ("causal/", "graphs/")
+# graphs/ is being written (issue 43, E1/E2); until it lands it is exempt.
+PENDING = ("graphs/",)
 # A part-name fragment right before an interpolated field: `attn_L{l}`, `_H{h}`, `_N{i}`, `_E{e}`.
 PART_FRAGMENT = re.compile(r"(?:^|[^A-Za-z0-9])(?:attn|mlp)?_[LHNE]$")
 PART_SEPARATORS = ("_L", "_H", "_N", "_E")
