@@ -67,7 +67,8 @@ class SAEConfig:
             what = "skip_connection=True" if self.skip_connection else "transcode=True"
             raise UsageError(
                 f"{what}: rewardlens reads autoencoders whose output is Σ f_i d_i + b_dec only; "
-                "a skip term or a transcoder would leave part of the reward outside the latents"
+                "a skip term or a transcoder would leave part of the reward outside the latents (a transcoder "
+                "folder loads with rewardlens.sae.load_transcoders)"
             )
 
     def latents(self, d_in: int) -> int:
