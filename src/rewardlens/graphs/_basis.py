@@ -55,7 +55,7 @@ class TranscoderBasis:
         self.src0: dict[int, Tensor] = {}
         self.err0: dict[int, Tensor] = {}
         self.active: dict[int, Active] = {}
-        self._dec: dict[int, Tensor] = {}
+        self._dec: dict[int, tuple[Tensor, Tensor]] = {}
         self._inputs: dict[int, Tensor] = {}
 
     def hooks(self, run: Run, zero: bool) -> list[Hook]:
@@ -91,7 +91,7 @@ class TranscoderBasis:
                     self.active[layer] = Active(pos, ids, acts[pos, ids])
                     self.err0[layer] = y0 - tc.decode(acts, x0)
                     self.src0[layer] = y0 - tc.b_dec.detach() - tc.skip(x0)
-                    self._dec[layer] = tc.W_dec.detach()[ids]
+                    self._dec[layer] = _by_position(tc.W_dec.detach()[ids], pos, x0.shape[0])
         run.targets[layer] = x
         delta = torch.zeros_like(x, dtype=y.dtype, requires_grad=not zero)
         run.deltas[layer] = delta
@@ -103,15 +103,13 @@ class TranscoderBasis:
 
     def feature_edges(self, layer: int, grad: Tensor) -> Tensor:
         """Edges [B, n] from the layer's active features, given the gradient [B, T, d] at its MLP output:
-        `a_f · (W_dec[f] · g[p_f])`, a few rows at a time so the gathered [rows, n, d] stays small."""
+        `a_f · (W_dec[f] · g[p_f])`, one batched product per position over its (at most k) active features."""
         act = self.active[layer]
-        out = grad.new_zeros(grad.shape[0], len(act), dtype=torch.float32)
         if not len(act):  # an MLP kept whole (exact_layers): no feature
-            return out
-        step = max(1, 2**24 // max(1, len(act) * grad.shape[-1]))
-        for i in range(0, grad.shape[0], step):
-            out[i: i + step] = torch.einsum("bnd,nd->bn", grad[i: i + step, act.pos].float(), self._dec[layer])
-        return out * act.acts
+            return grad.new_zeros(grad.shape[0], 0, dtype=torch.float32)
+        dec, slot = self._dec[layer]
+        per_position = torch.bmm(grad.float().transpose(0, 1), dec.transpose(1, 2))  # [T, B, K]
+        return per_position[act.pos, :, slot].T * act.acts
 
     def error_edges(self, layer: int, grad: Tensor) -> Tensor:
         """Edges [B, T] from the layer's error nodes."""
@@ -233,3 +231,14 @@ def _activation_module(model: RewardModel, layer: int) -> nn.Module:
             f"basis='neurons' freezes the MLP's activation function, but layer {layer}'s MLP "
             f"({type(mlp).__name__}) has {len(found)} parameter-free children; use basis='transcoders'")
     return found[0]
+
+
+def _by_position(dec: Tensor, pos: Tensor, length: int) -> tuple[Tensor, Tensor]:
+    """The active features' decoder rows `dec` [n, d] grouped by position: ([T, K, d] zero-padded, each feature's
+    slot [n]), K the most features active at one position (k for TopK)."""
+    counts = torch.bincount(pos, minlength=length)
+    starts = torch.cumsum(counts, 0) - counts
+    slot = torch.arange(len(pos), device=pos.device) - starts[pos]  # `nonzero` lists features position by position
+    out = dec.new_zeros(length, int(counts.max()) if len(pos) else 0, dec.shape[-1])
+    out[pos, slot] = dec
+    return out, slot
