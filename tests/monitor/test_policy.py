@@ -8,10 +8,11 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from scipy.stats import rankdata
 
 import rewardlens as rl
 from rewardlens.monitor import PolicyMonitor, PolicyRecord, PolicyRun, monitored_reward
-from rewardlens.monitor._gain import gain_shares, rank_correlation
+from rewardlens.monitor._gain import gain_shares, rank_correlation, resample_ranks
 from rewardlens.stats import spearman
 from rewardlens.zoo.organisms import ORGANISMS, build
 
@@ -117,6 +118,13 @@ def test_rank_correlation_is_spearman_with_an_interval():
     assert rho == pytest.approx(spearman(x, y)) and lo < rho < hi
     assert np.isnan(rank_correlation(np.ones(10), y[:10])[0])
 
+
+
+def test_resample_ranks_are_scipys_average_ranks_of_each_resample():
+    g = np.random.default_rng(3)
+    for x in (g.normal(size=300), g.integers(0, 7, 300).astype(float), np.r_[np.nan, g.normal(size=20)]):
+        idx = g.integers(0, len(x), (50, len(x)))
+        np.testing.assert_array_equal(resample_ranks(x, idx), rankdata(x[idx], axis=1))
 
 def test_bad_directions_are_refused(rm):
     with pytest.raises(ValueError, match="width"):
