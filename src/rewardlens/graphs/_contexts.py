@@ -49,7 +49,8 @@ def feature_contexts(model: RewardModel, inputs: Inputs, names: Sequence[str], *
             if p.feature is not None:
                 tc = transcoders[p.layer]  # type: ignore[index]
                 x = seen[("tc", p.layer)]
-                acts = tc.encode(x.to(tc.W_enc.dtype))[..., p.feature]
+                with torch.no_grad():  # a loaded transcoder's weights may require grad; no graph is wanted here
+                    acts = tc.encode(x.to(tc.W_enc.dtype))[..., p.feature]
             else:
                 acts = seen[("mlp", p.layer)][..., p.neuron]
             acts = acts.masked_fill(~mask.to(acts.device), float("-inf")).cpu()
