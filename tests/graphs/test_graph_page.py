@@ -4,6 +4,7 @@ opens a node's card and an edge's weight from the URL hash; nothing points off t
 import re
 
 import numpy as np
+import pytest
 
 from rewardlens.graphs import AttributionGraph, Nodes
 from rewardlens.graphs._page import Context, graph_page, page_data, write_graph_page
@@ -58,3 +59,27 @@ def test_chromium_opens_a_card_and_an_edge_from_the_hash(tmp_path):
     evil = dom(page.as_uri() + "#node=embed_P0", tmp_path / "p2", what="the graph page", budget_ms=5000)
     assert EVIL not in evil  # never an element: the DOM holds it only as text
     assert "token: '&lt;script&gt;window.hacked=1&lt;/script&gt;'" in evil
+
+
+def test_feature_contexts_match_a_hook_loop(tiny_root, pairs):
+    """A neuron's top context is the sequence and position of its largest activation, found here by a forward
+    pre-hook on the down projection over each sequence alone."""
+    import torch
+
+    import rewardlens as rl
+    from rewardlens.graphs import feature_contexts
+
+    model = rl.load(str(tiny_root["llama"]))
+    got = feature_contexts(model, pairs, ["mlp_L1_N5"], n=2)["mlp_L1_N5"]
+    seen = []
+    down = model.layers[1].mlp.down_proj
+    h = down.register_forward_pre_hook(lambda m, a: seen.append(a[0][0, :, 5].detach()))
+    try:
+        with torch.no_grad():
+            for s in model.encode(list(pairs))[0]:
+                model.model(input_ids=torch.tensor([s.ids]))
+    finally:
+        h.remove()
+    best = sorted((float(v.max()) for v in seen if float(v.max()) > 0), reverse=True)[:2]
+    assert [c.activation for c in got] == pytest.approx(best, rel=1e-5)
+    assert all("«" in c.text and "»" in c.text for c in got)
