@@ -12,7 +12,7 @@ from scipy.stats import rankdata
 
 import rewardlens as rl
 from rewardlens.monitor import PolicyMonitor, PolicyRecord, PolicyRun, monitored_reward
-from rewardlens.monitor._gain import gain_shares, rank_correlation, resample_ranks
+from rewardlens.monitor._gain import gain_shares, rank_correlation, rank_correlations, resample_ranks
 from rewardlens.stats import spearman
 from rewardlens.zoo.organisms import ORGANISMS, build
 
@@ -125,6 +125,20 @@ def test_resample_ranks_are_scipys_average_ranks_of_each_resample():
     for x in (g.normal(size=300), g.integers(0, 7, 300).astype(float), np.r_[np.nan, g.normal(size=20)]):
         idx = g.integers(0, len(x), (50, len(x)))
         np.testing.assert_array_equal(resample_ranks(x, idx), rankdata(x[idx], axis=1))
+
+
+def test_rank_correlations_are_each_columns_scipy_bootstrap():
+    g = np.random.default_rng(4)
+    y = g.normal(size=200)
+    xs = np.column_stack([y + g.normal(size=200), g.integers(0, 5, 200), np.zeros(200)]).astype(float)
+    idx = np.random.default_rng(7).integers(0, 200, (300, 200))  # the draws seed=7 makes
+    for (rho, lo, hi), x in zip(rank_correlations(xs, y, n_boot=300, seed=7), xs.T):
+        if np.ptp(x) == 0:
+            assert np.isnan(rho) and np.isnan(lo)
+            continue
+        draws = [np.corrcoef(rankdata(x[i]), rankdata(y[i]))[0, 1] for i in idx]
+        assert rho == pytest.approx(spearman(x, y))
+        np.testing.assert_allclose([lo, hi], np.quantile(draws, [0.025, 0.975]), rtol=1e-12)
 
 def test_bad_directions_are_refused(rm):
     with pytest.raises(ValueError, match="width"):

@@ -91,19 +91,35 @@ def gain_shares(baseline: np.ndarray, current: np.ndarray, *, n_boot: int = 1000
 def rank_correlation(x: np.ndarray, y: np.ndarray, *, n_boot: int = 500, seed: int = 0) -> tuple[float, float, float]:
     """Spearman ρ of `x` and `y` [n] and its 95% percentile bootstrap interval over samples
     (NaN when undefined: a constant vector or fewer than 3 samples)."""
-    rho = spearman(x, y)
-    if not np.isfinite(rho):
-        return rho, np.nan, np.nan
-    idx = np.random.default_rng(seed).integers(0, len(x), (n_boot, len(x)))
-    rx, ry = resample_ranks(x, idx), resample_ranks(y, idx)
-    rx, ry = rx - rx.mean(1, keepdims=True), ry - ry.mean(1, keepdims=True)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        draws = (rx * ry).sum(1) / np.sqrt((rx * rx).sum(1) * (ry * ry).sum(1))
-    draws = draws[np.isfinite(draws)]  # a resample that drew one value only has no rank order
-    if len(draws) < n_boot // 2:
-        return rho, np.nan, np.nan
-    lo, hi = np.quantile(draws, [0.025, 0.975])
-    return rho, float(lo), float(hi)
+    return rank_correlations(x[:, None], y, n_boot=n_boot, seed=seed)[0]
+
+
+def rank_correlations(xs: np.ndarray, y: np.ndarray, *, n_boot: int = 500,
+                      seed: int = 0) -> list[tuple[float, float, float]]:
+    """`rank_correlation` of each column of `xs` [n, S] with `y` [n]: every column is resampled with the same
+    draws it would take alone (the same `seed`), so `y`'s resampled ranks are computed once for all of them."""
+    out: list[tuple[float, float, float]] = []
+    idx = ry = None
+    for x in np.asarray(xs).T:
+        rho = spearman(x, y)
+        if not np.isfinite(rho):
+            out.append((rho, np.nan, np.nan))
+            continue
+        if idx is None or ry is None:
+            idx = np.random.default_rng(seed).integers(0, len(x), (n_boot, len(x)))
+            ry = resample_ranks(y, idx)
+            ry = ry - ry.mean(1, keepdims=True)
+        rx = resample_ranks(x, idx)
+        rx = rx - rx.mean(1, keepdims=True)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            draws = (rx * ry).sum(1) / np.sqrt((rx * rx).sum(1) * (ry * ry).sum(1))
+        draws = draws[np.isfinite(draws)]  # a resample that drew one value only has no rank order
+        if len(draws) < n_boot // 2:
+            out.append((rho, np.nan, np.nan))
+            continue
+        lo, hi = np.quantile(draws, [0.025, 0.975])
+        out.append((rho, float(lo), float(hi)))
+    return out
 
 
 def resample_ranks(x: np.ndarray, idx: np.ndarray) -> np.ndarray:

@@ -30,7 +30,7 @@ from ..exact import attribute
 from ..hacking import AXES, Concepts, ConceptSets, concepts, contrast_sets
 from ..model import RewardModel, wrap
 from ..types import Conversation, Text
-from ._gain import gain_shares, rank_correlation, split_reward
+from ._gain import gain_shares, rank_correlations, split_reward
 from ._policy_log import Alarm, PolicyRecord, PolicyRun, top_moved
 from ._surface import SURFACE, surface
 
@@ -187,7 +187,7 @@ class PolicyMonitor:
         window = history[max(self.baseline, len(history) - self.window):] if len(history) > self.baseline else history
         y = np.concatenate([r.rewards for r in window])
         stat = np.concatenate([r.surface for r in window])
-        rhos = [rank_correlation(stat[:, s], y, n_boot=self.n_boot, seed=self.seed) for s in range(len(self.stats))]
+        rhos = rank_correlations(stat, y, n_boot=self.n_boot, seed=self.seed)
         extra.update(rho=np.array([r[0] for r in rhos]), rho_ci=np.array([r[1:] for r in rhos]).reshape(-1, 2))
         if len(history) > self.baseline:
             base = history[: self.baseline]
