@@ -26,8 +26,9 @@ from rewardlens.zoo._realbuild import (  # noqa: F401  (re-exported for the test
 from rewardlens.zoo.realmodels import dpo_pairs, dpo_split, reward_model_dir  # noqa: F401
 
 
-def smollm2_transcoders_dir():
-    """SmolLM2's cached transcoders (scripts/train_real_transcoders.py: trained once, ~20 min on one core)."""
+def smollm2_transcoders_dir(size: str = "small"):
+    """SmolLM2's cached transcoders (scripts/train_real_transcoders.py, built once). The suite takes the "small"
+    set (every layer, a few pairs, narrow: seconds to build on a clean machine); "full" is the findings' set."""
     import importlib.util
     from pathlib import Path
 
@@ -36,7 +37,7 @@ def smollm2_transcoders_dir():
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.transcoders_dir()
+    return module.transcoders_dir(size)
 
 
 if __name__ == "__main__":  # python -m tests.helpers.realmodels: build (or find) both and print paths
