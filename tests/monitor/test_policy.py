@@ -12,7 +12,7 @@ from scipy.stats import rankdata
 
 import rewardlens as rl
 from rewardlens.monitor import PolicyMonitor, PolicyRecord, PolicyRun, monitored_reward
-from rewardlens.monitor._gain import gain_shares, rank_correlation, rank_correlations, resample_ranks
+from rewardlens.monitor._gain import gain_shares, rank_correlation, rank_correlations, resample_means, resample_ranks
 from rewardlens.stats import spearman
 from rewardlens.zoo.organisms import ORGANISMS, build
 
@@ -139,6 +139,12 @@ def test_rank_correlations_are_each_columns_scipy_bootstrap():
         draws = [np.corrcoef(rankdata(x[i]), rankdata(y[i]))[0, 1] for i in idx]
         assert rho == pytest.approx(spearman(x, y))
         np.testing.assert_allclose([lo, hi], np.quantile(draws, [0.025, 0.975]), rtol=1e-12)
+
+
+def test_resample_means_are_the_means_of_each_resample():
+    g = np.random.default_rng(5)
+    x, idx = g.normal(size=(50, 3)), g.integers(0, 50, (40, 50))
+    np.testing.assert_allclose(resample_means(x, idx), np.stack([x[i].mean(0) for i in idx]), rtol=1e-12)
 
 def test_bad_directions_are_refused(rm):
     with pytest.raises(ValueError, match="width"):

@@ -77,8 +77,8 @@ def gain_shares(baseline: np.ndarray, current: np.ndarray, *, n_boot: int = 1000
     if len(baseline) < 2 or len(current) < 2:
         return Gain(total, (np.nan, np.nan), diff / total if total else np.full(k, np.nan), nan)
     rng = np.random.default_rng(seed)
-    draws = (current[rng.integers(0, len(current), (n_boot, len(current)))].mean(1)
-             - baseline[rng.integers(0, len(baseline), (n_boot, len(baseline)))].mean(1))  # [B, K]
+    draws = (resample_means(current, rng.integers(0, len(current), (n_boot, len(current))))
+             - resample_means(baseline, rng.integers(0, len(baseline), (n_boot, len(baseline)))))  # [B, K]
     totals = draws.sum(1)
     with np.errstate(divide="ignore", invalid="ignore"):
         shares = draws / totals[:, None]
@@ -136,3 +136,12 @@ def resample_ranks(x: np.ndarray, idx: np.ndarray) -> np.ndarray:
     counts = np.bincount((c + u * np.arange(len(idx))[:, None]).ravel(), minlength=len(idx) * u).reshape(-1, u)
     ranks = np.cumsum(counts, axis=1) - counts + (counts + 1) / 2.0
     return np.take_along_axis(ranks, c, axis=1)
+
+
+def resample_means(x: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """`x[idx].mean(1)` for resample rows `idx` [B, n] of `x` [n, K], as `counts @ x / n` with `counts` [B, n]
+    the copies of each sample a row drew: no [B, n, K] gather (the reward server's monitor computes this over its
+    whole window at every step)."""
+    b, n = idx.shape
+    counts = np.bincount((idx + len(x) * np.arange(b)[:, None]).ravel(), minlength=b * len(x))
+    return counts.reshape(b, len(x)).astype(np.float64) @ x / n

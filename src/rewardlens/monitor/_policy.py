@@ -167,7 +167,10 @@ class PolicyMonitor:
 
     def completion_tokens(self, texts: Sequence[str]) -> list[int]:
         """Each completion's length in the reward model's tokens (the `length` statistic)."""
-        return [len(self.rm.tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts]
+        if not texts:
+            return []
+        ids = self.rm.tokenizer(list(texts), add_special_tokens=False)["input_ids"]  # one batched call
+        return [len(i) for i in ids]
 
     @property
     def parts_due(self) -> bool:
