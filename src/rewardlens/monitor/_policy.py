@@ -167,10 +167,7 @@ class PolicyMonitor:
 
     def completion_tokens(self, texts: Sequence[str]) -> list[int]:
         """Each completion's length in the reward model's tokens (the `length` statistic)."""
-        if not texts:
-            return []
-        ids = self.rm.tokenizer(list(texts), add_special_tokens=False)["input_ids"]  # one batched call
-        return [len(i) for i in ids]
+        return [len(self.rm.tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts]
 
     @property
     def parts_due(self) -> bool:
