@@ -91,7 +91,7 @@ def gain_shares(baseline: np.ndarray, current: np.ndarray, *, n_boot: int = 1000
 def rank_correlation(x: np.ndarray, y: np.ndarray, *, n_boot: int = 500, seed: int = 0) -> tuple[float, float, float]:
     """Spearman ρ of `x` and `y` [n] and its 95% percentile bootstrap interval over samples
     (NaN when undefined: a constant vector or fewer than 3 samples)."""
-    return rank_correlations(x[:, None], y, n_boot=n_boot, seed=seed)[0]
+    return rank_correlations(np.asarray(x)[:, None], y, n_boot=n_boot, seed=seed)[0]
 
 
 def rank_correlations(xs: np.ndarray, y: np.ndarray, *, n_boot: int = 500,
@@ -99,7 +99,8 @@ def rank_correlations(xs: np.ndarray, y: np.ndarray, *, n_boot: int = 500,
     """`rank_correlation` of each column of `xs` [n, S] with `y` [n]: every column is resampled with the same
     draws it would take alone (the same `seed`), so `y`'s resampled ranks are computed once for all of them."""
     out: list[tuple[float, float, float]] = []
-    idx = ry = None
+    idx: np.ndarray | None = None
+    ry: np.ndarray | None = None
     for x in np.asarray(xs).T:
         rho = spearman(x, y)
         if not np.isfinite(rho):
