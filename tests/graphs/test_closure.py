@@ -109,3 +109,19 @@ def test_neuron_graph_is_exact_and_matches_the_neuron_decomposition(model):
             i = names.get(part.at(at).name)
             edge = 0.0 if i is None else float(pg.chosen.adjacency[-1, i])
             assert edge == pytest.approx(float(att.values[0, j]), rel=1e-4, abs=1e-6)
+
+
+@pytest.mark.parametrize("basis", ["neurons", "transcoders"])
+def test_several_pairs_in_one_call_equal_one_pair_a_call(tiny_root, basis):
+    """Each side gets a fresh basis (its active set, its frozen gates): a call over pairs of different lengths
+    gives every pair the graph it gets alone (a basis reused from pair 0 once broke on the next pair's length)."""
+    model = rl.load(str(tiny_root["llama"]))
+    pairs = [SHORT, rl.Pair("Name a colour of the sky on a clear day, please.", "Blue, mostly.", "Green.")]
+    tcs = random_transcoders(model) if basis == "transcoders" else None
+    together = graph(model, pairs, tcs, basis=basis, max_nodes=64)
+    for pair, got in zip(pairs, together):
+        (alone,) = graph(model, pair, tcs, basis=basis, max_nodes=64)
+        for side in ("chosen", "rejected", "margin"):
+            a, b = getattr(got, side), getattr(alone, side)
+            assert a.nodes.names == b.nodes.names
+            np.testing.assert_allclose(a.adjacency, b.adjacency, rtol=1e-5, atol=1e-6)

@@ -66,7 +66,7 @@ def graph(
         raise UsageError("attribution graphs read the reward at one token; this model reads a set of positions "
                          "(a PRM or DPO read-out)", option="model")
     check_model(model)
-    chosen_basis = _basis(model, transcoders, basis, set(exact_layers))
+    first = _basis(model, transcoders, basis, set(exact_layers))  # checks the options before any forward
     if not model.verified:
         verify(model)
     seqs, _ = model.encode(list(pairs))
@@ -76,9 +76,9 @@ def graph(
         for j, side in enumerate(("chosen", "rejected")):
             (_, batch), = model.batches([seqs[2 * i + j]], 1)
             label = f"pair {i} ({side})"
-            sides.append(side_graph(model, batch, _basis(model, transcoders, basis, set(exact_layers))
-                                    if sides else chosen_basis, max_nodes=max_nodes, batch_size=batch_size,
-                                    label=label))
+            # a basis records its sequence's active set and frozen gates: one fresh basis per side and pair
+            fresh = first if i == j == 0 else _basis(model, transcoders, basis, set(exact_layers))
+            sides.append(side_graph(model, batch, fresh, max_nodes=max_nodes, batch_size=batch_size, label=label))
         prefix = shared_prefix(seqs[2 * i].ids, seqs[2 * i + 1].ids)
         out.append(PairGraph(sides[0], sides[1], margin_graph(sides[0], sides[1], align, prefix, f"pair {i} margin")))
     return out
