@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 if TYPE_CHECKING:
-    from ._graph import AttributionGraph
+    from ._shape import GraphLike
 
 SCHEMA_VERSION = 1
 INDEX = "graph-metadata.json"
@@ -31,13 +31,13 @@ def _cantor(x: int, y: int) -> int:
     return (x + y) * (x + y + 1) // 2 + y
 
 
-def _ctx(g: AttributionGraph, i: int) -> int:
+def _ctx(g: GraphLike, i: int) -> int:
     pos = int(g.nodes.position[i])
     rejected = g.nodes.side is not None and g.nodes.side[i] == "rejected"
     return pos + int(g.meta.get("rejected_offset", 0)) if rejected else pos
 
 
-def _node(g: AttributionGraph, i: int, influence: float) -> dict[str, Any]:
+def _node(g: GraphLike, i: int, influence: float) -> dict[str, Any]:
     n, kind = g.nodes, int(g.nodes.kind[i])
     layer, feature, pos = int(n.layer[i]), int(n.feature[i]), _ctx(g, i)
     activation = None if np.isnan(n.activation[i]) else float(n.activation[i])
@@ -58,7 +58,7 @@ def _node(g: AttributionGraph, i: int, influence: float) -> dict[str, Any]:
             "clerp": f"{n.names[i]} = {float(n.value[i]):.4g} (read at token {pos})"}
 
 
-def graph_json(g: AttributionGraph, slug: str | None = None, node_threshold: float | None = None) -> dict[str, Any]:
+def graph_json(g: GraphLike, slug: str | None = None, node_threshold: float | None = None) -> dict[str, Any]:
     """The graph as circuit-tracer's graph file (module docstring); `influence` is each node's cumulative share
     of the influence, as circuit-tracer's `prune_graph` reports it."""
     share = g.meta.get("cumulative_influence")
@@ -85,7 +85,7 @@ def _slug(label: str) -> str:
     return re.sub(r"[^A-Za-z0-9_-]+", "-", label).strip("-") or "graph"
 
 
-def save_graph(g: AttributionGraph, folder: Path, slug: str | None, node_threshold: float = 0.8,
+def save_graph(g: GraphLike, folder: Path, slug: str | None, node_threshold: float = 0.8,
                edge_threshold: float = 0.98) -> Path:
     """Write `<slug>.json` (pruned as circuit-tracer's `create_graph_files` prunes, unless already pruned) and
     add its metadata to the folder's `graph-metadata.json` (replacing a graph of the same slug)."""

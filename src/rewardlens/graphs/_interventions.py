@@ -31,7 +31,7 @@ from ..sae import mlp_module
 if TYPE_CHECKING:
     import pandas as pd
 
-    from ._graph import AttributionGraph
+    from ._shape import GraphLike
 
 MODES = ("ablate", "clamp", "steer")
 
@@ -50,7 +50,7 @@ class InterventionCheck(HtmlView):
         return pd.DataFrame(self.rows)
 
 
-def intervene(g: AttributionGraph, model: RewardModel, transcoders: Any,
+def intervene(g: GraphLike, model: RewardModel, transcoders: Any,
               interventions: Mapping[str, tuple[str, float] | str]) -> InterventionCheck:
     """Run each of `interventions` (node name → `"ablate"`, `("clamp", v)` or `("steer", dv)`) in the real model and
     predict it from `g` (module docstring)."""
@@ -82,14 +82,14 @@ def intervene(g: AttributionGraph, model: RewardModel, transcoders: Any,
     return InterventionCheck(rows, reward)
 
 
-def _batch(g: AttributionGraph, model: RewardModel) -> Batch:
+def _batch(g: GraphLike, model: RewardModel) -> Batch:
     tokens = np.nonzero(g.nodes.kind == 2)[0]
     ids = [int(t) for t in g.nodes.feature[tokens[np.argsort(g.nodes.position[tokens])]]]
     (_, batch), = model.batches([Tokenized(ids)], 1)
     return batch
 
 
-def _predicted(g: AttributionGraph, node: int, delta: float) -> tuple[float, float]:
+def _predicted(g: GraphLike, node: int, delta: float) -> tuple[float, float]:
     """(direct, through every path) change of the reward for feature `node` moving by `delta`."""
     a = np.where(g.nodes.kind == 0, g.nodes.activation, np.nan)
     per_unit = np.where(np.isfinite(a) & (a != 0), g.adjacency / np.where(a == 0, 1.0, a), 0.0)  # [R, N]

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from ..data import Pair
+from ..data.internal import rows_of
 from ..errors import UsageError
 from ..model import RewardModel, verify
 from ..plotting import CompositeView
@@ -73,13 +74,14 @@ def graph(
     out = []
     for i in range(len(pairs)):
         sides: list[AttributionGraph] = []
+        rows = rows_of(i)
         for j, side in enumerate(("chosen", "rejected")):
-            (_, batch), = model.batches([seqs[2 * i + j]], 1)
+            (_, batch), = model.batches([seqs[rows[j]]], 1)
             label = f"pair {i} ({side})"
             # a basis records its sequence's active set and frozen gates: one fresh basis per side and pair
             fresh = first if i == j == 0 else _basis(model, transcoders, basis, set(exact_layers))
             sides.append(side_graph(model, batch, fresh, max_nodes=max_nodes, batch_size=batch_size, label=label))
-        prefix = shared_prefix(seqs[2 * i].ids, seqs[2 * i + 1].ids)
+        prefix = shared_prefix(seqs[rows[0]].ids, seqs[rows[1]].ids)
         out.append(PairGraph(sides[0], sides[1], margin_graph(sides[0], sides[1], align, prefix, f"pair {i} margin")))
     return out
 

@@ -17,12 +17,12 @@ from ..errors import UsageError
 from ._influence import normalise
 
 if TYPE_CHECKING:
-    from ._graph import AttributionGraph
+    from ._shape import GraphLike
 
 Path = tuple[float, float, tuple[int, ...]]  # (share, sign, nodes from this node up to the root)
 
 
-def top_paths(g: AttributionGraph, k: int) -> list[tuple[list[str], float]]:
+def top_paths(g: GraphLike, k: int) -> list[tuple[list[str], float]]:
     """The `k` best token → reward paths as (node names from the token to the reward, signed share)."""
     import torch
 

@@ -12,12 +12,12 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-    from ._graph import AttributionGraph
+    from ._shape import GraphLike
 
 _COLOURS = ("tab:orange", "tab:gray", "tab:green", "black")  # feature, error, token, reward
 
 
-def plot_graph(g: AttributionGraph, *, max_nodes: int, ax: Axes | None) -> Figure:
+def plot_graph(g: GraphLike, *, max_nodes: int, ax: Axes | None) -> Figure:
     """The `max_nodes` most influential features and errors, every token and the reward; edges between shown
     nodes, blue for positive and red for negative weight, their width by |weight|."""
     axes, made = one_panel(ax, (10, 6))
