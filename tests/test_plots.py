@@ -143,6 +143,7 @@ def results(model, pairs, organisms, small_loop):
                          (1, 1), {}),
         "FeatureCards": (report.cards, (1, 1), {}),
         "ClosedLoop": (small_loop, (1, 1), {}),
+        "AttributionGraph": (rl.graph(model, pairs[:1], basis="neurons", max_nodes=32)[0].margin, (1, 1), {}),
     }
 
 

@@ -23,7 +23,10 @@ from rewardlens.stats import spearman
 # never on it.
 KNOWN = {("list", "mean ablation effect of reward feature #1"),
          ("keyword", "mean ablation effect of reward feature #1"),
-         ("keyword", "share of reward feature #1 (*)'s top-10 context peaks inside the planted word")}
+         ("keyword", "share of reward feature #1 (*)'s top-10 context peaks inside the planted word"),
+         # frozen attention cannot express a rule that is *which token a head attends to* (docs/graphs.md)
+         ("two_step", "share of * pairs whose pruned margin graph's top path runs from a token where the sides "
+                      "differ")}
 
 
 def _known(row):

@@ -28,6 +28,7 @@ def no_gguf(monkeypatch, tmp_path):
     """gguf made unimportable, and an empty cache, so the SmolLM2 folder has to be built."""
     monkeypatch.setitem(sys.modules, "gguf", None)
     monkeypatch.setenv("REWARDLENS_TEST_CACHE", str(tmp_path))
+    monkeypatch.setenv("REWARDLENS_REAL_CACHE", str(tmp_path))  # the newer name wins over the old one
     return tmp_path
 
 

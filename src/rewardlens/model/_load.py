@@ -22,7 +22,7 @@ from torch import nn
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 from transformers import __version__ as transformers_version
 
-from ..errors import HeadError, ModelLoadError, UsageError, warn
+from ..errors import HeadError, ModelLoadError, RewardLensError, UsageError, warn
 from ..types import Readout, Truncation
 from ._arch import ArchitectureMap, find_map, hf_config
 from ._armorm import LlamaForRewardModelWithGating
@@ -224,7 +224,7 @@ def _load_errors(path_or_id: str, kwargs: dict[str, Any]) -> Iterator[None]:
         text = str(exc)
         one_line = (_pickle_failure(exc, text, path_or_id, kwargs)
                     or _code_failure(exc, text, path_or_id, _custom_code(_local_config(path_or_id, kwargs))))
-        if one_line is None and isinstance(exc, (ValueError, OSError)):
+        if one_line is None and isinstance(exc, (ValueError, OSError)) and not isinstance(exc, RewardLensError):
             # transformers' own refusal of what it was pointed at (a config it cannot parse, a folder that is
             # not a model): bad input, one line, with its first line kept; the chain stays for REWARDLENS_DEBUG
             first = (text.strip().splitlines() or [type(exc).__name__])[0].rstrip(".")
