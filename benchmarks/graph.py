@@ -25,6 +25,7 @@ import torch
 from decompose import cpu_memory_mode, peak_bytes
 
 import rewardlens as rl
+from audit import plain_forward
 from rewardlens.graphs import MAX_NODES, graph
 from rewardlens.sae import Transcoder, TranscoderConfig, Transcoders, load_transcoders
 from rewardlens.zoo.realmodels import dpo_pairs, load_reward_model
@@ -53,17 +54,6 @@ def random_transcoders(model: rl.RewardModel, d_sae: int, k: int) -> Transcoders
             tc.W_dec.normal_(0, d**-0.5)
         tcs[layer] = tc
     return Transcoders(tcs)
-
-
-def plain_forward(model: rl.RewardModel, pair: rl.Pair) -> Callable[[], None]:
-    seqs, _ = model.encode(pair)
-    ids = [torch.tensor([s.ids], device=model.device) for s in seqs]
-
-    def run() -> None:
-        with torch.no_grad():
-            for x in ids:
-                model.model(input_ids=x)
-    return run
 
 
 def seconds(fn: Callable[[], object]) -> float:
@@ -95,7 +85,7 @@ def main() -> None:
     sides = [len(s.ids) for s in model.encode(pair)[0]]
     print(f"SmolLM2-135M RM, {sides} tokens (chosen, rejected), d_sae={tcs.d_sae}, cap={args.max_nodes}, "
           f"batch={args.batch_size}, threads={args.threads}, device={args.device}")
-    forward = plain_forward(model, pair)
+    forward = plain_forward(model, [pair])
     forward()
     ratios, last = [], None
     for r in range(args.rounds):
@@ -114,7 +104,7 @@ def main() -> None:
           f"{last.chosen.dropped}+{last.rejected.dropped}; scores {m.scores}")
     for length in [int(x) for x in args.lengths.split(",") if x]:
         p = stretched_pair(model, length)
-        f, g = seconds(plain_forward(model, p)), seconds(lambda p=p: graph(model, p, tcs, max_nodes=args.max_nodes,
+        f, g = seconds(plain_forward(model, [p])), seconds(lambda p=p: graph(model, p, tcs, max_nodes=args.max_nodes,
                                                                              batch_size=args.batch_size))
         print(f"length {length}: {g:.1f}s, {g / f:.0f}x a forward")
     for cap in [int(x) for x in args.caps.split(",") if x]:
