@@ -77,7 +77,7 @@ class NonFiniteError(RewardLensError):
     """No pair has a finite reward (and finite parts): every number left to count is NaN or infinite.
 
     A weight of the model is non-finite, or the forward overflows in the backbone's dtype. Raised
-    instead of a table of NaN or an accuracy of 0 (`rewardlens.model.finite_pairs`).
+    instead of a table of NaN or an accuracy of 0 (`rewardlens.model.internal.finite_pairs`).
     """
 
 

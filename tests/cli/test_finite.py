@@ -13,7 +13,7 @@ import rewardlens as rl
 from rewardlens.cli import main
 from rewardlens.data import margin, save_pairs
 from rewardlens.errors import RewardLensWarning
-from rewardlens.model import SATURATED
+from rewardlens.model.internal import SATURATED
 from tests.helpers import finite
 
 

@@ -11,8 +11,8 @@ import rewardlens as rl
 from rewardlens.cli import main
 from rewardlens.cli import parity as cli_parity
 from rewardlens.data import save_pairs
-from rewardlens.model import PARITY_CHECKS as CHECKS
 from rewardlens.model import _core, parity
+from rewardlens.model.internal import PARITY_CHECKS as CHECKS
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Finiteness of results (`rewardlens.model.score_pairs`): NaN pairs are named and left out of the
+"""Finiteness of results (`rewardlens.model.internal.score_pairs`): NaN pairs are named and left out of the
 accuracy (never counted as losses), no finite pair is an error naming the cause, and a model whose
 margins are all exactly 0 (a down-projection overflowing) says so."""
 
@@ -12,7 +12,7 @@ import pytest
 import rewardlens as rl
 from rewardlens.data import margin
 from rewardlens.errors import NonFiniteError, RewardLensWarning
-from rewardlens.model import SATURATED, finite_pairs, pair_accuracy, score_pairs
+from rewardlens.model.internal import SATURATED, finite_pairs, pair_accuracy, score_pairs
 from rewardlens.stats import wilson
 from tests.helpers import finite
 
@@ -52,7 +52,7 @@ def test_no_finite_pair_is_an_error_naming_the_cause(tiny_root):
     pairs = finite.pairs(3, bad=set())
     with pytest.raises(NonFiniteError, match=r"every reward is NaN: a weight of the model is non-finite or "
                                              r"overflows in float32; check the weights"):
-        score_pairs(model.score(pairs), [p.id for p in pairs], dtype=rl.model.dtype_name(model))
+        score_pairs(model.score(pairs), [p.id for p in pairs], dtype=rl.model.internal.dtype_name(model))
     with pytest.raises(NonFiniteError, match=r"overflows in bfloat16; check the weights, or load the model in "
                                              r"float32 \(dtype='float32'\)"):
         score_pairs(np.full(4, np.inf), ["a", "b"], dtype="bfloat16")
@@ -81,7 +81,7 @@ def test_instruments_without_pair_ids_leave_non_finite_margins_out_too(nan_model
     """compare, the training monitor and an edit's report counted a NaN margin as a loss (`NaN > 0` is False)."""
     from rewardlens.compare import compare
     from rewardlens.hacking import EditReport
-    from rewardlens.model import finite_accuracy
+    from rewardlens.model.internal import finite_accuracy
     from rewardlens.monitor import measure
 
     pairs = finite.pairs(6, bad={3, 5})

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import rewardlens as rl
-from rewardlens.model import TRACE_KINDS, TraceKey, trace
-from rewardlens.model.internal import collate, projection_inputs
+from rewardlens.model import TraceKey, trace
+from rewardlens.model.internal import TRACE_KINDS, collate, projection_inputs
 from tests.helpers.tiny import PAIRS
 
 # Every constructor and the string form it must have (today's strings, which stored caches and SAE folders hold).

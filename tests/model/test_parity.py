@@ -8,9 +8,9 @@ import pytest
 import torch
 
 import rewardlens as rl
-from rewardlens.model import PARITY_CHECKS as CHECKS
-from rewardlens.model import PARITY_TOLERANCE as TOLERANCE
 from rewardlens.model import _core, parity
+from rewardlens.model.internal import PARITY_CHECKS as CHECKS
+from rewardlens.model.internal import PARITY_TOLERANCE as TOLERANCE
 from tests.helpers import tiny
 
 

@@ -10,7 +10,8 @@ import numpy as np
 from .._deprecated import renamed
 from ..data import Pair
 from ..errors import DataError, UsageError, warn
-from ..model import RewardModel, dtype_name, score_pairs
+from ..model import RewardModel
+from ..model.internal import dtype_name, score_pairs
 from ..stats import mover, wilson
 from ._best_of_n import check_rule
 from ._items import NO_SUBSET, Items, SubsetLayout, checksum, counted, credit, items, layout, ties_mask
@@ -54,7 +55,7 @@ def bench(model: RewardModel, pairs: Sequence[Pair], *, against: RewardModel | N
     Non-finite numbers: an item with a NaN or infinite reward on any of its pairs is left out of
     every count (never a loss) and its pairs are named (`Bench.excluded`); no finite pair at all
     raises `NonFiniteError`. Every counted margin exactly 0 on more than one pair warns and sets
-    `Bench.saturated` (`rewardlens.model.score_pairs`).
+    `Bench.saturated` (`rewardlens.model.internal.score_pairs`).
 
     `against`: a second model scored on the same pairs; the result's `comparison` holds every
     score's difference (model − against) over the items both count, with its paired bootstrap

@@ -130,7 +130,7 @@ class Bench(HtmlView):
 
     Every score counts only the items with `counted` [m] True: an item with a NaN or infinite
     reward on any pair is left out (never a loss); `excluded` names those pairs. `saturated`: every
-    counted margin is exactly 0 on more than one pair (`rewardlens.model.SATURATED`). `notes` says
+    counted margin is exactly 0 on more than one pair (`rewardlens.model.internal.SATURATED`). `notes` says
     both in words, for tables.
 
     `pairs` [n] are the pairs scored: `pair_frame`, `item_frame` and `to_dict`'s `items` name each pair or

@@ -28,7 +28,7 @@ def _score(model: RewardModel, pairs: list[Pair], args: argparse.Namespace) -> d
     """Each pair's rewards and the pair accuracy over the pairs with finite rewards (`score_pairs`: the
     others are named, never counted as losses; none finite is an error)."""
     from ..data import chosen, record_fields, rejected
-    from ..model import dtype_name, score_pairs
+    from ..model.internal import dtype_name, score_pairs
 
     rewards = model.score(pairs, batch_size=args.batch_size)
     ids = [pair_id(p, i) for i, p in enumerate(pairs)]

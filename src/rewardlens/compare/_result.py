@@ -10,7 +10,7 @@ import numpy as np
 
 from ..data import chosen, margin, rejected
 from ..hacking import Probes
-from ..model import finite_accuracy
+from ..model.internal import finite_accuracy
 from ..plotting import HtmlView
 from ..stats import json_ready, summary_frame
 

@@ -11,7 +11,8 @@ import numpy as np
 from .._deprecated import renamed
 from ..data import Pair, margin
 from ..errors import DataError, UsageError
-from ..model import RewardModel, finite_accuracy
+from ..model import RewardModel
+from ..model.internal import finite_accuracy
 from ..plotting import HtmlView
 from ..stats import bootstrap_ci, summary_frame
 from ..types import EditMethod

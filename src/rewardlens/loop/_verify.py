@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import UsageError
-from ..model import finite_accuracy
+from ..model.internal import finite_accuracy
 from ..plotting import HtmlView
 from ..stats import bootstrap_ci, json_ready, summary_frame
 from ..types import EditMethod

@@ -1,10 +1,13 @@
 """The model layer's face for its sibling subpackages: the plumbing every instrument builds on (batches,
 capture points and hooks, tokenization, the read loop's back-off, placement of offloaded weights, the
-mixture-of-experts split, the load-time checks). Users import `rewardlens.model`; the instruments and
+mixture-of-experts split, the load-time checks, the finiteness of results, the tuples of allowed values and
+the `UNSET` default). Users import `rewardlens.model`; the instruments and
 workflows import these names from here (`from ..model.internal import ...`), as equinox keeps
 `equinox.internal` apart from its user face.
 """
 
+from ._arch import HEAD_KINDS as HEAD_KINDS
+from ._arch import LAYOUTS as LAYOUTS
 from ._arch import discover as discover
 from ._arch import find_map as find_map
 from ._arch import get_module as get_module
@@ -23,12 +26,24 @@ from ._continuing import not_continuable as not_continuable
 from ._continuing import packed as packed
 from ._continuing import proof_tol as proof_tol
 from ._continuing import reproduces as reproduces
+from ._core import UNSET as UNSET
+from ._core import Unset as Unset
+from ._finite import SATURATED as SATURATED
+from ._finite import FinitePairs as FinitePairs
+from ._finite import PairAccuracy as PairAccuracy
+from ._finite import dtype_name as dtype_name
+from ._finite import finite_accuracy as finite_accuracy
+from ._finite import finite_pairs as finite_pairs
+from ._finite import pair_accuracy as pair_accuracy
+from ._finite import score_pairs as score_pairs
 from ._hooks import Point as Point
 from ._hooks import capture as capture
 from ._hooks import eval_mode as eval_mode
 from ._hooks import first_output as first_output
 from ._hooks import hidden_arg as hidden_arg
 from ._hooks import rewriting as rewriting
+from ._keys import TRACE_KINDS as TRACE_KINDS
+from ._kind import KIND_NAMES as KIND_NAMES
 from ._kind_loaders import read_values as read_values
 from ._moe import check_moe_map as check_moe_map
 from ._moe import expert_parts as expert_parts
@@ -38,8 +53,13 @@ from ._oom import OOM_ERRORS as OOM_ERRORS
 from ._oom import PAD_SLACK as PAD_SLACK
 from ._oom import Backoff as Backoff
 from ._oom import each_batch as each_batch
+from ._parity import CHECKS as PARITY_CHECKS
+from ._parity import TOLERANCE as PARITY_TOLERANCE
+from ._parts import KINDS as PART_KINDS
 from ._placement import execution_device as execution_device
 from ._placement import onloaded as onloaded
+from ._reads import COMBINES as COMBINES
+from ._reads import READ_AT as READ_AT
 from ._reads import ReadSet as ReadSet
 from ._reads import one_read_only as one_read_only
 from ._roles import ROLES as ROLES
@@ -68,15 +88,29 @@ from ._verify import check_structure as check_structure
 __all__ = [
     "Backoff",
     "Batch",
+    "COMBINES",
+    "FinitePairs",
+    "HEAD_KINDS",
+    "KIND_NAMES",
+    "LAYOUTS",
     "LayerTaps",
     "OOM_ERRORS",
     "PAD_SLACK",
+    "PARITY_CHECKS",
+    "PARITY_TOLERANCE",
+    "PART_KINDS",
+    "PairAccuracy",
     "Point",
+    "READ_AT",
     "ROLES",
     "ReadSet",
     "Recording",
+    "SATURATED",
+    "TRACE_KINDS",
     "TokenMemo",
     "Tokenized",
+    "UNSET",
+    "Unset",
     "additive_mask",
     "agrees",
     "bookkeeping_error",
@@ -93,12 +127,15 @@ __all__ = [
     "continuation_args",
     "continuation_mask",
     "discover",
+    "dtype_name",
     "each_batch",
     "eval_mode",
     "execution_device",
     "expert_parts",
     "expert_writes",
     "find_map",
+    "finite_accuracy",
+    "finite_pairs",
     "first_output",
     "fit_length",
     "flatten_inputs",
@@ -109,20 +146,22 @@ __all__ = [
     "is_moe_layer",
     "not_continuable",
     "one_read_only",
-    "packed",
-    "proof_tol",
-    "reproduces",
-    "stepped_readout",
-    "stepping_works",
-    "unambiguous",
     "onloaded",
     "out_projection",
+    "packed",
+    "pair_accuracy",
     "points",
     "projection_inputs",
+    "proof_tol",
     "read_values",
+    "reproduces",
     "rewriting",
     "roles_of",
+    "score_pairs",
     "sequence_label",
+    "stepped_readout",
+    "stepping_works",
     "sublayer_part",
     "tokenize",
+    "unambiguous",
 ]

@@ -17,8 +17,8 @@ from ..data import Pair, margin
 from ..errors import DataError, UsageError
 from ..exact import attribute, lens
 from ..hacking import probe
-from ..model import ArchitectureMap, Part, RewardModel, finite_accuracy, verify, wrap
-from ..model.internal import eval_mode
+from ..model import ArchitectureMap, Part, RewardModel, verify, wrap
+from ..model.internal import eval_mode, finite_accuracy
 from ..types import LensKind, Level
 from ._trajectory import GROUPS, Snapshot, Trajectory
 

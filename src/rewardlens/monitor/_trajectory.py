@@ -13,7 +13,7 @@ import numpy as np
 
 from ..data import margin
 from ..errors import DataError
-from ..model import PART_KINDS as KINDS
+from ..model.internal import PART_KINDS as KINDS
 from ..plotting import HtmlView
 from ..stats import ranked
 

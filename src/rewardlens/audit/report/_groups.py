@@ -4,7 +4,7 @@ statistic differ by subset (`Pair.subset`, e.g. RewardBench's `chat`, `math-prm`
 Accuracy carries a Wilson interval (`stats.wilson`: a proportion over a few dozen pairs), the seed
 statistic a percentile bootstrap over the subset's pairs, depth its median and interquartile range.
 Every number counts only the pairs whose reward and parts are finite (`counted`,
-`rewardlens.model.finite_pairs`); the others are named, never counted as losses. This module is the one
+`rewardlens.model.internal.finite_pairs`); the others are named, never counted as losses. This module is the one
 owner of that pair mask and of the numbers read under it: each pair's crystallization depth (`depths`)
 and every per-part (or per-depth) mean over the counted pairs (`counted_mean`), so the report's figures, tables and
 per-subset blocks show the same numbers.
@@ -20,7 +20,7 @@ import numpy as np
 
 from ...data import margin
 from ...data.internal import interleave
-from ...model import FinitePairs, finite_pairs, pair_accuracy
+from ...model.internal import FinitePairs, finite_pairs, pair_accuracy
 from ...stats import bootstrap_ci
 from ...types import LensKind
 from .._runner import Audit

@@ -16,7 +16,7 @@ import numpy as np
 
 from ...data import chosen, margin, pair_of, rejected
 from ...errors import RewardLensError
-from ...model import score_pairs
+from ...model.internal import score_pairs
 from ...stats import json_ready, to_json
 from ...types import SEED_PAPER, SEED_PAPER_RHO
 from .._runner import Audit
@@ -66,7 +66,7 @@ def summary(audit: Audit, top: int = TOP_PARTS) -> AuditSummary:
     """Every headline number of the audit (plain Python values; NaN where undefined): the one dict the
     page, `numbers.json` and `rewardlens audit` show. `top`: how many parts `top_parts` lists.
 
-    Scores count only the pairs whose rewards and parts are finite (`rewardlens.model.score_pairs`):
+    Scores count only the pairs whose rewards and parts are finite (`rewardlens.model.internal.score_pairs`):
     the others are named in `scores` (`excluded`, `notes`), never counted as losses; raises
     `NonFiniteError` when no pair is finite, and warns when every counted margin is exactly 0."""
     from ..._version import __version__
@@ -122,6 +122,7 @@ def summary(audit: Audit, top: int = TOP_PARTS) -> AuditSummary:
         "parity": _parity(audit), "parity_note": audit.parity_note or None,
         "parity_line": None if audit.parity is None else f"on {audit.parity_pairs} pairs: {audit.parity.line()}",
         "circuit": None if audit.circuit is None else audit.circuit.to_dict(),  # the result's own numbers
+        "graphs": None if audit.graphs is None else audit.graphs.to_dict(),  # each graph's own numbers
         "findings": None,
     }
     out["findings"] = findings_summary(audit, out)  # the claims quote the numbers above
@@ -258,7 +259,7 @@ def tables(audit: Audit) -> dict[str, pd.DataFrame]:
             out["scores"][name] = column
     out["estimands"] = pd.DataFrame(more.estimands(audit))
     results = {"divergence": audit.divergence, "distortion": audit.distortion, "cascades": audit.cascades,
-               "conflicts": audit.conflicts, "circuit": audit.circuit}
+               "conflicts": audit.conflicts, "circuit": audit.circuit, "graphs": audit.graphs}
     out.update({name: r.to_frame() for name, r in results.items() if r is not None})
     if audit.tokens is not None:  # its rows are the attributed pairs' sides: name the audit's pairs
         frame = audit.tokens.to_frame()
