@@ -70,7 +70,8 @@ Split = Literal["all", "train", "test"]
 class Stored:
     """How a per-pair result declares its storage in the audit's store: which fields are cut by chunk
     (`per_row`: two rows a pair; `per_pair`: one), which are left out because the store rebuilds them
-    (`derived`); every other field is the same for the whole run and goes into the run's metadata.
+    (`derived`), which say how each chunk was computed (`per_chunk`); every other field is the same for the whole
+    run and goes into the run's metadata.
     The store's schema version is a digest of these declarations and the fields (`audit.VERSION`)."""
 
     per_row: tuple[str, ...] = ()
@@ -79,6 +80,10 @@ class Stored:
     """Fields indexed by pair (a field left None in a run, such as an optional statistic, is metadata)."""
     derived: tuple[str, ...] = ()
     """Fields not stored: rebuilt when the result is read back (row labels, pair ids) or kept elsewhere."""
+    per_chunk: tuple[str, ...] = ()
+    """Fields that say how a chunk was computed (which patching engine ran, `causal.Provenance`): kept as plain
+    data in the record of every pair of the chunk (chunks of one run may differ), handed back to the result as
+    the list of its pairs' values, pair by pair, which the result folds into one (its `__post_init__`)."""
 
 
 

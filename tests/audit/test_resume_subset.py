@@ -71,3 +71,30 @@ def test_the_resume_message_says_how_many_pairs_are_reused(tiny_root, pairs, tmp
         "resume with: rewardlens audit M --limit 16")
     assert ResumeStatus.reused(8, 16) == "8 of 16 pairs already in the store (reused from an earlier run)"
     assert resume_status(path, model, data[2:6], PLAN).kept == 4
+
+
+def test_faithfulness_provenance_survives_the_store_chunk_by_chunk(tiny_root, pairs):
+    """Each chunk's record of how faithfulness patched is kept with its pairs, so the audit read back (all of it,
+    a subset, a resumed run) says which engine computed each field, as faithfulness on those pairs says it; a
+    store written under an older schema version is computed again beside it, never read as the new one."""
+    from rewardlens.audit._plan import run_keys
+    from rewardlens.audit.internal import VERSION
+    from rewardlens.causal import faithfulness
+
+    model = rl.load(str(tiny_root["llama"]))
+    data = _many(pairs, 8)
+    decided = Decided.of(model, data)
+    store = Store(":memory:")
+    old = dataclasses.replace(run_keys(model, data, PLAN)["faithfulness"], version="older")
+    store.write([(old, "u", 0, {"total": np.zeros(1)})], {old: {}})  # an older rewardlens's row
+    assert run_pairs(model, data[:4], store, PLAN) == 4  # one chunk, then "killed"
+    assert run_pairs(model, data, store, PLAN) == 4  # resumed: the second chunk only
+    got = collect(model, data, store, PLAN).faithfulness.provenance
+    want = faithfulness(model, data[4:], level="head", mode=decided.mode, seed_positions=decided.seed_positions,
+                        n_boot=10).provenance
+    assert got is not None and set(got) == set(want) == {"total", "seed_effect", "direct", "attribution_patching"}
+    for name in want:
+        assert (got[name].engine, got[name].declined) == (want[name].engine, want[name].declined), name
+    assert got["total"].engine == "cached_read_sweep" and got["total"].proof
+    assert collect(model, data[2:6], store, PLAN).faithfulness.provenance == got  # both chunks ran alike
+    assert old in store.keys() and old.version != VERSION and store.records(old)[0][0] == "u"

@@ -122,3 +122,36 @@ def test_divergence_from_the_cached_engine_equals_the_copy_engines(tiny_root, ar
     np.testing.assert_allclose(fast.patched_chosen, slow.patched_chosen, rtol=1e-5, atol=2e-5)
     np.testing.assert_allclose(fast.divergence, slow.divergence, rtol=1e-4, atol=1e-5)
     assert np.abs(fast.divergence).max() > 0.1  # a real stream was scored, not the zeros it starts as
+
+
+def test_faithfulness_records_the_engine_of_every_patch_run_it_makes(tiny_root):
+    """Each patched field names the engine that computed it, as the same patch run alone records it; the
+    plain records a store keeps rebuild the same `Provenance`s, and chunks that ran differently join."""
+    import dataclasses
+
+    from rewardlens.causal import Faithfulness, attribution_patch
+    from rewardlens.causal._registry import Provenance
+
+    model = rl.load(str(tiny_root["llama"]))
+    rep = faithfulness(model, DEMO_PAIRS, n_boot=50, paper=True)
+    prov = rep.provenance
+    assert set(prov) == {"total", "seed_effect", "direct", "attribution_patching", "paper_effect"}
+    alone = {"total": patch(model, DEMO_PAIRS, level="sublayer"), "direct": patch(model, DEMO_PAIRS, estimand="direct"),
+             "paper_effect": patch(model, DEMO_PAIRS, positions="prefix"),
+             "attribution_patching": attribution_patch(model, DEMO_PAIRS)}
+    for name, run in alone.items():
+        assert prov[name].engine == run.provenance.engine, name
+        assert prov[name].declined == run.provenance.declined, name
+        assert (prov[name].proof is None) == (run.provenance.proof is None), name
+    assert prov["total"] == prov["seed_effect"]  # the demo pairs are not aligned: one read-token sweep gives both
+    assert prov["total"].engine == "cached_read_sweep" and prov["direct"].engine == "direct_rewards"
+
+    record = {f.name: getattr(rep, f.name) for f in dataclasses.fields(rep)}
+    plain = {name: dataclasses.asdict(p) for name, p in prov.items()}
+    assert Faithfulness(**{**record, "provenance": plain}).provenance == prov
+    # read back pair by pair from a store: pairs of one chunk repeat its record; chunks that differ join
+    other = {**plain, "total": dataclasses.asdict(Provenance("read_sweep", prov["total"].declined[:1], "copies"))}
+    back = Faithfulness(**{**record, "provenance": [plain, plain, other]}).provenance
+    assert back["direct"] == prov["direct"]
+    assert back["total"].engine == "cached_read_sweep / read_sweep"
+    assert back["total"].declined == prov["total"].declined and back["total"].proof.endswith("; copies")

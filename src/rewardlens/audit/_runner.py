@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -126,7 +126,15 @@ def _split(result: Lens | Attribution | Faithfulness, field_names: Sequence[str]
 
 def _constants(result: Lens | Attribution | Faithfulness, varying: Sequence[str]) -> dict[str, Any]:
     return {f.name: getattr(result, f.name) for f in fields(result)
-            if f.name not in varying and f.name not in result.STORED.derived}
+            if f.name not in (*varying, *result.STORED.derived, *result.STORED.per_chunk)}
+
+
+def _per_chunk(result: Lens | Attribution | Faithfulness) -> dict[str, Any]:
+    """The fields `result` declares per chunk (`STORED.per_chunk`: how it was computed), as plain data for
+    every pair's record (a nested dataclass as `asdict`; None left out: nothing was recorded)."""
+    plain = {f: getattr(result, f) for f in result.STORED.per_chunk if getattr(result, f) is not None}
+    return {f: {k: asdict(v) for k, v in value.items()} if isinstance(value, dict) else asdict(value)
+            for f, value in plain.items()}
 
 
 def _varying(result: Lens | Attribution | Faithfulness) -> tuple[tuple[str, ...], int]:
@@ -168,7 +176,8 @@ def _chunk_entries(model: RewardModel, pairs: Sequence[Pair], span: Sequence[int
     for name, res in results.items():
         varying, per = _varying(res)
         meta[keys[name]] = _constants(res, varying)
-        entries += [(keys[name], units[i], i, _split(res, varying, per, j)) for j, i in enumerate(span)]
+        entries += [(keys[name], units[i], i, {**_split(res, varying, per, j), **_per_chunk(res)})
+                    for j, i in enumerate(span)]
     return entries, meta
 
 
@@ -376,7 +385,9 @@ def _stacked(store: Store, key: RunKey, want: Sequence[str], by_side: bool
         records = [{**r, "sequence": (r["sequence"] + 2 * j).astype(np.int64)} for j, r in enumerate(records)]
     meta = store.meta(key)
     assert meta is not None  # the run's row exists: it holds the records just read
-    return {f: np.concatenate([r[f] for r in records]) for f in records[0]}, meta
+    # arrays are cut by pair and concatenate; anything else is per chunk (`Stored.per_chunk`), one per pair
+    return {f: np.concatenate([r[f] for r in records]) if isinstance(records[0][f], np.ndarray)
+            else [r[f] for r in records] for f in records[0]}, meta
 
 
 def plan_for_model(model: RewardModel, plan: Plan, sae: TopKSAE | None) -> Plan:

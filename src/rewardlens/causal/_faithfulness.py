@@ -34,6 +34,7 @@ from ._engine import sites
 from ._patching import Patching, patch
 from ._plan import Clean, encode_pairs
 from ._reads_patch import mode_for
+from ._registry import Provenance
 from ._spec import PatchSpec, spec_of
 from ._traced import Traced, trace_pairs
 
@@ -79,11 +80,26 @@ class Faithfulness(HtmlView):
     the paper's way was asked for (`faithfulness(paper=True)`); else None."""
     paper_effect: np.ndarray | None = None
     """[n_pairs, 2L] prefix-noising effect of the same sublayers (`patch(positions='prefix')`), or None."""
+    provenance: dict[str, Provenance] | None = None
+    """How each patched field was computed, by field name (`total`, `seed_effect`, `direct`,
+    `attribution_patching`, `paper_effect` when computed): the `Provenance` of the patch run behind it (the
+    engine that ran, those that declined and why, the proof's verdict). `total` and `seed_effect` share one
+    sweep where both patch the read token in one mode. None on a result made before it was recorded. Read back
+    from the audit's store, which keeps each pair's record (`STORED.per_chunk`), pairs of chunks that ran
+    different engines join into one record per field (`joined`)."""
 
     STORED: ClassVar[Stored] = Stored(
         per_pair=("attribution", "direct", "total", "attribution_patching", "seed_attribution", "seed_effect",
-                  "paper_attribution", "paper_effect"), derived=("pair_ids",))
+                  "paper_attribution", "paper_effect"), derived=("pair_ids",), per_chunk=("provenance",))
     """How the audit's store keeps a faithfulness report (`types.Stored`)."""
+
+    def __post_init__(self) -> None:
+        prov = self.provenance
+        if isinstance(prov, list):  # read back from the audit's store: each pair's plain record, in pair order
+            prov = {name: joined([Provenance.of(p[name]) for p in prov]) for name in prov[0]} if prov else None
+        elif prov is not None:  # plain records (`dataclasses.asdict`), or Provenances already
+            prov = {name: p if isinstance(p, Provenance) else Provenance.of(p) for name, p in prov.items()}
+        object.__setattr__(self, "provenance", prov)
 
     @property
     def spec(self) -> PatchSpec:
@@ -217,6 +233,19 @@ class Faithfulness(HtmlView):
         return finish(axes[0], made)
 
 
+def joined(records: Sequence[Provenance]) -> Provenance:
+    """One `Provenance` for a field computed chunk by chunk (`records`: one per pair, or per chunk): the record
+    itself when every chunk ran alike; else the engines that ran, the proofs, and every decline (each once, in
+    order of first appearance) joined, forced when any chunk was."""
+    distinct = list(dict.fromkeys(records))
+    if len(distinct) == 1:
+        return distinct[0]
+    engines = dict.fromkeys(p.engine for p in distinct)
+    proofs = dict.fromkeys(p.proof for p in distinct if p.proof)
+    return Provenance(" / ".join(engines), tuple(dict.fromkeys(d for p in distinct for d in p.declined)),
+                      "; ".join(proofs) or None, any(p.forced for p in distinct))
+
+
 def _mean_ci(values: np.ndarray, n_boot: int, seed: int) -> tuple[float, float, float]:
     finite = values[np.isfinite(values)]
     if not len(finite):
@@ -304,12 +333,14 @@ def faithfulness(
         direct = patch(model, pairs, spec=replace(spec, estimand="direct"), batch_size=batch_size, clean=clean)
         index = [att.names.index(n) for n in total.names]
         paper_att = paper_effect = None
+        runs = {"total": total, "seed_effect": seed_patch, "direct": direct, "attribution_patching": atp}
         if paper and not model.reads.multi:  # prefix noising is not defined for a set of reads
             stage("prefix sweep (the paper's way)")
             prefix = patch(model, pairs, spec=PatchSpec(positions="prefix"), batch_size=batch_size, clean=clean)
             keep = [j for j, name in enumerate(prefix.names) if Part.parse(name).kind != "embed"]
             paper_att = sub_att.margin[:, [sub_att.names.index(prefix.names[j]) for j in keep]]
             paper_effect = prefix.effect[:, keep]
+            runs["paper_effect"] = prefix
         seed_index = [sub_att.names.index(n) for n in seed_patch.names]
         return Faithfulness(
             names=total.names, pair_ids=total.pair_ids, attribution=att.margin[:, index], direct=direct.effect,
@@ -317,6 +348,7 @@ def faithfulness(
             seed_effect=seed_patch.effect, seed_positions=positions, mode=mode, level=level, n_boot=n_boot, seed=seed,
             seed_mode=_seeds_in(model, mode),
             paper_attribution=paper_att, paper_effect=paper_effect,
+            provenance={name: run.provenance for name, run in runs.items() if run.provenance is not None},
         )
 
 
