@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 import rewardlens as rl
-from rewardlens.causal import NaturalFit, Patching, encode_pairs, natural_states, patch, trace_pairs
+from rewardlens.causal import Patching, patch, trace_pairs
+from rewardlens.causal.internal import NaturalFit, encode_pairs, natural_states
 from rewardlens.model import TraceKey
 from rewardlens.zoo import DEMO_PAIRS
 from tests.helpers.tiny import ARCHS

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import Tensor
 
-from ..causal import NaturalFit, natural_states
+from ..causal.internal import NaturalFit, natural_states
 from ..data.internal import pair_span, rows_of
 from ..errors import UsageError
 from ..model import RewardModel, TraceKey

@@ -6,7 +6,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..causal import Circuit, Faithfulness, Patching, PatchSpec, aligned, encode_pairs, patch_mode
+from ..causal import Circuit, Faithfulness, Patching, PatchSpec, patch_mode
+from ..causal.internal import aligned, encode_pairs
 from ..data import Pair
 from ..data.internal import rows_of
 from ..errors import UsageError

@@ -16,7 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from ..causal import Circuit, NaturalFit, Patching, circuit, encode_pairs, patch, patch_mode, trace_pairs
+from ..causal import Circuit, Patching, circuit, patch, patch_mode, trace_pairs
+from ..causal.internal import NaturalFit, encode_pairs
 from ..data import Pair, margin
 from ..data.internal import pair_span, progress_bar
 from ..errors import ArchitectureError, CircuitError, HeadError, RewardLensWarning, UsageError
@@ -298,4 +299,3 @@ def stored_tokens(model: RewardModel, pairs: Sequence[Pair], store: Store) -> tu
     fields_ = dict(record)
     chosen = [int(i) for i in fields_.pop("pairs")]
     return TokenAttribution(**fields_), chosen
-

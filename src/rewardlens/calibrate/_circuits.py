@@ -8,7 +8,8 @@ import dataclasses
 
 import numpy as np
 
-from ..causal import Edges, circuit, edges, encode_pairs, path_patch
+from ..causal import Edges, circuit, edges, path_patch
+from ..causal.internal import encode_pairs
 from ..data import Pair
 from ..data.internal import rows_of
 from ..errors import CircuitError
