@@ -5,7 +5,11 @@ changes, no layer is re-implemented):
 
 - attention patterns: every attention kernel the model fetches from transformers' `AttentionInterface`
   is called with the queries and keys of the first run, detached, so `softmax(q·k)` is a constant and
-  the kernel's output is linear in its values;
+  the kernel's output is linear in its values. Attention outside that interface (DeBERTa-v2, whose map
+  names `attn_values`) is frozen one step earlier: every call of the query and key projections
+  (`attn_q`, `attn_k`; DeBERTa also projects its relative embeddings through them) returns the first
+  run's output, detached, so every score (content and relative) is a constant and the context is linear
+  in the values;
 - norm scales: every norm module's output becomes `y₀ + J (x − x₀)`, `J = diag(γ s₀)` (RMS) or
   `diag(γ s₀) C` (LayerNorm) — the module's own output at `x₀`, its frozen-scale map elsewhere
   (model/_norms.py's `NormParams`, checked against the module's output on the spot);
@@ -54,12 +58,21 @@ class Run:
 
 
 def check_model(model: RewardModel) -> None:
-    """Refuse, in one line, a model whose forward these hooks cannot freeze."""
-    if model.arch.attn_values is not None or model.arch.layout == "post_norm":
+    """Refuse, in one line, a model whose forward these hooks cannot freeze: attention outside transformers'
+    `AttentionInterface` (the map names `attn_values`) whose map names no separate query and key projections."""
+    arch = model.arch
+    if by_projection(model) and (arch.attn_q is None or arch.attn_k is None):
         raise ArchitectureError(
-            f"attribution graphs need a pre-norm decoder whose attention goes through transformers' "
-            f"AttentionInterface and whose MLP is one module; {model.arch.name!r} is not one (GPT-2, Llama, "
-            "Qwen, Gemma, SmolLM2 ... are)")
+            f"{arch.name!r}'s attention does not go through transformers' AttentionInterface (its map names "
+            f"attn_values={arch.attn_values!r}), so attribution graphs freeze its pattern at the query and key "
+            f"projections, but the map names attn_q={arch.attn_q!r}, attn_k={arch.attn_k!r}; register a map "
+            "naming both (docs/architectures.md)")
+
+
+def by_projection(model: RewardModel) -> bool:
+    """Whether the attention pattern is frozen at the query and key projections (attention outside
+    transformers' `AttentionInterface`, DeBERTa-v2) rather than at the kernel's queries and keys."""
+    return model.arch.attn_values is not None
 
 
 class Frozen:
@@ -70,6 +83,8 @@ class Frozen:
         self.model, self.batch, self.basis = model, batch, basis
         self.norms = NormFreezer(model)
         self.qk: dict[tuple[int, int], tuple[Tensor, Tensor]] = {}
+        self.projected: dict[tuple[int, int], Tensor] = {}
+        """Attention outside `AttentionInterface`: each query/key projection call's first-run output [1, ...]."""
         self.embed0: Tensor | None = None
         self.first = True
         self._calls: dict[int, int] = {}
@@ -92,9 +107,14 @@ class Frozen:
         with contextlib.ExitStack() as stack:
             stack.enter_context(eval_mode(model.model))
             stack.enter_context(torch.set_grad_enabled(not zero))
-            stack.enter_context(self._attention())
+            if not by_projection(model):  # else the query/key projections' hooks (`_hooks`) freeze the pattern
+                stack.enter_context(self._attention())
             stack.enter_context(_hooked(self._hooks(run, zero)))
             model.backbone(**model.batch_kwargs(batch))
+        if self.first and by_projection(model) and not self.projected:
+            raise ArchitectureError(
+                f"{model.arch.name!r} never called its query/key projections ({model.arch.attn_q!r}, "
+                f"{model.arch.attn_k!r}), so its attention patterns cannot be frozen; fix the map's attn_q/attn_k")
         self.first = False
         return run
 
@@ -104,6 +124,13 @@ class Frozen:
             self._embed, run, zero))]
         for module in self.norms.modules:
             hooks.append((module, "post", functools.partial(self._norm, module)))
+        if by_projection(model):
+            arch = model.arch
+            assert arch.attn_q is not None and arch.attn_k is not None  # check_model
+            for layer in range(model.n_layers):
+                for path in (arch.attn_q, arch.attn_k):
+                    module = layer_module(model, layer, path)
+                    hooks.append((module, "post", functools.partial(self._projection, module)))
         hooks += self.basis.hooks(run, zero)
         final = model.final_point(self.batch.read_at)
         hooks.append((final.module, "pre" if final.where == "in" else "post",
@@ -122,17 +149,39 @@ class Frozen:
                out: Output | None = None) -> None:
         run.final = hidden_arg(args, kwargs) if where == "in" else first_output(out)  # type: ignore[arg-type]
 
-    def _norm(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], out: Output) -> Tensor:
+    def _norm(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], out: Output
+              ) -> Tensor | None:
+        x = hidden_arg(args, kwargs)
+        if x.dim() < 3:
+            # Every hidden state is [batch, T, ...]; an input without the batch dimension is a table of
+            # parameters (DeBERTa-v2's LayerNorm of its relative embeddings, `rel_embeddings.weight` [2k, d]),
+            # the same in every run and reached by no source, so the module's own output is already exact and
+            # constant (and freezing it per row, `x[:1]`, would cut the table to its first row).
+            return None
         key = self._call(module)
-        return self.norms.frozen(module, key, hidden_arg(args, kwargs), first_output(out), self.first)
+        return self.norms.frozen(module, key, x, first_output(out), self.first)
+
+    def _projection(self, module: nn.Module, _args: tuple[Any, ...], _kwargs: dict[str, Any], out: Output
+                    ) -> Tensor:
+        """A query or key projection's output, each call replaced by the first run's (detached, expanded to this
+        call's rows): the scores built from it, and the softmax over them, are constants."""
+        key, y = self._call(module), first_output(out)
+        if self.first:
+            self.projected[key] = y.detach()[:1]
+        return self.projected[key].expand_as(y)
 
     @contextlib.contextmanager
     def _attention(self) -> Iterator[None]:
-        """Every attention kernel call gets the first run's queries and keys, detached: its pattern is fixed."""
+        """Every attention kernel call gets the first run's queries and keys, detached: its pattern is fixed.
+        Where the kernel's output is proven to be `P v` on the first run, later runs compute that matmul instead
+        (graphs/_pattern.py: the backward is then `Pᵀ g` alone)."""
         from transformers.modeling_utils import AttentionInterface
+
+        from ._pattern import Patterns
 
         original = AttentionInterface.get_interface
         frozen = self
+        patterns = self.__dict__.setdefault("patterns", Patterns())  # kept across runs (__init__ is not ours)
 
         def wrapped(kernel: Callable[..., Any], module: Any, query: Tensor, key: Tensor, value: Tensor,
                     *args: Any, **kwargs: Any) -> Any:
@@ -140,7 +189,7 @@ class Frozen:
             if frozen.first:
                 frozen.qk[slot] = (query.detach()[:1], key.detach()[:1])
             q, k = (t.expand(value.shape[0], *t.shape[1:]) for t in frozen.qk[slot])
-            return kernel(module, q, k, value, *args, **kwargs)
+            return patterns(slot, frozen.first, kernel, module, q, k, value, *args, **kwargs)
 
         def get_interface(self: Any, impl: str, default: Callable[..., Any]) -> Callable[..., Any]:
             return functools.partial(wrapped, original(self, impl, default))

@@ -76,6 +76,11 @@ class ArchitectureMap:
     """post_norm only: the norm of (x + attention), per layer."""
     mlp_residual_norm: str | None = None
     """post_norm only: the norm of (x + MLP), per layer."""
+    mlp_in: str | None = None
+    """post_norm only: the module, relative to a layer, whose input is the MLP's input, where no one module
+    is the MLP alone (BERT's `intermediate`: the up-projection and the activation; the MLP's output is then
+    `mlp_out`'s output, before dropout, the residual and the norm). None: the parent of `mlp_out` is the
+    whole MLP (its input the MLP's input, its output the MLP's output)."""
     head_kind: HeadKind = "linear"
     """'linear' (w·h + b), 'pooler' (classifier(act(dense(h)))) or 'gated' (ArmoRM)."""
     pooler: str | None = None
@@ -112,8 +117,9 @@ class ArchitectureMap:
             raise UsageError(f"pooling must be 'last' or 'first', got {self.pooling!r}")
         if self.position_ids not in POSITION_IDS:
             raise UsageError(f"position_ids must be one of {POSITION_IDS}, got {self.position_ids!r}")
-        if self.layout == "post_norm" and not (self.attn_residual_norm and self.mlp_residual_norm):
-            raise UsageError("layout='post_norm' needs attn_residual_norm and mlp_residual_norm")
+        if self.layout == "post_norm" and not (self.attn_residual_norm and self.mlp_residual_norm and self.mlp_in):
+            raise UsageError("layout='post_norm' needs attn_residual_norm, mlp_residual_norm and mlp_in (the module "
+                             "whose input is the MLP's input: BERT's 'intermediate')")
         if self.layout != "post_norm" and self.final_norm is None:
             raise UsageError(f"layout={self.layout!r} needs final_norm (the norm the head reads)")
         if self.head_kind == "pooler" and self.pooler is None:
@@ -146,6 +152,7 @@ _POST: dict[str, Any] = dict(attn_post_norm="post_attention_layernorm", mlp_post
 _ENCODER: dict[str, Any] = dict(
     attn_out="attention.output.dense",
     mlp_out="output.dense",
+    mlp_in="intermediate",
     final_norm=None,
     head="classifier",
     norm="layer",

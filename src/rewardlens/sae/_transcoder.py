@@ -7,7 +7,10 @@ A transcoder replaces one MLP (Dunefsky et al. 2024; Paulo et al. 2025 for the s
     y(f, x) = f W_dec + b_dec (+ x W_skip)          [d_out]   (≈ what the MLP module returns)
 
 The source hook `mlp_in` is the tensor the MLP module receives (after the pre-MLP norm), the
-target `mlp_out` the MLP module's output (before any post-MLP norm and before the residual add).
+target `mlp_out` the MLP module's output (before any post-MLP norm and before the residual add); in a
+post-norm encoder, whose MLP is no one module, what the map's `mlp_in` module receives and what its
+`mlp_out` projection returns (before dropout, the residual and the norm; sae/_transcoder_train.py's
+`mlp_modules`).
 Weights are held in the orientation of this formula (`W_enc [d_in, d_sae]`, `W_dec [d_sae, d_out]`,
 `W_skip [d_in, d_out]`); sparsify's and circuit-tracer's files store transposes of some of them and
 the loaders (sae/_transcoder_load.py) turn them. Published ReLU and JumpReLU transcoders are read
@@ -56,7 +59,7 @@ class TranscoderConfig:
     dtype: str = "float32"
     """The dtype its weights were stored in."""
     source: str = SOURCE_HOOK
-    """Input hook: 'mlp_in', the tensor the MLP module receives (post-norm)."""
+    """Input hook: 'mlp_in', the tensor the MLP module receives (after the pre-MLP norm)."""
     target: str = TARGET_HOOK
     """Output hook: 'mlp_out', the MLP module's output."""
     activation: Activation = "topk"

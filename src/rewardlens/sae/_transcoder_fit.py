@@ -34,7 +34,7 @@ from ..plotting import HtmlView
 from ..stats import summary_frame
 from ._transcoder import Transcoder, Transcoders
 from ._transcoder_load import check_transcoders
-from ._transcoder_train import mlp_module, mlp_pairs
+from ._transcoder_train import mlp_modules, mlp_pairs
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -133,7 +133,7 @@ def _reward(model: RewardModel, batch: Batch,
     `fn(output, input)` (`fn(output)` for torch.zeros_like)."""
     hooks: list[tuple[torch.nn.Module, str, Callable[[Tensor], Tensor | None]]] = []
     for layer, mask, fn in replace:
-        module, seen = mlp_module(model, layer), dict[str, Tensor]()
+        (source, target), seen = mlp_modules(model, layer), dict[str, Tensor]()
 
         def grab(v: Tensor, seen: dict[str, Tensor] = seen) -> None:
             seen["x"] = v
@@ -145,7 +145,7 @@ def _reward(model: RewardModel, batch: Batch,
             out[m] = new.to(v.dtype)
             return out
 
-        hooks += [(module, "in", grab), (module, "out", put)]
+        hooks += [(source, "in", grab), (target, "out", put)]
     with rewriting(hooks):
         values, weights = model.head_readout(model.run(batch, model.final_points(batch)))
     return (values * weights).sum(-1).double().cpu().numpy()

@@ -1,8 +1,9 @@
 """Train per-layer TopK transcoders on an MLP's (input, output) pairs, captured with hooks (the model is never
 modified): the SAE trainer's recipe (sae/_train.py) with the source and target hook points apart.
 
-For each chosen layer `l`, hooks on the MLP module record what it receives (`mlp_in`, post-norm) and
-what it returns (`mlp_out`) at every non-pad token but each sequence's first `skip_first` (a
+For each chosen layer `l`, hooks record what the MLP receives (`mlp_in`, after the pre-MLP norm) and
+what it returns (`mlp_out`) — `mlp_modules`: the MLP module on pre-norm layouts, the map's `mlp_in` and
+`mlp_out` modules on post-norm ones — at every non-pad token but each sequence's first `skip_first` (a
 decoder's first token is an attention sink whose activations are ~100× the rest). One model
 forward feeds every layer. Chunks are pooled in a shuffle buffer and each layer's transcoder takes
 Adam steps on
@@ -43,21 +44,34 @@ if TYPE_CHECKING:
     import pandas as pd
 
 
-def mlp_path(model: RewardModel) -> str:
-    """The MLP module's path inside a layer: the parent of the map's `mlp_out` projection (the block itself
-    for a mixture of experts). Refused for post-norm layouts, whose 'MLP output' module adds the residual."""
+def mlp_paths(model: RewardModel) -> tuple[str, str]:
+    """(input module, output module) paths inside a layer: the MLP's input is what the first receives, its
+    output what the second returns. Pre-norm layouts: both the MLP module, the parent of the map's `mlp_out`
+    projection (the block itself for a mixture of experts). Post-norm layouts, whose MLP sits in no module
+    of its own (BERT's `output` adds the residual and normalises): the map's `mlp_in` (BERT's `intermediate`,
+    the up-projection and activation) and the `mlp_out` projection (its output, before dropout, residual
+    and norm)."""
     arch = model.arch
-    if arch.layout == "post_norm":
-        raise UsageError(f"{arch.name}: a post-norm layer's output module adds the residual and normalises, so no "
-                         "module is the MLP alone; transcoders need a pre-norm model (GPT-2, Llama, Qwen, SmolLM2 ...)")
-    return arch.mlp_out.rsplit(".", 1)[0] if "." in arch.mlp_out else arch.mlp_out
+    if arch.mlp_in is not None:  # ArchitectureMap.__post_init__ requires it for post_norm
+        return arch.mlp_in, arch.mlp_out
+    whole = arch.mlp_out.rsplit(".", 1)[0] if "." in arch.mlp_out else arch.mlp_out
+    return whole, whole
+
+
+def mlp_modules(model: RewardModel, layer: int) -> tuple[nn.Module, nn.Module]:
+    """Layer `layer`'s (input module, output module) (`mlp_paths`): the MLP's input `mlp_in` is the first's
+    input, its output `mlp_out` the second's output (sae/_transcoder.py). One module on pre-norm layouts."""
+    if not 0 <= layer < model.n_layers:
+        raise UsageError(f"layer must be in 0..{model.n_layers - 1}, got {layer}", option="layers")
+    source, target = mlp_paths(model)
+    block = model.layers[layer]
+    return get_module(block, source), get_module(block, target)
 
 
 def mlp_module(model: RewardModel, layer: int) -> nn.Module:
-    """Layer `layer`'s MLP module: its input is `mlp_in`, its output `mlp_out` (sae/_transcoder.py)."""
-    if not 0 <= layer < model.n_layers:
-        raise UsageError(f"layer must be in 0..{model.n_layers - 1}, got {layer}", option="layers")
-    return get_module(model.layers[layer], mlp_path(model))
+    """The module whose input is layer `layer`'s MLP input: the whole MLP on pre-norm layouts (its output is
+    the MLP's output too), the map's `mlp_in` on post-norm ones (`mlp_modules` gives the output module)."""
+    return mlp_modules(model, layer)[0]
 
 
 def check_layers(model: RewardModel, layers: list[int] | None) -> list[int]:
@@ -83,9 +97,9 @@ def capturing_mlps(model: RewardModel, layers: list[int], mask: Tensor,
 
     hooks = []
     for layer in layers:
-        module = mlp_module(model, layer)
-        hooks += [(module, "in", lambda v, layer=layer: grab_in(v, layer)),
-                  (module, "out", lambda v, layer=layer: grab_out(v, layer))]
+        source, target = mlp_modules(model, layer)
+        hooks += [(source, "in", lambda v, layer=layer: grab_in(v, layer)),
+                  (target, "out", lambda v, layer=layer: grab_out(v, layer))]
     with rewriting(hooks):
         yield
 
