@@ -103,7 +103,7 @@ def _train(organism: str, folder: Path) -> None:
 def trained(organism: str) -> Path:
     """The folder of a GRPO run against `organism` (monitor.jsonl, samples.json, log_history.json),
     trained once per config and cached next to the organisms."""
-    from rewardlens.zoo import cache_dir
-    from rewardlens.zoo.organisms import built_once
+    from rewardlens.zoo.internal import cache_dir
+    from rewardlens.zoo.organisms.internal import built_once
 
     return built_once(cache_dir() / "policies" / _key(organism), lambda work: _train(organism, work))

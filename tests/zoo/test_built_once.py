@@ -6,7 +6,7 @@ import threading
 import time
 from pathlib import Path
 
-from rewardlens.zoo.organisms import READY, built_once
+from rewardlens.zoo.organisms.internal import READY, built_once
 
 
 def test_builds_once_across_threads_and_never_shows_half_a_folder(tmp_path):

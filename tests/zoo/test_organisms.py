@@ -9,10 +9,11 @@ import torch
 import rewardlens as rl
 from rewardlens.errors import HeadError
 from rewardlens.zoo import AUDIT_PAIRS, DEMO_ORGANISM, demo_model_dir
-from rewardlens.zoo.organisms import ORGANISMS, build, organism_dir, record
+from rewardlens.zoo.organisms import ORGANISMS, build, record
 from rewardlens.zoo.organisms import _cache as cache
 from rewardlens.zoo.organisms._attributes import LONG_WORDS
 from rewardlens.zoo.organisms._train import accuracy, initial_model, part_parameters, train
+from rewardlens.zoo.organisms.internal import organism_dir
 from tests.helpers.tiny import own_scores
 
 NAMES = list(ORGANISMS)

@@ -18,7 +18,8 @@ from ..model import Part, RewardModel, load
 from ..plotting import HtmlView
 from ..stats import spearman
 from ..types import Level
-from ..zoo.organisms import ORGANISMS, READY, build, organism_dir
+from ..zoo.organisms import ORGANISMS, build
+from ..zoo.organisms.internal import READY, organism_dir
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -28,17 +28,16 @@ from ..zoo.organisms import (
     KIND_ORGANISMS as KINDS,
 )
 from ..zoo.organisms import (
-    READY,
     PolicyOrganism,
     StepOrganism,
     ablated,
     build,
     implicit_rewards,
     open_kind,
-    organism_dir,
     prm_accuracy,
     step_scores,
 )
+from ..zoo.organisms.internal import READY, organism_dir
 from ._core import ACCURACY, STRENGTHS, Grade, OrganismBench, localisation, sublayer_of
 
 if TYPE_CHECKING:

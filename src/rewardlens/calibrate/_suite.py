@@ -6,7 +6,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from ..zoo.organisms import KIND_ORGANISMS as KINDS
-from ..zoo.organisms import ORGANISM_VERSION
+from ..zoo.organisms.internal import ORGANISM_VERSION
 from ._circuits import grade_circuits
 from ._concepts import grade_concepts
 from ._conflict import grade_conflict

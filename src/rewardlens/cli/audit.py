@@ -49,7 +49,7 @@ def _inputs(args: argparse.Namespace) -> tuple[RewardModel, list[Pair]]:
     given = pairs_file(args, args.pairs, limit=args.limit) if args.pairs else None
     quiet_hub()
     from ..zoo import AUDIT_PAIRS, DEMO_ORGANISM, demo_model_dir
-    from ..zoo.organisms import READY, organism_dir
+    from ..zoo.organisms.internal import READY, organism_dir
 
     quiet = args.json or _rank()[0] != 0
     if not (organism_dir(DEMO_ORGANISM) / READY).exists() and not quiet:

@@ -23,8 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import DataError, require
-from ..zoo import cache_dir
-from ..zoo.organisms import ORGANISM_VERSION, ORGANISMS, built_once
+from ..zoo.internal import cache_dir
+from ..zoo.organisms import ORGANISMS
+from ..zoo.organisms.internal import ORGANISM_VERSION, built_once
 
 LOOP_VERSION = "v1"
 """Bump whenever the recipe or the record changes, so stale cached runs are not reused."""

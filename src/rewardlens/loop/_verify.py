@@ -25,7 +25,8 @@ from ..model.internal import finite_accuracy
 from ..plotting import HtmlView
 from ..stats import bootstrap_ci, json_ready, summary_frame
 from ..types import EditMethod
-from ..zoo.organisms import ORGANISMS, build, built_once
+from ..zoo.organisms import ORGANISMS, build
+from ..zoo.organisms.internal import built_once
 from . import _organisms as org
 from ._signals import SIGNALS, RunSeries, run_series
 from ._train import PolicyRecipe, loop_dir, require_trl, trained_run

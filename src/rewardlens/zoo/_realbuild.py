@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from ..errors import require
 from ._builtin import cache_dir
-from .organisms import built_once
+from .organisms.internal import built_once
 
 if TYPE_CHECKING:
     from torch import Tensor

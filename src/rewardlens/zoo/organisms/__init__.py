@@ -17,11 +17,7 @@ See docs/organisms.md for each rule, the strength dial and the measured accuracy
 
 from ..._deprecated import moved as _moved
 from . import _bank as bank
-from ._cache import ORGANISM_VERSION as ORGANISM_VERSION
-from ._cache import READY as READY
 from ._cache import build as build
-from ._cache import built_once as built_once
-from ._cache import organism_dir as organism_dir
 from ._cache import record as record
 from ._dpo import PolicyOrganism as PolicyOrganism
 from ._dpo import implicit_rewards as implicit_rewards
@@ -37,13 +33,13 @@ from ._specs import RMRecipe as RMRecipe
 from ._train import ablated as ablated
 from ._train import forward_margins as forward_margins
 
-# Renamed in 0.2 (docs/design.md "Words"); the old names work for one release.
+# Renamed in 0.2 (docs/design.md "Words"), or the cache's plumbing moved to `internal` (issue 43 item 3); the old
+# names work for one release.
 __getattr__ = _moved(__name__, {"KINDS": "rewardlens.zoo.organisms:KIND_ORGANISMS",
                                 "Recipe": "rewardlens.zoo.organisms:RMRecipe",
-                                "locked": "rewardlens.zoo.organisms.internal"})
+                                **dict.fromkeys(("ORGANISM_VERSION", "READY", "built_once", "locked", "organism_dir"),
+                                                "rewardlens.zoo.organisms.internal")})
 
-__all__ = ["KIND_ORGANISMS", "ORGANISMS", "READY", "ORGANISM_VERSION", "Organism", "PolicyOrganism", "RMRecipe",
-           "StepOrganism",
-           "ablated", "built_once",
-           "bank", "build", "dpo_paths", "forward_margins", "implicit_rewards", "open_kind", "organism_dir",
-           "prm_accuracy", "record", "step_scores"]
+__all__ = ["KIND_ORGANISMS", "ORGANISMS", "Organism", "PolicyOrganism", "RMRecipe", "StepOrganism", "ablated", "bank",
+           "build", "dpo_paths", "forward_margins", "implicit_rewards", "open_kind", "prm_accuracy", "record",
+           "step_scores"]
