@@ -65,6 +65,9 @@ class Plan:
     sublayers, `faithfulness(paper=True)`): one more patched forward of the chosen sides per sublayer."""
     circuit: bool = False
     """Find and evaluate the circuit of the top sublayer edges (`rl.circuit`, EAP-IG): costly, so off by default."""
+    graph: bool = False
+    """Build the margin attribution graphs of the first pairs the report shows (`audit/_graph.py`: over the
+    transcoders `audit(transcoders=)` gives, else the MLPs' own neurons on a small model): costly, so off by default."""
 
     def __post_init__(self) -> None:
         if self.chunk_size < 1 or self.batch_size < 1:
@@ -79,8 +82,9 @@ class Plan:
 
     def for_reads(self) -> Plan:
         """This plan for a reward read at a set of positions: without the steps that read one token per
-        sequence (probes, concepts, divergence, tokens, the paper's prefix statistic, the circuit)."""
-        return replace(self, probes=False, concepts=False, divergence=False, tokens=False, paper=False, circuit=False)
+        sequence (probes, concepts, divergence, tokens, the paper's prefix statistic, the circuit, the graphs)."""
+        return replace(self, probes=False, concepts=False, divergence=False, tokens=False, paper=False, circuit=False,
+                       graph=False)
 
     def items(self) -> list[Item] | None:
         """The built-in items the probes use (None: all of them, in stages under the default budget)."""

@@ -30,6 +30,7 @@ from ..hacking import Concepts, Conflicts, Probes, cascade, distortion
 from ..model import Parity, RewardModel
 from ..plotting import CompositeView
 from ..sae import FeatureAttribution, TopKSAE
+from ._graph import AuditGraphs, graph_name
 from ._keys import RunKey, checksum
 from ._natural import NaturalStates
 from ._plan import Decided, PairUnits, Plan, run_keys, skipped_key
@@ -39,6 +40,7 @@ from ._whole import CIRCUIT, CONFLICT, DIVERGENCE, sae_name, stored_parity, stor
 if TYPE_CHECKING:  # annotations only
     from ..exact import TokenAttribution
     from ..hacking import Cascades, Distortion
+    from ..sae import Transcoders
 
 _Result = TypeVar("_Result")
 
@@ -102,6 +104,8 @@ class Audit(CompositeView):
     """The circuit of the top sublayer edges by EAP-IG (`audit_circuit`); None unless `Plan(circuit=True)`."""
     pairs: list[Pair] = field(default_factory=list)
     """The pairs audited, in `pair_ids`' order (empty when not kept): what names each pair in a table."""
+    graphs: AuditGraphs | None = None
+    """The margin attribution graphs of the first shown pairs (`audit/_graph.py`); None unless `Plan(graph=True)`."""
 
     def named(self) -> list[Pair]:
         """The pairs that name the audit's rows: `pairs`, else stand-ins holding only each pair's subset."""
@@ -315,12 +319,12 @@ def provenance(model: RewardModel, data: str | Path | None = None, command_line:
 
 def collect(model: RewardModel, pairs: Sequence[Pair], store: Store, plan: Plan = Plan(), *,
             sae: TopKSAE | None = None, data: str | Path | None = None, command_line: str | None = None,
-            decided: Decided | None = None) -> Audit:
+            decided: Decided | None = None, transcoders: Transcoders | None = None) -> Audit:
     """Read the audit of `pairs` back from `store`; `StoreError` when some pairs are missing.
 
     `data` (the pairs file) and `command_line` go into the audit's `provenance`, with the model's
     path (`load`'s `path_or_id`), the rewardlens version and the time. `decided`: the run's decisions
-    (`Decided.of`), when the caller has them."""
+    (`Decided.of`), when the caller has them; `transcoders`: the graphs', which name their stored run."""
     keys, every = run_keys(model, pairs, plan, decided), list(pairs)
     units = PairUnits.of(every).units
     reasons = dict(store.records(skipped_key(model), set(units)))
@@ -358,6 +362,9 @@ def collect(model: RewardModel, pairs: Sequence[Pair], store: Store, plan: Plan 
     tokens_, token_pairs = stored_tokens(model, every, store)
     position = {i: j for j, i in enumerate(kept)}
     parity_, parity_note, parity_pairs = stored_parity(model, every, store)
+    graphs = whole(AuditGraphs, graph_name(transcoders)) if plan.graph else None
+    if graphs is not None:  # stored by the run's pair index, read back by the audit's
+        graphs = replace(graphs, pairs=[position[i] for i in graphs.pairs])
     return Audit(model=repr(model), fingerprint=keys["lens"].model, data_checksum=checksum(every), pair_ids=ids,
                  faithfulness=Faithfulness(**stacked, **meta, pair_ids=ids), fraction=plan.fraction,
                  lens=lens_, sublayers=sublayers, heads=heads, probes=probes, concepts=concepts_, features=features,
@@ -366,7 +373,7 @@ def collect(model: RewardModel, pairs: Sequence[Pair], store: Store, plan: Plan 
                  tokens=tokens_, token_pairs=[position[i] for i in token_pairs],
                  skipped={_pair_id(every, i): reason for i, reason in skipped.items()}, steps=steps,
                  cascades=None if probes is None else cascade(probes), parity=parity_, parity_note=parity_note,
-                 parity_pairs=parity_pairs, circuit=whole(Circuit, CIRCUIT), pairs=pairs)
+                 parity_pairs=parity_pairs, circuit=whole(Circuit, CIRCUIT), pairs=pairs, graphs=graphs)
 
 
 def _stacked(store: Store, key: RunKey, want: Sequence[str], by_side: bool
@@ -401,7 +408,7 @@ def plan_for_model(model: RewardModel, plan: Plan, sae: TopKSAE | None) -> Plan:
                         "positions: audit it without --sae")
     left = [name for name, on in (("probes", plan.probes), ("concepts", plan.concepts), ("divergence",
             plan.divergence), ("tokens", plan.tokens), ("the paper's prefix statistic", plan.paper),
-            ("the circuit", plan.circuit)) if on]
+            ("the circuit", plan.circuit), ("the attribution graphs", plan.graph)) if on]
     if left:
         warnings.warn(f"audit: the model reads its reward at a set of positions (Reads(at={model.reads.at!r})); "
                       f"{', '.join(left)} read one token per sequence and are left out (docs/rm-kinds.md)",

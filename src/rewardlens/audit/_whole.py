@@ -4,7 +4,8 @@ Probes on the built-in items, concepts on the probe axes' contrast sets, SAE fea
 scores of the read-position head patching, conflicts between a multi-objective head's terms, exact
 token attribution of the pairs the report shows (`shown_pairs`: at most `TOKEN_PAIRS`, by |margin|)
 — not of every pair, so its cost does not grow with the pair set — and, behind `Plan.circuit`, the
-circuit of the top `CIRCUIT_TOP` sublayer edges.
+circuit of the top `CIRCUIT_TOP` sublayer edges, and behind `Plan.graph`, the margin attribution graphs of
+the first shown pairs (`audit/_graph.py`).
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ from ..exact import TokenAttribution, tokens
 from ..hacking import Concepts, Conflicts, Probes, concepts, conflict, probe
 from ..model import Parity, ParityCheck, ReadCache, RewardModel, parity
 from ..model.internal import Tokenized, continuable
-from ..sae import FeatureAttribution, TopKSAE, attribute_features
+from ..sae import FeatureAttribution, TopKSAE, Transcoders, attribute_features
 from ..types import Mode
+from ._graph import AuditGraphs, audit_graphs, graph_name
 from ._keys import RunKey, checksum, fingerprint
 from ._natural import NaturalStates
 from ._plan import VERSION, Decided, PairUnits, Plan, lens_key, skipped_key
@@ -59,14 +61,15 @@ def whole_key(model: RewardModel, pairs: Sequence[Pair], name: str) -> RunKey:
 
 def run_whole(model: RewardModel, pairs: Sequence[Pair], store: Store, plan: Plan = Plan(), *,
               sae: TopKSAE | None = None, progress: bool = False, decided: Decided | None = None,
-              natural: NaturalStates | None = None) -> None:
+              natural: NaturalStates | None = None, transcoders: Transcoders | None = None) -> None:
     """The whole-model instruments the plan asks for, each stored once (skipped when already there).
 
     Besides probes, concepts and SAE features: `plan.divergence` (read-position head noising scored
     for out-of-distribution patched states, from 4 pairs on: its natural fit needs 8 sequences) and,
     for a head with several outputs, the conflicts between its terms on the pairs (from 3 pairs on),
     `plan.tokens`: exact token attribution of the pairs `token_choice` picks from the stored lens, and
-    `plan.circuit`: `audit_circuit` (a model whose edges cannot be ablated alone is left out, with a warning).
+    `plan.circuit`: `audit_circuit` (a model whose edges cannot be ablated alone is left out, with a warning),
+    and `plan.graph`: `audit_graphs` of the first shown pairs over `transcoders` (None: the MLPs' neurons).
     Pairs the store records as skipped (too long for memory) are left out of all of them. `decided`: the
     run's decisions, whose token ids divergence reuses; `natural`: the read-position residuals `run_pairs`
     kept, which divergence fits from instead of tracing those pairs again."""
@@ -96,7 +99,8 @@ def run_whole(model: RewardModel, pairs: Sequence[Pair], store: Store, plan: Pla
         assert sae is not None and plan.sae_layer is not None  # run with an SAE only; _sae_name checked the layer
         return attribute_features(model, sae, pairs, layer=plan.sae_layer, batch_size=plan.batch_size)
 
-    chosen = token_choice(model, every, store) if plan.tokens else []
+    shown = token_choice(model, every, store) if plan.tokens or plan.graph else []
+    chosen = shown if plan.tokens else []  # the graphs take the first of the same pairs
     # The probes' sequences are the concepts' contrast sets: each read once, at every depth the concepts need;
     # without concepts the probes score alone (no depths to keep).
     cache = ReadCache(model) if plan.concepts else None
@@ -121,11 +125,14 @@ def run_whole(model: RewardModel, pairs: Sequence[Pair], store: Store, plan: Pla
     # A name is a string, or a function giving it when its job comes up (the concepts' names their item set,
     # which the probes' stored stage decides).
     whole: tuple[tuple[str | Callable[[], str], Callable[[], Probes | Concepts | FeatureAttribution | Patching
-                                                         | Conflicts | _Tokens | _Parity | Circuit | None], bool],
+                                                         | Conflicts | _Tokens | _Parity | Circuit
+                                                         | AuditGraphs | None], bool],
                  ...] = (
         (TOKENS, token_pairs, bool(chosen)),  # the pairs whose lens is stored (none before `run_pairs`)
         (PARITY, lambda: _Parity.run(model, pairs), bool(pairs)),
         (CIRCUIT, lambda: audit_circuit(model, pairs, plan.batch_size, progress), plan.circuit and bool(pairs)),
+        (graph_name(transcoders), lambda: audit_graphs(model, every, shown, transcoders, plan.batch_size),
+         plan.graph and bool(shown)),
         (DIVERGENCE, lambda: audit_divergence(model, pairs, None if decided is None else decided.seqs_of(kept),
                                               [units[i] for i in kept], natural or NaturalStates(), plan, progress),
          plan.divergence and len(pairs) >= 4),
@@ -299,3 +306,4 @@ def stored_tokens(model: RewardModel, pairs: Sequence[Pair], store: Store) -> tu
     fields_ = dict(record)
     chosen = [int(i) for i in fields_.pop("pairs")]
     return TokenAttribution(**fields_), chosen
+

@@ -19,7 +19,8 @@ from ..data import Pair
 from ..errors import RunLockedError, UsageError
 from ..model import RewardModel
 from ..model.internal import continuable
-from ..sae import TopKSAE
+from ..sae import TopKSAE, Transcoders
+from ._graph import check_graph
 from ._keys import checksum
 from ._lock import run_lock
 from ._natural import NaturalStates
@@ -154,7 +155,8 @@ def _rank0s(value: bool, world_size: int) -> bool:
 def audit(model: RewardModel, pairs: Sequence[Pair], *, store: Store | str | Path | None = None,
           plan: Plan = Plan(), sae: TopKSAE | None = None, progress: bool = False,
           data: str | Path | None = None, command_line: str | None = None, rank: int = 0, world_size: int = 1,
-          hold: Sequence[str | Path] = (), decided: Decided | None = None) -> Audit | None:
+          hold: Sequence[str | Path] = (), decided: Decided | None = None,
+          transcoders: Transcoders | None = None) -> Audit | None:
     """Run (or finish) the audit of `pairs` in `store` and return it.
 
     `data`, `command_line`: the pairs file and the command, recorded in the audit's `provenance`.
@@ -170,7 +172,12 @@ def audit(model: RewardModel, pairs: Sequence[Pair], *, store: Store | str | Pat
     rank)`; rank 0 merges them, runs the whole-model instruments and returns the audit; the other
     ranks return None. `decided`: the run's decisions over `pairs` (`Decided.of`) when the caller made
     them already (to print what a store holds before the run), else made here, once.
+
+    `transcoders`: a `rewardlens.sae.Transcoders` set for `Plan(graph=True)`'s attribution graphs (None: the
+    MLPs' own neurons, on a model of at most `NEURON_LIMIT` of them), checked against the model here, before
+    any store is written (`check_graph`).
     """
+    check_graph(model, plan.graph, transcoders)
     plan = plan_for_model(model, plan, sae)
     path = None if isinstance(store, Store) or store is None or str(store) == ":memory:" else Path(store)
     if world_size > 1 and path is None:
@@ -194,8 +201,10 @@ def audit(model: RewardModel, pairs: Sequence[Pair], *, store: Store | str | Pat
                 assert path is not None  # refused above
                 if not _sharded(model, pairs, db, path, plan, rank, world_size, progress, decided, natural):
                     return None
-            run_whole(model, pairs, db, plan, sae=sae, progress=progress, decided=decided, natural=natural)
-            return collect(model, pairs, db, plan, sae=sae, data=data, command_line=command_line, decided=decided)
+            run_whole(model, pairs, db, plan, sae=sae, progress=progress, decided=decided, natural=natural,
+                      transcoders=transcoders)
+            return collect(model, pairs, db, plan, sae=sae, data=data, command_line=command_line, decided=decided,
+                           transcoders=transcoders)
         finally:
             if db is not store:
                 db.close()

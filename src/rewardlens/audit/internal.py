@@ -4,6 +4,7 @@ steps, shard paths. Users call `rewardlens.audit.audit` and read the `Audit` it 
 docs/audit.md for what each of these guarantees.
 """
 
+from ._graph import check_graph as check_graph
 from ._keys import RunKey as RunKey
 from ._keys import checksum as checksum
 from ._keys import content_key as content_key
@@ -29,6 +30,7 @@ __all__ = [
     "STORED_RESULTS",
     "TOKEN_PAIRS",
     "VERSION",
+    "check_graph",
     "checksum",
     "collect",
     "content_key",

@@ -229,6 +229,7 @@ FLAGS = {
     "fraction": "--fraction", "n_boot": "--n-boot", "seed": "--seed", "k": "--k", "expansion_factor":
     "--expansion-factor", "num_latents": "--latents", "min_effect": "--min-effect", "mode": "--mode",
     "ablation": "--ablation", "divergence": "--divergence", "level": "--level", "neurons": "--neurons",
+    "transcoders": "--transcoders",
 }
 """The one table from the option a rewardlens error carries (`RewardLensError.option`, a Python keyword) to the
 flag a command-line user passes: `cli.failed` names the flag from it, so no message is parsed."""

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from ..audit.report import AuditResult, AuditSummary
     from ..data import Pair
     from ..model import RewardModel
-    from ..sae import TopKSAE
+    from ..sae import TopKSAE, Transcoders
 
 
 def _inputs(args: argparse.Namespace) -> tuple[RewardModel, list[Pair]]:
@@ -114,20 +114,22 @@ def _run(args: argparse.Namespace, state: dict[str, Any]) -> dict[str, Any]:
     if not pairs:
         raise UsageError("no pairs to audit")
     sae = _sae(args, model)  # an SAE that does not fit the model is refused before any pair is computed
+    transcoders = _transcoders(args, model)  # so are transcoders (and --graph without them on a large model)
     from ..audit import Decided, Plan, audit, resume_status
     from ..audit.report import AuditResult, plain, summary, write_report
 
     plan = Plan(chunk_size=args.chunk_size, batch_size=args.batch_size, probes=not args.no_probes,
                 concepts=not args.no_concepts, probe_items=args.probe_items, sae_layer=args.sae_layer,
                 fraction=args.fraction, divergence=not args.no_divergence, paper=args.paper_statistic,
-                tokens=not args.no_tokens, circuit=args.circuit)
+                tokens=not args.no_tokens, circuit=args.circuit, graph=args.graph)
     decided = Decided.of(model, pairs)  # once: the resume count, the run and an interrupt's message share it
     state.update(model=model, pairs=pairs, plan=plan, store=main_path, rank=rank, world=world, decided=decided)
     before = resume_status(main_path, model, pairs, plan, decided).kept if world == 1 else None
     try:
         result = audit(model, pairs, store=main_path, plan=plan, sae=sae, progress=not args.quiet,
                        data=args.pairs or DEMO_DATA,
-                       command_line=args.command_line, rank=rank, world_size=world, hold=[out], decided=decided)
+                       command_line=args.command_line, rank=rank, world_size=world, hold=[out], decided=decided,
+                       transcoders=transcoders)
     finally:
         if world > 1:
             import torch.distributed as dist
@@ -162,6 +164,20 @@ def _sae(args: argparse.Namespace, model: RewardModel) -> TopKSAE | None:
 
     sae, _ = load_sae_for(model, args.sae, args.sae_layer, trust_base_model=args.sae_any_model)
     return sae.to(model.device)
+
+
+def _transcoders(args: argparse.Namespace, model: RewardModel) -> Transcoders | None:
+    """The transcoders of `--transcoders`, loaded and checked against the model (`check_graph`: width, layers,
+    base model), or None; with `--graph` and none given, the model must be small enough for its own neurons."""
+    from ..audit.internal import check_graph
+
+    tcs = None
+    if args.transcoders is not None:
+        from ..sae import load_transcoders
+
+        tcs = load_transcoders(args.transcoders).to(model.device)
+    check_graph(model, args.graph, tcs)
+    return tcs
 
 
 def _show(shown: dict[str, Any]) -> None:
@@ -260,6 +276,11 @@ def _show_more(result: AuditSummary) -> None:
               f"margin (|margin|-weighted; of the mean clean margin: {pct(c.get('share_of_mean_margin'))})")
         if c.get("warning"):  # a summary stored before the warning was kept has none
             print(c["warning"])
+    if result["graphs"] is not None:
+        score = lambda x: "-" if x is None else f"{x:.3f}"  # noqa: E731  (None: undefined, once plain)
+        print(f"attribution graphs ({result['graphs']['basis']}): " + "; ".join(
+            f"pair {result['pairs'][p['pair']]['id']}: replacement {score(p['replacement'])}, completeness "
+            f"{score(p['completeness'])}, {p['nodes']} nodes" for p in result["graphs"]["pairs"]))
 
 
 def _check_probe_items(args: argparse.Namespace) -> None:
@@ -281,6 +302,10 @@ def _check(args: argparse.Namespace) -> None:
             raise ArgumentError("--sae PATH needs --sae-layer L (the residual layer the SAE was trained on)")
     elif args.sae_layer is not None or args.sae_any_model:
         raise ArgumentError(f"{'--sae-layer' if args.sae_layer is not None else '--sae-any-model'} needs --sae PATH")
+    if args.transcoders is not None:
+        if not args.graph:
+            raise ArgumentError("--transcoders DIR is read by the attribution graphs only: add --graph, or drop it")
+        check_folder(args.transcoders, "transcoder folder")
 
 
 def _options(p: argparse.ArgumentParser) -> None:
@@ -302,6 +327,12 @@ def _options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--circuit", action="store_true",
                    help="also find the circuit of the top 10 sublayer edges (EAP-IG) and its faithfulness curve: "
                         "5 backwards and a forward per circuit size, per pair (docs/circuits.md)")
+    p.add_argument("--graph", action="store_true",
+                   help="also build the margin attribution graphs of the first 3 pairs the report shows, over "
+                        "--transcoders or (small models) the MLPs' own neurons, with one interactive page per pair "
+                        "(docs/graphs.md)")
+    p.add_argument("--transcoders", default=None,
+                   help="transcoder folder for --graph (rewardlens transcoders train, sparsify or circuit-tracer)")
     add_probe_items_option(p, "probes and concepts")
     p.add_argument("--sae", default=None, help="an SAE folder: add SAE feature attribution")
     p.add_argument("--sae-layer", type=int, default=None, help="residual layer the SAE reads")

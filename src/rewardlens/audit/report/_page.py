@@ -23,6 +23,7 @@ from . import _html
 from . import _sections as more
 from ._circuit import circuit_section
 from ._findings import findings_html
+from ._graphs import graphs_section
 from ._groups import counted, counted_mean
 from ._html import TOP_ROWS, Html, e, figure, how, kv, notrun, num, rho, subset_picker, table
 from ._pairs import scores
@@ -30,13 +31,14 @@ from ._schema import AuditSummary
 from ._steps import steps_section
 
 SECTIONS = ("findings", "summary", "scores", "subsets", "steps", "lens", "crystallization", "attribution", "patching",
-            "estimands", "divergence", "circuit", "tokens", "probes", "distortion", "cascades", "concepts", "conflicts",
-            "features")
+            "estimands", "divergence", "circuit", "graphs", "tokens", "probes", "distortion", "cascades", "concepts",
+            "conflicts", "features")
 TITLES = {"findings": "Findings", "summary": "Summary", "scores": "Scores", "subsets": "By subset", "steps": "Steps",
           "lens": "Reward lens",
           "crystallization": "Crystallization depth", "attribution": "Attribution",
           "patching": "Patching and faithfulness", "estimands": "Direct, indirect and total effects",
-          "divergence": "Divergence of patched states", "circuit": "Circuit of the top edges", "tokens": "Tokens",
+          "divergence": "Divergence of patched states", "circuit": "Circuit of the top edges",
+          "graphs": "Attribution graphs", "tokens": "Tokens",
           "probes": "Reward-hacking probes",
           "distortion": "Distortion index", "cascades": "Cascades", "concepts": "Concepts",
           "conflicts": "Conflicts between terms", "features": "SAE features"}
@@ -65,6 +67,11 @@ NOT_RUN = {
                "(<code>Plan(circuit=True)</code>); a model with a parallel layout or a post-norm encoder has no "
                "edge circuit. Alone: <code>rewardlens circuit MODEL --pairs FILE</code> or "
                "<code>rewardlens.circuit(model, pairs, top=10)</code>.",
+    "graphs": "The attribution graphs were not computed: each costs many backward passes a side, so "
+              "<code>rewardlens audit</code> builds the margin graphs of the first pairs it shows only when given "
+              "<code>--graph</code> (<code>Plan(graph=True)</code>), over <code>--transcoders DIR</code> or, on a "
+              "small model, the MLPs' own neurons. Alone: <code>rewardlens graph MODEL --pairs FILE --transcoders "
+              "DIR --out DIR</code> or <code>rewardlens.graph(model, pairs, transcoders)</code> (docs/graphs.md).",
     "distortion": "The distortion index is derived from the probes' quality degradations, and the probes were not "
                   "run (or scored none); alone: <code>rewardlens.hacking.distortion(rewardlens.probe(model))</code>.",
     "cascades": "Cascades are derived from the probes' per-item effects, and the probes were not run; alone: "
@@ -272,7 +279,7 @@ RENDER: dict[str, Callable[[Audit, AuditSummary], Html]] = {
     "probes": _probes, "concepts": _concepts, "features": _features, "subsets": more.subsets,
     "scores": scores,
     "crystallization": more.crystallization, "estimands": more.estimands, "divergence": more.divergence,
-    "circuit": circuit_section,
+    "circuit": circuit_section, "graphs": graphs_section,
     "tokens": more.tokens, "distortion": more.distortion, "cascades": more.cascades, "conflicts": more.conflicts,
     "steps": steps_section,
 }

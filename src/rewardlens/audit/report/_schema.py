@@ -131,6 +131,8 @@ class AuditSummary(TypedDict):
     parity_line: str | None
     circuit: dict[str, Any] | None
     """`Circuit.to_dict()` of the audit's circuit (`Plan(circuit=True)`), None when not run."""
+    graphs: dict[str, Any] | None
+    """`AuditGraphs.to_dict()` of the audit's attribution graphs (`Plan(graph=True)`), None when not run."""
     findings: dict[str, Any] | None
     """The audit's claims (`_findings.findings_summary`): the organism sentence, `min_pairs`, what each strength
     means, and each claim with its number, interval, pairs and strength; None only while `summary` builds it."""

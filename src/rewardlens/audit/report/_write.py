@@ -10,6 +10,7 @@ from typing import Any
 
 from ...errors import warn
 from .._runner import Audit
+from ._graphs import graph_pages
 from ._numbers import summary, write_numbers
 from ._page import render
 from ._schema import AuditSummary
@@ -27,7 +28,8 @@ def write_report(audit: Audit, out: str | Path, numbers: AuditSummary | None = N
     rows and columns) and one `<table>.parquet` per table (see `rewardlens.audit.report.tables`).
     A folder holds one run: files of the same names are replaced, and the Parquet tables an
     earlier report listed in its `numbers.json` that this one does not write are removed (with a
-    warning naming them); no other file in the folder is touched. `numbers`: a `summary(audit)`
+    warning naming them), and so are the graph pages (`graphs/pair_<i>.html`) of an earlier run with
+    `--graph` that this one does not write; no other file in the folder is touched. `numbers`: a `summary(audit)`
     already computed (the command line's, with its own `top`), written as it is.
     """
     out = Path(out)
@@ -47,6 +49,7 @@ def write_report(audit: Audit, out: str | Path, numbers: AuditSummary | None = N
     tmp = out / "report.html.tmp"
     tmp.write_text(_with_provenance(render(audit, numbers, files), numbers["provenance"]), encoding="utf-8")
     tmp.replace(page)
+    graph_pages(audit, out)  # each graphed pair's interactive page, linked from the page's graph section
     return page
 
 
