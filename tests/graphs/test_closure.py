@@ -15,7 +15,7 @@ from transformers.modeling_utils import AttentionInterface
 import rewardlens as rl
 from rewardlens.graphs import graph
 from rewardlens.model import Part
-from rewardlens.sae import mlp_module
+from rewardlens.sae.internal import mlp_module
 from tests.graphs.conftest import SHORT, random_transcoders
 from tests.helpers.tiny import ARCHS, own_scores
 

@@ -10,16 +10,8 @@ import rewardlens as rl
 from rewardlens.cli import main
 from rewardlens.cli import sae as cli_sae
 from rewardlens.data import save_pairs
-from rewardlens.sae import (
-    DEFAULT_MEMORY_GB,
-    ActivationSource,
-    MemoryActivations,
-    SAEConfig,
-    TrainConfig,
-    activation_bytes,
-    hold_activations,
-    train_sae,
-)
+from rewardlens.sae import ActivationSource, SAEConfig, TrainConfig, hold_activations, train_sae
+from rewardlens.sae.internal import DEFAULT_MEMORY_GB, MemoryActivations, activation_bytes
 from rewardlens.zoo import DEMO_PAIRS
 
 

@@ -167,8 +167,8 @@ def test_bf16_weights_load_in_fp32_and_parent_folders_resolve(tmp_path, llama):
 
 @pytest.mark.parametrize("arch,name", [("llama", "layers.1"), ("bert", "encoder.layer.1"), ("gpt2", "h.1")])
 def test_folder_names_are_sparsify_hook_points(tiny_root, arch, name):
-    from rewardlens.sae import hookpoint
     from rewardlens.sae._activations import point_of_folder
+    from rewardlens.sae.internal import hookpoint
 
     model = rl.load(str(tiny_root[arch]))
     assert hookpoint(model, "resid_1") == name and hookpoint(model, "mlp_1") == "mlp_1"

@@ -19,13 +19,12 @@ from rewardlens.sae import (
     TranscoderConfig,
     Transcoders,
     TranscoderTrainConfig,
-    check_transcoders,
     load_transcoders,
-    mlp_module,
     train_transcoders,
     transcoder_fidelity,
 )
 from rewardlens.sae._provenance import model_name
+from rewardlens.sae.internal import check_transcoders, mlp_module
 
 D, N, K = 64, 96, 6
 

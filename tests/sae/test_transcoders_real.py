@@ -4,7 +4,8 @@ cover every layer, and the fidelity the build recorded is what `transcoder_fidel
 import json
 import math
 
-from rewardlens.sae import check_transcoders, load_transcoders, transcoder_fidelity
+from rewardlens.sae import load_transcoders, transcoder_fidelity
+from rewardlens.sae.internal import check_transcoders
 from rewardlens.zoo import realmodels as zoo_real
 from tests.helpers import realmodels
 

@@ -39,7 +39,7 @@ is one direction, scaled per input)."""
 
 def plant(model: RewardModel, sae: TopKSAE, layer: int, seed: int, name: str) -> None:
     """Overwrite latent `PLANTED` of `sae` with the module docstring's upstream latent, in place."""
-    from ..sae import attribute_with_readout
+    from ..sae.internal import attribute_with_readout
 
     pairs = ORGANISMS[name].pairs(n=60, seed=seed + 5, strength=1.0)
     _, readout = attribute_with_readout(model, sae, pairs, layer=layer)

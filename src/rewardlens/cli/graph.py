@@ -45,7 +45,8 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _run(args: argparse.Namespace) -> dict[str, Any]:
     from ..graphs import MAX_NODES, feature_contexts, graph, node_feature, write_graph_page
-    from ..sae import check_transcoders, load_transcoders, transcoder_fidelity
+    from ..sae import load_transcoders, transcoder_fidelity
+    from ..sae.internal import check_transcoders
 
     pairs = read_pairs(args)[:args.limit or DEFAULT_PAIRS]
     model = load_model(args)

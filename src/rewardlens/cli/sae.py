@@ -133,15 +133,8 @@ def _fit(fit: Any) -> dict[str, Any] | None:
 
 def _train(args: argparse.Namespace) -> dict[str, Any]:
     from ..model import TraceKey
-    from ..sae import (
-        ActivationSource,
-        SAEConfig,
-        TrainConfig,
-        evaluate,
-        fidelity,
-        hookpoint,
-        train_sae,
-    )
+    from ..sae import ActivationSource, SAEConfig, TrainConfig, evaluate, fidelity, train_sae
+    from ..sae.internal import hookpoint
 
     pairs = read_pairs(args)
     model = load_model(args)

@@ -24,7 +24,7 @@ from torch import Tensor, nn
 from ..errors import ArchitectureError, UsageError
 from ..model import Part, RewardModel
 from ..model.internal import first_output, hidden_arg, is_moe_layer
-from ..sae import mlp_module
+from ..sae.internal import mlp_module
 from ._frozen import Frozen, Run, layer_module
 
 Hook = tuple[nn.Module, str, Any]

@@ -23,7 +23,7 @@ from ._page import Context
 def feature_contexts(model: RewardModel, inputs: Inputs, names: Sequence[str], *, transcoders: object = None,
                      n: int = 3, window: int = 8, batch_size: int = 8) -> dict[str, list[Context]]:
     """The `n` top contexts of each feature in `names` (transcoder features need `transcoders`)."""
-    from ..sae import mlp_module
+    from ..sae.internal import mlp_module
 
     parts = {name: Part.parse(name) for name in dict.fromkeys(names)}
     wanted = {name: p for name, p in parts.items() if p.feature is not None or p.neuron is not None}

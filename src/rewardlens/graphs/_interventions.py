@@ -26,7 +26,7 @@ from ..errors import UsageError
 from ..model import RewardModel
 from ..model.internal import Batch, Tokenized, first_output, hidden_arg
 from ..plotting import HtmlView
-from ..sae import mlp_module
+from ..sae.internal import mlp_module
 
 if TYPE_CHECKING:
     import pandas as pd

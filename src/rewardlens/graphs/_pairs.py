@@ -98,7 +98,7 @@ def _basis(model: RewardModel, transcoders: Any, basis: str, exact: set[int]) ->
     if transcoders is None:
         raise UsageError("basis='transcoders' needs transcoders= (rewardlens.sae.load_transcoders or "
                          "train_transcoders), or basis='neurons' for the MLPs' own neurons", option="transcoders")
-    from ..sae import check_transcoders
+    from ..sae.internal import check_transcoders
 
     bad = sorted(x for x in exact if not 0 <= x < model.n_layers)
     if bad:

@@ -1,15 +1,16 @@
 """TopK sparse autoencoders on the residual stream: the autoencoder, activations, training, feature attribution,
-feature interventions and steering.
+feature interventions and steering; transcoders. The plumbing its siblings build on (hook-point folder names,
+the MLP modules transcoders hook, the transcoder check, the memory budget for held activations) is
+`rewardlens.sae.internal`.
 """
 
+from .._deprecated import moved as _moved
 from ._activations import Activations as Activations
 from ._activations import ActivationSource as ActivationSource
 from ._activations import cache_activations as cache_activations
-from ._activations import hookpoint as hookpoint
 from ._activations import load_sae_for as load_sae_for
 from ._attribution import FeatureAttribution as FeatureAttribution
 from ._attribution import attribute_features as attribute_features
-from ._attribution import attribute_with_readout as attribute_with_readout
 from ._autoencoder import SAEConfig as SAEConfig
 from ._autoencoder import SAEOutput as SAEOutput
 from ._autoencoder import TopKSAE as TopKSAE
@@ -22,9 +23,6 @@ from ._fidelity import MIN_EXPLAINED_VARIANCE as MIN_EXPLAINED_VARIANCE
 from ._fidelity import MIN_REWARD_RECOVERED as MIN_REWARD_RECOVERED
 from ._fidelity import Fidelity as Fidelity
 from ._fidelity import fidelity as fidelity
-from ._memory import DEFAULT_MEMORY_GB as DEFAULT_MEMORY_GB
-from ._memory import MemoryActivations as MemoryActivations
-from ._memory import activation_bytes as activation_bytes
 from ._memory import hold_activations as hold_activations
 from ._page import feature_page as feature_page
 from ._page import write_feature_page as write_feature_page
@@ -48,18 +46,20 @@ from ._transcoder import TranscoderProvenance as TranscoderProvenance
 from ._transcoder import Transcoders as Transcoders
 from ._transcoder_fit import TranscoderFidelity as TranscoderFidelity
 from ._transcoder_fit import transcoder_fidelity as transcoder_fidelity
-from ._transcoder_load import check_transcoders as check_transcoders
 from ._transcoder_load import load_transcoders as load_transcoders
 from ._transcoder_train import TranscoderTrainConfig as TranscoderTrainConfig
 from ._transcoder_train import TranscoderTraining as TranscoderTraining
-from ._transcoder_train import mlp_module as mlp_module
 from ._transcoder_train import train_transcoders as train_transcoders
+
+# Plumbing moved to `rewardlens.sae.internal` (0.2, issue 43 item 3); the old names work for one release.
+__getattr__ = _moved(__name__, dict.fromkeys(
+    ("DEFAULT_MEMORY_GB", "MemoryActivations", "activation_bytes", "attribute_with_readout", "check_transcoders",
+     "hookpoint", "mlp_module", "mlp_modules"), "rewardlens.sae.internal"))
 
 __all__ = [
     "ActivationSource",
     "Activations",
     "Context",
-    "DEFAULT_MEMORY_GB",
     "FeatureCard",
     "FeatureCards",
     "FeatureAttribution",
@@ -68,7 +68,6 @@ __all__ = [
     "Fidelity",
     "MIN_EXPLAINED_VARIANCE",
     "MIN_REWARD_RECOVERED",
-    "MemoryActivations",
     "Provenance",
     "FeatureSteer",
     "FeatureTotals",
@@ -86,10 +85,7 @@ __all__ = [
     "TrainConfig",
     "TrainResult",
     "attribute_features",
-    "activation_bytes",
-    "attribute_with_readout",
     "cache_activations",
-    "check_transcoders",
     "evaluate",
     "feature_page",
     "feature_patch",
@@ -98,11 +94,9 @@ __all__ = [
     "feature_steer",
     "feature_totals",
     "hold_activations",
-    "hookpoint",
     "load_sae",
     "load_sae_for",
     "load_transcoders",
-    "mlp_module",
     "text_axes",
     "train_sae",
     "train_transcoders",
