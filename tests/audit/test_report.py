@@ -269,10 +269,11 @@ def test_html_has_every_section_and_figure(report):
     assert set(page.figures) == {f"fig-{f}" for f in FIGURES}
     assert {f["data-figure"] for f in page.figures.values()} == FIGURES
     assert len(page.images) == len(FIGURES)
-    # the demo model's head has one output, read at one token; the circuit runs only with --circuit
-    assert page.notrun == {"conflicts", "steps", "circuit"}
+    # the demo model's head has one output, read at one token; the circuit runs only with --circuit, the graphs
+    # only with --graph
+    assert page.notrun == {"conflicts", "steps", "circuit", "graphs"}
     # Every instrument's section says in plain words what it measures and how to read it.
-    assert page.how == set(SECTIONS) - {"summary", "conflicts", "steps", "circuit"}
+    assert page.how == set(SECTIONS) - {"summary", "conflicts", "steps", "circuit", "graphs"}
     for img in page.images:
         assert img["src"].startswith("data:image/png;base64,")
         png = base64.b64decode(img["src"].split(",", 1)[1])
@@ -302,7 +303,7 @@ def test_missing_instruments_say_not_run(audit, tmp_path):
     page = Page(path.read_text(encoding="utf-8"))
     assert list(page.sections) == list(SECTIONS)
     assert page.notrun == {"probes", "concepts", "features", "tokens", "divergence", "distortion", "cascades",
-                           "conflicts", "subsets", "steps", "circuit"}
+                           "conflicts", "subsets", "steps", "circuit", "graphs"}
     assert "carry no subset" in page.text["subsets"]
     assert set(page.figures) == {"fig-lens", "fig-scatter", "fig-heatmap", "fig-crystallization", "fig-estimands"}
     text = path.read_text(encoding="utf-8")
