@@ -35,6 +35,9 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="folder: pair_<i>.html pages and graph-files/ (circuit-tracer)")
     p.add_argument("--max-nodes", type=positive(int), default=None, help="feature nodes with rows (default 4096)")
     p.add_argument("--align", choices=["prefix", "read"], default="prefix", help="margin graph position rule")
+    p.add_argument("--skip-first", type=int, default=None,
+                   help="keep every MLP whole (one exact error node, no feature) at each sequence's first N tokens, "
+                        "as the transcoders were trained (default: 1 for decoders, the attention sink; 0 for encoders)")
     p.add_argument("--node-threshold", type=float, default=0.8, help="pruning: share of influence kept by nodes")
     p.add_argument("--edge-threshold", type=float, default=0.98, help="pruning: share of influence kept by edges")
     p.add_argument("--paths", type=positive(int), default=5, help="top token → reward paths printed per pair")
@@ -56,8 +59,9 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
         check_transcoders(model, tcs, trust_base_model=args.transcoders_any_model)
         fit = transcoder_fidelity(model, tcs, pairs, batch_size=args.batch_size,
                                   trust_base_model=args.transcoders_any_model)
-    graphs = [graph(model, pair, tcs, basis=args.basis, max_nodes=args.max_nodes or MAX_NODES, align=args.align)[0]
-              for pair in pairs]  # one pair per call: each pair's sides get their own basis
+    # one pair per call: each pair's sides get their own basis
+    graphs = [graph(model, pair, tcs, basis=args.basis, max_nodes=args.max_nodes or MAX_NODES, align=args.align,
+                    skip_first=args.skip_first)[0] for pair in pairs]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -111,6 +115,9 @@ def _check(args: argparse.Namespace) -> None:
         check_folder(args.transcoders, "transcoder folder")
     elif args.transcoders:
         raise ArgumentError("--basis neurons uses the MLPs' own neurons; drop --transcoders or use --basis transcoders")
+    if args.skip_first is not None and (args.skip_first < 0 or (args.skip_first and args.basis != "transcoders")):
+        raise ArgumentError(f"--skip-first {args.skip_first} is a count of tokens >= 0 and applies to --basis "
+                            "transcoders only (the neurons are exact at every position)")
     for name in ("node_threshold", "edge_threshold"):
         v = getattr(args, name)
         if not 0 < v <= 1:

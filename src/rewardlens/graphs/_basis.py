@@ -4,6 +4,9 @@ Transcoders (`basis="transcoders"`): layer `l`'s MLP output becomes
 `Σ_f a_f W_dec[f] + err + b_dec + x W_skip`, with the active set and the activations `a_f` frozen at this
 input (they are sources), `err = MLP(x₀) − transcoder(x₀)` an error source per position, and the skip
 term a linear path through the MLP's input `x`. A feature's pre-activation is `x W_enc[:, f] + b_enc[f]`.
+At each sequence's first `skip_first` positions (`sae.internal.skip_first_for`: the tokens the transcoders were trained
+and measured without, a decoder's attention sink) the MLP is kept whole: no feature, and the error node is
+the MLP's exact output `MLP(x₀)` there (fidelity keeps those tokens' output exact the same way).
 
 Neurons (`basis="neurons"`): the output projection's input `a` (one activation per neuron) is the
 source, so the MLP is exact (no error node). The linearisation, so a neuron's activation is an affine
@@ -24,7 +27,7 @@ from torch import Tensor, nn
 from ..errors import ArchitectureError, UsageError
 from ..model import Part, RewardModel
 from ..model.internal import first_output, hidden_arg, is_moe_layer
-from ..sae.internal import mlp_module
+from ..sae.internal import mlp_module, mlp_modules
 from ._frozen import Frozen, Run, layer_module
 
 Hook = tuple[nn.Module, str, Any]
@@ -45,8 +48,8 @@ class TranscoderBasis:
 
     name = "transcoders"
 
-    def __init__(self, model: RewardModel, transcoders: Any, exact_layers: set[int]) -> None:
-        self.model = model
+    def __init__(self, model: RewardModel, transcoders: Any, exact_layers: set[int], skip_first: int = 0) -> None:
+        self.model, self.skip_first = model, skip_first
         self.tcs: dict[int, Any] = {}
         for layer in range(model.n_layers):
             if layer not in exact_layers:
@@ -56,19 +59,22 @@ class TranscoderBasis:
         self.err0: dict[int, Tensor] = {}
         self.active: dict[int, Active] = {}
         self._dec: dict[int, tuple[Tensor, Tensor]] = {}
+        self._replaced: dict[int, Tensor] = {}
+        """Per layer, [T, 1]: 1 where the transcoder replaces the MLP, 0 at the first `skip_first` positions."""
         self._inputs: dict[int, Tensor] = {}
 
     def hooks(self, run: Run, zero: bool) -> list[Hook]:
         out: list[Hook] = []
-        for layer in range(self.model.n_layers):
-            module = mlp_module(self.model, layer)
-            out.append((module, "pre", functools.partial(self._one_row, layer)))
-            out.append((module, "post", functools.partial(self._mlp, layer, run, zero)))
+        for layer in range(self.model.n_layers):  # the MLP's input and output modules (one on pre-norm layouts)
+            source, target = mlp_modules(self.model, layer)
+            out.append((source, "pre", functools.partial(self._one_row, layer)))
+            out.append((target, "post", functools.partial(self._mlp, layer, run, zero)))
         return out
 
     def _one_row(self, layer: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor:
         """The MLP's own output is only read on the first row (every row is the same sequence, and the rows'
-        outputs are replaced), so it computes one row, not one per copy: the copies cost attention only."""
+        outputs are replaced), so it computes one row, not one per copy: the copies cost attention only.
+        (Post-norm layers: the input module gets one row and so does the output projection after it.)"""
         x = hidden_arg(args, kwargs)
         self._inputs[layer] = x
         return x[:1]
@@ -86,11 +92,15 @@ class TranscoderBasis:
                 self.active[layer] = Active(empty, empty, torch.zeros(0, device=x0.device))
             else:
                 with torch.no_grad():
-                    acts = tc.encode(x0)
+                    # the first `skip_first` positions, which the transcoder never saw in training, keep the MLP
+                    # whole: no feature, no bias or skip term, the error node is the MLP's exact output there
+                    replaced = (torch.arange(x0.shape[0], device=x0.device) >= self.skip_first).float()[:, None]
+                    acts = tc.encode(x0) * replaced
                     pos, ids = acts.nonzero(as_tuple=True)
                     self.active[layer] = Active(pos, ids, acts[pos, ids])
-                    self.err0[layer] = y0 - tc.decode(acts, x0)
-                    self.src0[layer] = y0 - tc.b_dec.detach() - tc.skip(x0)
+                    self._replaced[layer] = replaced
+                    self.err0[layer] = y0 - replaced * tc.decode(acts, x0)
+                    self.src0[layer] = y0 - replaced * (tc.b_dec.detach() + tc.skip(x0))
                     self._dec[layer] = _by_position(tc.W_dec.detach()[ids], pos, x0.shape[0])
         run.targets[layer] = x
         delta = torch.zeros_like(x, dtype=y.dtype, requires_grad=not zero)
@@ -98,7 +108,7 @@ class TranscoderBasis:
         base = torch.zeros_like(self.src0[layer]) if zero else self.src0[layer]
         new = base + delta.float()
         if tc is not None:
-            new = new + tc.b_dec.detach() + tc.skip(x.float())
+            new = new + self._replaced[layer] * (tc.b_dec.detach() + tc.skip(x.float()))
         return new.to(y.dtype)
 
     def feature_edges(self, layer: int, grad: Tensor) -> Tensor:
@@ -223,7 +233,9 @@ class NeuronBasis:
 
 
 def _activation_module(model: RewardModel, layer: int) -> nn.Module:
-    """The MLP's activation function module (a child without parameters that is not dropout)."""
+    """The MLP's activation function module: the child without parameters that is not dropout of the module
+    whose input is the MLP's input (the MLP itself, or a post-norm layer's `mlp_in`: BERT's `intermediate`,
+    whose `intermediate_act_fn` feeds the down-projection)."""
     mlp = mlp_module(model, layer)
     found = [m for m in mlp.children() if next(m.parameters(), None) is None and not isinstance(m, nn.Dropout)]
     if len(found) != 1:

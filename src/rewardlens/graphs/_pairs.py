@@ -11,6 +11,7 @@ from ..data.internal import rows_of
 from ..errors import UsageError
 from ..model import RewardModel, verify
 from ..plotting import CompositeView
+from ..sae.internal import skip_first_for
 from ._basis import NeuronBasis, TranscoderBasis
 from ._frozen import check_model
 from ._graph import AttributionGraph
@@ -42,12 +43,16 @@ def graph(
     batch_size: int = 32,
     align: Align = "prefix",
     exact_layers: Iterable[int] = (),
+    skip_first: int | None = None,
 ) -> list[PairGraph]:
     """Attribution graphs of each pair over the local replacement model (docs/graphs.md).
 
     `transcoders`: a `rewardlens.sae.Transcoders` set covering every layer (`basis="transcoders"`), or None
     with `basis="neurons"` (the MLPs' own neurons: exact, for small models). `exact_layers`: layers whose
-    MLP has no transcoder and is kept whole, as one error node per position. `max_nodes`: how many feature
+    MLP has no transcoder and is kept whole, as one error node per position. `skip_first`: at each sequence's
+    first `skip_first` positions every MLP is kept whole the same way (no feature there), as the transcoders
+    were trained and their fidelity measured (None: their default, 1 on
+    decoders — the attention sink — and 0 on encoders); transcoders only. `max_nodes`: how many feature
     nodes get rows (chosen by estimated influence on the reward; the rest join the error nodes).
     `batch_size`: targets per backward pass. `align`: how the margin graph matches positions.
     """
@@ -67,7 +72,8 @@ def graph(
         raise UsageError("attribution graphs read the reward at one token; this model reads a set of positions "
                          "(a PRM or DPO read-out)", option="model")
     check_model(model)
-    first = _basis(model, transcoders, basis, set(exact_layers))  # checks the options before any forward
+    skip = _skip_first(model, basis, skip_first)
+    first = _basis(model, transcoders, basis, set(exact_layers), skip)  # checks the options before any forward
     if not model.verified:
         verify(model)
     seqs, _ = model.encode(list(pairs))
@@ -79,14 +85,24 @@ def graph(
             (_, batch), = model.batches([seqs[rows[j]]], 1)
             label = f"pair {i} ({side})"
             # a basis records its sequence's active set and frozen gates: one fresh basis per side and pair
-            fresh = first if i == j == 0 else _basis(model, transcoders, basis, set(exact_layers))
+            fresh = first if i == j == 0 else _basis(model, transcoders, basis, set(exact_layers), skip)
             sides.append(side_graph(model, batch, fresh, max_nodes=max_nodes, batch_size=batch_size, label=label))
         prefix = shared_prefix(seqs[rows[0]].ids, seqs[rows[1]].ids)
         out.append(PairGraph(sides[0], sides[1], margin_graph(sides[0], sides[1], align, prefix, f"pair {i} margin")))
     return out
 
 
-def _basis(model: RewardModel, transcoders: Any, basis: str, exact: set[int]) -> Any:
+def _skip_first(model: RewardModel, basis: str, skip_first: int | None) -> int:
+    """The positions whose MLPs stay whole (`graph`'s `skip_first`): transcoders' training rule; none for neurons."""
+    if basis != "transcoders":
+        if skip_first:
+            raise UsageError(f"skip_first={skip_first} keeps transcoders off the first tokens; basis={basis!r} is "
+                             "exact at every position, so drop skip_first", option="skip_first")
+        return 0
+    return skip_first_for(model, skip_first)
+
+
+def _basis(model: RewardModel, transcoders: Any, basis: str, exact: set[int], skip_first: int = 0) -> Any:
     """A fresh basis for one sequence (it records that sequence's active set)."""
     if basis not in BASES:
         raise UsageError(f"basis must be one of {BASES}, got {basis!r}", option="basis")
@@ -105,4 +121,4 @@ def _basis(model: RewardModel, transcoders: Any, basis: str, exact: set[int]) ->
         raise UsageError(f"exact_layers {bad} are not layers of this model (0..{model.n_layers - 1})",
                          option="exact_layers")
     check_transcoders(model, transcoders, [x for x in range(model.n_layers) if x not in exact])
-    return TranscoderBasis(model, transcoders, exact)
+    return TranscoderBasis(model, transcoders, exact, skip_first)

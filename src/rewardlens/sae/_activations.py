@@ -104,6 +104,18 @@ def point_at(model: RewardModel, key: TraceKey, batch: Batch) -> Point:
     return points(model, batch, heads=heads, neurons=neurons, gate=False)[key]
 
 
+def skip_first_for(model: RewardModel, skip_first: int | None = None) -> int:
+    """How many tokens at each sequence's start SAEs and transcoders leave out — in training, in fidelity, and
+    where attribution graphs keep the MLP whole (graphs/_basis.py): `skip_first` if given, else 1 for decoders
+    (the first token is an attention sink whose residual norm is ~100× the others) and 0 for encoders (the
+    first token is the one the head reads). The one owner of that default."""
+    skip = (0 if model.encoder else 1) if skip_first is None else skip_first
+    if isinstance(skip, bool) or not isinstance(skip, int) or skip < 0:
+        raise UsageError(f"skip_first must be a count of tokens >= 0 (or None for the default: 1 on decoders, 0 "
+                         f"on encoders), got {skip_first!r}", option="skip_first")
+    return skip
+
+
 def token_mask(batch: Batch, skip_first: int) -> Tensor:
     """The positions positions='all' reads [b, T] (bool): every non-pad token but each sequence's first `skip_first`."""
     return batch.attention_mask.bool() & (batch.position_ids >= skip_first)
@@ -138,9 +150,7 @@ class ActivationSource:
                  batch_size: int = 8, skip_first: int | None = None, progress: bool = False) -> None:
         if positions not in POSITIONS:
             raise UsageError(f"positions must be one of {POSITIONS}, got {positions!r}", option="positions")
-        self.skip_first = (0 if model.encoder else 1) if skip_first is None else skip_first
-        if self.skip_first < 0:
-            raise UsageError(f"skip_first must be >= 0, got {skip_first}")
+        self.skip_first = skip_first_for(model, skip_first)
         self.point = check_point(model, point)  # a user's string becomes a TraceKey here, once
         self.model, self.positions, self.batch_size = model, positions, batch_size
         self.progress = progress

@@ -36,7 +36,7 @@ from ..model import RewardModel
 from ..model.internal import Batch, get_module, rewriting
 from ..plotting import HtmlView
 from ..stats import summary_frame
-from ._activations import token_mask
+from ._activations import skip_first_for, token_mask
 from ._provenance import model_fingerprint, model_name
 from ._transcoder import Transcoder, TranscoderConfig, Transcoders
 
@@ -108,7 +108,7 @@ def mlp_pairs(model: RewardModel, inputs: Inputs, layers: list[int], *, skip_fir
               batch_size: int = 8) -> Iterator[tuple[np.ndarray, Batch, Tensor, dict[int, tuple[Tensor, Tensor]]]]:
     """Per model batch: its rows (indices into `inputs`' sequences), the batch, its token mask [b, T] and each
     layer's (MLP input, output) [n, d] at the mask."""
-    skip = (0 if model.encoder else 1) if skip_first is None else skip_first
+    skip = skip_first_for(model, skip_first)
     seqs, is_pairs = model.encode(inputs)
     for rows, batch in model.batches(seqs, batch_size, is_pairs=is_pairs):
         mask = token_mask(batch, skip)

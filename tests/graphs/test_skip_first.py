@@ -1,0 +1,108 @@
+"""The graph's position rule matches the transcoders' training: at each sequence's first `skip_first` tokens
+(a decoder's attention sink, which training and fidelity leave out) every MLP stays whole — no feature node
+there, and the error node is the MLP's exact output, read here by a plain hook on the model's own forward.
+The graph still closes on the reward and on every feature."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import rewardlens as rl
+from rewardlens.graphs import graph
+from rewardlens.graphs._pairs import _basis
+from rewardlens.graphs._side import side_graph
+from rewardlens.sae.internal import mlp_module, skip_first_for
+from tests.graphs.conftest import SHORT, random_transcoders
+from tests.helpers.tiny import own_scores
+
+TOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def llama(tiny_root):
+    return rl.load(str(tiny_root["llama"]))
+
+
+def _mlp_io(model, ids: list[int]) -> tuple[dict[int, torch.Tensor], dict[int, torch.Tensor]]:
+    """Each layer's MLP input and output [T, d] on one plain forward (the yardstick: no graph hook)."""
+    ins: dict[int, torch.Tensor] = {}
+    outs: dict[int, torch.Tensor] = {}
+    hooks = []
+    for layer in range(model.n_layers):
+        m = mlp_module(model, layer)
+        hooks.append(m.register_forward_pre_hook(
+            lambda _m, a, k, layer=layer: ins.__setitem__(layer, (a[0] if a else k["hidden_states"])[0].detach()),
+            with_kwargs=True))
+        hooks.append(m.register_forward_hook(
+            lambda _m, _a, o, layer=layer: outs.__setitem__(layer, (o[0] if isinstance(o, tuple) else o)[0].detach())))
+    try:
+        with torch.no_grad():
+            model.model(input_ids=torch.tensor([ids]))
+    finally:
+        for h in hooks:
+            h.remove()
+    return ins, outs
+
+
+def _closes(g) -> None:
+    value, const = g.nodes.value[g.rows], g.nodes.constant[g.rows]
+    scale = np.abs(g.adjacency).astype(np.float64).sum(1) + np.abs(const)
+    np.testing.assert_array_less(np.abs(value - g.adjacency.astype(np.float64).sum(1) - const), TOL * scale + 1e-7)
+
+
+def test_the_default_is_the_training_rule(llama, tiny_root):
+    assert skip_first_for(llama) == 1  # a decoder: its attention sink
+    assert skip_first_for(rl.load(str(tiny_root["bert"]))) == 0  # an encoder reads its first token
+    assert skip_first_for(llama, 3) == 3
+    for bad in (-1, 1.5, True):
+        with pytest.raises(rl.errors.UsageError, match="skip_first"):
+            skip_first_for(llama, bad)
+
+
+@pytest.mark.parametrize("skip_first", [None, 2])
+def test_no_feature_before_skip_first_and_the_error_there_is_the_exact_mlp_output(llama, skip_first):
+    tcs = random_transcoders(llama)  # a skip term and biases away from zero: each would show at the sink
+    skip = skip_first_for(llama, skip_first)
+    pg = graph(llama, SHORT, tcs, max_nodes=10**6, batch_size=32, skip_first=skip_first)[0]
+    theirs = own_scores(llama, [SHORT])
+    for j, g in enumerate((pg.chosen, pg.rejected)):
+        feats = g.nodes.kind == 0
+        assert feats.any() and not (g.nodes.position[feats] < skip).any()
+        assert (g.nodes.position[feats] == skip).any()  # the rule cuts at skip_first, not later
+        assert g.reward == pytest.approx(theirs[j], rel=1e-5, abs=1e-6)
+        _closes(g)
+        x, _ = _mlp_io(llama, llama.encode(SHORT)[0][j].ids)
+        for i in np.flatnonzero(feats):  # features past the sink read the MLP input the model's own forward gives
+            layer, pos, f = int(g.nodes.layer[i]), int(g.nodes.position[i]), int(g.nodes.feature[i])
+            assert g.nodes.value[i] == pytest.approx(float(tcs[layer].pre(x[layer][pos].float())[f].detach()),
+                                                     rel=1e-5, abs=1e-6)
+    assert pg.margin.closure_gap <= TOL
+
+
+def test_the_error_node_before_skip_first_is_the_mlp_output_minus_nothing(llama):
+    tcs = random_transcoders(llama)
+    ids = llama.encode(SHORT)[0][0].ids
+    (_, batch), = llama.batches([llama.encode(SHORT)[0][0]], 1)
+    x, y = _mlp_io(llama, ids)
+    for skip in (1, 2):
+        basis = _basis(llama, tcs, "transcoders", set(), skip)
+        g = side_graph(llama, batch, basis, max_nodes=10**6, batch_size=32, label="chosen")
+        _closes(g)
+        for layer in range(llama.n_layers):
+            torch.testing.assert_close(basis.err0[layer][:skip], y[layer][:skip].float(), rtol=1e-5, atol=1e-6)
+            after = y[layer][skip:].float() - tcs[layer](x[layer][skip:].float())  # transcoder's error past the sink
+            torch.testing.assert_close(basis.err0[layer][skip:], after, rtol=1e-4, atol=1e-5)
+    # without the rule the transcoder's own error sits at position 0: a different node
+    basis = _basis(llama, tcs, "transcoders", set(), 0)
+    side_graph(llama, batch, basis, max_nodes=64, batch_size=32, label="chosen")
+    assert (basis.active[0].pos == 0).any()
+    assert not torch.allclose(basis.err0[0][0], y[0][0].float(), atol=1e-4)
+
+
+def test_skip_first_is_for_transcoders(llama):
+    with pytest.raises(rl.errors.UsageError, match="skip_first"):
+        graph(llama, SHORT, basis="neurons", skip_first=1)
+    with pytest.raises(rl.errors.UsageError, match="skip_first"):
+        graph(llama, SHORT, random_transcoders(llama), skip_first=-1)
