@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...graphs import write_graph_page
 from ...graphs.internal import Context
-from .._graph import GRAPH_FEATURES, GRAPH_PAIRS, GRAPH_PATHS, NEURON_LIMIT
+from .._graph import GRAPH_FEATURES, GRAPH_MAX_NODES, GRAPH_PAIRS, GRAPH_PATHS, NEURON_LIMIT
 from ._html import Html, e, how, num, table
 
 if TYPE_CHECKING:
@@ -64,7 +64,8 @@ def _sentence(pair_id: str, r: dict[str, Any]) -> str:
     features = ", ".join(f"{f['node']} ({num(f['influence'])})" for f in r["top_features"]) or "none"
     return (f"Pair {pair_id} (margin {num(r['margin'])}: chosen {num(r['chosen'])}, rejected {num(r['rejected'])}): "
             f"the margin graph has {r['nodes']} nodes ({r['features']} feature nodes) and {r['edges']} edges and "
-            f"closes on the margin to {r['closure_gap']:.1e} (relative); replacement score "
+            f"closes on the margin to {r['closure_gap']:.1e} (relative); {r['dropped']} active features past the "
+            f"node cap joined the error nodes; replacement score "
             f"{_score(r['replacement'])}, completeness {_score(r['completeness'])}; "
             f"pruned to {r['pruned_nodes']} nodes and {r['pruned_edges']} edges, {top}. Top feature nodes by "
             f"influence on the margin: {features}.")
@@ -74,10 +75,11 @@ def graphs_section(a: Audit, s: AuditSummary) -> Html:
     """What the graphs are, one sentence per pair, the table of their numbers, and the links to their pages."""
     g = s["graphs"]
     assert g is not None  # render() shows the not-run note instead
-    basis = ("the MLPs' own neurons (exact: no error node)" if g["basis"] == "neurons" else
-             "the given transcoders (their error nodes carry what they miss)")
+    basis = ("the MLPs' own neurons (exact: the error nodes hold only the active neurons past the node cap)"
+             if g["basis"] == "neurons" else "the given transcoders (their error nodes carry what they miss)")
     text = how(f"The attribution graph (Ameisen et al. 2025, docs/graphs.md) of the first {GRAPH_PAIRS} pairs this "
-               f"report shows (the largest |margin| first), over {basis}: attention patterns and norm scales frozen "
+               f"report shows (the largest |margin| first), over {basis}, at most {GRAPH_MAX_NODES} feature nodes a "
+               "side (chosen by estimated influence on the reward): attention patterns and norm scales frozen "
                "at each side's input, each edge the direct linear effect of a token, feature or error node on a "
                "later feature or on the reward, and the margin graph the chosen side's minus the rejected side's, "
                "closing on the margin. Replacement score: the tokens' share of the influence that reaches the "
