@@ -38,9 +38,12 @@ def test_patch_and_faithfulness_tables(capsys, tiny_root, demo_file):
     assert main(["faithfulness", path, "--pairs", demo_file, "--boot", "50"]) == 0
     text = capsys.readouterr().out
     assert "attribution vs direct" in text and "−0.256" in text
+    assert "total computed by engine cached_read_sweep" in text and "direct computed by engine direct_rewards" in text
     out = _json(capsys, ["faithfulness", path, "--pairs", demo_file, "--boot", "50", "--json"])
     assert out["seed_positions"] == "read" and len(out["pairs"]) == len(DEMO_PAIRS)
     assert np.isfinite(out["summary"][0]["rho"])
+    assert set(out["engines"]) == {"total", "seed_effect", "direct", "attribution_patching"}
+    assert out["engines"]["total"] == str(rl.faithfulness(rl.load(path), DEMO_PAIRS, n_boot=10).provenance["total"])
 
 
 def test_positions_option_parses_and_refuses(capsys, tiny_root, demo_file):

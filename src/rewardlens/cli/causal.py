@@ -174,6 +174,7 @@ def _faithfulness(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "level": rep.level, "mode": rep.mode, "seed_positions": rep.seed_positions, "summary": rows,
         "attribution_patching_agreement": {k: finite(v) for k, v in rep.agreement().items()},
+        "engines": {name: str(p) for name, p in (rep.provenance or {}).items()},
         "pairs": [
             {"id": pid, **{f"rho_{e}": finite(float(rep.rho(e)[i])) for e in estimands},
              "seed_rho": finite(float(rep.seed_rho[i]))}
@@ -192,6 +193,8 @@ def _show_faithfulness(result: dict[str, Any]) -> None:
 
     reported = ", ".join(f"{v:+.3f}".replace("-", "−") + f" ({k})" for k, v in SEED_PAPER_RHO.items())
     print(f"\nseed paper ({SEED_PAPER}), same statistic: ρ = {reported}")
+    for name, engine in result.get("engines", {}).items():
+        print(f"{name} computed by {engine}")
 
 
 def neuron_choice(text: str) -> list[str] | int:
