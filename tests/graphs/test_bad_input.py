@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 import rewardlens as rl
@@ -60,8 +62,17 @@ def _wider(model):
     return random_transcoders(Fake())
 
 
-def test_encoders_are_refused(tiny_root):
-    bert = rl.load(str(tiny_root["bert"]))
+def test_attention_nothing_can_freeze_is_refused_in_one_line(tiny_root):
+    """What is still unsupported: attention outside transformers' AttentionInterface whose map names no query and
+    key projections to freeze, and a map that claims the interface for attention that never calls it (DeBERTa-v2
+    mapped as if it did). Each is one line naming the field, and leaves no hook behind."""
+    deberta = rl.load(str(tiny_root["deberta-v2"]))
+    no_keys = rl.wrap(deberta.model, deberta.tokenizer, arch=replace(deberta.arch, attn_k=None))
     with pytest.raises(RewardLensError) as exc:
-        graph(bert, SHORT, basis="neurons")
-    assert "pre-norm decoder" in _one_line(exc)
+        graph(no_keys, SHORT, basis="neurons")
+    assert "attn_k=None" in _one_line(exc)
+    as_if_interface = rl.wrap(deberta.model, deberta.tokenizer, arch=replace(deberta.arch, attn_values=None))
+    with pytest.raises(RewardLensError) as exc:
+        graph(as_if_interface, SHORT, basis="neurons")
+    assert "AttentionInterface" in _one_line(exc)
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in deberta.model.modules())

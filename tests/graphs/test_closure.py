@@ -1,4 +1,5 @@
-"""Closure of the attribution graph on every decoder the closure tests cover, for transcoders and neurons.
+"""Closure of the attribution graph on every architecture the closure tests cover (decoders and the post-norm
+encoders), for transcoders and neurons.
 
 Three independent computations meet: the targets' values from the model's own forward (Hugging Face's
 logit; the transcoder's `pre` on the MLP input a plain hook captures), the edges from batched backward
@@ -17,18 +18,32 @@ from rewardlens.graphs import graph
 from rewardlens.model import Part
 from rewardlens.sae.internal import mlp_module
 from tests.graphs.conftest import SHORT, random_transcoders
-from tests.helpers.tiny import ARCHS, own_scores
+from tests.helpers.tiny import ARCHS, configs, own_scores, perturb_, unpadded
 
-ENCODERS = ("bert", "deberta-v2", "roberta", "xlm-roberta")
-DECODERS = [a for a in ARCHS if a not in ENCODERS]
 MOE = ("mixtral", "qwen2_moe", "qwen3_moe")
-FULL = ("llama", "gpt2")
+FULL = ("llama", "gpt2", "bert")
 TOL = 1e-5
 
 
-@pytest.fixture(scope="module", params=DECODERS)
-def model(request, tiny_root):
-    return rl.load(str(tiny_root[request.param]))
+V3 = "deberta-v3"
+"""DeBERTa-v2 in the layout of the released DeBERTa-v3 reward models: relative embeddings layer-normed (a norm
+whose input is a parameter table, without a batch dimension) and projected through the content query and key
+projections (`share_att_key`), relative positions in log buckets."""
+
+
+@pytest.fixture(scope="module", params=[*ARCHS, V3])
+def model(request, tiny_root, tmp_path_factory, tokenizer):
+    if request.param != V3:
+        return rl.load(str(tiny_root[request.param]))
+    cls, config = configs(tokenizer)["deberta-v2"]
+    config.update(dict(share_att_key=True, norm_rel_ebd="layer_norm", position_buckets=16))
+    torch.manual_seed(0)
+    hf = cls.from_config(config).eval()
+    perturb_(hf, 0)
+    path = tmp_path_factory.mktemp(V3)
+    hf.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return rl.load(str(path))
 
 
 def _side_closes(g) -> None:
@@ -40,7 +55,7 @@ def _side_closes(g) -> None:
 def _mlp_inputs(model, pair) -> list[dict[int, torch.Tensor]]:
     """Each side's MLP inputs per layer, by plain hooks on one unpadded forward (the yardstick)."""
     out = []
-    for ids in (model.encode(pair)[0][i].ids for i in (0, 1)):
+    for kwargs in unpadded(model, pair):
         seen: dict[int, torch.Tensor] = {}
 
         def keep(layer: int, args: tuple, kwargs: dict, seen: dict = seen) -> None:
@@ -50,7 +65,7 @@ def _mlp_inputs(model, pair) -> list[dict[int, torch.Tensor]]:
             lambda _m, a, k, layer=layer, keep=keep: keep(layer, a, k), with_kwargs=True)
             for layer in range(model.n_layers)]
         with torch.no_grad():
-            model.model(input_ids=torch.tensor([ids]))
+            model.model(**kwargs)
         for h in hooks:
             h.remove()
         out.append(seen)
@@ -90,7 +105,8 @@ def test_neuron_graph_is_exact_and_matches_the_neuron_decomposition(model):
         with pytest.raises(rl.errors.UsageError, match="dense MLPs"):
             graph(model, SHORT, basis="neurons")
         return
-    full = model.arch.name in FULL  # every neuron a node (slow): a gated and a plain MLP; the others capped
+    full = model.arch.name in FULL  # every neuron a node (slow): a gated, a plain and a post-norm MLP; the
+    # others capped
     pg = graph(model, SHORT, basis="neurons", max_nodes=10**6 if full else 48, batch_size=64 if full else 16)[0]
     theirs = own_scores(model, [SHORT])
     for g, score in ((pg.chosen, theirs[0]), (pg.rejected, theirs[1])):

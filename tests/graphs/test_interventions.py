@@ -16,9 +16,9 @@ from tests.graphs.conftest import SHORT, random_transcoders
 from tests.helpers.tiny import own_scores
 
 
-@pytest.fixture(scope="module")
-def setup(tiny_root):
-    model = rl.load(str(tiny_root["llama"]))
+@pytest.fixture(scope="module", params=["llama", "bert"])  # a pre-norm MLP module; a post-norm encoder's MLP points
+def setup(request, tiny_root):
+    model = rl.load(str(tiny_root[request.param]))
     tcs = random_transcoders(model)
     return model, tcs, graph(model, SHORT, tcs, max_nodes=10**6, batch_size=32)[0].chosen
 

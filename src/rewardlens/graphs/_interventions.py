@@ -26,7 +26,7 @@ from ..errors import UsageError
 from ..model import RewardModel
 from ..model.internal import Batch, Tokenized, first_output, hidden_arg
 from ..plotting import HtmlView
-from ..sae.internal import mlp_module
+from ..sae.internal import mlp_modules
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -116,9 +116,13 @@ def _spliced(model: RewardModel, transcoders: Any, change: tuple[int, int, int, 
              errors: dict[int, Tensor]) -> Iterator[None]:
     """Every MLP replaced by its transcoder plus its error on the clean run (recorded when `change` is None)."""
     handles = []
+    inputs: dict[int, Tensor] = {}
 
-    def hook(layer: int, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> Any:
-        x, y = hidden_arg(args, kwargs), first_output(out)
+    def keep(layer: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        inputs[layer] = hidden_arg(args, kwargs)
+
+    def hook(layer: int, out: Any) -> Any:
+        x, y = inputs.pop(layer), first_output(out)
         tc = transcoders[layer]
         acts = tc.encode(x.float())
         if change is None:
@@ -129,9 +133,11 @@ def _spliced(model: RewardModel, transcoders: Any, change: tuple[int, int, int, 
         return (new, *out[1:]) if isinstance(out, tuple) else new
 
     try:
-        for layer in transcoders:
-            handles.append(mlp_module(model, layer).register_forward_hook(
-                lambda _m, a, k, o, layer=layer: hook(layer, a, k, o), with_kwargs=True))
+        for layer in transcoders:  # the MLP's input and output modules (one module on pre-norm layouts)
+            source, target = mlp_modules(model, layer)
+            handles.append(source.register_forward_pre_hook(
+                lambda _m, a, k, layer=layer: keep(layer, a, k), with_kwargs=True))
+            handles.append(target.register_forward_hook(lambda _m, _a, o, layer=layer: hook(layer, o)))
         with torch.no_grad():
             yield
     finally:
