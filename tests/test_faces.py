@@ -110,7 +110,7 @@ CAPS = {"rewardlens": 30, "rewardlens.audit": 8, "rewardlens.audit.report": 12, 
         "rewardlens.calibrate": 25, "rewardlens.causal": 16, "rewardlens.compare": 7, "rewardlens.data": 31,
         "rewardlens.exact": 10, "rewardlens.graphs": 11, "rewardlens.hacking": 31, "rewardlens.loop": 15,
         "rewardlens.model": 29, "rewardlens.monitor": 16, "rewardlens.plotting": 25, "rewardlens.sae": 45,
-        "rewardlens.serve": 19, "rewardlens.zoo": 6, "rewardlens.zoo.organisms": 16}
+        "rewardlens.serve": 15, "rewardlens.zoo": 6, "rewardlens.zoo.organisms": 16}
 
 
 @pytest.mark.parametrize("face", FACES)
@@ -137,6 +137,7 @@ LEFT_FACES = {
                          "dtype_name", "finite_accuracy", "finite_pairs", "pair_accuracy", "score_pairs"},
     "rewardlens.sae": {"DEFAULT_MEMORY_GB", "MemoryActivations", "activation_bytes", "attribute_with_readout",
                        "check_transcoders", "hookpoint", "mlp_module"},
+    "rewardlens.serve": {"Roller", "alarm_state", "sequence_limit", "strip_pad"},
     "rewardlens.zoo": {"cache_dir"},
     "rewardlens.zoo.organisms": {"ORGANISM_VERSION", "READY", "built_once", "locked", "organism_dir"},
 }

@@ -14,11 +14,12 @@ One worker thread owns the model; requests queue (bounded: a full queue answers 
 batches up to a token budget, each caller getting exactly its own rewards (`RewardModel.read`, the reward
 `model.score` gives). Every answered request is in the request log before its answer leaves; every monitored
 sample reaches the `PolicyMonitor` `rewardlens.monitor.monitored_reward` uses, one record per training step.
-See docs/serve.md.
+See docs/serve.md. The worker's plumbing (the monitor's feed thread, the `/alarms` answer, the sequence limit,
+pad stripping) is `rewardlens.serve.internal`.
 """
 
+from .._deprecated import moved as _moved
 from ._app import Options as Options
-from ._app import alarm_state as alarm_state
 from ._app import create_app as create_app
 from ._batcher import Batcher as Batcher
 from ._client import Client as Client
@@ -30,13 +31,14 @@ from ._log import read_requests as read_requests
 from ._log import requests_path as requests_path
 from ._protocol import Limits as Limits
 from ._protocol import RequestError as RequestError
-from ._protocol import strip_pad as strip_pad
-from ._roll import Roller as Roller
 from ._run import Server as Server
 from ._run import build_server as build_server
 from ._run import run_server as run_server
-from ._run import sequence_limit as sequence_limit
 
-__all__ = ["Batcher", "Client", "Limits", "Logged", "Options", "RemoteReward", "RequestError", "Roller", "Server",
-           "ServerError", "alarm_state", "build_server", "create_app", "read_requests", "remote_reward",
-           "requests_path", "run_server", "sequence_limit", "strip_pad"]
+# The worker's plumbing moved to `rewardlens.serve.internal` (0.2, issue 43 item 3); the old names work for one
+# release.
+__getattr__ = _moved(__name__, dict.fromkeys(("Roller", "alarm_state", "sequence_limit", "strip_pad"),
+                                            "rewardlens.serve.internal"))
+
+__all__ = ["Batcher", "Client", "Limits", "Logged", "Options", "RemoteReward", "RequestError", "Server", "ServerError",
+           "build_server", "create_app", "read_requests", "remote_reward", "requests_path", "run_server"]
