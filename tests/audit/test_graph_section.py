@@ -19,7 +19,7 @@ from rewardlens.audit._whole import shown_pairs, whole_key
 from rewardlens.audit.report import margins, summary, write_report
 from rewardlens.cli import main
 from rewardlens.data import save_pairs
-from rewardlens.errors import UsageError
+from rewardlens.errors import RewardLensWarning, UsageError
 from tests.graphs.conftest import random_transcoders
 
 WITH_GRAPH = Plan(graph=True, probes=False, concepts=False, divergence=False, tokens=False)
@@ -116,7 +116,7 @@ def test_the_page_states_each_graph_and_links_its_page(run, direct, tmp_path):
     section = page[page.index('<section id="graphs">'):]
     section = section[:section.index("</section>")]
     assert 'class="notrun"' not in section
-    for k, (i, pg) in enumerate(zip(*direct)):
+    for i, pg in zip(*direct):
         g = pg.margin
         assert f"{g.scores.replacement:.3f}" in section and f"{g.scores.completeness:.3f}" in section
         assert f"{len(g.to_frame()[0])} nodes" in section
@@ -131,14 +131,18 @@ def test_the_page_states_each_graph_and_links_its_page(run, direct, tmp_path):
     assert not re.search(r'href="(?!#|graphs/pair_\d+\.html)', page)
 
 
-def test_without_the_flag_the_section_names_it(llama, data, tmp_path):
+def test_without_the_flag_the_section_names_it_and_old_pages_go(llama, data, run, tmp_path):
+    write_report(run[1], tmp_path)  # an earlier run with --graph into the same folder
+    assert len(list((tmp_path / "graphs").glob("pair_*.html"))) == len(run[1].graphs.pairs)
+    (tmp_path / "graphs" / "notes.txt").write_text("mine")  # a file rewardlens did not write stays
     res = audit(llama, data, store=Store(":memory:"),
                 plan=Plan(probes=False, concepts=False, divergence=False, tokens=False))
     assert res.graphs is None and summary(res)["graphs"] is None
-    page = write_report(res, tmp_path).read_text(encoding="utf-8")
+    with pytest.warns(RewardLensWarning, match="graphs.parquet"):  # the earlier run's table goes too
+        page = write_report(res, tmp_path).read_text(encoding="utf-8")
     section = page[page.index('<section id="graphs">'):]
     assert 'class="notrun"' in section[:section.index("</section>")] and "<code>--graph</code>" in section
-    assert not (tmp_path / "graphs").exists()
+    assert [f.name for f in (tmp_path / "graphs").iterdir()] == ["notes.txt"]
 
 
 def test_the_command_line_flag_graphs_with_neurons(tiny_root, data, direct, tmp_path, capsys):
