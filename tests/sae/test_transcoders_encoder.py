@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import rewardlens as rl
-from rewardlens.sae import TranscoderTrainConfig, train_transcoders, transcoder_fidelity
+from rewardlens.sae import TranscoderTrainConfig, load_transcoders, train_transcoders, transcoder_fidelity
 from rewardlens.sae.internal import mlp_modules
 from tests.helpers.tiny import own_scores, unpadded
 
@@ -46,7 +46,7 @@ def test_encoder_mlp_points_are_the_intermediate_input_and_the_down_projection_o
         assert mlp_modules(bert, layer) == (_layer(bert, layer).intermediate, _layer(bert, layer).output.dense)
 
 
-def test_encoder_transcoders_train_and_their_fidelity_matches_hooks_and_hf_logits(bert, pairs):
+def test_encoder_transcoders_train_and_their_fidelity_matches_hooks_and_hf_logits(bert, pairs, tmp_path):
     before = {k: v.clone() for k, v in bert.model.state_dict().items()}
     res = train_transcoders(bert, list(pairs) * 4, config=TranscoderTrainConfig(
         d_sae=128, k=8, batch_size=64, buffer_rows=256, epochs=1, lr=3e-3, lr_warmup_steps=2))
@@ -81,3 +81,6 @@ def test_encoder_transcoders_train_and_their_fidelity_matches_hooks_and_hf_logit
             h.remove()
     np.testing.assert_allclose(fit.replaced, replaced, rtol=1e-4, atol=1e-5)
     assert np.isfinite(fit.reward_recovered)
+    # saved and read back, they pass the provenance checks against this encoder and measure the same
+    again = transcoder_fidelity(bert, load_transcoders(tcs.save(tmp_path / "tcs")), pairs)
+    np.testing.assert_allclose(again.replaced, fit.replaced, rtol=1e-6)
