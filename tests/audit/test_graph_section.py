@@ -77,7 +77,7 @@ def test_the_graphed_pairs_are_the_first_shown_and_their_numbers_are_the_graphs(
     chosen, graphs = direct
     assert res.graphs is not None and res.graphs.basis == "neurons"
     assert res.graphs.pairs == chosen and len(chosen) == min(GRAPH_PAIRS, len(res.pair_ids))
-    for row, pg in zip(res.graphs.rows, graphs):
+    for k, (row, pg) in enumerate(zip(res.graphs.rows, graphs)):
         g = pg.margin
         nodes, edges = g.to_frame()
         pruned = g.prune()
@@ -90,6 +90,9 @@ def test_the_graphed_pairs_are_the_first_shown_and_their_numbers_are_the_graphs(
         assert (row["nodes"], row["edges"]) == (len(nodes), len(edges))
         assert row["features"] == int((nodes["kind"] == "feature").sum())
         assert row["pruned_nodes"] == len(pruned.nodes.names)
+        stored = res.graphs.page_graph(k)  # what the pair's page shows
+        assert stored.nodes.names == pruned.nodes.names and (stored.rows == pruned.rows).all()
+        assert stored.adjacency == pytest.approx(pruned.adjacency, abs=1e-6)
         want = pruned.top_paths(GRAPH_PATHS)
         assert [p["path"] for p in row["paths"]] == [p for p, _ in want]
         assert [p["weight"] for p in row["paths"]] == pytest.approx([w for _, w in want], abs=1e-6)

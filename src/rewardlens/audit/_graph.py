@@ -29,6 +29,8 @@ if TYPE_CHECKING:
     from ..model import RewardModel
     from ..sae import Transcoders
 
+REVISION = 2
+"""Bump when what the job stores changes with no `AuditGraphs` field changing (2: the pages' graphs by their edges)."""
 GRAPH_PAIRS = 3
 """Pairs the audit graphs: the first of those the report shows (largest |margin| first); a graph costs many
 backward passes a side, so its cost must not grow with the pair set."""
@@ -74,7 +76,9 @@ class AuditGraphs:
         arrays = {f: np.asarray(g[f]) for f in ("kind", "layer", "position", "feature", "activation", "value",
                                                  "constant")}
         nodes = Nodes(names=list(g["names"]), **arrays, side=None if side is None else np.array(side, dtype=object))
-        return AttributionGraph(nodes=nodes, adjacency=np.asarray(g["adjacency"], dtype=np.float32),
+        adjacency = np.zeros(tuple(g["shape"]), dtype=np.float32)
+        adjacency[g["edge_row"], g["edge_source"]] = g["edge_weight"]
+        return AttributionGraph(nodes=nodes, adjacency=adjacency,
                                 rows=np.asarray(g["rows"]), tokens=list(g["tokens"]), label=str(g["label"]),
                                 basis=str(g["basis"]), n_layers=int(g["n_layers"]), read_at=int(g["read_at"]),
                                 dropped=int(g["dropped"]), meta=dict(g["meta"]))
@@ -136,7 +140,7 @@ def graph_name(transcoders: Transcoders | None) -> str:
     """The graphs' store name: the basis, the job's constants and `AuditGraphs`' fields (a change to either is
     another name, so an older record is never read as this one), and for transcoders a checksum of their
     configs and weights (a strided sample of each decoder)."""
-    version = schema_version(1, (AuditGraphs,), [str(x) for x in (GRAPH_PAIRS, GRAPH_PATHS, GRAPH_FEATURES,
+    version = schema_version(REVISION, (AuditGraphs,), [str(x) for x in (GRAPH_PAIRS, GRAPH_PATHS, GRAPH_FEATURES,
                                                                    GRAPH_MAX_NODES, CONTEXTS)])
     if transcoders is None:
         return f"graphs/neurons/{version}"
@@ -191,10 +195,13 @@ def audit_graphs(model: RewardModel, pairs: Sequence[Pair], chosen: Sequence[int
 
 
 def _graph_record(g: AttributionGraph) -> dict[str, Any]:
-    """A graph as plain values and arrays (the store keeps no pickles: the margin side labels as strings)."""
+    """A graph as plain values and arrays (the store keeps no pickles: the margin side labels as strings; the
+    adjacency by its nonzero edges, as a pruned graph's is mostly zeros)."""
     n = g.nodes
+    r, s = np.nonzero(g.adjacency)
     return {"names": list(n.names), "kind": n.kind, "layer": n.layer, "position": n.position, "feature": n.feature,
             "activation": n.activation, "value": n.value, "constant": n.constant,
-            "side": None if n.side is None else [str(s) for s in n.side], "adjacency": g.adjacency, "rows": g.rows,
+            "side": None if n.side is None else [str(x) for x in n.side], "shape": list(g.adjacency.shape),
+            "edge_row": r, "edge_source": s, "edge_weight": g.adjacency[r, s], "rows": g.rows,
             "tokens": list(g.tokens), "label": g.label, "basis": g.basis, "n_layers": g.n_layers,
             "read_at": g.read_at, "dropped": g.dropped, "meta": g.meta}
