@@ -184,6 +184,17 @@ def test_no_transcoders_on_a_model_past_the_neuron_limit_names_the_flag(llama, d
     assert "--transcoders" in str(exc.value) and "\n" not in str(exc.value)
 
 
+def test_a_pair_that_cannot_be_graphed_leaves_the_graphs_out_with_a_warning(llama, data, monkeypatch):
+    def refuse(model, pairs, *args, **kwargs):
+        raise UsageError(f"pair of {len(pairs)} refused (a stand-in for a pair past the length limit)")
+
+    monkeypatch.setattr(graph_job, "graph", refuse)
+    store = Store(":memory:")
+    with pytest.warns(RewardLensWarning, match="attribution graphs are left out: pair of"):
+        res = audit(llama, data, store=store, plan=WITH_GRAPH)
+    assert res.graphs is None and not store.records(whole_key(llama, data, graph_name(None)))  # a rerun tries again
+
+
 def test_transcoders_that_fit_are_graphed_and_named_in_the_store(llama, data):
     tcs = random_transcoders(llama)
     store = Store(":memory:")

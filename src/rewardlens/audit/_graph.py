@@ -11,13 +11,14 @@ writes each pair's interactive page (`graphs.write_graph_page`) without the mode
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 import numpy as np
 
-from ..errors import UsageError
+from ..errors import RewardLensError, RewardLensWarning, UsageError
 from ..graphs import AttributionGraph, Nodes, feature_contexts, graph, node_feature
 from ._keys import checksum, schema_version
 
@@ -155,8 +156,11 @@ def graph_name(transcoders: Transcoders | None) -> str:
 
 
 def audit_graphs(model: RewardModel, pairs: Sequence[Pair], chosen: Sequence[int],
-                 transcoders: Transcoders | None, batch_size: int) -> AuditGraphs:
-    """The margin graphs of `pairs[i]` for the first `GRAPH_PAIRS` of `chosen`, summarised (`AuditGraphs`)."""
+                 transcoders: Transcoders | None, batch_size: int) -> AuditGraphs | None:
+    """The margin graphs of `pairs[i]` for the first `GRAPH_PAIRS` of `chosen`, summarised (`AuditGraphs`); None
+    with a warning when a pair cannot be graphed (bad input the model check could not see before the run: a pair
+    past the length limit, one with no active feature), so the rest of the audit still writes its report, as
+    `audit_circuit` does (nothing is stored: a rerun tries again)."""
     picked = list(chosen[:GRAPH_PAIRS])
     part = [pairs[i] for i in picked]
     basis: Literal["transcoders", "neurons"] = "neurons" if transcoders is None else "transcoders"
@@ -166,7 +170,12 @@ def audit_graphs(model: RewardModel, pairs: Sequence[Pair], chosen: Sequence[int
 
         fidelity = transcoder_fidelity(model, transcoders, part, batch_size=batch_size).describe()
     rows, pages = [], []
-    for pg in graph(model, part, transcoders, basis=basis, max_nodes=GRAPH_MAX_NODES):
+    try:
+        graphs = graph(model, part, transcoders, basis=basis, max_nodes=GRAPH_MAX_NODES)
+    except RewardLensError as exc:
+        warnings.warn(f"audit: the attribution graphs are left out: {exc}", RewardLensWarning, stacklevel=4)
+        return None
+    for pg in graphs:
         g = pg.margin
         pruned = g.prune()
         frame, edges = g.to_frame()
