@@ -4,6 +4,7 @@ circuit-tracer file against that tool's schema; top paths against brute-force en
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -13,6 +14,7 @@ import torch
 import rewardlens as rl
 from rewardlens.graphs import AttributionGraph, graph
 from tests.graphs.conftest import SHORT, random_transcoders
+from tests.helpers.tiny import PAIRS
 
 
 @pytest.fixture(scope="module")
@@ -188,3 +190,19 @@ def test_margin_matches_prompt_nodes_by_position_or_by_distance_to_the_read(pair
     tokens = read.nodes.kind == 2
     both = tokens & (read.nodes.side == "both")
     assert both.any() and (read.meta["align"], m.meta["align"]) == ("read", "prefix")
+
+
+def test_closure_gap_floors_rounding_of_tiny_targets_but_sees_a_missing_edge(tiny_root):
+    """Every neuron node of a tiny Llama (no feature past the cap): the reported gap is rounding, under 1e-5; with
+    one edge of the largest-scale target removed (a real closure failure) the gap is that edge's share."""
+    model = rl.load(str(tiny_root["llama"]))
+    g = graph(model, PAIRS[0], basis="neurons", max_nodes=4096, batch_size=64)[0].rejected
+    assert g.closure_gap < 1e-5
+    adjacency = g.adjacency.copy()
+    scale = np.abs(adjacency).sum(1)
+    row = int(np.argmax(scale))
+    col = int(np.argmax(np.abs(adjacency[row])))
+    lost = abs(float(adjacency[row, col])) / (scale[row] + abs(g.nodes.constant[g.rows[row]]))
+    adjacency[row, col] = 0.0
+    broken = dataclasses.replace(g, adjacency=adjacency)
+    assert broken.closure_gap >= lost > 1e-3  # the scale after removal is smaller, so the gap is at least `lost`
