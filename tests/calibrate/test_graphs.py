@@ -4,12 +4,17 @@ a feature writing along the read-out); graph-predicted ablations agree with the 
 
 import dataclasses
 
+import numpy as np
 import pytest
 
+import rewardlens as rl
 from rewardlens.calibrate import GRADERS, OrganismBench, grade_dpo
 from rewardlens.calibrate import _graphs as graphs_grader
 from rewardlens.calibrate._graphs import differing, grade_graphs
+from rewardlens.graphs import AttributionGraph, graph
+from rewardlens.graphs._interventions import InterventionCheck
 from rewardlens.zoo.organisms._specs import TWO_STEP_WORDS
+from tests.graphs.conftest import SHORT, random_transcoders
 
 
 @pytest.fixture(scope="module")
@@ -35,6 +40,41 @@ def test_graph_rows_appear_and_pass_or_are_known(bench):
     assert all(r.passed or r.known for r in rows), [r for r in rows if not (r.passed or r.known)]
     closure = [r for r in rows if "closure" in r.check]
     assert closure and all(r.passed for r in closure)
+    # the transcoder interventions are graded, not known: the graph's prediction matches the real model
+    spliced = [r for r in rows if "top transcoder feature node" in r.check]
+    assert len(spliced) == 1 and spliced[0].passed and not spliced[0].known and spliced[0].value <= 0.25
+
+
+def test_the_feature_intervention_row_grades_the_top_node_and_can_fail(tiny_root, monkeypatch):
+    """The row intervenes on the margin graph's top transcoder feature node, on its own side's graph, zeroed and
+    clamped to twice its activation, and grades the median of |graph − real| / |real|: re-computed here from
+    what the intervention reported, it passes at or under 0.25 and fails above."""
+    model = rl.load(str(tiny_root["llama"]))
+    tcs = random_transcoders(model)
+    pg = graph(model, SHORT, tcs, max_nodes=64, batch_size=32)[0]
+    m = pg.margin
+    feats = np.flatnonzero(m.nodes.kind == 0)
+    top = m.nodes.names[int(feats[np.argmax(m.influence[feats])])]
+    side = pg.rejected if top.endswith("_rejected") else pg.chosen
+    node = top.removesuffix("_rejected")
+    a = float(side.nodes.activation[side.nodes.names.index(node)])
+    calls = []
+    real = AttributionGraph.intervene
+
+    def reported(g, _model, _tcs, plan, graph_value):
+        calls.append((g, dict(plan)))
+        row = real(g, model, tcs, plan).rows[0]
+        r = row["real"]
+        return InterventionCheck([{**row, "graph": r * (1 + graph_value(plan))}], 0.0)
+
+    for gap_ablate, gap_clamp, passes in ((0.0, 0.3, True), (0.2, 0.5, False)):
+        calls.clear()
+        monkeypatch.setattr(AttributionGraph, "intervene", lambda g, mo, t, plan, ga=gap_ablate, gc=gap_clamp: reported(
+            g, mo, t, plan, lambda p: ga if p[node] == "ablate" else gc))
+        grade = graphs_grader._feature_interventions(model, tcs, [pg], "tiny")[0]
+        assert [c[1] for c in calls] == [{node: "ablate"}, {node: ("clamp", 2 * a)}]
+        assert all(c[0] is side for c in calls)
+        assert grade.value == pytest.approx(np.median([gap_ablate, gap_clamp])) and grade.passed is passes
 
 
 def test_a_wrong_answer_fails_the_path_row(bench, monkeypatch):
