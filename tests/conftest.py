@@ -1,6 +1,8 @@
 import functools
 import inspect
 import re
+from collections.abc import Iterator, Mapping
+from pathlib import Path
 
 import pytest
 import torch
@@ -21,10 +23,29 @@ def tokenizer():
     return build_tokenizer()
 
 
+class _TinyRoot(Mapping[str, Path]):
+    """{arch: folder} of every tiny model, each built and saved on first use: the fast loop reads a handful."""
+
+    def __init__(self, root: Path, tokenizer) -> None:
+        self._root, self._tokenizer, self._built = root, tokenizer, {}
+
+    def __getitem__(self, name: str) -> Path:
+        if name not in tiny.ARCHS:
+            raise KeyError(name)
+        if name not in self._built:
+            self._built[name] = tiny.build(name, self._tokenizer, self._root)
+        return self._built[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(tiny.ARCHS)
+
+    def __len__(self) -> int:
+        return len(tiny.ARCHS)
+
+
 @pytest.fixture(scope="session")
 def tiny_root(tmp_path_factory, tokenizer):
-    root = tmp_path_factory.mktemp("tiny")
-    return {name: tiny.build(name, tokenizer, root) for name in tiny.ARCHS}
+    return _TinyRoot(tmp_path_factory.mktemp("tiny"), tokenizer)
 
 
 @pytest.fixture(scope="session")
@@ -56,11 +77,16 @@ def small_loop():
 # --- The fast inner loop: `pytest -m "not slow"` -------------------------------------------------------------
 # One rule, held by code rather than by remembering to decorate: a test is slow when it (or a fixture it uses,
 # or a function of its own module that either calls) trains an organism, a policy, an SAE or a transcoder,
-# unpacks a real pretrained model, drives a browser, executes a notebook or builds a wheel. An explicit
-# `@pytest.mark.slow` marks one by hand. CI runs everything; `pytest -m "not slow"` skips these.
+# unpacks a real pretrained model (scripts/findings.py's pipeline runs two), drives a browser, executes a
+# notebook, builds a wheel, or runs across processes (torchrun ranks, a child or server killed mid-run, a lock
+# another process holds: each child imports torch again). An explicit `@pytest.mark.slow` marks one by hand.
+# A sweep over the tiny architectures runs one per family in the loop (tests/helpers/tiny.py FAMILIES,
+# `_arch_sweep_extras`); its other architectures are slow. CI runs everything; `pytest -m "not slow"` skips these.
 SLOW_CALLS = re.compile(
     r"\borganisms\b|zoo\.organisms|\bverify_edit\b|\bsmall_loop\b|\btrain_sae\(|\btrain_transcoders\(|GRPO|"
-    r"\brealmodels\b|\bsmollm2_reward_dir\b|\bminilm_reward_dir\b|\breward_model_dir\(|"
+    r"\btrain_(prm|dpo)\(|"
+    r"\brealmodels\b|\bsmollm2_reward_dir\b|\bminilm_reward_dir\b|\breward_model_dir\(|\bscript\.findings\(|"
+    r"torch\.distributed\.run|\bheld_by_another_process\(|\.send_signal\(|\.kill\(\)|"
     r"\bchromium\(|\bhelpers\.browser\b|\bdom\(|\bnbclient\b|\bpython -m build\b|\"build\", \"--wheel\"")
 
 
@@ -100,7 +126,38 @@ def pytest_configure(config: pytest.Config) -> None:
                                        "package (deselect with -m 'not slow'; CI runs everything)")
 
 
+def _arch_of(item: pytest.Item) -> str | None:
+    """The tiny architecture an item is parametrised over (by `parametrize` or a fixture's params), if exactly one."""
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    archs = [v for v in params.values() if isinstance(v, str) and v in tiny.FAMILY_OF]
+    return archs[0] if len(archs) == 1 else None
+
+
+def _sweep_key(item: pytest.Item, arch: str) -> tuple:
+    """Items of one test that differ only in the architecture within one family share this key."""
+    params = item.callspec.params  # type: ignore[attr-defined]
+    rest = tuple(sorted((k, repr(v)) for k, v in params.items() if not (isinstance(v, str) and v == arch)))
+    return item.path, item.cls, getattr(item, "originalname", item.name), rest, tiny.FAMILY_OF[arch]
+
+
+def _arch_sweep_extras(items: list[pytest.Item]) -> list[pytest.Item]:
+    """The items of an architecture sweep beyond one per family: each family keeps its first member of
+    `tiny.FAMILIES` when the test runs it, else the earliest in `tiny.FAMILIES` of those it runs."""
+    sweeps: dict[tuple, list[tuple[pytest.Item, str]]] = {}
+    for item in items:
+        if (arch := _arch_of(item)) is not None:
+            sweeps.setdefault(_sweep_key(item, arch), []).append((item, arch))
+    extras = []
+    for group in sweeps.values():
+        order = tiny.FAMILIES[tiny.FAMILY_OF[group[0][1]]]
+        keep = min(group, key=lambda pair: order.index(pair[1]))[0]
+        extras += [item for item, _ in group if item is not keep]
+    return extras
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if not item.get_closest_marker("slow") and _is_slow(item):
             item.add_marker(pytest.mark.slow)
+    for item in _arch_sweep_extras(items):
+        item.add_marker(pytest.mark.slow)

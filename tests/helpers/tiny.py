@@ -162,6 +162,21 @@ def own_scores(model, inputs) -> np.ndarray:
 
 ARCHS = list(configs(build_tokenizer()).keys())
 
+FAMILIES: dict[str, tuple[str, ...]] = {
+    "pre-norm RMS decoder": ("llama", "mistral", "qwen2", "qwen3", "phi3"),
+    "sandwich-norm decoder": ("gemma2", "gemma", "gemma3", "gemma3-mm", "olmo2"),
+    "LayerNorm decoder": ("gpt2",),
+    "parallel-residual decoder": ("gpt_neox",),
+    "post-norm encoder": ("bert", "deberta-v2", "roberta", "xlm-roberta"),
+    "mixture of experts": ("qwen2_moe", "mixtral", "qwen3_moe"),
+    "gated multi-objective head": ("armorm",),
+}
+"""`ARCHS` grouped by the shape of their `ArchitectureMap` (norm, residual layout, MLP, head); the first of each
+family stands for it in the fast loop (`pytest -m "not slow"`, tests/conftest.py), CI runs every one."""
+
+FAMILY_OF = {arch: family for family, members in FAMILIES.items() for arch in members}
+"""arch → its family in `FAMILIES`."""
+
 PAIRS = [
     Pair("What is the capital of France?", "The capital of France is Paris.", "France is in Europe."),
     Pair("How do I boil an egg?", "Place the egg in boiling water for nine minutes, then cool it.", "Eggs."),
