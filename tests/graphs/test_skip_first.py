@@ -5,6 +5,8 @@ The graph still closes on the reward and on every feature."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -106,3 +108,31 @@ def test_skip_first_is_for_transcoders(llama):
         graph(llama, SHORT, basis="neurons", skip_first=1)
     with pytest.raises(rl.errors.UsageError, match="skip_first"):
         graph(llama, SHORT, random_transcoders(llama), skip_first=-1)
+
+
+def test_the_command_line_takes_skip_first(tiny_root, tmp_path, capsys):
+    from rewardlens.cli import main
+    from rewardlens.data import save_pairs
+    from rewardlens.sae import load_transcoders
+
+    llama = rl.load(str(tiny_root["llama"]))
+    folder = random_transcoders(llama).save(tmp_path / "tc")
+    pairs = str(save_pairs([SHORT], tmp_path / "one.jsonl"))
+    argv = ["graph", str(tiny_root["llama"]), "--pairs", pairs, "--transcoders", str(folder), "--max-nodes", "16",
+            "--contexts", "0"]
+    tcs = load_transcoders(folder)
+    seen = []
+    for skip in (0, 2):  # the option reaches the graph: each run's scores are the API's at that skip_first
+        capsys.readouterr()
+        assert main([*argv, "--out", str(tmp_path / f"g{skip}"), "--skip-first", str(skip), "--json"]) == 0
+        row = json.loads(capsys.readouterr().out)["pairs"][0]
+        scores = graph(llama, SHORT, tcs, max_nodes=16, skip_first=skip)[0].margin.scores
+        assert (row["replacement_score"], row["completeness_score"]) == pytest.approx(
+            (scores.replacement, scores.completeness), rel=1e-5)
+        seen.append(row["replacement_score"])
+    assert seen[0] != seen[1]
+    capsys.readouterr()
+    for bad in (["--skip-first", "-1"], ["--skip-first", "1", "--basis", "neurons"]):
+        argv_bad = [a for a in argv if a not in ("--transcoders", str(folder))] if "neurons" in bad else argv
+        assert main([*argv_bad, "--out", str(tmp_path / "bad"), *bad]) == 2
+        assert "rewardlens: error: --skip-first" in capsys.readouterr().err
