@@ -136,3 +136,19 @@ def test_the_command_line_takes_skip_first(tiny_root, tmp_path, capsys):
         argv_bad = [a for a in argv if a not in ("--transcoders", str(folder))] if "neurons" in bad else argv
         assert main([*argv_bad, "--out", str(tmp_path / "bad"), *bad]) == 2
         assert "rewardlens: error: --skip-first" in capsys.readouterr().err
+
+
+def test_training_records_skip_first_and_the_graph_and_fidelity_follow_it(llama, tmp_path):
+    from rewardlens.sae import TranscoderTrainConfig, load_transcoders, train_transcoders, transcoder_fidelity
+
+    cfg = TranscoderTrainConfig(d_sae=32, k=4, batch_size=16, buffer_rows=64, skip_first=2)
+    trained = train_transcoders(llama, [SHORT] * 2, layers=[0], config=cfg).transcoders
+    assert trained[0].cfg.skip_first == 2
+    assert load_transcoders(trained.save(tmp_path / "tc"))[0].cfg.skip_first == 2  # it round-trips on disk
+    # fidelity reads the same tokens as training: with the record, as with skip_first=2 given; not as with 0
+    fit = {s: transcoder_fidelity(llama, trained, [SHORT], skip_first=s).explained_variance[0] for s in (None, 2, 0)}
+    assert fit[None] == fit[2] != fit[0]
+    recorded = random_transcoders(llama).with_provenance(skip_first=2)
+    for given, first in ((None, 2), (0, 0)):  # the record is the default; a value given wins
+        g = graph(llama, SHORT, recorded, max_nodes=10**6, batch_size=32, skip_first=given)[0].chosen
+        assert int(g.nodes.position[g.nodes.kind == 0].min()) == first

@@ -51,7 +51,7 @@ def graph(
     with `basis="neurons"` (the MLPs' own neurons: exact, for small models). `exact_layers`: layers whose
     MLP has no transcoder and is kept whole, as one error node per position. `skip_first`: at each sequence's
     first `skip_first` positions every MLP is kept whole the same way (no feature there), as the transcoders
-    were trained and their fidelity measured (None: their default, 1 on
+    were trained and their fidelity measured (None: what their training recorded, else the default, 1 on
     decoders — the attention sink — and 0 on encoders); transcoders only. `max_nodes`: how many feature
     nodes get rows (chosen by estimated influence on the reward; the rest join the error nodes).
     `batch_size`: targets per backward pass. `align`: how the margin graph matches positions.
@@ -72,7 +72,7 @@ def graph(
         raise UsageError("attribution graphs read the reward at one token; this model reads a set of positions "
                          "(a PRM or DPO read-out)", option="model")
     check_model(model)
-    skip = _skip_first(model, basis, skip_first)
+    skip = _skip_first(model, basis, skip_first, transcoders)
     first = _basis(model, transcoders, basis, set(exact_layers), skip)  # checks the options before any forward
     if not model.verified:
         verify(model)
@@ -92,14 +92,15 @@ def graph(
     return out
 
 
-def _skip_first(model: RewardModel, basis: str, skip_first: int | None) -> int:
-    """The positions whose MLPs stay whole (`graph`'s `skip_first`): transcoders' training rule; none for neurons."""
+def _skip_first(model: RewardModel, basis: str, skip_first: int | None, transcoders: Any) -> int:
+    """The positions whose MLPs stay whole (`graph`'s `skip_first`), none for neurons. Transcoders: the value given,
+    else what their training recorded (the largest, if layers differ), else the training default."""
     if basis != "transcoders":
         if skip_first:
             raise UsageError(f"skip_first={skip_first} keeps transcoders off the first tokens; basis={basis!r} is "
                              "exact at every position, so drop skip_first", option="skip_first")
         return 0
-    return skip_first_for(model, skip_first)
+    return skip_first_for(model, skip_first, transcoders)
 
 
 def _basis(model: RewardModel, transcoders: Any, basis: str, exact: set[int], skip_first: int = 0) -> Any:

@@ -104,11 +104,16 @@ def point_at(model: RewardModel, key: TraceKey, batch: Batch) -> Point:
     return points(model, batch, heads=heads, neurons=neurons, gate=False)[key]
 
 
-def skip_first_for(model: RewardModel, skip_first: int | None = None) -> int:
+def skip_first_for(model: RewardModel, skip_first: int | None = None, transcoders: Any = None) -> int:
     """How many tokens at each sequence's start SAEs and transcoders leave out — in training, in fidelity, and
-    where attribution graphs keep the MLP whole (graphs/_basis.py): `skip_first` if given, else 1 for decoders
-    (the first token is an attention sink whose residual norm is ~100× the others) and 0 for encoders (the
-    first token is the one the head reads). The one owner of that default."""
+    where attribution graphs keep the MLP whole (graphs/_basis.py): `skip_first` if given, else what the
+    `transcoders`' training recorded (`TranscoderConfig.skip_first`; the largest if layers differ), else 1 for
+    decoders (the first token is an attention sink whose residual norm is ~100× the others) and 0 for encoders
+    (the first token is the one the head reads). The one owner of that default."""
+    if skip_first is None and transcoders is not None and hasattr(transcoders, "values"):
+        found = (getattr(getattr(tc, "cfg", None), "skip_first", None) for tc in transcoders.values())
+        recorded = [int(s) for s in found if s is not None]
+        skip_first = max(recorded) if recorded else None
     skip = (0 if model.encoder else 1) if skip_first is None else skip_first
     if isinstance(skip, bool) or not isinstance(skip, int) or skip < 0:
         raise UsageError(f"skip_first must be a count of tokens >= 0 (or None for the default: 1 on decoders, 0 "

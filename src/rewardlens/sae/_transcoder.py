@@ -66,6 +66,9 @@ class TranscoderConfig:
     """'topk' (trained here, sparsify), or 'relu'/'jumprelu' (published circuit-tracer transcoders)."""
     model_fingerprint: str | None = None
     """rewardlens' checksum of the model it was trained on (`_provenance.model_fingerprint`), if trained here."""
+    skip_first: int | None = None
+    """Tokens at each sequence's start it was trained without (the attention sink), if trained here; None: not
+    recorded (published sets), and attribution graphs take the default (`internal.skip_first_for`)."""
 
     def __post_init__(self) -> None:
         if self.layer < 0 or min(self.d_in, self.d_out, self.d_sae) < 1:
@@ -272,6 +275,7 @@ def save_transcoders(tcs: Transcoders, folder: Path) -> Path:
                "transcode": True, "d_in": c.d_in, "layer": layer, "d_out": c.d_out,
                "dtype": str(tc.W_dec.dtype).removeprefix("torch."), "source": c.source, "target": c.target}
         cfg |= {k: v for k, v in (("model_name", c.base_model), ("model_fingerprint", c.model_fingerprint)) if v}
+        cfg |= {} if c.skip_first is None else {"skip_first": c.skip_first}
         (sub / CONFIG).write_text(json.dumps(cfg))
     run = {"model": tcs.provenance.base_model or "", "hookpoints": hookpoints, "transcode": True,
            "sae": {"k": tcs[tcs.layers[0]].k, "num_latents": tcs.d_sae, "transcode": True}}

@@ -1,8 +1,8 @@
 """How well a transcoder set stands in for the MLPs it replaces: per-layer explained variance of the MLP output,
 and the reward recovered when every covered MLP is replaced at once (error terms dropped).
 
-Over the positions `P` (every non-pad token but each sequence's first `skip_first`, as training), per
-layer `l` with MLP input `x` and output `y`:
+Over the positions `P` (every non-pad token but each sequence's first `skip_first`, as training: by default
+what the set's training recorded, `internal.skip_first_for`), per layer `l` with MLP input `x` and output `y`:
 
     explained variance_l = 1 − Σ_P ‖y − T_l(x)‖² / Σ_P ‖y − ȳ‖²     (clean inputs: each layer on its own)
 
@@ -32,6 +32,7 @@ from ..model import RewardModel
 from ..model.internal import Batch, rewriting
 from ..plotting import HtmlView
 from ..stats import summary_frame
+from ._activations import skip_first_for
 from ._transcoder import Transcoder, Transcoders
 from ._transcoder_load import check_transcoders
 from ._transcoder_train import mlp_modules, mlp_pairs
@@ -94,7 +95,8 @@ def transcoder_fidelity(model: RewardModel, transcoders: Transcoders, inputs: In
     s1 = {la: torch.zeros(model.d_model, dtype=torch.float64) for la in layers}
     rewards: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
     with torch.no_grad():
-        for rows, batch, mask, pairs in mlp_pairs(model, inputs, layers, skip_first=skip_first, batch_size=batch_size):
+        skip = skip_first_for(model, skip_first, transcoders)  # as they were trained, when their training recorded it
+        for rows, batch, mask, pairs in mlp_pairs(model, inputs, layers, skip_first=skip, batch_size=batch_size):
             for la, (x, y) in pairs.items():
                 acts = tcs[la].encode(x.to(dev[la]))
                 y_hat = tcs[la].decode(acts, x.to(dev[la])).to(y.device)

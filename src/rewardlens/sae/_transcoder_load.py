@@ -3,7 +3,7 @@ that a set belongs to the model it is applied to.
 
 - rewardlens / sparsify: one folder per MLP, named for the module (`layers.3.mlp`), holding `cfg.json`
   (sparsify's `SparseCoderConfig`: `transcode: true`, `skip_connection`, `k`, `num_latents`, … and
-  `d_in`; rewardlens adds `layer`, `d_out`, `model_name`, `model_fingerprint`, `dtype`) and
+  `d_in`; rewardlens adds `layer`, `d_out`, `model_name`, `model_fingerprint`, `dtype`, `skip_first`) and
   `sae.safetensors` (`encoder.weight` [d_sae, d_in], `encoder.bias`, `W_dec` [d_sae, d_out], `b_dec`,
   and `W_skip` [d_out, d_in], applied by sparsify as `x W_skipᵀ`). The parent holds sparsify's run
   `config.json` (`model`, `hookpoints`, `sae`), which names the base model.
@@ -119,7 +119,7 @@ def _load_sparsify(sub: Path, layer: int, run_model: str | None, device: torch.d
     tc_cfg = TranscoderConfig(layer=layer, d_in=int(d_in), d_out=int(d_out), d_sae=int(d_sae), k=k,
                               skip="W_skip" in t, base_model=cfg.get("model_name") or run_model,
                               dtype=str(cfg.get("dtype") or _dtype_name(t["W_dec"])), activation=activation,
-                              model_fingerprint=cfg.get("model_fingerprint"))
+                              model_fingerprint=cfg.get("model_fingerprint"), skip_first=cfg.get("skip_first"))
     state = {"W_enc": t["encoder.weight"].T, "b_enc": t["encoder.bias"], "W_dec": t["W_dec"], "b_dec": t["b_dec"]}
     if "W_skip" in t:
         state["W_skip"] = t["W_skip"].T

@@ -256,7 +256,8 @@ def train_transcoders(model: RewardModel, inputs: Inputs, *, layers: list[int] |
     lr = cfg.lr or 2e-4 / (width / 2**14) ** 0.5
     state = {layer: _Layer(Transcoder(TranscoderConfig(layer=layer, d_in=d, d_out=d, d_sae=width, k=cfg.k,
                                                        skip=cfg.skip, base_model=name or None,
-                                                       model_fingerprint=fingerprint),
+                                                       model_fingerprint=fingerprint,
+                                                       skip_first=skip_first_for(model, cfg.skip_first)),
                                       seed=cfg.seed + layer, device=device), lr, device) for layer in chosen}
     n_seqs = len(model.encode(inputs)[0])
     gen = torch.Generator().manual_seed(cfg.seed)
