@@ -73,10 +73,18 @@ class Rows:
             cotangents.append(cot)
         leaves = [run.embed_delta, *(run.deltas[layer] for layer in self.layers)]
         got = torch.autograd.grad(outputs, leaves, cotangents, retain_graph=True, allow_unused=True)
-        grads = tuple((torch.zeros_like(leaf) if g is None else g)[:n] for g, leaf in zip(got, leaves))
+        grads = [None if g is None else g[:n] for g in got]
         embed = self.frozen.embed0
         assert embed is not None
-        features = [basis.feature_edges(layer, grads[1 + layer]) for layer in self.layers]
-        errors = [basis.error_edges(layer, grads[1 + layer]) for layer in self.layers]
-        tokens = torch.einsum("btd,td->bt", grads[0].float(), embed.float()[0])
-        return torch.cat([*features, *errors, tokens], dim=1).detach()[:n]
+        features, errors = [], []
+        for layer in self.layers:  # no gradient: every target sits at or below this layer, its edges are 0
+            g = grads[1 + layer]
+            features.append(basis.feature_edges(layer, g) if g is not None else self._zeros(n, self.counts[layer]))
+            errors.append(basis.error_edges(layer, g) if g is not None else self._zeros(n, self.length))
+        token_grad = grads[0]
+        tokens = (torch.einsum("btd,td->bt", token_grad.float(), embed.float()[0]) if token_grad is not None
+                  else self._zeros(n, self.length))
+        return torch.cat([*features, *errors, tokens], dim=1).detach()
+
+    def _zeros(self, n: int, width: int) -> Tensor:
+        return torch.zeros(n, width, device=self.run.embed_delta.device)

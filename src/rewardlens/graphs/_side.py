@@ -64,30 +64,45 @@ def readout_vector(model: RewardModel, captured: dict[Any, Tensor], batch: Batch
 
 def _select(rows: Rows, cap: int, batch_size: int) -> tuple[Tensor, list[int]]:
     """Rows [R, n_columns] (the reward's first, then the visited features') and each row's column
-    (the reward's is `n_columns`)."""
+    (the reward's is `n_columns`).
+
+    Each estimate fixes the next window of features to visit (the most influential, enough to double the
+    visited set); the window is computed in batches sorted by layer, so a batch's backward pass stops at its
+    highest target's layer, and its rows are put back in influence order (the estimates see the same matrix)."""
     computed = [rows([Target(-1)])]
     row_cols = [rows.n_columns]
     visited = torch.zeros(rows.n_features, dtype=torch.bool)
     goal = min(cap, rows.n_features)
-    pending: list[int] = []
-    update_at = 0
     while len(row_cols) - 1 < goal:
-        if not pending or len(row_cols) - 1 >= update_at:
-            matrix = torch.cat(computed)
-            padded = torch.cat([normalise(matrix), matrix.new_zeros(len(matrix), 1)], 1)
-            weights = matrix.new_zeros(rows.n_columns + 1)
-            weights[-1] = 1.0
-            estimate = influence(padded, torch.tensor(row_cols), weights)[: rows.n_features].cpu()
-            estimate[visited] = -1.0
-            order = estimate.argsort(descending=True)
-            pending = [int(c) for c in order[: int((~visited).sum())]]
-            update_at = max(2 * (len(row_cols) - 1), batch_size)
-        take = pending[: min(batch_size, goal - (len(row_cols) - 1))]
-        pending = pending[len(take):]
-        computed.append(rows([rows.feature_of(c) for c in take]))
-        row_cols += take
-        visited[take] = True
+        done = len(row_cols) - 1
+        matrix = torch.cat(computed)
+        padded = torch.cat([normalise(matrix), matrix.new_zeros(len(matrix), 1)], 1)
+        weights = matrix.new_zeros(rows.n_columns + 1)
+        weights[-1] = 1.0
+        estimate = influence(padded, torch.tensor(row_cols), weights)[: rows.n_features].cpu()
+        estimate[visited] = -1.0
+        order = estimate.argsort(descending=True)
+        update_at = max(2 * done, batch_size)
+        span = -(-(update_at - done) // batch_size) * batch_size  # whole batches up to the next estimate
+        window = [int(c) for c in order[: min(span, goal - done, int((~visited).sum()))]]
+        computed.append(_window_rows(rows, window, batch_size))
+        row_cols += window
+        visited[window] = True
     return torch.cat(computed), row_cols
+
+
+def _window_rows(rows: Rows, window: list[int], batch_size: int) -> Tensor:
+    """The rows of feature columns `window`, in that order, computed in batches of columns sorted by layer."""
+    by_layer = sorted(range(len(window)), key=lambda i: window[i])  # columns are layer-major
+    out: Tensor | None = None
+    for start in range(0, len(by_layer), batch_size):
+        part = by_layer[start: start + batch_size]
+        got = rows([rows.feature_of(window[i]) for i in part])
+        if out is None:
+            out = got.new_empty(len(window), got.shape[1])
+        out[torch.tensor(part, device=got.device)] = got
+    assert out is not None
+    return out
 
 
 def _assemble(model: RewardModel, batch: Batch, rows: Rows, matrix: Tensor, row_cols: list[int],
