@@ -30,8 +30,9 @@ if TYPE_CHECKING:
     from ..model import RewardModel
     from ..sae import Transcoders
 
-REVISION = 2
-"""Bump when what the job stores changes with no `AuditGraphs` field changing (2: the pages' graphs by their edges)."""
+REVISION = 3
+"""Bump when what the job stores changes with no `AuditGraphs` field changing (2: the pages' graphs by their edges;
+3: transcoder graphs keep the first `skip_first` positions' MLPs whole, as training skipped them)."""
 GRAPH_PAIRS = 3
 """Pairs the audit graphs: the first of those the report shows (largest |margin| first); a graph costs many
 backward passes a side, so its cost must not grow with the pair set."""
