@@ -76,18 +76,31 @@ def small_loop():
 
 # --- The fast inner loop: `pytest -m "not slow"` -------------------------------------------------------------
 # One rule, held by code rather than by remembering to decorate: a test is slow when it (or a fixture it uses,
-# or a function of its own module that either calls) trains an organism, a policy, an SAE or a transcoder,
-# unpacks a real pretrained model (scripts/findings.py's pipeline runs two), drives a browser, executes a
-# notebook, builds a wheel, or runs across processes (torchrun ranks, a child or server killed mid-run, a lock
-# another process holds: each child imports torch again). An explicit `@pytest.mark.slow` marks one by hand.
+# or a function of its own module that either calls) trains an organism, a policy, an SAE or a transcoder (a
+# `train`/`train_*` function of `TRAINERS`, however imported, or a TRL trainer), unpacks a real pretrained model
+# (scripts/findings.py's pipeline runs two), drives a browser, executes a notebook, builds a wheel, or runs
+# across processes (torchrun ranks, a child or server killed mid-run, a lock another process holds: each child
+# imports torch again). An explicit `@pytest.mark.slow` marks one by hand.
 # A sweep over the tiny architectures runs one per family in the loop (tests/helpers/tiny.py FAMILIES,
 # `_arch_sweep_extras`); its other architectures are slow. CI runs everything; `pytest -m "not slow"` skips these.
 SLOW_CALLS = re.compile(
     r"\borganisms\b|zoo\.organisms|\bverify_edit\b|\bsmall_loop\b|\btrain_sae\(|\btrain_transcoders\(|GRPO|"
-    r"\btrain_(prm|dpo)\(|"
-    r"\brealmodels\b|\bsmollm2_reward_dir\b|\bminilm_reward_dir\b|\breward_model_dir\(|\bscript\.findings\(|"
+    r"\btrl\.\w*Trainer\(|"
+    r"\brealmodels\b|\bsmollm2_reward_dir\b|\bminilm_reward_dir\b|\breward_model_dir\(|\bload_reward_model\(|"
+    r"\bscript\.findings\(|"
     r"torch\.distributed\.run|\bheld_by_another_process\(|\.send_signal\(|\.kill\(\)|"
     r"\bchromium\(|\bhelpers\.browser\b|\bdom\(|\bnbclient\b|\bpython -m build\b|\"build\", \"--wheel\"")
+
+
+TRAINERS = ("rewardlens.zoo.organisms", "rewardlens.sae", "rewardlens.loop")
+"""Packages whose `train` and `train_*` functions train a model (an organism, a PRM or DPO kind, an SAE, a policy)."""
+BARE_CALL = re.compile(r"(?<![.\w])([A-Za-z_]\w*)\(")  # `train(` but not `model.train(`
+
+
+def _trains(fn: object) -> bool:
+    """Whether `fn`, a name a test calls, is one of the `TRAINERS`' training functions, however it was imported."""
+    return (inspect.isfunction(fn) and (fn.__name__ == "train" or fn.__name__.startswith("train_"))
+            and fn.__module__.startswith(TRAINERS))
 
 
 @functools.cache
@@ -112,7 +125,7 @@ def _is_slow(item: pytest.Item) -> bool:
             continue
         seen.add(id(fn))
         text = _source(fn)
-        if SLOW_CALLS.search(text):
+        if SLOW_CALLS.search(text) or any(_trains(getattr(module, name, None)) for name in BARE_CALL.findall(text)):
             return True
         for name in re.findall(r"\b([A-Za-z_]\w*)\(", text):  # the module's own helpers it calls
             helper = getattr(module, name, None)
