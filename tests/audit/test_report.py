@@ -205,7 +205,7 @@ def test_instrument_numbers_equal_the_results_own(audit, numbers):
         assert row["direct"] == pytest.approx(f.direct[:, j].mean())
     div = numbers["divergence"]
     assert div["flagged_share"] == pytest.approx(np.mean(d.divergence > 1))
-    assert div["max_abs_difference_from_total"] < 1e-4  # the scored sweep patched exactly what the audit shows
+    assert "max_abs_difference_from_total" not in div  # one sweep: nothing to reconcile
     for row in div["parts"]:
         j = d.names.index(row["part"])
         assert row["flagged_runs"] == int((d.divergence[:, j] > 1).sum())

@@ -9,11 +9,13 @@ from html.parser import HTMLParser
 
 import numpy as np
 import pytest
+import torch
 
 import rewardlens as rl
 from rewardlens.audit import NaturalStates, Plan, Store, audit
-from rewardlens.audit.internal import collect, run_pairs, run_whole
+from rewardlens.audit.internal import collect, content_key, run_pairs, run_whole
 from rewardlens.audit.report import write_report
+from rewardlens.model import TraceKey
 from tests.helpers import tiny
 
 PLAN = Plan(chunk_size=3, probes=False, concepts=False)
@@ -64,14 +66,15 @@ def test_divergence_and_conflicts_equal_the_instruments_and_are_stored_once(armo
     scored = rl.patch(armo, pairs, level="head", divergence=True)
     assert res.divergence is not None and res.divergence.names == scored.names
     np.testing.assert_allclose(res.divergence.divergence, scored.divergence, atol=1e-5)
-    np.testing.assert_allclose(res.divergence.effect, res.faithfulness.total, atol=1e-4)  # the effects shown
+    np.testing.assert_array_equal(res.divergence.effect, res.faithfulness.total)  # the effects shown: one sweep
     assert res.subsets == SUBSETS
 
     def boom(*args, **kwargs):
         raise AssertionError("a whole-model instrument was computed again")
 
     runner = importlib.import_module("rewardlens.audit._whole")  # `rewardlens.audit` names the function too
-    monkeypatch.setattr(runner, "patch", boom)
+    monkeypatch.setattr(importlib.import_module("rewardlens.audit._divergence"), "patch", boom)
+    monkeypatch.setattr(importlib.import_module("rewardlens.audit._natural"), "natural_states", boom)  # no fit
     monkeypatch.setattr(runner, "conflict", boom)
     again = audit(armo, pairs, store=path, plan=PLAN)
     np.testing.assert_array_equal(again.divergence.divergence, res.divergence.divergence)
@@ -163,51 +166,69 @@ def test_the_probes_scale_comes_from_the_stored_margins_without_scoring_the_pair
     store.close()
 
 
-def test_divergence_fits_from_the_per_pair_traces_and_traces_only_the_pairs_it_resumed(armo, tmp_path, monkeypatch):
-    """The natural fit takes the read-position residuals of the pairs this run computed from their per-pair
-    traces; pairs an earlier run stored are the only ones traced for it. Either way the scores equal one
-    `patch` call over every pair."""
+def test_divergence_scores_the_faithfulness_sweep_and_patches_only_the_pairs_it_resumed(armo, tmp_path, monkeypatch):
+    """The natural fit is made first, from every pair's read-position residuals traced head-less in the chunks'
+    spans; each chunk's faithfulness sweep is scored against it, so the divergence run's effects are the audit's
+    total effects (one sweep) and no pair is patched again. Pairs an earlier run stored get the scored sweep
+    alone. Either way the scores equal one `patch` call over every pair."""
     natural = importlib.import_module("rewardlens.audit._natural")
     real, traced = natural.natural_states, []
-    monkeypatch.setattr(natural, "natural_states", lambda m, seqs, b: traced.append(len(seqs)) or real(m, seqs, b))
-    whole = importlib.import_module("rewardlens.audit._whole")
-    chunks, trace = [], whole.trace_pairs
-    monkeypatch.setattr(whole, "trace_pairs", lambda m, p, **k: chunks.append(k["record"]) or trace(m, p, **k))
+    monkeypatch.setattr(natural, "natural_states",
+                        lambda m, seqs, b, **k: traced.append(len(seqs)) or real(m, seqs, b, **k))
+    divergence = importlib.import_module("rewardlens.audit._divergence")
+    alone, trace = [], divergence.trace_pairs
+    monkeypatch.setattr(divergence, "trace_pairs", lambda m, p, **k: alone.append(len(p)) or trace(m, p, **k))
     pairs = _pairs(6)
     scored = rl.patch(armo, pairs, level="head", divergence=True)
     fresh = audit(armo, pairs, plan=PLAN)
-    assert traced == []  # every pair computed here: nothing traced again for the fit
-    assert chunks == ["noising", "noising"]  # 2 chunks of 3, each traced once, its caches recorded for the sweep
+    assert traced == [2, 6, 4]  # the fit: every pair's sides once, in the chunks' spans (1 pair, then 3, 2)
+    assert alone == []  # no pair patched a second time
+    np.testing.assert_array_equal(fresh.divergence.effect, fresh.faithfulness.total)  # the same patched runs
     np.testing.assert_allclose(fresh.divergence.divergence, scored.divergence, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(fresh.divergence.patched_chosen, scored.patched_chosen, rtol=1e-5, atol=2e-5)
     assert fresh.divergence.pair_ids == scored.pair_ids
-    twice = [*pairs, pairs[1]]  # a pair given twice: one unit, kept once, its sides counted twice in the fit
+    twice = [*pairs, pairs[1]]  # a pair given twice: one unit, traced once, its sides counted twice in the fit
     np.testing.assert_allclose(audit(armo, twice, plan=PLAN).divergence.divergence,
                                rl.patch(armo, twice, level="head", divergence=True).divergence, rtol=1e-4, atol=1e-5)
-    assert traced == []
     path = tmp_path / "results.sqlite"
     audit(armo, pairs[1::2], store=path, plan=PLAN)  # 3 pairs, not a prefix: stored, too few for divergence
+    alone.clear()
     resumed = audit(armo, pairs, store=path, plan=PLAN)
-    assert traced == [6]  # the 3 stored pairs' sides, and only them
+    assert alone == [3]  # the 3 stored pairs, patched once more (one chunk); the 3 new ones scored in their own
     np.testing.assert_allclose(resumed.divergence.divergence, scored.divergence, rtol=1e-4, atol=1e-5)
+    traced.clear()
+    again = audit(armo, pairs, store=path, plan=PLAN)  # every score stored: no fit, no forward
+    assert traced == [] and alone == [3]
+    np.testing.assert_array_equal(again.divergence.divergence, resumed.divergence.divergence)
 
 
-def test_divergence_runs_as_one_call_when_most_pairs_were_not_kept(armo, monkeypatch):
-    """Without the per-pair traces' residuals (`run_whole` without `natural=`), tracing every pair for the fit
-    and again per chunk would cost more than one call: one `patch` over every pair runs, with its numbers."""
-    whole = importlib.import_module("rewardlens.audit._whole")
-    real, calls = whole.patch, []
-    monkeypatch.setattr(whole, "patch", lambda m, p, **k: calls.append((len(p), "clean" in k)) or real(m, p, **k))
-    pairs = [*_pairs(5), _pairs(5)[2]]  # a pair given twice: one unit, patched twice as one call does
-    store = Store(":memory:")
+def test_the_fit_takes_the_residuals_the_chunk_traces_take(armo, monkeypatch):
+    """The fit's head-less traces run in the chunks' spans and batch size, so the residuals it fits are bit for
+    bit those each chunk's own trace captures (the scores equal those of a fit over the traces' residuals)."""
+    runner = importlib.import_module("rewardlens.audit._runner")
+    captured, trace = [], runner.trace_pairs
+
+    def spy(m, p, **k):
+        out = trace(m, p, **k)
+        captured.append((list(p), out.clean.captured))
+        return out
+
+    monkeypatch.setattr(runner, "trace_pairs", spy)
+    pairs = [*_pairs(5), _pairs(5)[2]]  # a pair given twice: one unit
+    natural, store = NaturalStates(), Store(":memory:")
     try:
-        run_pairs(armo, pairs, store, PLAN)
-        run_whole(armo, pairs, store, PLAN)
+        run_pairs(armo, pairs, store, PLAN, natural=natural)
+        assert natural.scoring is not None and len(natural.by_unit) == 5
+        for part, got in captured:
+            for j, pair in enumerate(part):
+                for layer in range(armo.n_layers):
+                    kept = natural.by_unit[content_key(pair)][:, layer]
+                    assert torch.equal(kept, got[TraceKey.resid(layer)][2 * j: 2 * j + 2].cpu())
+        run_whole(armo, pairs, store, PLAN, natural=natural)
         got = collect(armo, pairs, store, PLAN).divergence
     finally:
         store.close()
-    assert calls == [(6, False)]
-    scored = real(armo, pairs, level="head", divergence=True)
+    scored = rl.patch(armo, pairs, level="head", divergence=True)
     np.testing.assert_allclose(got.divergence, scored.divergence, rtol=1e-4, atol=1e-5)
 
 

@@ -1,10 +1,10 @@
-"""The read-position residuals the per-pair traces took, kept for the audit's divergence step.
+"""The read-position residuals the audit's divergence fits its natural distribution on.
 
 Divergence fits the natural distribution of every side's read-position residual, at every layer,
-before it scores any patched run (docs/patching.md). The per-pair part traces every pair it computes
-and those residuals are among its trace's captures, so a run keeps them (per pair [2, L, d], chosen
-then rejected, on the CPU in the trace's dtype) and the divergence step fits from them, tracing only
-the pairs the run did not compute (stored by an earlier run; under torchrun rank 0 gathers every rank's).
+before it scores any patched run (docs/patching.md). The audit traces every pair's residuals head-less
+before its per-pair stage (`trace`, per pair [2, L, d], chosen then rejected, on the CPU in the trace's
+dtype), in the chunks' own spans and batch size, so they are those the chunks' traces take, and fits
+once (`fit`); `scoring` holds that fit for the run's later steps.
 """
 
 from __future__ import annotations
@@ -35,6 +35,8 @@ class NaturalStates:
         self.model: str | None = None
         """The `fingerprint` of the model the states belong to (None until one keeps or fits with them)."""
         self._seen: weakref.ref[RewardModel] | None = None  # the last model checked, so a chunk hashes nothing
+        self.scoring: object | None = None
+        """The run's fit once made (`audit._divergence.Scoring`), for the run's later steps."""
 
     def bind(self, model: RewardModel) -> None:
         """Tie the states to `model`, or refuse a model other than the one they belong to."""
@@ -58,6 +60,14 @@ class NaturalStates:
         stacked = torch.stack([captured[k] for k in keys], dim=1).cpu()  # [2n, L, d]
         for j, unit in enumerate(units):
             self.by_unit[unit] = stacked[pair_span(j, j + 1)]
+
+    def trace(self, model: RewardModel, seqs: Sequence[Tokenized], units: Sequence[str], batch_size: int) -> None:
+        """Trace and keep the residuals of the pairs `units` (their token ids `seqs`, chosen and rejected
+        interleaved) in one batch loop of `batch_size` sequences, length-sorted as a chunk's trace batches them;
+        `OutOfMemoryError` names the pairs that fit in no batch (nothing is kept then)."""
+        self.bind(model)
+        if units:
+            self.keep(model, units, natural_states(model, list(seqs), batch_size, is_pairs=True))
 
     def missing(self, units: Sequence[str]) -> int:
         """How many of the pairs `units` (a unit given twice counts twice) this run did not keep."""

@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
-from ..causal import Circuit, Faithfulness, Patching, faithfulness, trace_pairs
+from ..causal import Circuit, Faithfulness, Patching, trace_pairs
+from ..causal.internal import scored_faithfulness
 from ..data import Pair, record_columns, record_fields, row_labels
 from ..data.internal import UnitMeter, progress_bar, rows_of
 from ..errors import HeadError, OutOfMemoryError, RewardLensWarning, StoreError
@@ -30,12 +31,14 @@ from ..hacking import Concepts, Conflicts, Probes, cascade, distortion
 from ..model import Parity, RewardModel
 from ..plotting import CompositeView
 from ..sae import FeatureAttribution, TopKSAE
+from ._divergence import Scoring, stored_divergence
+from ._divergence import entries as divergence_entries
 from ._graph import AuditGraphs, graph_name
 from ._keys import RunKey, checksum
 from ._natural import NaturalStates
 from ._plan import Decided, PairUnits, Plan, run_keys, skipped_key
 from ._store import Store, Units
-from ._whole import CIRCUIT, CONFLICT, DIVERGENCE, sae_name, stored_parity, stored_tokens, stored_whole
+from ._whole import CIRCUIT, CONFLICT, sae_name, stored_parity, stored_tokens, stored_whole
 
 if TYPE_CHECKING:  # annotations only
     from ..exact import TokenAttribution
@@ -151,10 +154,11 @@ def _varying(result: Lens | Attribution | Faithfulness) -> tuple[tuple[str, ...]
 
 
 def _chunk_entries(model: RewardModel, pairs: Sequence[Pair], span: Sequence[int], keys: dict[str, RunKey],
-                   decided: Decided, plan: Plan, units: Sequence[str], natural: NaturalStates | None
+                   decided: Decided, plan: Plan, units: Sequence[str], scoring: Scoring | None
                    ) -> tuple[list[tuple[RunKey, str, int, dict[str, Any]]], dict[RunKey, dict[str, Any]]]:
     """The store entries of the pairs `span` (indices into `pairs`, each stored as its unit `units[i]`);
-    `natural` keeps their read-position residuals for the divergence step."""
+    `scoring`: the run's natural fit, which faithfulness's head-level sweep scores its patched runs against
+    (the divergence scores, stored per pair beside it)."""
     part = [pairs[i] for i in span]
     # One traced forward per batch: the lens and both attribution levels are views of its head-level
     # decomposition, and every patching estimand starts from its clean runs; the same forward records
@@ -162,18 +166,22 @@ def _chunk_entries(model: RewardModel, pairs: Sequence[Pair], span: Sequence[int
     traced = trace_pairs(model, part, level="head", batch_size=plan.batch_size, seqs=decided.seqs_of(span),
                          record=decided.spec.mode)
     dec = traced.decomposition
-    if natural is not None:
-        natural.keep(model, [units[i] for i in span], traced.clean.captured)
+    faithful, scored = scored_faithfulness(
+        model, part, None if scoring is None else scoring.fit, level=decided.spec.level, mode=decided.spec.mode,
+        batch_size=plan.batch_size, seed_positions=decided.seed_positions, paper=plan.paper, traced=traced)
     results: dict[str, Lens | Attribution | Faithfulness] = {
         "lens": Lens.from_decomposition(dec),
         "sublayers": traced.attribution("sublayer"),
         "heads": traced.attribution("head"),
-        "faithfulness": faithfulness(model, part, level=decided.spec.level, mode=decided.spec.mode,
-                                     batch_size=plan.batch_size,
-                                     seed_positions=decided.seed_positions, paper=plan.paper, traced=traced),
+        "faithfulness": faithful,
     }
     entries: list[tuple[RunKey, str, int, dict[str, Any]]] = []
     meta: dict[RunKey, dict[str, Any]] = {}
+    if scoring is not None:  # the pairs the fit covers (one too long for its batches is skipped here too)
+        mine = [(j, i) for j, i in enumerate(span) if units[i] in scoring.units]
+        rows, meta[scoring.key] = divergence_entries(scoring.key, scored, [units[i] for _, i in mine],
+                                                     [i for _, i in mine], [j for j, _ in mine])
+        entries += rows
     if dec.steps is not None:
         entries += _step_entries(dec.steps, [units[i] for i in span], span, keys["steps"])
         meta[keys["steps"]] = {}
@@ -212,8 +220,9 @@ def run_pairs(model: RewardModel, pairs: Sequence[Pair], store: Store, plan: Pla
 
     `skip`: another store whose finished pairs count as done too (a rank's shard resumes against
     the merged store of an earlier run). `decided`: the run's decisions over all its pairs, when the
-    caller made them (`Decided.of`), else made here, once. `natural`: keeps the computed pairs' read-position
-    residuals, for `run_whole`'s divergence."""
+    caller made them (`Decided.of`), else made here, once. With `plan.divergence`, the natural fit over every
+    pair is made first (`Scoring.of`, unless every pair's scores are stored) and each chunk's faithfulness sweep
+    is scored against it; `natural`: holds the fit's states and the fit, for `run_whole` (`finish`)."""
     pairs = list(pairs)
     decided = Decided.of(model, pairs) if decided is None else decided
     if decided.mode != "noising":
@@ -230,12 +239,19 @@ def run_pairs(model: RewardModel, pairs: Sequence[Pair], store: Store, plan: Pla
         done |= also
     todo = [left for c, span in enumerate(units.spans(plan.chunk_size))
             if c % world_size == rank and (left := [u for u in span if u not in done])]
+    scoring = None
+    if plan.divergence and not model.reads.multi:  # fitted before any chunk: each chunk's sweep is scored
+        natural = NaturalStates() if natural is None else natural
+        scoring = natural.scoring = Scoring.of(model, pairs, [s for s, _ in seen], plan, decided, natural, done,
+                                               rank, world_size)
+        if scoring is not None:
+            held[scoring.key] = store.status(scoring.key, units.first)
     desc = f"audit: pairs (rank {rank})" if world_size > 1 else "audit: pairs"
     bar = progress_bar(sum(map(len, todo)), desc, progress, unit="pair")
     meter = UnitMeter(bar)  # pairs: the first span is one pair, which says what a pair costs
     for left in todo:
         with meter.chunk(len(left)):
-            _compute(model, pairs, store, [units.first[u] for u in left], keys, held, decided, plan, units, natural)
+            _compute(model, pairs, store, [units.first[u] for u in left], keys, held, decided, plan, units, scoring)
     bar.close()
     _say_damaged(seen, {u for left in todo for u in left}, pairs, units)
     return sum(map(len, todo))
@@ -253,12 +269,12 @@ def _stored(store: Store, model: RewardModel, keys: dict[str, RunKey], units: Pa
 
 def _compute(model: RewardModel, pairs: Sequence[Pair], store: Store, left: list[int], keys: dict[str, RunKey],
              held: dict[RunKey, Units], decided: Decided, plan: Plan, units: PairUnits,
-             natural: NaturalStates | None = None) -> None:
+             scoring: Scoring | None = None) -> None:
     """The pairs `left` (indices: one chunk's missing pairs) computed and stored in one transaction; those
     too long for memory even alone are recorded as skipped and the others computed."""
     while left:
         try:
-            entries, meta = _chunk_entries(model, pairs, left, keys, decided, plan, units.units, natural)
+            entries, meta = _chunk_entries(model, pairs, left, keys, decided, plan, units.units, scoring)
         except OutOfMemoryError as exc:  # pairs that fit in no batch: recorded, and the rest computed
             left = _skip(store, skipped_key(model), pairs, units.units, left, exc)
             continue
@@ -369,7 +385,7 @@ def collect(model: RewardModel, pairs: Sequence[Pair], store: Store, plan: Plan 
                  faithfulness=Faithfulness(**stacked, **meta, pair_ids=ids), fraction=plan.fraction,
                  lens=lens_, sublayers=sublayers, heads=heads, probes=probes, concepts=concepts_, features=features,
                  provenance=provenance(model, data, command_line), subsets=[p.subset for p in pairs],
-                 divergence=whole(Patching, DIVERGENCE), conflicts=conflicts_, distortion=distortion_,
+                 divergence=stored_divergence(model, every, store, ids), conflicts=conflicts_, distortion=distortion_,
                  tokens=tokens_, token_pairs=[position[i] for i in token_pairs],
                  skipped={_pair_id(every, i): reason for i, reason in skipped.items()}, steps=steps,
                  cascades=None if probes is None else cascade(probes), parity=parity_, parity_note=parity_note,

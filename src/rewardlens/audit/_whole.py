@@ -17,17 +17,15 @@ from typing import Any
 
 import numpy as np
 
-from ..causal import Circuit, Patching, circuit, patch, patch_mode, trace_pairs
-from ..causal.internal import NaturalFit, encode_pairs
+from ..causal import Circuit, Patching, circuit
 from ..data import Pair, margin
-from ..data.internal import pair_span, progress_bar
+from ..data.internal import progress_bar
 from ..errors import ArchitectureError, CircuitError, HeadError, RewardLensWarning, UsageError
 from ..exact import TokenAttribution, tokens
 from ..hacking import Concepts, Conflicts, Probes, concepts, conflict, probe
 from ..model import Parity, ParityCheck, ReadCache, RewardModel, parity
-from ..model.internal import Tokenized, continuable
 from ..sae import FeatureAttribution, TopKSAE, Transcoders, attribute_features
-from ..types import Mode
+from ._divergence import finish
 from ._graph import AuditGraphs, audit_graphs, graph_name
 from ._keys import RunKey, checksum, fingerprint
 from ._natural import NaturalStates
@@ -35,14 +33,13 @@ from ._plan import VERSION, Decided, PairUnits, Plan, lens_key, skipped_key
 from ._scored import probe_memo
 from ._store import Store
 
-DIVERGENCE = "divergence/head/noising"
 CONFLICT = "conflict/objectives"
 TOKENS = "tokens"
 PARITY = "parity"
 CIRCUIT_TOP = 10
 """Edges the audit's circuit keeps (`circuit(top=)`); its curve still runs up to every edge."""
 CIRCUIT = f"circuit/sublayer/eap-ig/top-{CIRCUIT_TOP}"
-"""Store names of the whole-model divergence, conflict, token, parity and circuit runs."""
+"""Store names of the whole-model conflict, token, parity and circuit runs."""
 PARITY_PAIRS = 8
 """Pairs `parity` runs on (the first ones, skipped pairs left out): a few forwards, not a sweep."""
 TOKEN_PAIRS = 12
@@ -64,15 +61,15 @@ def run_whole(model: RewardModel, pairs: Sequence[Pair], store: Store, plan: Pla
               natural: NaturalStates | None = None, transcoders: Transcoders | None = None) -> None:
     """The whole-model instruments the plan asks for, each stored once (skipped when already there).
 
-    Besides probes, concepts and SAE features: `plan.divergence` (read-position head noising scored
-    for out-of-distribution patched states, from 4 pairs on: its natural fit needs 8 sequences) and,
+    Besides probes, concepts and SAE features: `plan.divergence`'s scores of the pairs the per-pair stage did
+    not score (`audit._divergence.finish`: stored by an audit of another pair set) and,
     for a head with several outputs, the conflicts between its terms on the pairs (from 3 pairs on),
     `plan.tokens`: exact token attribution of the pairs `token_choice` picks from the stored lens, and
     `plan.circuit`: `audit_circuit` (a model whose edges cannot be ablated alone is left out, with a warning),
     and `plan.graph`: `audit_graphs` of the first shown pairs over `transcoders` (None: the MLPs' neurons).
     Pairs the store records as skipped (too long for memory) are left out of all of them. `decided`: the
-    run's decisions, whose token ids divergence reuses; `natural`: the read-position residuals `run_pairs`
-    kept, which divergence fits from instead of tracing those pairs again."""
+    run's decisions, whose token ids divergence reuses; `natural`: `run_pairs`' natural fit, which divergence
+    scores against when it covers the same pairs (else it fits again)."""
     every = list(pairs)
     units = PairUnits.of(every).units
     skipped = store.done(skipped_key(model), set(units))  # too long for memory: left out here as everywhere
@@ -133,15 +130,14 @@ def run_whole(model: RewardModel, pairs: Sequence[Pair], store: Store, plan: Pla
         (CIRCUIT, lambda: audit_circuit(model, pairs, plan.batch_size, progress), plan.circuit and bool(pairs)),
         (graph_name(transcoders), lambda: audit_graphs(model, every, shown, transcoders, plan.batch_size),
          plan.graph and bool(shown)),
-        (DIVERGENCE, lambda: audit_divergence(model, pairs, None if decided is None else decided.seqs_of(kept),
-                                              [units[i] for i in kept], natural or NaturalStates(), plan, progress),
-         plan.divergence and len(pairs) >= 4),
         (CONFLICT, lambda: conflict(model, pairs, batch_size=2 * plan.batch_size),
          model.head.n_objectives > 1 and len(pairs) >= 3 and not model.reads.multi),  # conflicts read one token
         (plan.probes_name(), probes, plan.probes),
         (lambda: plan.concepts_name(probes_record()), concepts_, plan.concepts),
         (sae_name(sae, plan), features, sae is not None),
     )
+    if plan.divergence and not model.reads.multi:  # the pairs the per-pair stage did not score (stored before)
+        finish(model, every, store, plan, decided, natural, progress)
     jobs = [(named, fn) for named, fn, wanted in whole if wanted]
     bar = progress_bar(len(jobs), "audit: whole-model instruments", progress)
     damaged = []
@@ -161,39 +157,6 @@ def run_whole(model: RewardModel, pairs: Sequence[Pair], store: Store, plan: Pla
     if damaged:
         warnings.warn(f"audit: {len(damaged)} damaged unit(s) in {store.path} were recomputed: "
                       f"{', '.join(f'{name} (unit all)' for name in damaged)}", RewardLensWarning, stacklevel=2)
-
-
-def audit_divergence(model: RewardModel, pairs: Sequence[Pair], seqs: Sequence[Tokenized] | None,
-                     units: Sequence[str], natural: NaturalStates, plan: Plan, progress: bool = False) -> Patching:
-    """`patch(model, pairs, level="head", divergence=True)`, to float precision, chunk by chunk where that pays:
-    on a causal decoder whose cache can be continued, the natural distribution is fitted once over every pair
-    (`NaturalStates.fit`: the residuals the per-pair traces kept, the other pairs traced), then each chunk of
-    `plan.chunk_size` pairs is traced once, recording the caches its read-position sweep continues (so the sweep
-    runs no clean forward of its own), and patched against that fit. Elsewhere (no caches to record), or when
-    more than half the pairs were not kept (a resumed store, a direct call without them: tracing them for the
-    fit and again per chunk costs more), the one call runs. `seqs`: the pairs' token ids, when the run has them
-    (`Decided.seqs_of`); `units`: the pairs' store units, by which `natural` keeps them."""
-    seqs = encode_pairs(model, pairs) if seqs is None else list(seqs)
-    if 2 * natural.missing(units) > len(units) or not continuable(model, seqs):
-        return patch(model, pairs, level="head", divergence=True, batch_size=plan.batch_size)
-    fit = natural.fit(model, seqs, units, plan.batch_size)
-    mode = patch_mode(model, pairs, seqs)  # one decision for every chunk, as one call over the pairs makes
-    bar = progress_bar(len(pairs), "audit: divergence", progress, unit="pair")
-    parts = []
-    for start in range(0, len(pairs), plan.chunk_size):
-        part = pairs[start:start + plan.chunk_size]
-        parts.append(_divergence_chunk(model, part, seqs[pair_span(start, start + len(part))], fit, mode, plan))
-        bar.update(len(part))
-    bar.close()
-    return Patching.joined(parts, pairs)
-
-
-def _divergence_chunk(model: RewardModel, part: Sequence[Pair], seqs: list[Tokenized], fit: NaturalFit, mode: Mode,
-                      plan: Plan) -> Patching:
-    """One chunk patched against `fit` from its own trace's caches (the recording freed on return)."""
-    traced = trace_pairs(model, part, level="head", batch_size=plan.batch_size, seqs=seqs, record=mode)
-    return patch(model, part, mode=mode, level="head", divergence=True, natural=fit, clean=traced.clean,
-                 batch_size=plan.batch_size)
 
 
 def audit_circuit(model: RewardModel, pairs: Sequence[Pair], batch_size: int, progress: bool = False

@@ -13,12 +13,10 @@ import contextlib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from ..data import Pair
 from ..errors import RunLockedError, UsageError
 from ..model import RewardModel
-from ..model.internal import continuable
 from ..sae import TopKSAE, Transcoders
 from ._graph import check_graph
 from ._keys import checksum
@@ -118,8 +116,8 @@ def _locks(folders: Mapping[Path, str], rank: int, world_size: int) -> Iterator[
 
 def _sharded(model: RewardModel, pairs: Sequence[Pair], main: Store, path: Path, plan: Plan, rank: int,
              world_size: int, progress: bool, decided: Decided, natural: NaturalStates | None) -> bool:
-    """This rank's chunks into its shard (`natural` keeps their read-position residuals, gathered on rank 0);
-    then rank 0 merges every shard into `main`. True on rank 0."""
+    """This rank's chunks into its shard (`natural`: the run's natural fit, which every rank makes from every
+    rank's traces); then rank 0 merges every shard into `main`. True on rank 0."""
     import torch.distributed as dist
 
     shard = Store(shard_path(path, rank))
@@ -129,27 +127,10 @@ def _sharded(model: RewardModel, pairs: Sequence[Pair], main: Store, path: Path,
     finally:
         shard.close()
     dist.barrier()  # every shard is complete before rank 0 reads them
-    if natural is not None:  # rank 0 fits divergence over every pair: each rank hands over the residuals it kept
-        held: list[dict[str, Any] | None] | None = [None] * world_size if rank == 0 else None
-        dist.gather_object(natural.by_unit, held, dst=0)
-        for got in held or []:
-            natural.by_unit.update(got or {})
     if rank == 0:
         for r in range(world_size):
             main.merge(shard_path(path, r))
     return rank == 0
-
-
-def _rank0s(value: bool, world_size: int) -> bool:
-    """Rank 0's `value` on every rank of a sharded run: a decision every rank must share (each rank's own
-    low-precision proof calibration could differ on a borderline model, and a rank left out of a gather hangs)."""
-    if world_size == 1:
-        return value
-    import torch.distributed as dist
-
-    got = [value]
-    dist.broadcast_object_list(got, src=0)
-    return bool(got[0])
 
 
 def audit(model: RewardModel, pairs: Sequence[Pair], *, store: Store | str | Path | None = None,
@@ -191,10 +172,9 @@ def audit(model: RewardModel, pairs: Sequence[Pair], *, store: Store | str | Pat
         try:
             if decided is None:  # once for the run: every chunk, rank and read-back agrees
                 decided = Decided.of(model, pairs)
-            # The per-pair traces' read-position residuals, kept for divergence's natural fit (rank 0 gathers them)
-            # where its chunks can continue recorded caches; elsewhere divergence is one call and needs none.
-            keep = _rank0s(plan.divergence and continuable(model, decided.seqs), world_size)
-            natural = NaturalStates() if keep else None
+            # Divergence's natural fit, made by `run_pairs` before its chunks (each scores its own sweep) and
+            # handed to `run_whole`, which scores the pairs stored without scores.
+            natural = NaturalStates() if plan.divergence else None
             if world_size == 1:
                 run_pairs(model, pairs, db, plan, progress=progress, decided=decided, natural=natural)
             else:

@@ -114,11 +114,14 @@ class NaturalFit:
         return out.float()
 
 
-def natural_states(model: RewardModel, seqs: list[Tokenized], batch_size: int = 8) -> dict[TraceKey, Tensor]:
-    """Each layer's residual at the read position of `seqs` (any inputs): `TraceKey.resid(l)` → [N, d]."""
+def natural_states(model: RewardModel, seqs: list[Tokenized], batch_size: int = 8, *, is_pairs: bool = False
+                   ) -> dict[TraceKey, Tensor]:
+    """Each layer's residual at the read position of `seqs` (any inputs): `TraceKey.resid(l)` → [N, d].
+    `is_pairs`: `seqs` are pairs' sides, chosen and rejected interleaved, batched as a pair trace batches them
+    (an `OutOfMemoryError` then names pairs)."""
     from ._plan import Clean
 
-    return Clean.run(model, seqs, heads=False, batch_size=batch_size, is_pairs=False).captured
+    return Clean.run(model, seqs, heads=False, batch_size=batch_size, is_pairs=is_pairs).captured
 
 
 def scorer(model: RewardModel, clean: Clean, reference: list[Tokenized] | None, batch_size: int) -> NaturalFit:

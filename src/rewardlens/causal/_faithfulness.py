@@ -30,6 +30,7 @@ from ..plotting import HtmlView
 from ..stats import bootstrap_ci, rank_agreement, rowwise_spearman, summary_frame, top_parts
 from ..types import Mode, PatchLevel, Positions, Stored, Versus
 from ._attribution_patching import attribution_patch
+from ._divergence import NaturalFit
 from ._engine import sites
 from ._patching import Patching, patch
 from ._plan import Clean, encode_pairs
@@ -296,6 +297,31 @@ def faithfulness(
     `spec`: the mode and level as one `PatchSpec` instead of those keywords (the estimands are compared at the
     read token, so its positions must be 'read', its estimand 'total' and its ablation 'zero').
     """
+    return scored_faithfulness(model, pairs, None, level=level, mode=mode, n_boot=n_boot, seed=seed,
+                               batch_size=batch_size, seed_positions=seed_positions, paper=paper, traced=traced,
+                               progress=progress, spec=spec)[0]
+
+
+def scored_faithfulness(
+    model: RewardModel,
+    pairs: Sequence[Pair],
+    natural: NaturalFit | None,
+    *,
+    level: PatchLevel = "sublayer",
+    mode: Mode | None = None,
+    n_boot: int = 2000,
+    seed: int = 0,
+    batch_size: int = 8,
+    seed_positions: Positions | None = None,
+    paper: bool = False,
+    traced: Traced | None = None,
+    progress: bool = False,
+    spec: PatchSpec | None = None,
+) -> tuple[Faithfulness, Patching]:
+    """`faithfulness` (the same options), and the `Patching` behind its `total`. `natural`: a fit of the
+    natural read-position residuals (`NaturalFit`) the read-position sweep scores its patched runs against
+    (`patch(divergence=True, natural=...)`), so the total's `Patching` carries divergence scores: how the audit
+    scores the sweep faithfulness ran instead of patching the same heads again. None: no scores."""
     with counting("faithfulness", progress):
         if spec is not None:
             spec = spec_of(spec, mode=mode, level=level)
@@ -329,7 +355,7 @@ def faithfulness(
         stage("attribution patching")
         atp = attribution_patch(model, pairs, spec=spec, batch_size=batch_size, clean=clean)
         stage("read-position sweep")
-        total, seed_patch = _total_and_seed(model, pairs, spec, seeds, batch_size, clean)
+        total, seed_patch = _total_and_seed(model, pairs, spec, seeds, batch_size, clean, natural)
         direct = patch(model, pairs, spec=replace(spec, estimand="direct"), batch_size=batch_size, clean=clean)
         index = [att.names.index(n) for n in total.names]
         paper_att = paper_effect = None
@@ -349,7 +375,7 @@ def faithfulness(
             seed_mode=_seeds_in(model, mode),
             paper_attribution=paper_att, paper_effect=paper_effect,
             provenance={name: run.provenance for name, run in runs.items() if run.provenance is not None},
-        )
+        ), total
 
 
 def _seeds_in(model: RewardModel, mode: Mode) -> Mode:
@@ -359,17 +385,19 @@ def _seeds_in(model: RewardModel, mode: Mode) -> Mode:
 
 
 def _total_and_seed(model: RewardModel, pairs: Sequence[Pair], spec: PatchSpec, seed: PatchSpec, batch_size: int,
-                    clean: Clean) -> tuple[Patching, Patching]:
+                    clean: Clean, natural: NaturalFit | None = None) -> tuple[Patching, Patching]:
     """The total read-position effects at `level` and the sublayer noising effects behind the seed
     statistic. Both at the read position in noising mode: one sweep over the union of the two
     levels' sites (they share the embeddings and MLPs; the attention sublayers join the heads). A
     reward read at a set of positions seeds in the run's mode: ablation is asked for it exactly when
-    its pairs have no read-to-read map for noising (`patch_mode`)."""
+    its pairs have no read-to-read map for noising (`patch_mode`). `natural`: the total's patched runs are
+    scored against it (divergence)."""
+    scored = {"divergence": True, "natural": natural} if natural is not None else {}
     if seed.positions != "read" or spec.mode != seed.mode:
-        total = patch(model, pairs, spec=spec, batch_size=batch_size, clean=clean)
+        total = patch(model, pairs, spec=spec, batch_size=batch_size, clean=clean, **scored)
         return total, patch(model, pairs, spec=seed, batch_size=batch_size, clean=clean)
     fine, coarse = sites(model, spec.level), sites(model, "sublayer")
     have = set(fine)
     union = fine + [site for site in coarse if site not in have]
-    both = patch(model, pairs, spec=spec, batch_size=batch_size, clean=clean, sweep=union)
+    both = patch(model, pairs, spec=spec, batch_size=batch_size, clean=clean, sweep=union, **scored)
     return both.select([s.name for s in fine], spec.level), both.select([s.name for s in coarse], "sublayer")

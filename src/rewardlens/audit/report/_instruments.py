@@ -56,14 +56,11 @@ def divergence(audit: Audit) -> dict[str, Any] | None:
     """Divergence flags for the patching effects the report shows (the top parts), and their reliability.
 
     The effects are the audit's own (`Faithfulness.total` over the counted pairs, as every table of parts);
-    the divergence run contributes which of those runs it flags, and `max_abs_difference_from_total` checks
-    that it scored the same patching."""
+    the divergence scores, of the same patched runs (the audit scores faithfulness's sweep), say which it flags."""
     d = audit.divergence
     if d is None or d.divergence is None:
         return None
     f, ok = audit.faithfulness, counted(audit).finite
-    shared = [n for n in f.names if n in d.names]
-    gap = np.abs(d.effect[:, [d.names.index(n) for n in shared]] - f.total[:, [f.names.index(n) for n in shared]])
     ranking = mean_abs(f.total[ok])  # the rows' order (`top_parts`), shown as a column
     mean = counted_mean(audit, f.total)
     parts = []
@@ -77,7 +74,7 @@ def divergence(audit: Audit) -> dict[str, Any] | None:
                       "mean_effect_in_distribution": float(effect[inside].mean()) if inside.any()
                       else float("nan")})
     return {"mode": d.mode, "positions": d.positions, "level": d.level, **d.reliability(),
-            "max_abs_difference_from_total": float(gap.max()) if gap.size else float("nan"), "parts": parts}
+            "parts": parts}
 
 
 def distortion(audit: Audit) -> dict[str, Any] | None:

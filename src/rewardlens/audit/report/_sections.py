@@ -127,9 +127,7 @@ def divergence(_a: Audit, s: AuditSummary) -> Html:  # RENDER's signature (calle
                "distribution, not as evidence about its normal computation.")
     facts = kv([("patched runs flagged", num(d["flagged_share"], 2)),
                 ("share of total |effect| from flagged runs", num(d["effect_share_flagged"], 2)),
-                ("flagged share among the ten largest parts", num(d["top_flagged_share"], 2)),
-                ("largest |effect − the audit's total effect|", f"{num(d['max_abs_difference_from_total'])} reward "
-                 "units (the same patching, scored)")])
+                ("flagged share among the ten largest parts", num(d["top_flagged_share"], 2))])
     rows, marks = [], []
     for p in d["parts"]:
         ood = p["flagged_runs"] > 0
