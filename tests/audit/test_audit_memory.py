@@ -54,3 +54,41 @@ def test_a_pair_that_fits_in_no_batch_is_skipped_recorded_and_named(tiny_root, t
     again = audit(model, pairs, store=tmp_path / "results.sqlite", plan=PLAN)
     assert again.skipped == res.skipped and again.pair_ids == res.pair_ids
     assert summary(again)["skipped"] == res.skipped  # numbers.json and the report's summary name it
+
+
+def test_a_pair_that_fits_in_no_batch_is_left_out_of_the_divergence_fit(tiny_root, monkeypatch):
+    """Divergence's natural fit is traced before the per-pair stage: a pair too long for memory fails in the
+    fit's forward first, is left out of the fit there, and is skipped by the per-pair stage as without
+    divergence; the others' scores are those of one `patch` call over them alone."""
+    import importlib
+
+    model = rl.load(str(tiny_root["llama"]))
+    pairs = _pairs()
+    width = max(len(s.ids) for s in model.encode(pairs[:4])[0])
+    natural = importlib.import_module("rewardlens.audit._natural")
+    failed, real = [], natural.natural_states
+
+    def states(m, seqs, b, **k):
+        if any(len(s.ids) > width for s in seqs):
+            failed.append(len(seqs))
+        return real(m, seqs, b, **k)
+
+    monkeypatch.setattr(natural, "natural_states", states)
+
+    def hook(module, args, kwargs):
+        if hidden_arg(args, kwargs).shape[1] > width:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (fake)")
+
+    handle = model.layers[0].register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            res = audit(model, pairs, plan=Plan(chunk_size=3, probes=False, concepts=False, tokens=False))
+    finally:
+        handle.remove()
+    assert failed, "the fit's forward met the long pair"
+    assert res.skipped == {"long": "out of accelerator memory at batch size 1"}
+    assert res.divergence is not None and res.divergence.pair_ids == ["p0", "p1", "p2", "p3"]
+    want = rl.patch(model, pairs[:4], level="head", divergence=True)
+    np.testing.assert_allclose(res.divergence.divergence, want.divergence, rtol=1e-4, atol=1e-5)
+    np.testing.assert_array_equal(res.divergence.effect, res.faithfulness.total)

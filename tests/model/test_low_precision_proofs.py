@@ -208,18 +208,20 @@ def test_the_real_smollm2_rm_in_bf16_gets_an_allowance_that_tells_one_position_o
 
 
 def test_in_bf16_a_granted_audit_patches_divergence_chunk_by_chunk_as_one_call_does(tiny_root, monkeypatch):
-    """The audit's divergence step chunks where the model's cache can be continued, which in bf16 is where the
-    proof is granted: each chunk traced once with its caches recorded, the scores those of one `patch` call
-    over every pair to bf16 precision."""
+    """The audit scores divergence on each chunk's faithfulness sweep, which continues the caches its trace
+    recorded where the model's cache can be continued (in bf16, where the proof is granted): each chunk traced
+    once, no second sweep, the scores those of one `patch` call over every pair to bf16 precision."""
     from rewardlens.audit import Plan, audit
 
-    whole = importlib.import_module("rewardlens.audit._whole")
-    chunks, trace = [], whole.trace_pairs
-    monkeypatch.setattr(whole, "trace_pairs", lambda m, p, **k: chunks.append(k.get("record")) or trace(m, p, **k))
+    runner = importlib.import_module("rewardlens.audit._runner")
+    chunks, trace = [], runner.trace_pairs
+    monkeypatch.setattr(runner, "trace_pairs", lambda m, p, **k: chunks.append(k.get("record")) or trace(m, p, **k))
+    alone = importlib.import_module("rewardlens.audit._divergence")
+    monkeypatch.setattr(alone, "trace_pairs", lambda *a, **k: pytest.fail("a pair was patched twice"))
     model = rl.load(str(tiny_root["qwen3"]), dtype=torch.bfloat16)
     pairs = [rl.Pair(p.prompt, p.chosen, p.rejected + f" {i}", id=f"p{i}") for i, p in enumerate(PAIRS * 2)][:6]
     got = audit(model, pairs, plan=Plan(chunk_size=3, probes=False, concepts=False, tokens=False)).divergence
-    assert chunks == ["noising", "noising"], chunks
+    assert chunks == ["noising", "noising", "noising"], chunks  # the first pair alone, then chunks of 3 and 2
     want = rl.patch(model, pairs, level="head", divergence=True)
     assert got.pair_ids == want.pair_ids
     np.testing.assert_allclose(got.patched_chosen, want.patched_chosen, rtol=2e-2, atol=2e-2 * np.abs(
