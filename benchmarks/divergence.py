@@ -12,10 +12,10 @@ the two results' numbers are apart (float precision).
     python benchmarks/divergence.py                                     # demo model, 40 pairs, 5 rounds
     python benchmarks/divergence.py --model smollm2-dpo --pairs 4 --rounds 3   # the real RM: ~4 min
 
-`--step` times the audit's divergence step instead, both on the cached engine: one `patch` call over every
-pair, which traces every side again to fit the natural distribution (before), against `audit_divergence`,
-which fits from the read-position residuals the per-pair traces kept (`NaturalStates`, filled outside the
-timing: the per-pair part pays for that trace) and patches chunk by chunk from each chunk's held caches.
+`--step` times what divergence adds to an audit instead, before and after the audit scored faithfulness's
+own sweep (issue 43): before, every chunk traced and patched a second time against the fit (`_divergence._alone`,
+what a stored pair without scores still gets); now, the fit's head-less trace of every pair, chunk by chunk
+(`NaturalStates.trace`), the sweep faithfulness runs anyway being scored in place (no second sweep).
 
     python benchmarks/divergence.py --model smollm2-dpo --pairs 8 --rounds 3 --step   # ~6 min
 """
@@ -32,10 +32,11 @@ import torch
 from whole_audit import load
 
 from rewardlens.audit import Plan
-from rewardlens.causal import Patching, patch, trace_pairs
+from rewardlens.causal import Patching, patch, patch_mode
+from rewardlens.causal.internal import encode_pairs
 from rewardlens.zoo.realmodels import NAMES
 
-WHOLE = importlib.import_module("rewardlens.audit._whole")
+DIV = importlib.import_module("rewardlens.audit._divergence")
 NATURAL = importlib.import_module("rewardlens.audit._natural")
 
 
@@ -47,22 +48,32 @@ def timed(model: Any, pairs: list[Any], cached: bool) -> tuple[float, Patching]:
 
 
 def step(model: Any, pairs: list[Any], rounds: int) -> None:
-    """The audit's divergence step: traced again (one call) against the fit handed by the per-pair traces."""
+    """What divergence adds to the audit: a second scored sweep per chunk (before) against the fit's trace (now)."""
     plan = Plan()
-    units = [str(i) for i in range(len(pairs))]  # any names: the kept residuals are looked up by them
-    kept = NATURAL.NaturalStates()
-    for start in range(0, len(pairs), plan.chunk_size):  # what the per-pair part's traces keep
-        part = pairs[start:start + plan.chunk_size]
-        kept.keep(model, units[start:start + plan.chunk_size], trace_pairs(model, part, level="head").clean.captured)
-    runs = []
+    units, seqs = [str(i) for i in range(len(pairs))], encode_pairs(model, pairs)
+    mode = patch_mode(model, pairs, seqs)
+    spans = [range(s, min(s + plan.chunk_size, len(pairs))) for s in range(0, len(pairs), plan.chunk_size)]
+
+    def fitted() -> Any:
+        states = NATURAL.NaturalStates()
+        for span in spans:
+            states.trace(model, seqs[2 * span.start: 2 * span.stop], units[span.start: span.stop], plan.batch_size)
+        return states.fit(model, seqs, units, plan.batch_size)
+
+    fit, times = fitted(), []
     for _ in range(rounds):
         start = time.perf_counter()
-        before = patch(model, pairs, level="head", divergence=True)
+        Patching.joined([DIV._alone(model, pairs[span.start: span.stop], seqs[2 * span.start: 2 * span.stop], fit,
+                                    mode, plan) for span in spans], pairs)
         t_before = time.perf_counter() - start
         start = time.perf_counter()
-        after = WHOLE.audit_divergence(model, pairs, None, units, kept, plan)
-        runs.append((t_before, time.perf_counter() - start, before, after))
-    report(runs, ("traced again (one call)", "fit handed, chunked", "before / after"))
+        fitted()
+        times.append((t_before, time.perf_counter() - start))
+    before, after = np.array(times).T
+    r = before / after
+    print(f"{'second scored sweep':<26}{np.median(before):8.2f} s")
+    print(f"{'the fit only':<26}{np.median(after):8.2f} s")
+    print(f"before / after {np.median(r):6.2f}x [{r.min():.2f}, {r.max():.2f}]")
 
 
 def report(runs: list[tuple[float, float, Patching, Patching]], names: tuple[str, str, str]) -> None:

@@ -55,8 +55,8 @@ class Plan:
     """Crystallization threshold the report uses."""
     divergence: bool = True
     """Score the read-position head patching of every pair for out-of-distribution patched states
-    (one more head-level sweep over all pairs, chunk by chunk; the natural fit takes the read-position
-    residuals the per-pair traces kept; needs 4 pairs)."""
+    (faithfulness's own sweep, scored against a natural fit over every pair made before the chunks: one
+    head-less forward of every pair; needs 4 pairs)."""
     tokens: bool = True
     """Exact token attribution of the pairs the report shows (at most 12, by |margin|): two more
     forwards of those pairs, whatever the number of pairs."""
