@@ -177,9 +177,9 @@ def stored_divergence(model: RewardModel, pairs: Sequence[Pair], store: Store, i
     if len(keep) < MIN_PAIRS or meta is None or any(units[i] not in got for i in keep):
         return None
     records = [got[units[i]] for i in keep]
-    provenance = records[0].get("provenance")  # as `Patching.joined`: the first chunk's engine
-    return Patching(**{f: np.concatenate([r[f] for r in records]) for f in STORED.per_pair}, **meta,
-                    pair_ids=ids, provenance=provenance)
+    fields: dict[str, Any] = {f: np.concatenate([r[f] for r in records]) for f in STORED.per_pair}
+    fields["provenance"] = records[0].get("provenance")  # as `Patching.joined`: the first chunk's engine
+    return Patching(**fields, **meta, pair_ids=ids)
 
 
 def _agreed(value: Any, world_size: int) -> Any:

@@ -392,12 +392,13 @@ def _total_and_seed(model: RewardModel, pairs: Sequence[Pair], spec: PatchSpec, 
     reward read at a set of positions seeds in the run's mode: ablation is asked for it exactly when
     its pairs have no read-to-read map for noising (`patch_mode`). `natural`: the total's patched runs are
     scored against it (divergence)."""
-    scored = {"divergence": True, "natural": natural} if natural is not None else {}
+    scored = natural is not None
     if seed.positions != "read" or spec.mode != seed.mode:
-        total = patch(model, pairs, spec=spec, batch_size=batch_size, clean=clean, **scored)
+        total = patch(model, pairs, spec=spec, batch_size=batch_size, clean=clean, divergence=scored, natural=natural)
         return total, patch(model, pairs, spec=seed, batch_size=batch_size, clean=clean)
     fine, coarse = sites(model, spec.level), sites(model, "sublayer")
     have = set(fine)
     union = fine + [site for site in coarse if site not in have]
-    both = patch(model, pairs, spec=spec, batch_size=batch_size, clean=clean, sweep=union, **scored)
+    both = patch(model, pairs, spec=spec, batch_size=batch_size, clean=clean, sweep=union, divergence=scored,
+                 natural=natural)
     return both.select([s.name for s in fine], spec.level), both.select([s.name for s in coarse], "sublayer")
