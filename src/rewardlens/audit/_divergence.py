@@ -71,6 +71,8 @@ class Scoring:
         rank c mod `world_size`), the pairs `done` (stored) apart from the others, so the batches of the pairs
         the per-pair stage computes are its traces' own; under torchrun every rank gathers every rank's. A pair
         too long for memory is left out of the fit (the per-pair stage records it as skipped)."""
+        if world_size > 1 and not _grouped():  # one rank's chunks by hand: no fit over every pair to share, so
+            return None  # its chunks are stored unscored and `finish` scores them once every pair is stored
         units = PairUnits.of(pairs)
         keep = _agreed(kept(model, pairs, stores), world_size)  # rank 0's view: one fit on every rank
         key = divergence_key(model, [pairs[i] for i in keep])
@@ -191,3 +193,10 @@ def _agreed(value: Any, world_size: int) -> Any:
     got = [value]
     dist.broadcast_object_list(got, src=0)
     return got[0]
+
+
+def _grouped() -> bool:
+    """Whether a torch.distributed process group is up (the ranks of a torchrun audit share the fit through it)."""
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
