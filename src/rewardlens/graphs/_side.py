@@ -21,7 +21,7 @@ from ..model import Part, RewardModel, TraceKey
 from ..model.internal import Batch
 from ._frozen import Frozen
 from ._graph import KINDS, AttributionGraph, Nodes
-from ._influence import influence, normalise
+from ._influence import influence
 from ._rows import Rows, Target
 
 
@@ -69,40 +69,46 @@ def _select(rows: Rows, cap: int, batch_size: int) -> tuple[Tensor, list[int]]:
     Each estimate fixes the next window of features to visit (the most influential, enough to double the
     visited set); the window is computed in batches sorted by layer, so a batch's backward pass stops at its
     highest target's layer, and its rows are put back in influence order (the estimates see the same matrix)."""
-    computed = [rows([Target(-1)])]
+    goal = min(cap, rows.n_features)
+    first = rows([Target(-1)])
+    matrix = first.new_empty(goal + 1, rows.n_columns)  # filled window by window: no copy of the rows so far
+    matrix[0] = first[0]
     row_cols = [rows.n_columns]
     visited = torch.zeros(rows.n_features, dtype=torch.bool)
-    goal = min(cap, rows.n_features)
     while len(row_cols) - 1 < goal:
         done = len(row_cols) - 1
-        matrix = torch.cat(computed)
-        padded = torch.cat([normalise(matrix), matrix.new_zeros(len(matrix), 1)], 1)
-        weights = matrix.new_zeros(rows.n_columns + 1)
-        weights[-1] = 1.0
-        estimate = influence(padded, torch.tensor(row_cols), weights)[: rows.n_features].cpu()
+        estimate = _estimate(matrix[: done + 1], row_cols)[: rows.n_features].cpu()
         estimate[visited] = -1.0
         order = estimate.argsort(descending=True)
         update_at = max(2 * done, batch_size)
         span = -(-(update_at - done) // batch_size) * batch_size  # whole batches up to the next estimate
         window = [int(c) for c in order[: min(span, goal - done, int((~visited).sum()))]]
-        computed.append(_window_rows(rows, window, batch_size))
+        _window_rows(rows, window, batch_size, matrix[done + 1: done + 1 + len(window)])
         row_cols += window
         visited[window] = True
-    return torch.cat(computed), row_cols
+    return matrix, row_cols
 
 
-def _window_rows(rows: Rows, window: list[int], batch_size: int) -> Tensor:
-    """The rows of feature columns `window`, in that order, computed in batches of columns sorted by layer."""
+def _estimate(matrix: Tensor, row_cols: list[int]) -> Tensor:
+    """Each column's influence on the reward through the rows so far (`influence` on the normalised rows, with a
+    zero column for the reward), built in one buffer: the rows are held once more, not three times."""
+    n = matrix.shape[1]
+    padded = matrix.new_empty(len(matrix), n + 1)
+    torch.abs(matrix, out=padded[:, :n])
+    padded[:, n] = 0.0
+    padded[:, :n] /= padded[:, :n].sum(1, keepdim=True).clamp_min(1e-10)  # normalise(), in place
+    weights = matrix.new_zeros(n + 1)
+    weights[-1] = 1.0
+    return influence(padded, torch.tensor(row_cols), weights)
+
+
+def _window_rows(rows: Rows, window: list[int], batch_size: int, out: Tensor) -> None:
+    """Write into `out` the rows of feature columns `window`, in that order, computed in batches of columns
+    sorted by layer."""
     by_layer = sorted(range(len(window)), key=lambda i: window[i])  # columns are layer-major
-    out: Tensor | None = None
     for start in range(0, len(by_layer), batch_size):
         part = by_layer[start: start + batch_size]
-        got = rows([rows.feature_of(window[i]) for i in part])
-        if out is None:
-            out = got.new_empty(len(window), got.shape[1])
-        out[torch.tensor(part, device=got.device)] = got
-    assert out is not None
-    return out
+        out[torch.tensor(part, device=out.device)] = rows([rows.feature_of(window[i]) for i in part])
 
 
 def _assemble(model: RewardModel, batch: Batch, rows: Rows, matrix: Tensor, row_cols: list[int],
@@ -117,7 +123,8 @@ def _assemble(model: RewardModel, batch: Batch, rows: Rows, matrix: Tensor, row_
         layer_of = torch.repeat_interleave(torch.arange(len(rows.counts)), torch.tensor(rows.counts))
         pos_of = torch.cat([basis.active[layer].pos.cpu() for layer in rows.layers])
         spot = (layer_of * rows.length + pos_of)[cols].to(errors.device)
-        errors.index_add_(1, spot, matrix[:, cols.to(matrix.device)])
+        for chunk in torch.arange(len(cols)).split(4096):  # a few columns at a time: no copy of the whole block
+            errors.index_add_(1, spot[chunk.to(spot.device)], matrix[:, cols[chunk].to(matrix.device)])
     keep_errors = basis.has_errors() or bool(dropped.any())
     blocks = [matrix[:, chosen], *([errors] if keep_errors else []), matrix[:, n_feat + rows.n_errors:]]
     adjacency = torch.cat([*blocks, matrix.new_zeros(len(matrix), 1)], 1)
