@@ -33,6 +33,7 @@ torch.set_num_threads(1)
 sys.path.insert(0, {str(REPO)!r})
 import rewardlens as rl
 from rewardlens.audit import Audit
+from rewardlens.audit._graph import audit_graphs
 from rewardlens.graphs import graph
 from rewardlens.loop import Recipe, verify_edit
 from rewardlens.zoo import build_tokenizer
@@ -54,6 +55,7 @@ results["Audit"] = Audit(model=repr(model), fingerprint="fp", data_checksum="sum
 transcoders = random_transcoders(model)
 paired = graph(model, SHORT, transcoders, max_nodes=40, batch_size=16)[0]
 results["AttributionGraph"], results["PairGraph"] = paired.margin, paired
+results["AuditGraphs"] = audit_graphs(model, pairs, [0, 1], None, 4)  # the audit's graph section, by neurons
 feature = next(n for n, k in zip(paired.chosen.nodes.names, paired.chosen.nodes.kind) if k == 0)
 results["InterventionCheck"] = paired.chosen.intervene(model, transcoders, {{feature: "ablate"}})
 results["ClosedLoop"] = verify_edit(("list",), seeds=(0, 1), recipe=Recipe(grpo_steps=5))
@@ -158,7 +160,7 @@ def executed(tmp_path_factory):
              "EditReport", "Edit", "Probes", "Distortion", "Cascades", "FeatureAttribution", "FeatureReport",
              "TrainResult", "Comparison", "Trajectory", "PolicyRun", "Bench", "BenchComparison", "PathPatching",
              "Circuit", "Edges", "Steps", "Scorecard", "Parity", "FeaturePatch", "FeatureSteer", "FeatureCards",
-             "ClosedLoop", "AttributionGraph", "PairGraph", "InterventionCheck",
+             "ClosedLoop", "AttributionGraph", "PairGraph", "InterventionCheck", "AuditGraphs",
              "Pair", "RewardModel", "Audit"]
     for name in names:  # the cell's last expression is the result: Jupyter displays it by its _repr_html_
         nb.cells.append(nbformat.v4.new_code_cell(f"# {name}\nresults[{name!r}]"))

@@ -15,6 +15,7 @@ import pytest
 from matplotlib.figure import Figure
 
 import rewardlens as rl
+from rewardlens.audit._graph import audit_graphs
 from rewardlens.bench import bench
 from rewardlens.hacking import edit_report
 from rewardlens.monitor import METRICS, PolicyRecord, PolicyRun, Snapshot, Trajectory
@@ -144,6 +145,7 @@ def results(model, pairs, organisms, small_loop):
         "FeatureCards": (report.cards, (1, 1), {}),
         "ClosedLoop": (small_loop, (1, 1), {}),
         "AttributionGraph": (rl.graph(model, pairs[:1], basis="neurons", max_nodes=32)[0].margin, (1, 1), {}),
+        "AuditGraphs": (audit_graphs(model, pairs, [0], None, 4), (1, 1), {}),
     }
 
 

@@ -20,10 +20,13 @@ import numpy as np
 
 from ..errors import RewardLensError, RewardLensWarning, UsageError
 from ..graphs import AttributionGraph, Nodes, feature_contexts, graph, node_feature
+from ..plotting import HtmlView
 from ._keys import checksum, schema_version
 
 if TYPE_CHECKING:
     import pandas as pd
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
     from torch import Tensor
 
     from ..data import Pair
@@ -52,7 +55,7 @@ are given: every neuron is active at every token, so the graph's columns grow wi
 
 
 @dataclass(frozen=True)
-class AuditGraphs:
+class AuditGraphs(HtmlView):
     """The margin graphs of the audit's first `GRAPH_PAIRS` shown pairs, as numbers each graph computed of itself.
 
     `rows` holds one dict per pair (in `pairs` order): `margin`, `chosen`, `rejected` (reward units), `nodes`,
@@ -84,6 +87,10 @@ class AuditGraphs:
                                 rows=np.asarray(g["rows"]), tokens=list(g["tokens"]), label=str(g["label"]),
                                 basis=str(g["basis"]), n_layers=int(g["n_layers"]), read_at=int(g["read_at"]),
                                 dropped=int(g["dropped"]), meta=dict(g["meta"]))
+
+    def plot(self, k: int = 0, *, max_nodes: int = 60, ax: Axes | None = None) -> Figure:
+        """The k-th graphed pair's pruned margin graph, as its page shows it (`AttributionGraph.plot`)."""
+        return self.page_graph(k).plot(max_nodes=max_nodes, ax=ax)
 
     def to_dict(self) -> dict[str, Any]:
         """The numbers the report shows (JSON-ready but for NaN): basis, fidelity, and each pair's row."""
