@@ -89,13 +89,13 @@ class _PatternTimesValue(torch.autograd.Function):
     """`P v` (or the kernel's own output `ref`, when given: the first run) with backward `Pᵀ g`."""
 
     @staticmethod
-    def forward(ctx: Any, value: Tensor, pattern: Tensor, ref: Tensor | None) -> Tensor:  # type: ignore[override]
+    def forward(ctx: Any, value: Tensor, pattern: Tensor, ref: Tensor | None) -> Tensor:
         ctx.pattern = pattern
         ctx.shape = value.shape
         return ref.clone() if ref is not None else _times(pattern, value)
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:  # type: ignore[override]
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
         pattern: Tensor = ctx.pattern
         kv_heads, n_rep, t_q, t_kv = pattern.shape
         batch, dim = ctx.shape[0], ctx.shape[-1]
