@@ -189,6 +189,30 @@ def test_pairs_score_as_load_pairs_reads_them_and_the_monitor_rolls_by_step(demo
     assert "://" not in page.replace("http://www.w3.org/2000/svg", "") and "src=" not in page and "href" not in page
 
 
+def test_alarms_answer_after_the_monitor_recorded_every_step_already_closed(demo, samples, tmp_path, monkeypatch):
+    """The monitor records on its own thread: with each record slowed to 0.5 s, `/alarms` asked right after step 1's
+    first sample (which closes step 0) must still hold step 0 — it waits for the record, it does not race it."""
+    import time
+
+    from rewardlens.monitor import PolicyMonitor
+
+    slow = PolicyMonitor.observe_read
+
+    def observe_read(self, *args, **kwargs):
+        time.sleep(0.5)
+        return slow(self, *args, **kwargs)
+
+    monkeypatch.setattr(PolicyMonitor, "observe_read", observe_read)
+    with threaded(demo, tmp_path) as (port, _):
+        for step, chunk in enumerate((samples[0:4], samples[4:8])):
+            post(port, "/score", {"records": [{"prompt": p, "response": r} for p, r in chunk], "step": step})
+        status, alarms = get(port, "/alarms")
+        data = json.loads(get(port, "/dashboard.json")[1])
+    answer = json.loads(alarms)
+    assert status == 200 and [r["step"] for r in answer["records"]] == [0] and answer["backlog"] == 0, answer
+    assert [r["step"] for r in data["records"]] == [0] and data["backlog"] == 0
+
+
 def test_a_process_reward_model_is_served_with_model_score_exactly_and_refuses_the_monitor(tmp_path):
     """A PRM reads every step of a sequence: the server scores it as `model.score` does (the one-read loop does
     not apply), and refuses a monitor that splits one read a sequence."""

@@ -156,14 +156,20 @@ def _status_routes(app: "FastAPI", batcher: Batcher, monitor: "PolicyMonitor | N
         return PlainTextResponse(metrics.text(batcher.depth, batcher.in_flight),
                                  media_type="text/plain; version=0.0.4; charset=utf-8")
 
+    async def settled() -> dict[str, Any]:
+        """`alarm_state` once every step already closed is recorded (off the event loop: the monitor's thread
+        may be mid-record), with the backlog still recording if that took past the roller's timeout."""
+        backlog = 0 if batcher.roller is None else await asyncio.to_thread(batcher.roller.settle)
+        return {**alarm_state(monitor), "backlog": backlog}
+
     @app.get("/alarms")
     async def alarms() -> Response:
-        return JSONResponse(alarm_state(monitor))
+        return JSONResponse(await settled())
 
     @app.get("/dashboard.json")
     async def dashboard_data() -> Response:
         mean, sd = metrics.reward_stats()
-        return JSONResponse({**alarm_state(monitor), "reward_mean": json_number(mean), "reward_sd": json_number(sd),
+        return JSONResponse({**await settled(), "reward_mean": json_number(mean), "reward_sd": json_number(sd),
                              "queue": batcher.depth, "sequences": metrics.sequences})
 
     @app.get("/")

@@ -3,8 +3,8 @@ budget, so N callers at once cost about one batched forward, not N.
 
 The worker takes queued requests in arrival order while their tokens fit `max_batch_tokens` (a request
 bigger than the budget goes alone), reads them in one `RewardModel.read` (length-sorted forwards of
-`batch_size` rows), appends every request's rewards to the request log and syncs it, and only then answers
-the callers; the monitored samples then go to the policy monitor (`Roller`, which records on its own thread). A full
+`batch_size` rows), appends every request's rewards to the request log and syncs it, hands the monitored
+samples to the policy monitor (`Roller`, which records on its own thread), and only then answers the callers. A full
 queue refuses at once (503); a request whose caller has gone is dropped unscored.
 """
 
@@ -207,14 +207,14 @@ class Batcher:
             self.log.append([Logged(p.id, p.job.step, now, p.endpoint,
                                     tuple(v if v == v and abs(v) != float("inf") else None for v in values[a:b]))
                              for p, (a, b) in zip(batch, spans)])
-        for p, (a, b) in zip(batch, spans):
-            p.answer(values[a:b])
-        if monitored and reading is not None:
-            readout = reading.readout
+        if monitored and reading is not None:  # fed before anyone is answered: an answered sample is in the monitor's
+            readout = reading.readout          # batch, so `/alarms` asked after a later step's answer holds this step
             assert readout is not None  # asked for
             for p, (a, b) in zip(batch, spans):
                 if p.job.monitored:
                     self._guard(partial(self._feed, p, reading.reward[a:b], reading.hidden[a:b], readout[a:b]))
+        for p, (a, b) in zip(batch, spans):
+            p.answer(values[a:b])
 
     def _feed(self, p: Pending, reward: Any, hidden: Any, readout: Any) -> None:
         assert self.roller is not None

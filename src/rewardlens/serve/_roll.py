@@ -97,6 +97,19 @@ class Roller:
             while (self._due or self._busy) and self._thread.is_alive():
                 self._cond.wait(timeout=0.5)
 
+    def settle(self, timeout: float = 30.0) -> int:
+        """Wait, up to `timeout` seconds, until every batch already rolled is recorded (batches still gathering
+        are left alone); return the backlog left (0 once settled). `/alarms` and the dashboard answer after it,
+        so a step that a later step's sample closed is in their answer, not still on the monitor's thread."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while (self._due or self._busy) and self._thread.is_alive():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._cond.wait(timeout=left)
+            return len(self._due) + self._busy
+
     def stop(self) -> None:
         """`flush`, then end the monitor thread."""
         self.flush()
