@@ -5,11 +5,17 @@ cut to `--length` tokens a side (the response repeated, then cut at a token boun
 unpadded plain forward of both sides (no hooks). The graph is `rewardlens.graphs.graph` on the pair (both
 sides' graphs and the margin graph) with transcoders of E1's trained shape (the cached set under `--transcoders`
 if given; else random ones with `--d-sae` features and TopK `--k`: the cost depends on the active set's size, not
-on what the features mean). Timed in `--rounds` interleaved rounds (forward, graph, forward, graph ...), each
-ratio within its round, reported as median [min, max]; then how the cost grows with the length and the node cap
-(one round each), and the peak memory of one graph above what was held before it (CPU: peak RSS; CUDA: allocated).
+on what the features mean). Timed in `--rounds` interleaved rounds (forward, graph, forward, graph ...; the
+forward the median of three), each ratio within its round, reported as median [min, max]; the last round also
+reads the peak memory of its graph above what was held before it (CPU: peak RSS with glibc mapping every block
+over 64 KiB on its own, so RSS follows live memory, `decompose.cpu_memory_mode`; CUDA: allocated). Then how the
+cost grows with the length and the node cap (one round each).
+
+The default (300 tokens a side, cap 4096) peaks near 13 GB on CPU (docs/graphs.md, "What a graph costs"): on a
+small shared machine pass `--max-nodes 1024` (9.6 GB) and read the cost per 32 targets off `--caps`.
 
     python benchmarks/graph.py                                  # CPU: 300 tokens a side, the default cap 4096
+    python benchmarks/graph.py --length 300 --max-nodes 1024 --rounds 1 --caps 256
     python benchmarks/graph.py --length 100 --max-nodes 256 --lengths 50,100 --caps 64,256 --rounds 2
     python benchmarks/graph.py --device cuda
 """
@@ -19,6 +25,7 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -77,6 +84,7 @@ def main() -> None:
     ap.add_argument("--device", default="cpu")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    torch.manual_seed(0)  # the random transcoders' decoders: the same active sets from run to run
     reset = cpu_memory_mode() if args.device == "cpu" else None
     model = load_reward_model("smollm2-dpo", device_map=args.device) if args.device != "cpu" else \
         load_reward_model("smollm2-dpo")
@@ -87,12 +95,20 @@ def main() -> None:
           f"batch={args.batch_size}, threads={args.threads}, device={args.device}")
     forward = plain_forward(model, [pair])
     forward()
-    ratios, last = [], None
+    ratios, last, peak = [], None, 0
+    timed: dict[str, Any] = {}
     for r in range(args.rounds):
-        f = seconds(forward)
-        t0 = time.perf_counter()
-        last = graph(model, pair, tcs, max_nodes=args.max_nodes, batch_size=args.batch_size)[0]
-        g = time.perf_counter() - t0
+        f = float(np.median([seconds(forward) for _ in range(3)]))
+
+        def one() -> None:
+            t0 = time.perf_counter()
+            timed["graph"] = graph(model, pair, tcs, max_nodes=args.max_nodes, batch_size=args.batch_size)[0]
+            timed["seconds"] = time.perf_counter() - t0
+        if r == args.rounds - 1:
+            peak = peak_bytes(one, torch.device(args.device), reset)
+        else:
+            one()
+        last, g = timed["graph"], timed["seconds"]
         ratios.append(g / f)
         print(f"round {r}: forward {f:.3f}s, margin graph {g:.1f}s, ratio {g / f:.0f}x")
     print(f"margin graph / plain forward: median {np.median(ratios):.0f}x [{min(ratios):.0f}, {max(ratios):.0f}] "
@@ -111,9 +127,7 @@ def main() -> None:
         f, g = seconds(forward), seconds(lambda cap=cap: graph(model, pair, tcs, max_nodes=cap,
                                                                batch_size=args.batch_size))
         print(f"cap {cap}: {g:.1f}s, {g / f:.0f}x a forward")
-    peak = peak_bytes(lambda: graph(model, pair, tcs, max_nodes=args.max_nodes, batch_size=args.batch_size),
-                      torch.device(args.device), reset)
-    print(f"peak memory of one margin graph above the weights: {peak / 2**20:.0f} MiB")
+    print(f"peak memory of the last round's margin graph above what was held before it: {peak / 2**20:.0f} MiB")
 
 
 if __name__ == "__main__":
