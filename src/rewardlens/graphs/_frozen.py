@@ -39,6 +39,7 @@ from ..errors import ArchitectureError
 from ..model import RewardModel
 from ..model.internal import Batch, eval_mode, first_output, get_module, hidden_arg
 from ._norm_freeze import NormFreezer
+from ._pattern import Patterns
 
 Output = Tensor | tuple[Any, ...] | list[Any]
 
@@ -85,6 +86,10 @@ class Frozen:
         self.qk: dict[tuple[int, int], tuple[Tensor, Tensor]] = {}
         self.projected: dict[tuple[int, int], Tensor] = {}
         """Attention outside `AttentionInterface`: each query/key projection call's first-run output [1, ...]."""
+        self.patterns = Patterns()
+        """Attention through `AttentionInterface`: each call's pattern as a matrix, read on the first run."""
+        self._rows: dict[int, int] = {}
+        """Per query/key projection module, the rows of the call under way (its input is cut to one row)."""
         self.embed0: Tensor | None = None
         self.first = True
         self._calls: dict[int, int] = {}
@@ -110,7 +115,10 @@ class Frozen:
             if not by_projection(model):  # else the query/key projections' hooks (`_hooks`) freeze the pattern
                 stack.enter_context(self._attention())
             stack.enter_context(_hooked(self._hooks(run, zero)))
-            model.backbone(**model.batch_kwargs(batch))
+            # the weights detached: autograd then keeps no layer's input for a weight gradient nobody asks for
+            # (only the source leaves' are); the user's parameters are swapped back on return, untouched
+            weights = {name: p.detach() for name, p in model.backbone.named_parameters()}
+            torch.func.functional_call(model.backbone, weights, args=(), kwargs=model.batch_kwargs(batch))
         if self.first and by_projection(model) and not self.projected:
             raise ArchitectureError(
                 f"{model.arch.name!r} never called its query/key projections ({model.arch.attn_q!r}, "
@@ -124,12 +132,12 @@ class Frozen:
             self._embed, run, zero))]
         for module in self.norms.modules:
             hooks.append((module, "post", functools.partial(self._norm, module)))
-        if by_projection(model):
-            arch = model.arch
-            assert arch.attn_q is not None and arch.attn_k is not None  # check_model
+        arch = model.arch
+        if arch.attn_q is not None and arch.attn_k is not None:  # always so by_projection (check_model)
             for layer in range(model.n_layers):
                 for path in (arch.attn_q, arch.attn_k):
                     module = layer_module(model, layer, path)
+                    hooks.append((module, "pre", functools.partial(self._one_row, module)))
                     hooks.append((module, "post", functools.partial(self._projection, module)))
         hooks += self.basis.hooks(run, zero)
         final = model.final_point(self.batch.read_at)
@@ -161,14 +169,28 @@ class Frozen:
         key = self._call(module)
         return self.norms.frozen(module, key, x, first_output(out), self.first)
 
+    def _one_row(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor | None:
+        """A query or key projection computes the first row only, detached (`_projection` expands it back): every
+        row is the same sequence, and the pattern is frozen, so no gradient flows through queries or keys."""
+        x = hidden_arg(args, kwargs)
+        if x.dim() < 3:  # not a hidden state [batch, T, d] (as `_norm`)
+            return None
+        self._rows[id(module)] = x.shape[0]
+        return x.detach()[:1]
+
     def _projection(self, module: nn.Module, _args: tuple[Any, ...], _kwargs: dict[str, Any], out: Output
                     ) -> Tensor:
-        """A query or key projection's output, each call replaced by the first run's (detached, expanded to this
-        call's rows): the scores built from it, and the softmax over them, are constants."""
-        key, y = self._call(module), first_output(out)
-        if self.first:
-            self.projected[key] = y.detach()[:1]
-        return self.projected[key].expand_as(y)
+        """A query or key projection's output, computed on one row, expanded to the call's rows. Attention outside
+        `AttentionInterface`: each call replaced by the first run's (detached), so the scores built from it, and
+        the softmax over them, are constants (through the interface, `_attention` freezes them)."""
+        y = first_output(out)
+        rows = self._rows.pop(id(module), y.shape[0])
+        if by_projection(self.model):
+            key = self._call(module)
+            if self.first:
+                self.projected[key] = y.detach()[:1]
+            y = self.projected[key]
+        return y.expand(rows, *y.shape[1:])
 
     @contextlib.contextmanager
     def _attention(self) -> Iterator[None]:
@@ -177,11 +199,8 @@ class Frozen:
         (graphs/_pattern.py: the backward is then `Pᵀ g` alone)."""
         from transformers.modeling_utils import AttentionInterface
 
-        from ._pattern import Patterns
-
         original = AttentionInterface.get_interface
-        frozen = self
-        patterns = self.__dict__.setdefault("patterns", Patterns())  # kept across runs (__init__ is not ours)
+        frozen, patterns = self, self.patterns
 
         def wrapped(kernel: Callable[..., Any], module: Any, query: Tensor, key: Tensor, value: Tensor,
                     *args: Any, **kwargs: Any) -> Any:
