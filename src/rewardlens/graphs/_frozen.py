@@ -19,8 +19,10 @@ changes, no layer is re-implemented):
 The sources — token embeddings (layer 0's input), feature writes and errors — enter as their values
 plus a zero leaf `delta`, so the gradient of a target with respect to `delta` is that target's row of
 the Jacobian. The graph run holds `copies` identical rows (circuit-tracer's batching): one backward pass
-then serves `copies` targets, row b carrying target b's cotangent. A second run with every source at zero
-(`zero=True`, one row) gives each target's constant: what biases alone produce through the frozen model.
+then serves `copies` targets, row b carrying target b's cotangent. The copies' forward runs on the weights
+detached (`torch.func.functional_call`: autograd then keeps no layer's input for a weight gradient), and
+its query and key projections compute one row (their outputs are frozen). A second run with every source at
+zero (`zero=True`, one row) gives each target's constant: what biases alone produce through the frozen model.
 """
 
 from __future__ import annotations
