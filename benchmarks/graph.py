@@ -11,8 +11,8 @@ reads the peak memory of its graph above what was held before it (CPU: peak RSS 
 over 64 KiB on its own, so RSS follows live memory, `decompose.cpu_memory_mode`; CUDA: allocated). Then how the
 cost grows with the length and the node cap (one round each).
 
-The default (300 tokens a side, cap 4096) peaks near 13 GB on CPU (docs/graphs.md, "What a graph costs"): on a
-small shared machine pass `--max-nodes 1024` (9.6 GB) and read the cost per 32 targets off `--caps`.
+The default (300 tokens a side, cap 4096) peaks near 11 GB on CPU (docs/graphs.md, "What a graph costs"): on a
+smaller machine pass `--max-nodes 1024` (8.3 GB) and read the cost per 32 targets off `--caps`.
 
     python benchmarks/graph.py                                  # CPU: 300 tokens a side, the default cap 4096
     python benchmarks/graph.py --length 300 --max-nodes 1024 --rounds 1 --caps 256
