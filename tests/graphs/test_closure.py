@@ -96,6 +96,8 @@ def test_transcoder_graph_closes_on_reward_and_every_feature(model):
     assert m.closure_gap <= TOL
     # nothing of the model changed: weights, hooks, the attention interface
     assert all(torch.equal(before[k], v) for k, v in model.model.state_dict().items())
+    assert all(p.requires_grad and p.grad is None for p in model.model.parameters())  # the frozen run's detached
+    # weights were swapped back: the user's parameters are the same objects, still trainable, with no grad written
     assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.model.modules())
     assert AttentionInterface.get_interface is interface
 
