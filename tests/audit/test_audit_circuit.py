@@ -22,16 +22,6 @@ WITH_CIRCUIT = Plan(circuit=True, probes=False, concepts=False, divergence=False
 
 
 @pytest.fixture(scope="module")
-def llama(tiny_root):
-    return rl.load(str(tiny_root["llama"]))
-
-
-@pytest.fixture(scope="module")
-def data(pairs):
-    return list(pairs[:4])
-
-
-@pytest.fixture(scope="module")
 def run(llama, data):
     store = Store(":memory:")
     return store, audit(llama, data, store=store, plan=WITH_CIRCUIT)

@@ -22,11 +22,6 @@ QUICK = Plan(chunk_size=16, probes=False, concepts=False, divergence=False, toke
 
 
 @pytest.fixture(scope="module")
-def llama(tiny_root):
-    return rl.load(str(tiny_root["llama"]))
-
-
-@pytest.fixture(scope="module")
 def data(pairs):
     """10 distinct pairs, more than parity runs on, each with fields rewardlens does not read."""
     return [rl.Pair(f"({i}) {p.prompt}" if isinstance(p.prompt, str) else p.prompt, p.chosen, f"{p.rejected} {i}",

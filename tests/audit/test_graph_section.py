@@ -27,16 +27,6 @@ FLAGS = ["--no-probes", "--no-concepts", "--no-divergence", "--no-tokens", "--qu
 
 
 @pytest.fixture(scope="module")
-def llama(tiny_root):
-    return rl.load(str(tiny_root["llama"]))
-
-
-@pytest.fixture(scope="module")
-def data(pairs):
-    return list(pairs[:4])
-
-
-@pytest.fixture(scope="module")
 def counted(monkeypatch_module):
     """Every call of `graph` the audit's job makes, counted."""
     calls = []
