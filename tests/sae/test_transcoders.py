@@ -179,6 +179,17 @@ def _ids(model, pairs):
     return [torch.tensor([s.ids]) for s in model.encode(list(pairs))[0]]
 
 
+def assert_explained_variance(fit, tcs, mlp_io) -> None:
+    """Each layer's explained variance in `fit` is 1 − ‖y − ŷ‖² / ‖y − ȳ‖² of the transcoder on the MLP's own
+    (input, output) rows `mlp_io(layer)` gives (captured by the caller's own hooks)."""
+    for layer in tcs.layers:
+        x, y = mlp_io(layer)
+        with torch.no_grad():
+            y_hat = tcs[layer](x)
+        ev = 1 - float((y - y_hat).pow(2).sum() / (y - y.mean(0)).pow(2).sum())
+        assert math.isclose(fit.explained_variance[layer], ev, rel_tol=1e-3, abs_tol=1e-4)
+
+
 def _naive_mlp_io(model, seqs, layer):
     """MLP input/output of `layer` at every token but the first, by a forward hook written here."""
     got = []
@@ -204,12 +215,7 @@ def test_training_leaves_the_model_untouched_and_fidelity_matches_a_hook_loop(ll
     assert all(len(h) > 10 and h[-1] < h[0] for h in res.fvu.values())  # the loss went down
     fit = transcoder_fidelity(llama, tcs, pairs)
     seqs = _ids(llama, pairs)
-    for layer in tcs.layers:
-        x, y = _naive_mlp_io(llama, seqs, layer)
-        with torch.no_grad():
-            y_hat = tcs[layer](x)
-        ev = 1 - float((y - y_hat).pow(2).sum() / (y - y.mean(0)).pow(2).sum())
-        assert math.isclose(fit.explained_variance[layer], ev, rel_tol=1e-3, abs_tol=1e-4)
+    assert_explained_variance(fit, tcs, lambda layer: _naive_mlp_io(llama, seqs, layer))
     # The reward with every MLP replaced (first token exact), by hooks written here.
     replaced = []
     hooks = [mlp_module(llama, la).register_forward_hook(

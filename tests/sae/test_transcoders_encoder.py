@@ -4,7 +4,6 @@
 Yardsticks written here: hooks on those two modules by their Hugging Face paths, and Hugging Face's own logits
 with `output.dense`'s output replaced by the transcoder's."""
 
-import math
 
 import numpy as np
 import pytest
@@ -14,6 +13,7 @@ import rewardlens as rl
 from rewardlens.sae import TranscoderTrainConfig, load_transcoders, train_transcoders, transcoder_fidelity
 from rewardlens.sae.internal import mlp_modules
 from tests.helpers.tiny import own_scores, unpadded
+from tests.sae.test_transcoders import assert_explained_variance
 
 
 @pytest.fixture(scope="module")
@@ -57,12 +57,7 @@ def test_encoder_transcoders_train_and_their_fidelity_matches_hooks_and_hf_logit
     assert all(len(h) >= 4 and h[-1] < h[0] for h in res.fvu.values())  # the loss went down
     fit = transcoder_fidelity(bert, tcs, pairs)
     np.testing.assert_allclose(fit.reward, own_scores(bert, pairs), rtol=1e-5, atol=1e-6)
-    for layer in tcs.layers:
-        x, y = _naive_mlp_io(bert, pairs, layer)
-        with torch.no_grad():
-            y_hat = tcs[layer](x)
-        ev = 1 - float((y - y_hat).pow(2).sum() / (y - y.mean(0)).pow(2).sum())
-        assert math.isclose(fit.explained_variance[layer], ev, rel_tol=1e-3, abs_tol=1e-4)
+    assert_explained_variance(fit, tcs, lambda layer: _naive_mlp_io(bert, pairs, layer))
     # The reward with every MLP replaced (every token), by hooks written here on Hugging Face's own forward.
     seen: dict[int, torch.Tensor] = {}
     hooks = []
